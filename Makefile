@@ -1,0 +1,34 @@
+# Two commands for a fresh machine: `make demo` and `make test`. Both create .venv and install
+# the project (with its dev extras) from pyproject.toml; nothing needs to be installed by hand.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: test lint demo bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tickwheel needs Python >= 3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+test: lint
+	$(PY) -m pytest
+
+demo: $(STAMP)
+	$(PY) -m tickwheel.node.demo
+
+bench: $(STAMP)
+	$(PY) -m tickwheel.wheel.bench --json
+
+bench-quick: $(STAMP)
+	$(PY) -m tickwheel.wheel.bench --json --quick
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info

@@ -1,0 +1,1 @@
+"""The failover harness and the PySpark delivery audit (issue 5)."""

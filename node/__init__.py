@@ -1,0 +1,1 @@
+"""The process: gRPC server, dispatcher and consumer delivery, config, CLI, metrics (issue 4)."""
