@@ -1,0 +1,260 @@
+"""Unit tests of the wheel engine: one rule each."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from tickwheel.wheel import (
+    Cursor,
+    InvalidMessage,
+    InvariantViolation,
+    NewMessage,
+    StorageLocked,
+    UnknownHandle,
+    Wheel,
+    WheelConfig,
+)
+from tickwheel.wheel import segment as segment_module
+from tickwheel.wheel.format import UNIT, UNIT_SIZE
+from tickwheel.wheel.types import DAY_MS
+
+HOUR_MS = 3_600_000
+NOW_MS = 1_000 * HOUR_MS  # hour 1000, second 3_600_000
+
+
+def msg(name: str, deliver_at_ms: int, body: bytes = b"x", **properties: str) -> NewMessage:
+    return NewMessage(name, "orders", body, deliver_at_ms, properties)
+
+
+def take_all(wheel: Wheel, now_ms: int) -> list:
+    taken, batch = [], wheel.take_due(now_ms, 1_000)
+    while batch:
+        taken += batch
+        batch = wheel.take_due(now_ms, 1_000)
+    return taken
+
+
+@pytest.fixture
+def wheel(tmp_path: Path):
+    with Wheel.open(tmp_path / "w") as opened:
+        yield opened
+
+
+def test_a_second_is_a_chain_newest_first_and_insert_never_sorts(tmp_path: Path) -> None:
+    with Wheel.open(tmp_path) as wheel:
+        wheel.schedule([msg(f"m{i}", NOW_MS + 5_000 + i) for i in range(4)], NOW_MS)
+    index = (tmp_path / "hours" / "00001000" / "index").read_bytes()
+    units = [UNIT.unpack_from(index, i * UNIT_SIZE) for i in range(len(index) // UNIT_SIZE)]
+    # (local_index, global_index, pre_global_index) in append order
+    assert [(u[2], u[3], u[4]) for u in units] == [(0, 0, -1), (1, 1, 0), (2, 2, 1), (3, 3, 2)]
+    assert {u[6] for u in units} == {5}  # all filed under second 5 of the hour
+
+
+def test_within_a_second_messages_go_out_in_millisecond_order(wheel: Wheel) -> None:
+    wheel.schedule([msg("late", NOW_MS + 1_900), msg("early", NOW_MS + 1_100),
+                    msg("mid", NOW_MS + 1_500)], NOW_MS)
+    assert [m.id for m in wheel.take_due(NOW_MS + 1_600, 10)] == ["early", "mid"]
+    assert [m.id for m in wheel.take_due(NOW_MS + 1_900, 10)] == ["late"]
+
+
+def test_next_due_jumps_empty_time_and_an_earlier_arrival_changes_it(wheel: Wheel) -> None:
+    far_ms = NOW_MS + 200 * DAY_MS + 123
+    wheel.schedule([msg("far", far_ms)], NOW_MS)
+    assert wheel.next_due_ms() == far_ms // 1_000 * 1_000
+    assert wheel.take_due(NOW_MS + 60_000, 10) == []
+    wheel.schedule([msg("soon", NOW_MS + 30_000)], NOW_MS)
+    assert wheel.next_due_ms() == NOW_MS + 30_000
+    assert [m.id for m in wheel.take_due(far_ms, 10)] == ["soon", "far"]
+    assert wheel.next_due_ms() is None
+
+
+def test_any_delay_up_to_the_maximum_is_accepted_and_beyond_it_names_the_field(
+        wheel: Wheel) -> None:
+    last_ms = NOW_MS + 366 * DAY_MS
+    [handle] = wheel.schedule([msg("year", last_ms)], NOW_MS)
+    assert handle >> 32 == last_ms // HOUR_MS
+    with pytest.raises(InvalidMessage) as error:
+        wheel.schedule([msg("ok", NOW_MS), msg("too-far", last_ms + 1)], NOW_MS)
+    assert error.value.field == "deliver_at_ms"
+    assert [m.id for m in take_all(wheel, last_ms)] == ["year"]  # "ok" was not half-written
+
+
+def test_limits_that_the_format_imposes_name_their_field(wheel: Wheel) -> None:
+    with pytest.raises(InvalidMessage) as error:
+        wheel.schedule([msg("x" * 70_000, NOW_MS)], NOW_MS)
+    assert error.value.field == "id"
+    with pytest.raises(InvalidMessage) as error:
+        wheel.schedule([msg("neg", -1)], NOW_MS)
+    assert error.value.field == "deliver_at_ms"
+
+
+def test_properties_and_unicode_survive_a_round_trip(tmp_path: Path) -> None:
+    with Wheel.open(tmp_path) as wheel:
+        wheel.schedule([NewMessage("é-1", "tópico", b"\x00body", NOW_MS,
+                                   {"trace": "ä", "": ""})], NOW_MS)
+    with Wheel.open(tmp_path) as wheel:
+        [got] = wheel.take_due(NOW_MS, 10)
+    assert (got.id, got.topic, got.body, dict(got.properties)) == (
+        "é-1", "tópico", b"\x00body", {"trace": "ä", "": ""})
+
+
+def test_an_overdue_message_is_filed_at_the_cursor_never_behind_it(wheel: Wheel) -> None:
+    wheel.schedule([msg(f"m{i}", NOW_MS) for i in range(3)], NOW_MS)
+    taken = wheel.take_due(NOW_MS, 10)
+    wheel.advance_cursor(Cursor(taken[-1].slot_second, 2))  # m0, m1 done; m2 in flight
+    [handle] = wheel.schedule([msg("overdue", NOW_MS - 5 * HOUR_MS)], NOW_MS - 9 * HOUR_MS)
+    wheel.rewind()
+    again = wheel.take_due(NOW_MS, 10)
+    # Both in the cursor's second, after its local_index; within a second, earliest due first.
+    assert [(m.id, m.position) for m in again] == [("overdue", (NOW_MS // 1000, 3)),
+                                                   ("m2", (NOW_MS // 1000, 2))]
+    assert again[0].handle == handle
+
+
+def test_the_cursor_never_moves_backwards(wheel: Wheel) -> None:
+    wheel.advance_cursor(Cursor(100, 5))
+    with pytest.raises(InvariantViolation):
+        wheel.advance_cursor(Cursor(100, 4))
+
+
+def test_hours_are_deleted_once_the_cursor_has_passed_them(tmp_path: Path) -> None:
+    with Wheel.open(tmp_path) as wheel:
+        wheel.schedule([msg("a", NOW_MS + 10), msg("b", NOW_MS + HOUR_MS + 10)], NOW_MS)
+        wheel.flush()
+        assert wheel.hours == [1000, 1001]
+        wheel.advance_cursor(Cursor(1001 * 3600 - 1, 0))  # still inside hour 1000
+        assert (tmp_path / "hours" / "00001000").exists()
+        wheel.advance_cursor(Cursor(1001 * 3600, 0))
+        assert wheel.hours == [1001]
+        assert not (tmp_path / "hours" / "00001000").exists()
+
+
+def test_cancel_tombstones_once_and_never_returns_the_message(tmp_path: Path) -> None:
+    with Wheel.open(tmp_path) as wheel:
+        keep, drop = wheel.schedule([msg("keep", NOW_MS + 10), msg("drop", NOW_MS + 20)],
+                                    NOW_MS)
+        assert wheel.cancel(drop) is True
+        assert wheel.cancel(drop) is False
+        with pytest.raises(UnknownHandle) as error:
+            wheel.cancel(drop + 1_000)
+        assert error.value.field == "handle"
+    with Wheel.open(tmp_path) as wheel:
+        assert [m.id for m in take_all(wheel, NOW_MS + 1_000)] == ["keep"]
+        wheel.advance_cursor(Cursor(NOW_MS // 1000 + 1, 0))
+        assert wheel.cancel(keep) is False  # behind the cursor: already done
+
+
+def test_cancelling_a_message_in_flight_keeps_it_from_being_handed_out_again(
+        wheel: Wheel) -> None:
+    [handle] = wheel.schedule([msg("a", NOW_MS)], NOW_MS)
+    assert [m.id for m in wheel.take_due(NOW_MS, 10)] == ["a"]
+    assert wheel.cancel(handle) is True
+    wheel.rewind()
+    assert wheel.take_due(NOW_MS, 10) == []
+
+
+def _drive(root: Path) -> None:
+    with Wheel.open(root, WheelConfig(max_buffered_bytes=300, max_open_hours=2)) as wheel:
+        handles = []
+        for step in range(30):
+            now_ms = NOW_MS + step * 1_000
+            handles += wheel.schedule([msg(f"m{step}-{i}", now_ms + (i * 7_919 % 11) * HOUR_MS
+                                           // 3) for i in range(5)], now_ms)
+            if step % 4 == 0:
+                wheel.cancel(handles[step])
+            taken = wheel.take_due(now_ms, 3)
+            if taken:
+                wheel.advance_cursor(Cursor(taken[-1].slot_second, 0))
+
+
+def test_two_engines_fed_the_same_commands_write_identical_bytes(tmp_path: Path) -> None:
+    _drive(tmp_path / "a")
+    _drive(tmp_path / "b")
+    files_a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*")
+                     if p.is_file())
+    files_b = sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*")
+                     if p.is_file())
+    assert files_a == files_b and len(files_a) > 10
+    for relative in files_a:
+        assert (tmp_path / "a" / relative).read_bytes() == (tmp_path / "b" / relative).read_bytes()
+
+
+def test_reopen_after_a_clean_close_reads_heads_and_never_replays_the_index(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Wheel.open(tmp_path) as wheel:
+        wheel.schedule([msg(f"m{i}", NOW_MS + i * 60_000) for i in range(500)], NOW_MS)
+
+    def no_replay(*args: object) -> None:
+        raise AssertionError("reopen replayed the index")
+
+    monkeypatch.setattr(segment_module, "_replay", no_replay)
+    with Wheel.open(tmp_path) as wheel:
+        assert wheel.next_due_ms() == NOW_MS
+        assert len(take_all(wheel, NOW_MS + 500 * 60_000)) == 500
+
+
+def test_damaged_heads_are_rebuilt_from_the_index(tmp_path: Path) -> None:
+    with Wheel.open(tmp_path) as wheel:
+        wheel.schedule([msg(f"m{i}", NOW_MS + i * 1_000) for i in range(50)], NOW_MS)
+    heads = tmp_path / "hours" / "00001000" / "heads"
+    heads.write_bytes(b"\xff" * heads.stat().st_size)
+    with Wheel.open(tmp_path) as wheel:
+        assert [m.id for m in take_all(wheel, NOW_MS + 50_000)] == [f"m{i}" for i in range(50)]
+
+
+def test_a_torn_write_at_any_byte_keeps_every_whole_record(tmp_path: Path) -> None:
+    original = tmp_path / "original"
+    with Wheel.open(original) as wheel:
+        handles = wheel.schedule([msg(f"m{i}", NOW_MS + i, body=bytes([i]) * i)
+                                  for i in range(4)], NOW_MS)
+        wheel.cancel(handles[1])
+    folder = original / "hours" / "00001000"
+    for name in ("log", "index", "heads", "tombstones"):
+        size = (folder / name).stat().st_size
+        # every byte, but only a stride through the 28.8 KiB heads table after its header
+        cuts = range(size) if name != "heads" else [*range(64), *range(64, size, 499)]
+        for cut in cuts:
+            copy = tmp_path / f"{name}-{cut}"
+            shutil.copytree(original, copy)
+            with open(copy / "hours" / "00001000" / name, "r+b") as file:
+                file.truncate(cut)
+            with Wheel.open(copy) as wheel:
+                got = [(m.id, m.body) for m in take_all(wheel, NOW_MS + 10)]
+                assert wheel.corrupt_records_skipped == 0
+            expected = [(f"m{i}", bytes([i]) * i) for i in range(4)]
+            if name != "tombstones":
+                expected.remove(("m1", b"\x01"))
+            assert got == expected[:len(got)], (name, cut)  # a prefix, byte for byte
+            if name in ("heads", "tombstones"):
+                assert len(got) == len(expected), (name, cut)
+            shutil.rmtree(copy)
+
+
+def test_a_damaged_record_is_skipped_and_counted_never_returned(tmp_path: Path) -> None:
+    with Wheel.open(tmp_path) as wheel:
+        wheel.schedule([msg("a", NOW_MS, b"A" * 20), msg("b", NOW_MS, b"B" * 20)], NOW_MS)
+    log_path = tmp_path / "hours" / "00001000" / "log"
+    data = bytearray(log_path.read_bytes())
+    data[data.index(b"A" * 20) + 3] ^= 0x01
+    log_path.write_bytes(bytes(data))
+    with Wheel.open(tmp_path) as wheel:
+        assert [m.id for m in take_all(wheel, NOW_MS)] == ["b"]
+        assert wheel.corrupt_records_skipped == 1
+
+
+def test_a_second_process_cannot_open_the_same_folder(tmp_path: Path) -> None:
+    with Wheel.open(tmp_path), pytest.raises(StorageLocked):
+        Wheel.open(tmp_path)
+
+
+def test_the_preload_window_stays_bounded(tmp_path: Path) -> None:
+    config = WheelConfig(max_window_msgs=50, preload_ms=3_600_000)
+    with Wheel.open(tmp_path, config) as wheel:
+        wheel.schedule([msg(f"m{i}", NOW_MS + i * 10) for i in range(2_000)], NOW_MS)
+        seen = 0
+        while batch := wheel.take_due(NOW_MS + 3_600_000, 7):
+            seen += len(batch)
+            assert wheel.window_msgs <= 50 + 100  # the cap plus one second loaded whole
+        assert seen == 2_000

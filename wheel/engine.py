@@ -1,0 +1,516 @@
+"""The two-level wheel over hour segments: scheduling, cancelling, taking what is due, the cursor.
+
+See the package docstring (`tickwheel.wheel`) for the algorithm, its costs and a worked example.
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import heapq
+import logging
+import os
+import resource
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from tickwheel.wheel.errors import (
+    CorruptSegment,
+    InvalidMessage,
+    StorageLocked,
+    UnknownHandle,
+    invariant,
+)
+from tickwheel.wheel.format import (
+    MS_PER_SECOND,
+    SECONDS_PER_HOUR,
+    decode_record,
+    encode_record,
+    pack_meta,
+    unpack_meta,
+)
+from tickwheel.wheel.segment import FDS_PER_HOUR, HourSegment, remove_segment
+from tickwheel.wheel.types import Cursor, DueMessage, NewMessage, WheelConfig
+
+log = logging.getLogger("tickwheel.wheel")
+
+_GLOBAL_INDEX_BITS = 32
+_GLOBAL_INDEX_MASK = (1 << _GLOBAL_INDEX_BITS) - 1
+_SPARE_FDS = 256  # for everything else the process opens
+_HOURS_DIR = "hours"
+_META = "meta"
+_LOCK = "LOCK"
+
+# A window entry: (slot_second, deliver_at_ms, local_index, handle, log_offset, record_size).
+# Heap order is dispatch order; the handle makes every entry unique.
+_WindowEntry = tuple[int, int, int, int, int, int]
+
+
+class Wheel:
+    """A durable delayed-message store that hands messages out in due order.
+
+    Single-threaded: one owner calls every method. Time comes in as arguments (``now_ms``);
+    the wheel never reads a clock. Use `Wheel.open` and close it (or use it as a context manager).
+    """
+
+    def __init__(self, root: Path, config: WheelConfig, lock_fd: int, cursor: Cursor,
+                 stamp_ms: int, hours: list[int], max_open_hours: int) -> None:
+        self._root = root
+        self._hours_dir = root / _HOURS_DIR
+        self._config = config
+        self._lock_fd = lock_fd
+        self._cursor = cursor
+        self._stamp_ms = stamp_ms
+        self._hours = hours
+        self._max_open_hours = max_open_hours
+        self._open: OrderedDict[int, HourSegment] = OrderedDict()
+        self._dirty: set[int] = set()
+        self._mapped: set[int] = set()
+        self._buffered_bytes = 0
+        self._window: list[_WindowEntry] = []
+        self._scan_second = cursor.second
+        self.corrupt_records_skipped = 0
+
+    @classmethod
+    def open(cls, root: Path | str, config: WheelConfig | None = None) -> Wheel:
+        """Open the wheel stored under ``root`` (created if absent).
+
+        Cost: one directory listing and the ``meta`` file; hour segments open lazily, each from
+        its heads checkpoint. Raises `StorageLocked` if another process has it open.
+        """
+        root = Path(root)
+        (root / _HOURS_DIR).mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(root / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            raise StorageLocked(str(root)) from None
+        meta_path = root / _META
+        cursor, stamp_ms = Cursor(0, 0), 0
+        if meta_path.exists():
+            second, local_index, stamp_ms = unpack_meta(meta_path.read_bytes(), str(meta_path))
+            cursor = Cursor(second, local_index)
+        hours = sorted(int(name) for name in os.listdir(root / _HOURS_DIR) if name.isdigit())
+        config = config or WheelConfig()
+        wheel = cls(root, config, lock_fd, cursor, stamp_ms, hours,
+                    _open_hours_within_fd_limit(config.max_open_hours))
+        wheel._delete_passed_hours()
+        log.info("event=wheel_opened root=%s hours=%d cursor_second=%d cursor_local_index=%d",
+                 root, len(hours), cursor.second, cursor.local_index)
+        return wheel
+
+    # -- the public surface ---------------------------------------------------------------
+
+    @property
+    def cursor(self) -> Cursor:
+        return self._cursor
+
+    @property
+    def stamp_ms(self) -> int:
+        """The latest time stamp applied; it never decreases."""
+        return self._stamp_ms
+
+    @property
+    def window_msgs(self) -> int:
+        """Index units held in memory by the preload window."""
+        return len(self._window)
+
+    @property
+    def hours(self) -> list[int]:
+        """The hour wheel: hours (``slot_second // 3600``) that have a segment, ascending."""
+        return list(self._hours)
+
+    def schedule(self, messages: Sequence[NewMessage], now_ms: int) -> list[int]:
+        """File ``messages`` and return a handle for each, in order.
+
+        ``now_ms`` stamps the batch; stamps are made monotonic (``max`` with the last one). A
+        message is filed under its due second, or, when that is before the stamp's second or
+        the cursor's second, under the later of those two, after everything already there; so
+        nothing is ever filed behind the cursor. All messages are validated before any is
+        written: an `InvalidMessage` leaves the wheel unchanged.
+        """
+        stamp_ms = max(now_ms, self._stamp_ms)
+        latest_ms = stamp_ms + self._config.max_delay_ms
+        for message in messages:
+            if message.deliver_at_ms > latest_ms:
+                raise InvalidMessage("deliver_at_ms", f"{message.deliver_at_ms} is more than "
+                                     f"{self._config.max_delay_ms} ms after {stamp_ms}")
+        records = [encode_record(*message) for message in messages]
+        self._stamp_ms = stamp_ms
+        floor_second = max(stamp_ms // MS_PER_SECOND, self._cursor.second)
+        scan_second, window = self._scan_second, self._window
+        handles = []
+        segment, segment_hour = None, -1
+        for message, record in zip(messages, records, strict=True):
+            slot = max(message.deliver_at_ms // MS_PER_SECOND, floor_second)
+            if slot == self._cursor.second:
+                slot = self._past_cursor(slot)
+            hour, second_of_hour = divmod(slot, SECONDS_PER_HOUR)
+            if hour != segment_hour:
+                segment, segment_hour = self._segment(hour, create=True), hour
+                self._dirty.add(hour)
+            offset = segment.log_size_bytes
+            global_index, local_index = segment.append(record, message.deliver_at_ms,
+                                                       second_of_hour)
+            if slot == self._cursor.second:
+                invariant(local_index >= self._cursor.local_index,
+                          f"message filed behind the cursor at ({slot}, {local_index})")
+            handle = hour << _GLOBAL_INDEX_BITS | global_index
+            handles.append(handle)
+            if slot < scan_second:
+                heapq.heappush(window, (slot, message.deliver_at_ms, local_index, handle, offset,
+                                        len(record)))
+        self._buffered_bytes += sum(map(len, records))
+        if self._buffered_bytes > self._config.max_buffered_bytes:
+            self.flush()
+        return handles
+
+    def _past_cursor(self, slot: int) -> int:
+        """``slot`` if a message filed there lands at or after the cursor, else the next second.
+
+        The cursor's second normally holds at least ``cursor.local_index`` messages, so a new
+        one gets a local index at or past the cursor. Only storage damage that removed done
+        messages can make it hold fewer; the next second is then the first safe place.
+        """
+        hour, second_of_hour = divmod(slot, SECONDS_PER_HOUR)
+        segment = self._segment(hour, create=True)
+        if segment.heads[(second_of_hour << 1) + 1] >= self._cursor.local_index:
+            return slot
+        log.warning("event=cursor_second_short slot_second=%d count=%d cursor_local_index=%d",
+                    slot, segment.heads[(second_of_hour << 1) + 1], self._cursor.local_index)
+        return slot + 1
+
+    def cancel(self, handle: int) -> bool:
+        """Tombstone the message ``handle`` names; True if it was still pending.
+
+        False when it was already cancelled or is behind the cursor (done). A message already
+        handed out by `take_due` but not yet behind the cursor is still cancelled (True): it
+        will not be handed out again. Raises `UnknownHandle` for a handle never returned.
+        """
+        hour, global_index = handle >> _GLOBAL_INDEX_BITS, handle & _GLOBAL_INDEX_MASK
+        if handle < 0 or (hour + 1) * SECONDS_PER_HOUR <= self._cursor.second:
+            if handle < 0:
+                raise UnknownHandle("handle", f"{handle} was never returned by schedule")
+            return False
+        segment = self._segment(hour, create=False)
+        if segment is None or global_index >= segment.units:
+            raise UnknownHandle("handle", f"{handle} was never returned by schedule")
+        if global_index in segment.tombstones:
+            return False
+        fields = segment.read_unit(global_index)
+        if Cursor(hour * SECONDS_PER_HOUR + fields[6], fields[2]) < self._cursor:
+            return False
+        segment.add_tombstone(global_index)
+        self._dirty.add(hour)
+        return True
+
+    def next_due_ms(self) -> int | None:
+        """When the next message is due, or None if nothing is pending ahead of the dispatch.
+
+        Exact for seconds already loaded; for a second beyond the preload window it is the
+        start of that second (early by under a second, never late). An arrival that is due
+        earlier changes the answer. Cost: O(1) plus one skip per empty hour, never per empty
+        second.
+        """
+        self._drop_stale_top()
+        if self._window:
+            slot, deliver_at_ms = self._window[0][:2]
+            return max(deliver_at_ms, slot * MS_PER_SECOND)
+        second = self._next_occupied_second(self._scan_second)
+        return None if second is None else second * MS_PER_SECOND
+
+    def take_due(self, now_ms: int, max_msgs: int) -> list[DueMessage]:
+        """Hand out up to ``max_msgs`` messages due at ``now_ms``, in dispatch order.
+
+        A message is handed out once per dispatch pass; `rewind` starts a new pass from the
+        cursor. Cancelled messages and messages behind the cursor are never handed out. Reading
+        the body happens here, not before.
+        """
+        invariant(max_msgs > 0, f"take_due max_msgs={max_msgs}")
+        limit_second = (now_ms + self._config.preload_ms) // MS_PER_SECOND
+        now_second = now_ms // MS_PER_SECOND
+        window, taken, cursor = self._window, [], self._cursor
+        segment, segment_hour = None, -1
+        while len(taken) < max_msgs:
+            if not window:
+                if self._scan_second > limit_second:
+                    break
+                self._load_until(limit_second, enough_msgs=max_msgs - len(taken))
+                segment_hour = -1
+                if not window:
+                    break
+            entry = heapq.heappop(window)
+            slot, deliver_at_ms, local_index, handle, offset, size = entry
+            if deliver_at_ms > now_ms or slot > now_second:
+                heapq.heappush(window, entry)
+                break
+            if (slot, local_index) < cursor:
+                continue
+            if handle >> _GLOBAL_INDEX_BITS != segment_hour:
+                segment_hour = handle >> _GLOBAL_INDEX_BITS
+                segment = self._segment(segment_hour, create=False)
+            if handle & _GLOBAL_INDEX_MASK in segment.tombstones:
+                continue
+            try:
+                fields = decode_record(segment.read_record(offset, size))
+            except CorruptSegment as error:
+                self._skip_corrupt(segment, entry, error)
+                continue
+            taken.append(DueMessage(*fields, handle, slot, local_index))
+        self._release_maps()
+        return taken
+
+    def advance_cursor(self, cursor: Cursor) -> None:
+        """Move the cursor forward (never back) and delete the hours it has passed.
+
+        Appends at or before the cursor's hour are flushed before the cursor is written, so a
+        crash can never leave a cursor that points past messages the files do not hold.
+        """
+        cursor = Cursor(*cursor)
+        invariant(cursor >= self._cursor,
+                  f"cursor moved backwards from {tuple(self._cursor)} to {tuple(cursor)}")
+        if cursor == self._cursor:
+            return
+        self._cursor = cursor
+        self._scan_second = max(self._scan_second, cursor.second)
+        cursor_hour = cursor.second // SECONDS_PER_HOUR
+        for hour in sorted(h for h in self._dirty if h <= cursor_hour):
+            self._buffered_bytes -= self._open[hour].buffered_bytes
+            self._open[hour].flush()
+            self._dirty.discard(hour)
+        self._write_meta()
+        self._delete_passed_hours()
+
+    def rewind(self) -> None:
+        """Start a new dispatch pass from the cursor (after a restart or a leader change)."""
+        self._window.clear()
+        self._scan_second = self._cursor.second
+        for hour in self._mapped:
+            if hour in self._open:
+                self._open[hour].unmap()
+        self._mapped.clear()
+
+    def flush(self) -> None:
+        """Write every buffered append to the segment files and the stamp to ``meta``."""
+        for hour in sorted(self._dirty):
+            segment = self._open.get(hour)
+            if segment is not None:
+                segment.flush()
+        self._dirty.clear()
+        self._buffered_bytes = 0
+        self._write_meta()
+
+    def close(self) -> None:
+        """Flush and release every file; the wheel cannot be used afterwards."""
+        if self._lock_fd < 0:
+            return
+        self.flush()
+        for segment in self._open.values():
+            segment.close()
+        self._open.clear()
+        os.close(self._lock_fd)
+        self._lock_fd = -1
+
+    def __enter__(self) -> Wheel:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _segment(self, hour: int, *, create: bool) -> HourSegment | None:
+        """The open segment of ``hour``; opened (or created, if ``create``) on demand."""
+        segment = self._open.get(hour)
+        if segment is not None:
+            self._open.move_to_end(hour)
+            return segment
+        position = bisect.bisect_left(self._hours, hour)
+        exists = position < len(self._hours) and self._hours[position] == hour
+        if not exists:
+            if not create:
+                return None
+            self._hours.insert(position, hour)
+        self._evict(sparing=hour)
+        segment = HourSegment.open(self._hours_dir, hour)
+        self._open[hour] = segment
+        return segment
+
+    def _evict(self, sparing: int) -> None:
+        """Make room for one more segment within ``max_open_hours`` by closing the least
+        recently used, sparing ``sparing`` and the hours the dispatch window reads from (which
+        may exceed the limit for as long as the window needs them)."""
+        excess = len(self._open) + 1 - self._max_open_hours
+        if excess <= 0:
+            return
+        low = (self._window[0][0] if self._window else self._scan_second) // SECONDS_PER_HOUR
+        high = self._scan_second // SECONDS_PER_HOUR
+        for hour in [h for h in self._open if not low <= h <= high and h != sparing][:excess]:
+            segment = self._open.pop(hour)
+            if hour in self._dirty:
+                self._buffered_bytes -= segment.buffered_bytes
+                self._dirty.discard(hour)
+            self._mapped.discard(hour)
+            segment.close()
+
+    def _next_occupied_second(self, from_second: int) -> int | None:
+        """The first second at or after ``from_second`` holding a message: hour wheel first,
+        then the occupancy bits of one hour; empty hours and seconds are skipped, not visited."""
+        first_hour = from_second // SECONDS_PER_HOUR
+        for position in range(bisect.bisect_left(self._hours, first_hour), len(self._hours)):
+            hour = self._hours[position]
+            segment = self._segment(hour, create=False)
+            start = max(0, from_second - hour * SECONDS_PER_HOUR)
+            bits = segment.occupied >> start
+            if bits:
+                return hour * SECONDS_PER_HOUR + start + (bits & -bits).bit_length() - 1
+        return None
+
+    def _load_until(self, limit_second: int, enough_msgs: int) -> None:
+        """Load the chains of occupied seconds up to ``limit_second`` into the window, one hour
+        at a time, until it holds ``enough_msgs`` units (at most ``max_window_msgs``): the
+        window stays small, and so do its heap operations, however large the backlog."""
+        cap = self._config.max_window_msgs
+        enough_msgs = min(enough_msgs, cap)
+        while self._scan_second <= limit_second and len(self._window) < enough_msgs:
+            second = self._next_occupied_second(self._scan_second)
+            if second is None or second > limit_second:
+                self._scan_second = limit_second + 1
+                return
+            self._load_hour(second, limit_second, enough_msgs)
+
+    def _load_hour(self, first_second: int, limit_second: int, enough_msgs: int) -> None:
+        """Load the occupied seconds of ``first_second``'s hour from it up to ``limit_second``,
+        second by second until the window holds ``enough_msgs``, or in one index scan when the
+        span holds most of the hour's units and fits under ``max_window_msgs``."""
+        hour = first_second // SECONDS_PER_HOUR
+        segment = self._segment(hour, create=False)
+        if hour not in self._mapped:
+            segment.map_for_reading()
+            self._mapped.add(hour)
+        last_second = min(limit_second, (hour + 1) * SECONDS_PER_HOUR - 1)
+        base_second = hour * SECONDS_PER_HOUR
+        bits = segment.occupied >> (first_second - base_second)
+        bits &= (1 << (last_second - first_second + 1)) - 1
+        second, window = first_second, self._window
+        span_units = segment.units_between(first_second - base_second,
+                                           last_second - base_second)
+        if 2 * span_units >= segment.units and (
+                len(window) + span_units <= self._config.max_window_msgs):
+            self._load_span(segment, first_second, last_second)
+            self._scan_second = last_second + 1
+            return
+        while bits and len(window) < enough_msgs:
+            skip = (bits & -bits).bit_length() - 1
+            second += skip
+            self._load_second(segment, second)
+            bits >>= skip + 1
+            second += 1
+            self._scan_second = second
+        if not bits:
+            self._scan_second = last_second + 1
+
+    def _load_second(self, segment: HourSegment, slot: int) -> None:
+        done_below = self._cursor.local_index if slot == self._cursor.second else 0
+        tombstones = segment.tombstones
+        base = segment.hour << _GLOBAL_INDEX_BITS
+        window = self._window
+        for offset, size, local_index, global_index, _, deliver_at_ms, _ in segment.chain(
+                slot % SECONDS_PER_HOUR):
+            if local_index < done_below:
+                break
+            if global_index not in tombstones:
+                heapq.heappush(window, (slot, deliver_at_ms, local_index, base | global_index,
+                                        offset, size))
+
+    def _load_span(self, segment: HourSegment, first_second: int, last_second: int) -> None:
+        """Load every unit filed under ``first_second..last_second`` with one index scan."""
+        base_second = segment.hour * SECONDS_PER_HOUR
+        cursor, tombstones = self._cursor, segment.tombstones
+        base = segment.hour << _GLOBAL_INDEX_BITS
+        loaded = [
+            (slot, deliver_at_ms, local_index, base | global_index, offset, size)
+            for offset, size, local_index, global_index, _, deliver_at_ms, second_of_hour
+            in segment.scan()
+            if first_second <= (slot := base_second + second_of_hour) <= last_second
+            and (slot, local_index) >= cursor and global_index not in tombstones
+        ]
+        window = self._window  # changed in place: callers hold the list
+        if len(loaded) * 8 < len(window):
+            for entry in loaded:
+                heapq.heappush(window, entry)
+        else:
+            window += loaded
+            heapq.heapify(window)
+
+    def _skip_corrupt(self, segment: HourSegment, entry: _WindowEntry,
+                      error: CorruptSegment) -> None:
+        """A record failed its CRC: count it and say so loudly; it is never handed out."""
+        slot, _, local_index, handle, offset, _ = entry
+        self.corrupt_records_skipped += 1
+        log.error("event=record_corrupt file=%s offset=%d handle=%d slot_second=%d "
+                  "local_index=%d error=%r", segment.path / "log", offset, handle, slot,
+                  local_index, str(error))
+
+    def _drop_stale_top(self) -> None:
+        window = self._window
+        while window:
+            slot, _, local_index, handle, _, _ = window[0]
+            segment = self._segment(handle >> _GLOBAL_INDEX_BITS, create=False)
+            if (Cursor(slot, local_index) >= self._cursor and segment is not None
+                    and handle & _GLOBAL_INDEX_MASK not in segment.tombstones):
+                return
+            heapq.heappop(window)
+
+    def _release_maps(self) -> None:
+        """Unmap hours the dispatch has left behind."""
+        low = (self._window[0][0] if self._window else self._scan_second) // SECONDS_PER_HOUR
+        for hour in [h for h in self._mapped if h < low]:
+            self._mapped.discard(hour)
+            if hour in self._open:
+                self._open[hour].unmap()
+
+    def _delete_passed_hours(self) -> None:
+        passed = bisect.bisect_right(self._hours, self._cursor.second // SECONDS_PER_HOUR - 1)
+        for hour in self._hours[:passed]:
+            segment = self._open.pop(hour, None)
+            if segment is not None:
+                segment.unmap()
+                if hour in self._dirty:
+                    self._buffered_bytes -= segment.buffered_bytes
+                    self._dirty.discard(hour)
+            self._mapped.discard(hour)
+            remove_segment(self._hours_dir, hour)
+            log.info("event=hour_deleted hour=%d cursor_second=%d", hour, self._cursor.second)
+        del self._hours[:passed]
+
+    def _write_meta(self) -> None:
+        temporary = self._root / (_META + ".tmp")
+        temporary.write_bytes(pack_meta(self._cursor.second, self._cursor.local_index,
+                                        self._stamp_ms))
+        temporary.replace(self._root / _META)
+
+
+def _open_hours_within_fd_limit(max_open_hours: int) -> int:
+    """``max_open_hours``, or fewer if the process may not open enough files.
+
+    An open hour holds up to ``FDS_PER_HOUR`` descriptors. The soft ``RLIMIT_NOFILE`` is raised
+    towards the hard one when needed; if that is still short, fewer hours stay open (slower
+    when inserts are spread over more hours than that), and the log says so.
+    """
+    needed = max_open_hours * FDS_PER_HOUR + _SPARE_FDS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        soft = raised
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return max_open_hours
+    fitting = max(2, (soft - _SPARE_FDS) // FDS_PER_HOUR)
+    log.warning("event=open_hours_capped max_open_hours=%d fitting=%d nofile_soft=%d",
+                max_open_hours, fitting, soft)
+    return fitting

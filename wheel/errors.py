@@ -1,0 +1,69 @@
+"""Every error tickwheel raises on purpose, in one tree.
+
+::
+
+    TickwheelError
+    ├── ClientError             the caller can fix it; names the field at fault
+    │   ├── InvalidMessage      a message field is malformed or over a limit
+    │   └── UnknownHandle       a handle that no scheduling ever returned
+    ├── StorageLocked           another process has the data folder open
+    └── InternalError           a bug or damaged storage; never the caller's fault
+        ├── CorruptSegment      stored bytes fail their CRC or framing
+        └── InvariantViolation  a rule that must never break did; the node must stop
+
+Later layers add unavailability (not leader, overloaded) under ``TickwheelError`` and map the
+whole tree to gRPC status codes in one table at the API edge.
+"""
+
+from __future__ import annotations
+
+
+class TickwheelError(Exception):
+    """Root of every error tickwheel raises on purpose."""
+
+
+class ClientError(TickwheelError):
+    """The request was wrong; ``field`` names what to fix."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class InvalidMessage(ClientError):
+    """A message field is malformed or beyond a limit."""
+
+
+class UnknownHandle(ClientError):
+    """A cancel named a handle that no scheduling returned."""
+
+
+class StorageLocked(TickwheelError):
+    """Another process holds the data folder; two writers would corrupt it."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path} is locked by another process")
+        self.path = path
+
+
+class InternalError(TickwheelError):
+    """Not the caller's fault: a bug, or storage that was damaged underneath us."""
+
+
+class CorruptSegment(InternalError):
+    """Stored bytes fail their CRC or framing; ``where`` names the file."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}")
+        self.where = where
+
+
+class InvariantViolation(InternalError):
+    """A rule that must never break did. Stop the node rather than corrupt data."""
+
+
+def invariant(condition: bool, message: str) -> None:
+    """Assert ``condition`` in a way ``python -O`` cannot strip."""
+    if not condition:
+        raise InvariantViolation(message)

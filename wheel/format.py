@@ -1,0 +1,265 @@
+"""On-disk formats of the wheel, declared once, little-endian, versioned, each record with a CRC.
+
+An hour segment is a folder ``hours/<hour>/`` (``hour = slot_second // 3600``) holding:
+
+``log``
+    Append-only message records: ``RECORD_HEADER`` (payload length, CRC32 of the payload)
+    followed by the payload, which is ``PAYLOAD_HEADER`` and the variable fields in the
+    order id, topic, properties (``PROPERTY_HEADER`` + key + value each), body.
+``index``
+    Append-only fixed-size ``UNIT`` entries, one per message, numbered from 0 (the
+    ``global_index``). Unit *i* describes the *i*-th record of ``log``; offsets only grow.
+``heads``
+    ``HEADS_HEADER`` then ``SECONDS_PER_HOUR`` ``HEAD`` entries (chain head, count), one per
+    second of the hour. Rewritten whole at flush; it is a checkpoint of what ``index`` implies,
+    and is rebuilt from ``index`` whenever its header does not match the files.
+``tombstones``
+    Append-only ``TOMBSTONE`` entries: the ``global_index`` of each cancelled message.
+
+The root folder holds ``meta`` (``META``: the cursor and the last time stamp), replaced
+atomically (write to a temporary name, then rename).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+from tickwheel.wheel.errors import CorruptSegment, InvalidMessage
+
+FORMAT_VERSION: Final = 1
+SECONDS_PER_HOUR: Final = 3600
+MS_PER_SECOND: Final = 1000
+MS_PER_HOUR: Final = SECONDS_PER_HOUR * MS_PER_SECOND
+
+# log record framing
+RECORD_HEADER: Final = struct.Struct(
+    "<I"  # payload_size_bytes
+    "I"  # crc32 of the payload
+)
+PAYLOAD_HEADER: Final = struct.Struct(
+    "<B"  # format version
+    "H"  # id size in bytes (UTF-8)
+    "H"  # topic size in bytes (UTF-8)
+    "H"  # number of properties
+    "I"  # body size in bytes
+    "q"  # deliver_at_ms as requested by the producer
+)
+_FRAME: Final = struct.Struct(RECORD_HEADER.format + PAYLOAD_HEADER.format[1:])  # both at once
+PROPERTY_HEADER: Final = struct.Struct(
+    "<H"  # key size in bytes (UTF-8)
+    "I"  # value size in bytes (UTF-8)
+)
+
+# one index unit per message; the chain of a second runs newest-first through pre_global_index
+UNIT: Final = struct.Struct(
+    "<Q"  # offset of the record in log
+    "I"  # size of the record in log (header included)
+    "I"  # local_index: ordinal of the message within its second
+    "I"  # global_index: number of this unit in the hour's index
+    "i"  # pre_global_index: previous message of the same second, -1 for the first
+    "q"  # deliver_at_ms as requested (may be earlier than the slot for late filings)
+    "H"  # second_of_hour the message is filed under (its slot)
+    "H"  # reserved, zero
+)
+UNIT_CRC: Final = struct.Struct("<I")  # follows each unit: crc32 of the unit's bytes
+UNIT_SIZE: Final = UNIT.size + UNIT_CRC.size
+UNIT_WITH_CRC: Final = struct.Struct(UNIT.format + "I")  # for reading many units at once
+
+HEADS_HEADER: Final = struct.Struct(
+    "<4s"  # magic b"TWHD"
+    "H"  # format version
+    "H"  # reserved, zero
+    "I"  # units covered: index units reflected in the table
+    "Q"  # log bytes covered
+    "I"  # crc32 of the table
+    "I"  # crc32 of the bytes above
+)
+HEADS_MAGIC: Final = b"TWHD"
+HEAD: Final = struct.Struct(
+    "<i"  # chain head: global_index of the newest message of the second, -1 if none
+    "I"  # count: messages filed under the second
+)
+HEADS_TABLE_SIZE: Final = SECONDS_PER_HOUR * HEAD.size
+HEADS_FILE_SIZE: Final = HEADS_HEADER.size + HEADS_TABLE_SIZE
+
+TOMBSTONE: Final = struct.Struct(
+    "<I"  # global_index of the cancelled message
+    "I"  # crc32 of the global_index bytes, salted with the hour
+)
+
+META: Final = struct.Struct(
+    "<4s"  # magic b"TWMT"
+    "H"  # format version
+    "H"  # reserved, zero
+    "q"  # cursor second
+    "I"  # cursor local_index
+    "q"  # stamp_ms: the latest time stamp applied (never decreases)
+    "I"  # crc32 of the bytes above
+)
+META_MAGIC: Final = b"TWMT"
+
+_NO_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType({})
+MAX_ID_BYTES: Final = 0xFFFF
+MAX_TOPIC_BYTES: Final = 0xFFFF
+MAX_PROPERTIES: Final = 0xFFFF
+MAX_PROPERTY_KEY_BYTES: Final = 0xFFFF
+MAX_BODY_BYTES: Final = 0xFFFF_FFFF - 1024
+
+
+def encode_record(
+    message_id: str,
+    topic: str,
+    body: bytes,
+    deliver_at_ms: int,
+    properties: Mapping[str, str],
+) -> bytes:
+    """Frame one message as a log record; raises `InvalidMessage` naming the field at fault."""
+    id_bytes = message_id.encode()
+    topic_bytes = topic.encode()
+    if len(id_bytes) > MAX_ID_BYTES:
+        raise InvalidMessage("id", f"is {len(id_bytes)} bytes, the format allows {MAX_ID_BYTES}")
+    if len(topic_bytes) > MAX_TOPIC_BYTES:
+        raise InvalidMessage("topic", f"is {len(topic_bytes)} bytes, at most {MAX_TOPIC_BYTES}")
+    if len(body) > MAX_BODY_BYTES:
+        raise InvalidMessage("body", f"is {len(body)} bytes, the format allows {MAX_BODY_BYTES}")
+    if deliver_at_ms < 0:
+        raise InvalidMessage("deliver_at_ms", f"is {deliver_at_ms}, must be >= 0")
+    parts = [
+        PAYLOAD_HEADER.pack(
+            FORMAT_VERSION, len(id_bytes), len(topic_bytes), len(properties), len(body),
+            deliver_at_ms,
+        ),
+        id_bytes,
+        topic_bytes,
+    ]
+    if properties:
+        if len(properties) > MAX_PROPERTIES:
+            raise InvalidMessage("properties", f"has {len(properties)} entries")
+        for key, value in properties.items():
+            key_bytes, value_bytes = key.encode(), value.encode()
+            if len(key_bytes) > MAX_PROPERTY_KEY_BYTES:
+                raise InvalidMessage("properties", f"key of {len(key_bytes)} bytes")
+            parts += (PROPERTY_HEADER.pack(len(key_bytes), len(value_bytes)), key_bytes,
+                      value_bytes)
+    parts.append(body)
+    payload = b"".join(parts)
+    return RECORD_HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def decode_record(record: bytes) -> tuple[str, str, bytes, Mapping[str, str], int]:
+    """Inverse of `encode_record`: ``(id, topic, body, properties, deliver_at_ms)``.
+
+    Verifies framing and CRC; raises `CorruptSegment` on any mismatch (the caller, which knows
+    the file and offset, adds them).
+    """
+    if len(record) < _FRAME.size:
+        raise CorruptSegment("record", f"{len(record)} bytes is shorter than its header")
+    payload_size, crc, version, id_size, topic_size, n_props, body_size, deliver_at_ms = (
+        _FRAME.unpack_from(record))
+    if len(record) - RECORD_HEADER.size != payload_size or zlib.crc32(
+            memoryview(record)[RECORD_HEADER.size:]) != crc:
+        raise CorruptSegment("record", "length or CRC32 mismatch")
+    if version != FORMAT_VERSION:
+        raise CorruptSegment("record", f"format version {version}, expected {FORMAT_VERSION}")
+    pos = _FRAME.size
+    message_id = record[pos:pos + id_size].decode()
+    pos += id_size
+    topic = record[pos:pos + topic_size].decode()
+    pos += topic_size
+    properties: Mapping[str, str] = _NO_PROPERTIES
+    if n_props:
+        properties, pos = _decode_properties(record, pos, n_props)
+    if pos + body_size != len(record):
+        raise CorruptSegment("record", "fields do not add up to its length")
+    return message_id, topic, record[pos:], properties, deliver_at_ms
+
+
+def _decode_properties(record: bytes, pos: int, count: int) -> tuple[dict[str, str], int]:
+    properties = {}
+    for _ in range(count):
+        key_size, value_size = PROPERTY_HEADER.unpack_from(record, pos)
+        pos += PROPERTY_HEADER.size
+        key = record[pos:pos + key_size].decode()
+        pos += key_size
+        properties[key] = record[pos:pos + value_size].decode()
+        pos += value_size
+    return properties, pos
+
+
+def pack_unit(
+    offset: int, size: int, local_index: int, global_index: int, pre_global_index: int,
+    deliver_at_ms: int, second_of_hour: int,
+) -> bytes:
+    """One index unit with its CRC."""
+    body = UNIT.pack(offset, size, local_index, global_index, pre_global_index, deliver_at_ms,
+                     second_of_hour, 0)
+    return body + UNIT_CRC.pack(zlib.crc32(body))
+
+
+def unpack_unit(data: bytes | memoryview, pos: int = 0) -> tuple[int, ...] | None:
+    """The fields of the unit at ``pos`` (CRC excluded), or None if its CRC does not match."""
+    (crc,) = UNIT_CRC.unpack_from(data, pos + UNIT.size)
+    if zlib.crc32(data[pos:pos + UNIT.size]) != crc:
+        return None
+    return UNIT.unpack_from(data, pos)[:7]
+
+
+def pack_tombstone(hour: int, global_index: int) -> bytes:
+    return TOMBSTONE.pack(global_index, _tombstone_crc(hour, global_index))
+
+
+def _tombstone_crc(hour: int, global_index: int) -> int:
+    return zlib.crc32(global_index.to_bytes(4, "little"), hour & 0xFFFF_FFFF)
+
+
+def unpack_tombstones(hour: int, data: bytes) -> list[int]:
+    """Global indexes of the valid tombstones in ``data``; a torn or corrupt entry ends the list."""
+    found = []
+    for global_index, crc in TOMBSTONE.iter_unpack(data[: len(data) // TOMBSTONE.size *
+                                                         TOMBSTONE.size]):
+        if crc != _tombstone_crc(hour, global_index):
+            break
+        found.append(global_index)
+    return found
+
+
+def pack_heads(table: bytes, units: int, log_size_bytes: int) -> bytes:
+    """A whole heads file: header (with the CRC of ``table``) followed by ``table``."""
+    head = HEADS_HEADER.pack(HEADS_MAGIC, FORMAT_VERSION, 0, units, log_size_bytes,
+                             zlib.crc32(table), 0)[:-4]
+    return head + zlib.crc32(head).to_bytes(4, "little") + table
+
+
+def unpack_heads(data: bytes) -> tuple[int, int, memoryview] | None:
+    """``(units, log_size_bytes, table)`` of a heads file, or None if it is torn or corrupt."""
+    if len(data) != HEADS_FILE_SIZE:
+        return None
+    magic, version, _, units, log_size, table_crc, header_crc = HEADS_HEADER.unpack_from(data)
+    table = memoryview(data)[HEADS_HEADER.size:]
+    if (magic != HEADS_MAGIC or version != FORMAT_VERSION
+            or zlib.crc32(data[:HEADS_HEADER.size - 4]) != header_crc
+            or zlib.crc32(table) != table_crc):
+        return None
+    return units, log_size, table
+
+
+def pack_meta(cursor_second: int, cursor_local_index: int, stamp_ms: int) -> bytes:
+    body = META.pack(META_MAGIC, FORMAT_VERSION, 0, cursor_second, cursor_local_index,
+                     stamp_ms, 0)[:-4]
+    return body + zlib.crc32(body).to_bytes(4, "little")
+
+
+def unpack_meta(data: bytes, where: str) -> tuple[int, int, int]:
+    """``(cursor_second, cursor_local_index, stamp_ms)``; `CorruptSegment` if damaged."""
+    if len(data) != META.size:
+        raise CorruptSegment(where, f"meta is {len(data)} bytes, expected {META.size}")
+    magic, version, _, second, local_index, stamp_ms, crc = META.unpack(data)
+    if magic != META_MAGIC or zlib.crc32(data[:-4]) != crc:
+        raise CorruptSegment(where, "meta magic or CRC32 mismatch")
+    if version != FORMAT_VERSION:
+        raise CorruptSegment(where, f"meta format version {version}, expected {FORMAT_VERSION}")
+    return second, local_index, stamp_ms

@@ -1,0 +1,397 @@
+"""One hour of the wheel: its four files (see `tickwheel.wheel.format`) and their state in memory.
+
+Writes are appended to in-memory buffers and reach the files at `HourSegment.flush`, in the
+order log, index, tombstones, heads, so that after a crash at any byte the files hold a prefix of
+the appends that `HourSegment.open` can repair. Reads of the hour being dispatched go through
+read-only memory maps (seed 003 maps the next two hours); reads elsewhere use ``pread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import sys
+import zlib
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+
+from tickwheel.wheel.errors import CorruptSegment, invariant
+from tickwheel.wheel.format import (
+    HEAD,
+    HEADS_FILE_SIZE,
+    SECONDS_PER_HOUR,
+    UNIT,
+    UNIT_CRC,
+    UNIT_SIZE,
+    UNIT_WITH_CRC,
+    pack_heads,
+    pack_tombstone,
+    unpack_heads,
+    unpack_tombstones,
+    unpack_unit,
+)
+
+_LOG, _INDEX, _HEADS, _TOMBSTONES = "log", "index", "heads", "tombstones"
+FDS_PER_HOUR = 4  # write descriptors an open segment may hold, one per file
+_SCAN_CHUNK_UNITS = 65_536
+_LITTLE_ENDIAN = sys.byteorder == "little"
+assert HEAD.format == "<iI", "the heads table is kept as array('i') of (head, count) pairs"
+
+
+class HourSegment:
+    """The files of one hour and the 3,600 chain heads that find every message in them.
+
+    ``heads`` is an ``array('i')`` of (chain head, count) pairs, one pair per second of the
+    hour: ``heads[2 * s]`` is the global index of the newest message filed under second ``s``
+    (-1 if none), ``heads[2 * s + 1]`` how many there are. ``occupied`` has bit ``s`` set when
+    second ``s`` holds a message, so the next non-empty second is found without looking at
+    empty ones.
+    """
+
+    def __init__(self, path: Path, hour: int, heads: array, units: int, log_size_bytes: int,
+                 tombstones: set[int]) -> None:
+        self.path = path
+        self.hour = hour
+        self.heads = heads
+        self.units = units
+        self.log_size_bytes = log_size_bytes
+        self.tombstones = tombstones
+        self.occupied = _occupancy(heads)
+        self._flushed_units = units
+        self._flushed_log_size_bytes = log_size_bytes
+        self._pending_log = bytearray()
+        self._pending_index = bytearray()
+        self._pending_tombstones = bytearray()
+        self._heads_dirty = False
+        self._mapped = False
+        self._log_map: mmap.mmap | None = None
+        self._index_map: mmap.mmap | None = None
+        self._write_fds: dict[str, int] = {}
+
+    # -- opening and repair ---------------------------------------------------------------
+
+    @classmethod
+    def open(cls, root: Path, hour: int) -> HourSegment:
+        """Open (creating if absent) the segment of ``hour`` under ``root``, repairing torn tails.
+
+        The fast path reads only the heads file: when its header matches the sizes of index and
+        log exactly, nothing else is read. Otherwise the tail is repaired: the index is cut to
+        its last unit that is whole, passes its CRC and points inside the log; the log is cut
+        after that unit's record; heads are replayed from the index (from the checkpoint when
+        it is still a prefix, else from the start) and written back.
+        """
+        path = _segment_path(root, hour)
+        if not path.exists():
+            path.mkdir(parents=True)
+            return cls(path, hour, _empty_heads(), 0, 0, set())
+        index_size = _size(path / _INDEX)
+        log_size = _size(path / _LOG)
+        checkpoint = unpack_heads(_read(path / _HEADS))
+        if (checkpoint is not None and index_size == checkpoint[0] * UNIT_SIZE
+                and log_size == checkpoint[1]):
+            units = checkpoint[0]
+            heads = _heads_from(checkpoint[2])
+            repaired = False
+        else:
+            units, log_size = _repair_tail(path, index_size, log_size)
+            if checkpoint is not None and checkpoint[0] <= units:
+                heads, start = _heads_from(checkpoint[2]), checkpoint[0]
+            else:
+                heads, start = _empty_heads(), 0
+            _replay(path, heads, start, units)
+            repaired = True
+        tombstones = _load_tombstones(path, hour, units)
+        segment = cls(path, hour, heads, units, log_size, tombstones)
+        if repaired:
+            segment._heads_dirty = True
+            segment.flush()
+        return segment
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def append(self, record: bytes, deliver_at_ms: int, second_of_hour: int) -> tuple[int, int]:
+        """Append one message filed under ``second_of_hour``; returns ``(global_index,
+        local_index)``. O(1): one unit pointing at the old chain head, then the head moves."""
+        heads = self.heads
+        slot = second_of_hour << 1
+        pre_global_index = heads[slot]
+        local_index = heads[slot + 1]
+        global_index = self.units
+        unit = UNIT.pack(self.log_size_bytes, len(record), local_index, global_index,
+                         pre_global_index, deliver_at_ms, second_of_hour, 0)
+        self._pending_index += unit
+        self._pending_index += UNIT_CRC.pack(zlib.crc32(unit))
+        self._pending_log += record
+        heads[slot] = global_index
+        heads[slot + 1] = local_index + 1
+        self.occupied |= 1 << second_of_hour
+        self.units = global_index + 1
+        self.log_size_bytes += len(record)
+        self._heads_dirty = True
+        return global_index, local_index
+
+    def add_tombstone(self, global_index: int) -> None:
+        invariant(global_index < self.units, f"tombstone for unit {global_index} of {self.units}")
+        self.tombstones.add(global_index)
+        self._pending_tombstones += pack_tombstone(self.hour, global_index)
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._pending_log) + len(self._pending_index) + len(self._pending_tombstones)
+
+    def flush(self) -> None:
+        """Write what is buffered: log, index, tombstones, then the heads checkpoint."""
+        if self._pending_log:
+            _write_all(self._write_fd(_LOG), self._pending_log)
+            self._pending_log = bytearray()
+        if self._pending_index:
+            _write_all(self._write_fd(_INDEX), self._pending_index)
+            self._pending_index = bytearray()
+        if self._pending_tombstones:
+            _write_all(self._write_fd(_TOMBSTONES), self._pending_tombstones)
+            self._pending_tombstones = bytearray()
+        self._flushed_units = self.units
+        self._flushed_log_size_bytes = self.log_size_bytes
+        if self._heads_dirty:
+            table = self.heads.tobytes() if _LITTLE_ENDIAN else _swapped(self.heads)
+            heads_fd = self._write_fd(_HEADS)
+            _write_all(heads_fd, pack_heads(table, self.units, self.log_size_bytes), at=0)
+            os.ftruncate(heads_fd, HEADS_FILE_SIZE)
+            self._heads_dirty = False
+
+    def _write_fd(self, name: str) -> int:
+        """A descriptor kept open while the segment is: append-only but for heads, which is
+        rewritten in place at offset 0 and never changes size."""
+        fd = self._write_fds.get(name)
+        if fd is None:
+            flags = os.O_WRONLY | os.O_CREAT | (0 if name == _HEADS else os.O_APPEND)
+            fd = self._write_fds[name] = os.open(self.path / name, flags, 0o644)
+        return fd
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def map_for_reading(self) -> None:
+        """Map log and index read-only, for the hours the dispatcher is walking; the maps follow
+        the files as flushes extend them."""
+        self.unmap()
+        self._mapped = True
+        self._log_map = _map(self.path / _LOG, self._flushed_log_size_bytes)
+        self._index_map = _map(self.path / _INDEX, self._flushed_units * UNIT_SIZE)
+
+    def unmap(self) -> None:
+        for view in (self._log_map, self._index_map):
+            if view is not None:
+                view.close()
+        self._log_map = self._index_map = None
+        self._mapped = False
+
+    def read_unit(self, global_index: int) -> tuple[int, ...]:
+        """``(offset, size, local_index, global_index, pre_global_index, deliver_at_ms,
+        second_of_hour)`` of a unit; raises `CorruptSegment` if it fails its CRC."""
+        invariant(0 <= global_index < self.units, f"unit {global_index} of {self.units}")
+        pos = global_index * UNIT_SIZE
+        if global_index >= self._flushed_units:
+            data, pos = self._pending_index, pos - self._flushed_units * UNIT_SIZE
+        elif self._mapped:
+            if self._index_map is None or pos + UNIT_SIZE > len(self._index_map):
+                self.map_for_reading()
+            data = self._index_map
+        else:
+            data, pos = _pread(self.path / _INDEX, UNIT_SIZE, pos), 0
+        fields = unpack_unit(data, pos)
+        if fields is None or fields[3] != global_index:
+            raise CorruptSegment(str(self.path / _INDEX), f"unit {global_index} is damaged")
+        return fields
+
+    def read_record(self, offset: int, size: int) -> bytes:
+        """The raw log record at ``offset``; `decode_record` checks its CRC."""
+        if offset >= self._flushed_log_size_bytes:
+            start = offset - self._flushed_log_size_bytes
+            return bytes(self._pending_log[start:start + size])
+        if not self._mapped:
+            return _pread(self.path / _LOG, size, offset)
+        if self._log_map is None or offset + size > len(self._log_map):
+            self.map_for_reading()
+        return self._log_map[offset:offset + size]
+
+    def units_between(self, first_second: int, last_second: int) -> int:
+        """How many messages are filed under seconds ``first_second..last_second`` of the hour."""
+        return sum(self.heads[(first_second << 1) + 1:(last_second << 1) + 2:2])
+
+    def scan(self) -> Iterator[tuple[int, ...]]:
+        """Every unit of the hour in index order (the same fields as `read_unit`): one
+        sequential read instead of a chain walk per second, for loading most of an hour."""
+        if self._mapped:
+            if self._index_map is None or len(self._index_map) < self._flushed_units * UNIT_SIZE:
+                self.map_for_reading()
+            flushed = self._index_map if self._index_map is not None else b""
+        else:
+            flushed = _read(self.path / _INDEX)[:self._flushed_units * UNIT_SIZE]
+        for data in (flushed, self._pending_index):
+            view = memoryview(data)
+            for position, fields in enumerate(UNIT_WITH_CRC.iter_unpack(view)):
+                start = position * UNIT_SIZE
+                if zlib.crc32(view[start:start + UNIT.size]) != fields[8]:
+                    raise CorruptSegment(str(self.path / _INDEX),
+                                         f"unit {fields[3]} is damaged")
+                yield fields[:7]
+
+    def chain(self, second_of_hour: int) -> Iterator[tuple[int, ...]]:
+        """The units filed under ``second_of_hour``, newest first (the chain of seed 003)."""
+        global_index = self.heads[second_of_hour << 1]
+        while global_index >= 0:
+            fields = self.read_unit(global_index)
+            yield fields
+            global_index = fields[4]
+
+    def close(self) -> None:
+        self.flush()
+        self.unmap()
+        for fd in self._write_fds.values():
+            os.close(fd)
+        self._write_fds.clear()
+
+
+
+def remove_segment(root: Path, hour: int) -> None:
+    """Delete the files of ``hour``: every message in it is behind the cursor."""
+    path = _segment_path(root, hour)
+    for name in (_LOG, _INDEX, _HEADS, _TOMBSTONES):
+        (path / name).unlink(missing_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.rmdir()
+
+
+# -- helpers: pure functions over files --------------------------------------------------------
+
+def _segment_path(root: Path, hour: int) -> Path:
+    return root / f"{hour:08d}"
+
+
+def _empty_heads() -> array:
+    return array("i", [-1, 0]) * SECONDS_PER_HOUR
+
+
+def _heads_from(table: memoryview) -> array:
+    heads = array("i")
+    heads.frombytes(table)
+    if not _LITTLE_ENDIAN:
+        heads.byteswap()
+    return heads
+
+
+def _swapped(heads: array) -> bytes:
+    copy = array("i", heads)
+    copy.byteswap()
+    return copy.tobytes()
+
+
+# The last byte of a little-endian chain head is 0xFF only for -1 (an empty second), since heads
+# are below 2**31: one translate turns those bytes into a string of binary digits.
+_OCCUPIED_DIGIT = bytes.maketrans(bytes(range(256)), b"1" * 255 + b"0")
+
+
+def _occupancy(heads: array) -> int:
+    """Bit ``s`` set when second ``s`` holds a message."""
+    if not _LITTLE_ENDIAN:
+        return sum(1 << second for second, count in enumerate(heads[1::2]) if count)
+    digits = heads.tobytes()[3::HEAD.size].translate(_OCCUPIED_DIGIT)
+    return int(digits[::-1], 2)
+
+
+def _repair_tail(path: Path, index_size: int, log_size: int) -> tuple[int, int]:
+    """Cut index and log back to their longest consistent prefix; returns (units, log size)."""
+    units, end = index_size // UNIT_SIZE, 0
+    with open(path / _INDEX, "a+b") as index:
+        while units:
+            fields = unpack_unit(os.pread(index.fileno(), UNIT_SIZE, (units - 1) * UNIT_SIZE))
+            if fields is not None and fields[3] == units - 1 and fields[0] + fields[1] <= log_size:
+                end = fields[0] + fields[1]
+                break
+            units -= 1
+        index.truncate(units * UNIT_SIZE)
+    with open(path / _LOG, "a+b") as log:
+        log.truncate(end)
+    return units, end
+
+
+def _replay(path: Path, heads: array, start: int, units: int) -> None:
+    """Apply index units ``[start, units)`` to ``heads``, checking every chain link."""
+    with open(path / _INDEX, "rb") as index:
+        for chunk_start in range(start, units, _SCAN_CHUNK_UNITS):
+            count = min(_SCAN_CHUNK_UNITS, units - chunk_start)
+            data = os.pread(index.fileno(), count * UNIT_SIZE, chunk_start * UNIT_SIZE)
+            for i in range(count):
+                fields = unpack_unit(data, i * UNIT_SIZE)
+                global_index = chunk_start + i
+                if fields is None or fields[3] != global_index:
+                    raise CorruptSegment(str(path / _INDEX), f"unit {global_index} is damaged")
+                slot = fields[6] << 1
+                if fields[4] != heads[slot] or fields[2] != heads[slot + 1]:
+                    raise CorruptSegment(str(path / _INDEX), f"unit {global_index} breaks its "
+                                         "second's chain")
+                heads[slot] = global_index
+                heads[slot + 1] += 1
+
+
+def _load_tombstones(path: Path, hour: int, units: int) -> set[int]:
+    """The valid tombstones; a torn tail, or one naming a unit that was cut, is dropped."""
+    data = _read(path / _TOMBSTONES)
+    kept = [g for g in unpack_tombstones(hour, data) if g < units]
+    expected = b"".join(pack_tombstone(hour, g) for g in kept)
+    if expected != data:
+        _replace_in_place(path / _TOMBSTONES, expected)
+    return set(kept)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
+def _pread(path: Path, size: int, offset: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, size, offset)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes | bytearray, at: int | None = None) -> None:
+    """Write all of ``data``: appended, or at offset ``at`` with ``pwrite``."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view) if at is None else os.pwrite(fd, view, at)
+        view = view[written:]
+        if at is not None:
+            at += written
+
+
+def _replace_in_place(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        view = memoryview(data)
+        written = 0
+        while written < len(data):
+            written += os.pwrite(fd, view[written:], written)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
+def _map(path: Path, size: int) -> mmap.mmap | None:
+    if size == 0:
+        return None
+    with open(path, "rb") as file:
+        return mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ)

@@ -1,0 +1,79 @@
+"""The values that cross the wheel's boundary."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final, NamedTuple
+
+DAY_MS: Final = 86_400_000
+_NO_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType({})
+
+
+class Cursor(NamedTuple):
+    """Dispatch progress: every message before ``(second, local_index)`` is done.
+
+    Messages are ordered by ``(slot second, local_index)``; ``local_index`` counts the messages
+    filed under a second in arrival order. Tuples compare in that order.
+    """
+
+    second: int
+    local_index: int
+
+
+class NewMessage(NamedTuple):
+    """A message to schedule. ``id`` is the client's; ``deliver_at_ms`` is Unix time in ms.
+
+    The field order is `tickwheel.wheel.format.encode_record`'s argument order.
+    """
+
+    id: str
+    topic: str
+    body: bytes
+    deliver_at_ms: int
+    properties: Mapping[str, str] = _NO_PROPERTIES
+
+
+class DueMessage(NamedTuple):
+    """A message the wheel hands out for delivery.
+
+    ``slot_second`` is the second it was filed under: its due second, or a later one when it
+    arrived already overdue (see `Wheel.schedule`). ``position`` is its place in dispatch order,
+    the cursor to pass once it is done.
+    """
+
+    id: str
+    topic: str
+    body: bytes
+    properties: Mapping[str, str]
+    deliver_at_ms: int
+    handle: int
+    slot_second: int
+    local_index: int
+
+    @property
+    def position(self) -> Cursor:
+        return Cursor(self.slot_second, self.local_index)
+
+
+@dataclass(frozen=True, slots=True)
+class WheelConfig:
+    """Every limit of the engine, in one place, with its unit in its name."""
+
+    preload_ms: int = 10_000
+    """How far ahead of the dispatch clock index units are loaded into memory."""
+    max_window_msgs: int = 100_000
+    """Loading stops at this many units in memory; a single second is always loaded whole."""
+    max_open_hours: int = 1_024
+    """Hour segments kept open (28.9 KiB of heads each); the least recently used closes."""
+    max_buffered_bytes: int = 16 * 1024 * 1024
+    """Appends buffered in memory before they are written to the segment files."""
+    max_delay_ms: int = 366 * DAY_MS
+    """The furthest ahead of the time stamp a message may be due."""
+
+    def __post_init__(self) -> None:
+        for name in ("preload_ms", "max_window_msgs", "max_open_hours", "max_buffered_bytes",
+                     "max_delay_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"WheelConfig.{name} must be positive, got {getattr(self, name)}")
