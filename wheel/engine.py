@@ -13,6 +13,7 @@ import os
 import resource
 from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
 
@@ -24,6 +25,8 @@ from tickwheel.wheel.errors import (
     invariant,
 )
 from tickwheel.wheel.format import (
+    META,
+    META_COPIES,
     MS_PER_SECOND,
     SECONDS_PER_HOUR,
     decode_record,
@@ -55,14 +58,13 @@ class Wheel:
     the wheel never reads a clock. Use `Wheel.open` and close it (or use it as a context manager).
     """
 
-    def __init__(self, root: Path, config: WheelConfig, lock_fd: int, cursor: Cursor,
-                 stamp_ms: int, hours: list[int], max_open_hours: int) -> None:
+    def __init__(self, root: Path, config: WheelConfig, fds: tuple[int, int],
+                 meta: tuple[int, Cursor, int], hours: list[int], max_open_hours: int) -> None:
         self._root = root
         self._hours_dir = root / _HOURS_DIR
         self._config = config
-        self._lock_fd = lock_fd
-        self._cursor = cursor
-        self._stamp_ms = stamp_ms
+        self._lock_fd, self._meta_fd = fds
+        self._meta_sequence, self._cursor, self._stamp_ms = meta
         self._hours = hours
         self._max_open_hours = max_open_hours
         self._open: OrderedDict[int, HourSegment] = OrderedDict()
@@ -70,7 +72,7 @@ class Wheel:
         self._mapped: set[int] = set()
         self._buffered_bytes = 0
         self._window: list[_WindowEntry] = []
-        self._scan_second = cursor.second
+        self._scan_second = self._cursor.second
         self.corrupt_records_skipped = 0
 
     @classmethod
@@ -82,22 +84,24 @@ class Wheel:
         """
         root = Path(root)
         (root / _HOURS_DIR).mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(root / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock_fd)
-            raise StorageLocked(str(root)) from None
-        meta_path = root / _META
-        cursor, stamp_ms = Cursor(0, 0), 0
-        if meta_path.exists():
-            second, local_index, stamp_ms = unpack_meta(meta_path.read_bytes(), str(meta_path))
-            cursor = Cursor(second, local_index)
-        hours = sorted(int(name) for name in os.listdir(root / _HOURS_DIR) if name.isdigit())
         config = config or WheelConfig()
-        wheel = cls(root, config, lock_fd, cursor, stamp_ms, hours,
-                    _open_hours_within_fd_limit(config.max_open_hours))
-        wheel._delete_passed_hours()
+        with ExitStack() as on_failure:
+            lock_fd = os.open(root / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            on_failure.callback(os.close, lock_fd)
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StorageLocked(str(root)) from None
+            meta_fd = os.open(root / _META, os.O_RDWR | os.O_CREAT, 0o644)
+            on_failure.callback(os.close, meta_fd)
+            meta = unpack_meta(os.pread(meta_fd, META_COPIES * META.size, 0), str(root / _META))
+            sequence, second, local_index, stamp_ms = meta or (0, 0, 0, 0)
+            cursor = Cursor(second, local_index)
+            hours = sorted(int(name) for name in os.listdir(root / _HOURS_DIR) if name.isdigit())
+            wheel = cls(root, config, (lock_fd, meta_fd), (sequence, cursor, stamp_ms), hours,
+                        _open_hours_within_fd_limit(config.max_open_hours))
+            wheel._delete_passed_hours()
+            on_failure.pop_all()
         log.info("event=wheel_opened root=%s hours=%d cursor_second=%d cursor_local_index=%d",
                  root, len(hours), cursor.second, cursor.local_index)
         return wheel
@@ -140,28 +144,29 @@ class Wheel:
                                      f"{self._config.max_delay_ms} ms after {stamp_ms}")
         records = [encode_record(*message) for message in messages]
         self._stamp_ms = stamp_ms
-        floor_second = max(stamp_ms // MS_PER_SECOND, self._cursor.second)
+        cursor_second, cursor_local_index = self._cursor
+        floor_second = max(stamp_ms // MS_PER_SECOND, cursor_second)
         scan_second, window = self._scan_second, self._window
         handles = []
         segment, segment_hour = None, -1
-        for message, record in zip(messages, records, strict=True):
-            slot = max(message.deliver_at_ms // MS_PER_SECOND, floor_second)
-            if slot == self._cursor.second:
+        for (_, _, _, deliver_at_ms, _), record in zip(messages, records, strict=True):
+            slot = max(deliver_at_ms // MS_PER_SECOND, floor_second)
+            if slot == cursor_second:
                 slot = self._past_cursor(slot)
-            hour, second_of_hour = divmod(slot, SECONDS_PER_HOUR)
+            hour = slot // SECONDS_PER_HOUR
             if hour != segment_hour:
                 segment, segment_hour = self._segment(hour, create=True), hour
                 self._dirty.add(hour)
             offset = segment.log_size_bytes
-            global_index, local_index = segment.append(record, message.deliver_at_ms,
-                                                       second_of_hour)
-            if slot == self._cursor.second:
-                invariant(local_index >= self._cursor.local_index,
+            global_index, local_index = segment.append(record, deliver_at_ms,
+                                                       slot - hour * SECONDS_PER_HOUR)
+            if slot == cursor_second:
+                invariant(local_index >= cursor_local_index,
                           f"message filed behind the cursor at ({slot}, {local_index})")
             handle = hour << _GLOBAL_INDEX_BITS | global_index
             handles.append(handle)
             if slot < scan_second:
-                heapq.heappush(window, (slot, message.deliver_at_ms, local_index, handle, offset,
+                heapq.heappush(window, (slot, deliver_at_ms, local_index, handle, offset,
                                         len(record)))
         self._buffered_bytes += sum(map(len, records))
         if self._buffered_bytes > self._config.max_buffered_bytes:
@@ -311,6 +316,7 @@ class Wheel:
         for segment in self._open.values():
             segment.close()
         self._open.clear()
+        os.close(self._meta_fd)
         os.close(self._lock_fd)
         self._lock_fd = -1
 
@@ -489,10 +495,10 @@ class Wheel:
         del self._hours[:passed]
 
     def _write_meta(self) -> None:
-        temporary = self._root / (_META + ".tmp")
-        temporary.write_bytes(pack_meta(self._cursor.second, self._cursor.local_index,
-                                        self._stamp_ms))
-        temporary.replace(self._root / _META)
+        """Overwrite the older of the two meta copies: one ``pwrite``, no rename."""
+        self._meta_sequence += 1
+        os.pwrite(self._meta_fd, pack_meta(self._meta_sequence, *self._cursor, self._stamp_ms),
+                  self._meta_sequence % META_COPIES * META.size)
 
 
 def _open_hours_within_fd_limit(max_open_hours: int) -> int:

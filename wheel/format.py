@@ -16,8 +16,8 @@ An hour segment is a folder ``hours/<hour>/`` (``hour = slot_second // 3600``) h
 ``tombstones``
     Append-only ``TOMBSTONE`` entries: the ``global_index`` of each cancelled message.
 
-The root folder holds ``meta`` (``META``: the cursor and the last time stamp), replaced
-atomically (write to a temporary name, then rename).
+The root folder holds ``meta``: two copies of ``META`` (the cursor and the last time stamp)
+written alternately in place, each with a sequence number and a CRC; the newest valid copy wins.
 """
 
 from __future__ import annotations
@@ -95,11 +95,13 @@ META: Final = struct.Struct(
     "<4s"  # magic b"TWMT"
     "H"  # format version
     "H"  # reserved, zero
+    "Q"  # sequence: which of the two copies is newer
     "q"  # cursor second
     "I"  # cursor local_index
     "q"  # stamp_ms: the latest time stamp applied (never decreases)
     "I"  # crc32 of the bytes above
 )
+META_COPIES: Final = 2  # written alternately in place; a torn write damages only the newer one
 META_MAGIC: Final = b"TWMT"
 
 _NO_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType({})
@@ -128,26 +130,25 @@ def encode_record(
         raise InvalidMessage("body", f"is {len(body)} bytes, the format allows {MAX_BODY_BYTES}")
     if deliver_at_ms < 0:
         raise InvalidMessage("deliver_at_ms", f"is {deliver_at_ms}, must be >= 0")
-    parts = [
-        PAYLOAD_HEADER.pack(
-            FORMAT_VERSION, len(id_bytes), len(topic_bytes), len(properties), len(body),
-            deliver_at_ms,
-        ),
-        id_bytes,
-        topic_bytes,
-    ]
+    payload = PAYLOAD_HEADER.pack(FORMAT_VERSION, len(id_bytes), len(topic_bytes),
+                                  len(properties), len(body), deliver_at_ms)
+    payload += id_bytes + topic_bytes
     if properties:
-        if len(properties) > MAX_PROPERTIES:
-            raise InvalidMessage("properties", f"has {len(properties)} entries")
-        for key, value in properties.items():
-            key_bytes, value_bytes = key.encode(), value.encode()
-            if len(key_bytes) > MAX_PROPERTY_KEY_BYTES:
-                raise InvalidMessage("properties", f"key of {len(key_bytes)} bytes")
-            parts += (PROPERTY_HEADER.pack(len(key_bytes), len(value_bytes)), key_bytes,
-                      value_bytes)
-    parts.append(body)
-    payload = b"".join(parts)
+        payload += _encode_properties(properties)
+    payload += body
     return RECORD_HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def _encode_properties(properties: Mapping[str, str]) -> bytes:
+    if len(properties) > MAX_PROPERTIES:
+        raise InvalidMessage("properties", f"has {len(properties)} entries")
+    parts = []
+    for key, value in properties.items():
+        key_bytes, value_bytes = key.encode(), value.encode()
+        if len(key_bytes) > MAX_PROPERTY_KEY_BYTES:
+            raise InvalidMessage("properties", f"key of {len(key_bytes)} bytes")
+        parts += (PROPERTY_HEADER.pack(len(key_bytes), len(value_bytes)), key_bytes, value_bytes)
+    return b"".join(parts)
 
 
 def decode_record(record: bytes) -> tuple[str, str, bytes, Mapping[str, str], int]:
@@ -247,19 +248,26 @@ def unpack_heads(data: bytes) -> tuple[int, int, memoryview] | None:
     return units, log_size, table
 
 
-def pack_meta(cursor_second: int, cursor_local_index: int, stamp_ms: int) -> bytes:
-    body = META.pack(META_MAGIC, FORMAT_VERSION, 0, cursor_second, cursor_local_index,
+def pack_meta(sequence: int, cursor_second: int, cursor_local_index: int,
+              stamp_ms: int) -> bytes:
+    """One copy of the meta record; it belongs at offset ``(sequence % META_COPIES) * size``."""
+    body = META.pack(META_MAGIC, FORMAT_VERSION, 0, sequence, cursor_second, cursor_local_index,
                      stamp_ms, 0)[:-4]
     return body + zlib.crc32(body).to_bytes(4, "little")
 
 
-def unpack_meta(data: bytes, where: str) -> tuple[int, int, int]:
-    """``(cursor_second, cursor_local_index, stamp_ms)``; `CorruptSegment` if damaged."""
-    if len(data) != META.size:
-        raise CorruptSegment(where, f"meta is {len(data)} bytes, expected {META.size}")
-    magic, version, _, second, local_index, stamp_ms, crc = META.unpack(data)
-    if magic != META_MAGIC or zlib.crc32(data[:-4]) != crc:
-        raise CorruptSegment(where, "meta magic or CRC32 mismatch")
-    if version != FORMAT_VERSION:
-        raise CorruptSegment(where, f"meta format version {version}, expected {FORMAT_VERSION}")
-    return second, local_index, stamp_ms
+def unpack_meta(data: bytes, where: str) -> tuple[int, int, int, int] | None:
+    """``(sequence, cursor_second, cursor_local_index, stamp_ms)`` of the newest valid copy;
+    None for an empty file; `CorruptSegment` if no copy is valid."""
+    if not data:
+        return None
+    copies = []
+    for position in range(0, min(len(data), META_COPIES * META.size) - META.size + 1, META.size):
+        magic, version, _, sequence, second, local_index, stamp_ms, crc = META.unpack_from(
+            data, position)
+        if (magic == META_MAGIC and version == FORMAT_VERSION
+                and zlib.crc32(data[position:position + META.size - 4]) == crc):
+            copies.append((sequence, second, local_index, stamp_ms))
+    if not copies:
+        raise CorruptSegment(where, "no copy of meta passes its magic, version and CRC32")
+    return max(copies)

@@ -126,7 +126,8 @@ class HourSegment:
         self._pending_log += record
         heads[slot] = global_index
         heads[slot + 1] = local_index + 1
-        self.occupied |= 1 << second_of_hour
+        if not local_index:
+            self.occupied |= 1 << second_of_hour
         self.units = global_index + 1
         self.log_size_bytes += len(record)
         self._heads_dirty = True

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from tickwheel.wheel import (
+    CorruptSegment,
     Cursor,
     InvalidMessage,
     InvariantViolation,
@@ -247,6 +248,18 @@ def test_a_damaged_record_is_skipped_and_counted_never_returned(tmp_path: Path) 
 def test_a_second_process_cannot_open_the_same_folder(tmp_path: Path) -> None:
     with Wheel.open(tmp_path), pytest.raises(StorageLocked):
         Wheel.open(tmp_path)
+
+
+def test_a_damaged_meta_stops_the_open_loudly_and_leaves_the_folder_usable(
+        tmp_path: Path) -> None:
+    with Wheel.open(tmp_path) as wheel:
+        wheel.advance_cursor(Cursor(5, 0))
+    (tmp_path / "meta").write_bytes(b"\x00" * 64)
+    with pytest.raises(CorruptSegment):
+        Wheel.open(tmp_path)
+    (tmp_path / "meta").unlink()  # the lock was released: an operator can repair and retry
+    with Wheel.open(tmp_path) as wheel:
+        assert wheel.cursor == (0, 0)
 
 
 def test_the_preload_window_stays_bounded(tmp_path: Path) -> None:

@@ -55,6 +55,15 @@ def test_heads_and_meta_round_trip_and_reject_damage() -> None:
     assert (units, log_size, bytes(got_table)) == (10, 999, table)
     assert unpack_heads(heads[:-1]) is None
     assert unpack_heads(heads[:20] + b"\x00" + heads[21:]) is None
-    assert unpack_meta(pack_meta(7, 8, 9), "meta") == (7, 8, 9)
+    assert unpack_meta(b"", "meta") is None
+
+
+def test_meta_keeps_the_newest_valid_of_its_two_copies() -> None:
+    older, newer = pack_meta(6, 1, 2, 3), pack_meta(7, 8, 9, 10)
+    assert unpack_meta(older + newer, "meta") == (7, 8, 9, 10)
+    assert unpack_meta(newer + older, "meta") == (7, 8, 9, 10)
+    torn = newer[:-1] + bytes([newer[-1] ^ 1])
+    assert unpack_meta(older + torn, "meta") == (6, 1, 2, 3)  # a torn write loses one step
+    assert unpack_meta(older + newer[:10], "meta") == (6, 1, 2, 3)
     with pytest.raises(CorruptSegment):
-        unpack_meta(pack_meta(7, 8, 9)[:-1] + b"\x00", "meta")
+        unpack_meta(torn + torn, "meta")
