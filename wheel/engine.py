@@ -29,6 +29,7 @@ from tickwheel.wheel.format import (
     META_COPIES,
     MS_PER_SECOND,
     SECONDS_PER_HOUR,
+    TOMBSTONE,
     decode_record,
     encode_record,
     pack_meta,
@@ -195,11 +196,11 @@ class Wheel:
         handed out by `take_due` but not yet behind the cursor is still cancelled (True): it
         will not be handed out again. Raises `UnknownHandle` for a handle never returned.
         """
+        if handle < 0:
+            raise UnknownHandle("handle", f"{handle} was never returned by schedule")
         hour, global_index = handle >> _GLOBAL_INDEX_BITS, handle & _GLOBAL_INDEX_MASK
-        if handle < 0 or (hour + 1) * SECONDS_PER_HOUR <= self._cursor.second:
-            if handle < 0:
-                raise UnknownHandle("handle", f"{handle} was never returned by schedule")
-            return False
+        if (hour + 1) * SECONDS_PER_HOUR <= self._cursor.second:
+            return False  # its hour is behind the cursor, and deleted
         segment = self._segment(hour, create=False)
         if segment is None or global_index >= segment.units:
             raise UnknownHandle("handle", f"{handle} was never returned by schedule")
@@ -210,6 +211,7 @@ class Wheel:
             return False
         segment.add_tombstone(global_index)
         self._dirty.add(hour)
+        self._buffered_bytes += TOMBSTONE.size
         return True
 
     def next_due_ms(self) -> int | None:
@@ -283,9 +285,9 @@ class Wheel:
         self._scan_second = max(self._scan_second, cursor.second)
         cursor_hour = cursor.second // SECONDS_PER_HOUR
         for hour in sorted(h for h in self._dirty if h <= cursor_hour):
-            self._buffered_bytes -= self._open[hour].buffered_bytes
-            self._open[hour].flush()
-            self._dirty.discard(hour)
+            segment = self._open[hour]
+            self._forget_buffer(hour, segment)
+            segment.flush()
         self._write_meta()
         self._delete_passed_hours()
 
@@ -341,27 +343,31 @@ class Wheel:
             if not create:
                 return None
             self._hours.insert(position, hour)
-        self._evict(sparing=hour)
+        self._evict()
         segment = HourSegment.open(self._hours_dir, hour)
         self._open[hour] = segment
         return segment
 
-    def _evict(self, sparing: int) -> None:
+    def _evict(self) -> None:
         """Make room for one more segment within ``max_open_hours`` by closing the least
-        recently used, sparing ``sparing`` and the hours the dispatch window reads from (which
-        may exceed the limit for as long as the window needs them)."""
+        recently used, sparing the hours the dispatch window reads from (which may exceed the
+        limit for as long as the window needs them)."""
         excess = len(self._open) + 1 - self._max_open_hours
         if excess <= 0:
             return
         low = (self._window[0][0] if self._window else self._scan_second) // SECONDS_PER_HOUR
         high = self._scan_second // SECONDS_PER_HOUR
-        for hour in [h for h in self._open if not low <= h <= high and h != sparing][:excess]:
+        for hour in [h for h in self._open if not low <= h <= high][:excess]:
             segment = self._open.pop(hour)
-            if hour in self._dirty:
-                self._buffered_bytes -= segment.buffered_bytes
-                self._dirty.discard(hour)
+            self._forget_buffer(hour, segment)
             self._mapped.discard(hour)
             segment.close()
+
+    def _forget_buffer(self, hour: int, segment: HourSegment) -> None:
+        """Stop counting ``segment``'s buffered appends: it is about to write or drop them."""
+        if hour in self._dirty:
+            self._buffered_bytes -= segment.buffered_bytes
+            self._dirty.discard(hour)
 
     def _next_occupied_second(self, from_second: int) -> int | None:
         """The first second at or after ``from_second`` holding a message: hour wheel first,
@@ -486,9 +492,7 @@ class Wheel:
             segment = self._open.pop(hour, None)
             if segment is not None:
                 segment.unmap()
-                if hour in self._dirty:
-                    self._buffered_bytes -= segment.buffered_bytes
-                    self._dirty.discard(hour)
+                self._forget_buffer(hour, segment)
             self._mapped.discard(hour)
             remove_segment(self._hours_dir, hour)
             log.info("event=hour_deleted hour=%d cursor_second=%d", hour, self._cursor.second)

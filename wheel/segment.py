@@ -20,7 +20,6 @@ from pathlib import Path
 from tickwheel.wheel.errors import CorruptSegment, invariant
 from tickwheel.wheel.format import (
     HEAD,
-    HEADS_FILE_SIZE,
     SECONDS_PER_HOUR,
     UNIT,
     UNIT_CRC,
@@ -157,9 +156,7 @@ class HourSegment:
         self._flushed_log_size_bytes = self.log_size_bytes
         if self._heads_dirty:
             table = self.heads.tobytes() if _LITTLE_ENDIAN else _swapped(self.heads)
-            heads_fd = self._write_fd(_HEADS)
-            _write_all(heads_fd, pack_heads(table, self.units, self.log_size_bytes), at=0)
-            os.ftruncate(heads_fd, HEADS_FILE_SIZE)
+            _overwrite(self._write_fd(_HEADS), pack_heads(table, self.units, self.log_size_bytes))
             self._heads_dirty = False
 
     def _write_fd(self, name: str) -> int:
@@ -224,13 +221,9 @@ class HourSegment:
     def scan(self) -> Iterator[tuple[int, ...]]:
         """Every unit of the hour in index order (the same fields as `read_unit`): one
         sequential read instead of a chain walk per second, for loading most of an hour."""
-        if self._mapped:
-            if self._index_map is None or len(self._index_map) < self._flushed_units * UNIT_SIZE:
-                self.map_for_reading()
-            flushed = self._index_map if self._index_map is not None else b""
-        else:
-            flushed = _read(self.path / _INDEX)[:self._flushed_units * UNIT_SIZE]
-        for data in (flushed, self._pending_index):
+        if not self._mapped or len(self._index_map or b"") < self._flushed_units * UNIT_SIZE:
+            self.map_for_reading()
+        for data in (self._index_map or b"", self._pending_index):
             view = memoryview(data)
             for position, fields in enumerate(UNIT_WITH_CRC.iter_unpack(view)):
                 start = position * UNIT_SIZE
@@ -253,7 +246,6 @@ class HourSegment:
         for fd in self._write_fds.values():
             os.close(fd)
         self._write_fds.clear()
-
 
 
 def remove_segment(root: Path, hour: int) -> None:
@@ -343,7 +335,11 @@ def _load_tombstones(path: Path, hour: int, units: int) -> set[int]:
     kept = [g for g in unpack_tombstones(hour, data) if g < units]
     expected = b"".join(pack_tombstone(hour, g) for g in kept)
     if expected != data:
-        _replace_in_place(path / _TOMBSTONES, expected)
+        fd = os.open(path / _TOMBSTONES, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            _overwrite(fd, expected)
+        finally:
+            os.close(fd)
     return set(kept)
 
 
@@ -369,26 +365,19 @@ def _pread(path: Path, size: int, offset: int) -> bytes:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes | bytearray, at: int | None = None) -> None:
-    """Write all of ``data``: appended, or at offset ``at`` with ``pwrite``."""
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    """Append all of ``data``."""
     view = memoryview(data)
     while view:
-        written = os.write(fd, view) if at is None else os.pwrite(fd, view, at)
-        view = view[written:]
-        if at is not None:
-            at += written
+        view = view[os.write(fd, view):]
 
 
-def _replace_in_place(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        view = memoryview(data)
-        written = 0
-        while written < len(data):
-            written += os.pwrite(fd, view[written:], written)
-        os.ftruncate(fd, len(data))
-    finally:
-        os.close(fd)
+def _overwrite(fd: int, data: bytes) -> None:
+    """Make the file hold exactly ``data``, written in place from offset 0."""
+    view, written = memoryview(data), 0
+    while written < len(data):
+        written += os.pwrite(fd, view[written:], written)
+    os.ftruncate(fd, len(data))
 
 
 def _map(path: Path, size: int) -> mmap.mmap | None:
