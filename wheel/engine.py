@@ -295,17 +295,12 @@ class Wheel:
         """Start a new dispatch pass from the cursor (after a restart or a leader change)."""
         self._window.clear()
         self._scan_second = self._cursor.second
-        for hour in self._mapped:
-            if hour in self._open:
-                self._open[hour].unmap()
-        self._mapped.clear()
+        self._release_maps()
 
     def flush(self) -> None:
         """Write every buffered append to the segment files and the stamp to ``meta``."""
         for hour in sorted(self._dirty):
-            segment = self._open.get(hour)
-            if segment is not None:
-                segment.flush()
+            self._open[hour].flush()  # dirty hours are always open: eviction flushes first
         self._dirty.clear()
         self._buffered_bytes = 0
         self._write_meta()

@@ -110,6 +110,7 @@ MAX_TOPIC_BYTES: Final = 0xFFFF
 MAX_PROPERTIES: Final = 0xFFFF
 MAX_PROPERTY_KEY_BYTES: Final = 0xFFFF
 MAX_BODY_BYTES: Final = 0xFFFF_FFFF - 1024
+MAX_PAYLOAD_BYTES: Final = 0xFFFF_FFFF  # a record's size field is 32 bits
 
 
 def encode_record(
@@ -136,6 +137,9 @@ def encode_record(
     if properties:
         payload += _encode_properties(properties)
     payload += body
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise InvalidMessage("properties", f"make the record {len(payload)} bytes, over "
+                             f"{MAX_PAYLOAD_BYTES}")
     return RECORD_HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 

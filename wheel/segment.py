@@ -22,11 +22,11 @@ from tickwheel.wheel.format import (
     HEAD,
     SECONDS_PER_HOUR,
     UNIT,
-    UNIT_CRC,
     UNIT_SIZE,
     UNIT_WITH_CRC,
     pack_heads,
     pack_tombstone,
+    pack_unit,
     unpack_heads,
     unpack_tombstones,
     unpack_unit,
@@ -118,10 +118,9 @@ class HourSegment:
         pre_global_index = heads[slot]
         local_index = heads[slot + 1]
         global_index = self.units
-        unit = UNIT.pack(self.log_size_bytes, len(record), local_index, global_index,
-                         pre_global_index, deliver_at_ms, second_of_hour, 0)
-        self._pending_index += unit
-        self._pending_index += UNIT_CRC.pack(zlib.crc32(unit))
+        self._pending_index += pack_unit(self.log_size_bytes, len(record), local_index,
+                                         global_index, pre_global_index, deliver_at_ms,
+                                         second_of_hour)
         self._pending_log += record
         heads[slot] = global_index
         heads[slot + 1] = local_index + 1
