@@ -401,9 +401,7 @@ class Wheel:
             self._mapped.add(hour)
         last_second = min(limit_second, (hour + 1) * SECONDS_PER_HOUR - 1)
         base_second = hour * SECONDS_PER_HOUR
-        bits = segment.occupied >> (first_second - base_second)
-        bits &= (1 << (last_second - first_second + 1)) - 1
-        second, window = first_second, self._window
+        window = self._window
         span_units = segment.units_between(first_second - base_second,
                                            last_second - base_second)
         if 2 * span_units >= segment.units and (
@@ -411,6 +409,9 @@ class Wheel:
             self._load_span(segment, first_second, last_second)
             self._scan_second = last_second + 1
             return
+        bits = segment.occupied >> (first_second - base_second)
+        bits &= (1 << (last_second - first_second + 1)) - 1
+        second = first_second
         while bits and len(window) < enough_msgs:
             skip = (bits & -bits).bit_length() - 1
             second += skip
@@ -468,7 +469,7 @@ class Wheel:
         while window:
             slot, _, local_index, handle, _, _ = window[0]
             segment = self._segment(handle >> _GLOBAL_INDEX_BITS, create=False)
-            if (Cursor(slot, local_index) >= self._cursor and segment is not None
+            if ((slot, local_index) >= self._cursor and segment is not None
                     and handle & _GLOBAL_INDEX_MASK not in segment.tombstones):
                 return
             heapq.heappop(window)

@@ -33,7 +33,6 @@ from tickwheel.wheel.errors import CorruptSegment, InvalidMessage
 FORMAT_VERSION: Final = 1
 SECONDS_PER_HOUR: Final = 3600
 MS_PER_SECOND: Final = 1000
-MS_PER_HOUR: Final = SECONDS_PER_HOUR * MS_PER_SECOND
 
 # log record framing
 RECORD_HEADER: Final = struct.Struct(
@@ -67,7 +66,7 @@ UNIT: Final = struct.Struct(
 )
 UNIT_CRC: Final = struct.Struct("<I")  # follows each unit: crc32 of the unit's bytes
 UNIT_SIZE: Final = UNIT.size + UNIT_CRC.size
-UNIT_WITH_CRC: Final = struct.Struct(UNIT.format + "I")  # for reading many units at once
+_UNIT_AND_CRC: Final = struct.Struct(UNIT.format + UNIT_CRC.format[1:])  # one unpack for both
 
 HEADS_HEADER: Final = struct.Struct(
     "<4s"  # magic b"TWHD"
@@ -207,10 +206,10 @@ def pack_unit(
 
 def unpack_unit(data: bytes | memoryview, pos: int = 0) -> tuple[int, ...] | None:
     """The fields of the unit at ``pos`` (CRC excluded), or None if its CRC does not match."""
-    (crc,) = UNIT_CRC.unpack_from(data, pos + UNIT.size)
-    if zlib.crc32(data[pos:pos + UNIT.size]) != crc:
+    fields = _UNIT_AND_CRC.unpack_from(data, pos)
+    if zlib.crc32(data[pos:pos + UNIT.size]) != fields[8]:
         return None
-    return UNIT.unpack_from(data, pos)[:7]
+    return fields[:7]
 
 
 def pack_tombstone(hour: int, global_index: int) -> bytes:

@@ -12,7 +12,6 @@ import contextlib
 import mmap
 import os
 import sys
-import zlib
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +20,7 @@ from tickwheel.wheel.errors import CorruptSegment, invariant
 from tickwheel.wheel.format import (
     HEAD,
     SECONDS_PER_HOUR,
-    UNIT,
     UNIT_SIZE,
-    UNIT_WITH_CRC,
     pack_heads,
     pack_tombstone,
     pack_unit,
@@ -197,10 +194,7 @@ class HourSegment:
             data = self._index_map
         else:
             data, pos = _pread(self.path / _INDEX, UNIT_SIZE, pos), 0
-        fields = unpack_unit(data, pos)
-        if fields is None or fields[3] != global_index:
-            raise CorruptSegment(str(self.path / _INDEX), f"unit {global_index} is damaged")
-        return fields
+        return _checked_unit(data, pos, global_index, self.path)
 
     def read_record(self, offset: int, size: int) -> bytes:
         """The raw log record at ``offset``; `decode_record` checks its CRC."""
@@ -222,14 +216,12 @@ class HourSegment:
         sequential read instead of a chain walk per second, for loading most of an hour."""
         if not self._mapped or len(self._index_map or b"") < self._flushed_units * UNIT_SIZE:
             self.map_for_reading()
+        global_index = 0
         for data in (self._index_map or b"", self._pending_index):
             view = memoryview(data)
-            for position, fields in enumerate(UNIT_WITH_CRC.iter_unpack(view)):
-                start = position * UNIT_SIZE
-                if zlib.crc32(view[start:start + UNIT.size]) != fields[8]:
-                    raise CorruptSegment(str(self.path / _INDEX),
-                                         f"unit {fields[3]} is damaged")
-                yield fields[:7]
+            for pos in range(0, len(view), UNIT_SIZE):
+                yield _checked_unit(view, pos, global_index, self.path)
+                global_index += 1
 
     def chain(self, second_of_hour: int) -> Iterator[tuple[int, ...]]:
         """The units filed under ``second_of_hour``, newest first (the chain of seed 003)."""
@@ -316,16 +308,24 @@ def _replay(path: Path, heads: array, start: int, units: int) -> None:
             count = min(_SCAN_CHUNK_UNITS, units - chunk_start)
             data = os.pread(index.fileno(), count * UNIT_SIZE, chunk_start * UNIT_SIZE)
             for i in range(count):
-                fields = unpack_unit(data, i * UNIT_SIZE)
                 global_index = chunk_start + i
-                if fields is None or fields[3] != global_index:
-                    raise CorruptSegment(str(path / _INDEX), f"unit {global_index} is damaged")
+                fields = _checked_unit(data, i * UNIT_SIZE, global_index, path)
                 slot = fields[6] << 1
                 if fields[4] != heads[slot] or fields[2] != heads[slot + 1]:
                     raise CorruptSegment(str(path / _INDEX), f"unit {global_index} breaks its "
                                          "second's chain")
                 heads[slot] = global_index
                 heads[slot + 1] += 1
+
+
+def _checked_unit(data: bytes | bytearray | memoryview | mmap.mmap, pos: int,
+                  global_index: int, path: Path) -> tuple[int, ...]:
+    """The fields of unit ``global_index`` stored at ``pos`` of ``data``; `CorruptSegment` if
+    it fails its CRC or is not the unit it should be."""
+    fields = unpack_unit(data, pos)
+    if fields is None or fields[3] != global_index:
+        raise CorruptSegment(str(path / _INDEX), f"unit {global_index} is damaged")
+    return fields
 
 
 def _load_tombstones(path: Path, hour: int, units: int) -> set[int]:
