@@ -35,7 +35,7 @@ from tickwheel.wheel.format import (
     pack_meta,
     unpack_meta,
 )
-from tickwheel.wheel.segment import FDS_PER_HOUR, HourSegment, remove_segment
+from tickwheel.wheel.segment import FDS_PER_HOUR, HourSegment, remove_segment, segment_files
 from tickwheel.wheel.types import Cursor, DueMessage, NewMessage, WheelConfig
 
 log = logging.getLogger("tickwheel.wheel")
@@ -60,7 +60,8 @@ class Wheel:
     """
 
     def __init__(self, root: Path, config: WheelConfig, fds: tuple[int, int],
-                 meta: tuple[int, Cursor, int], hours: list[int], max_open_hours: int) -> None:
+                 meta: tuple[int, Cursor, int], hours: list[int], max_open_hours: int,
+                 replicated: bool) -> None:
         self._root = root
         self._hours_dir = root / _HOURS_DIR
         self._config = config
@@ -74,14 +75,21 @@ class Wheel:
         self._buffered_bytes = 0
         self._window: list[_WindowEntry] = []
         self._scan_second = self._cursor.second
+        self._replicated = replicated
+        self._skipped: list[Cursor] = []
         self.corrupt_records_skipped = 0
 
     @classmethod
-    def open(cls, root: Path | str, config: WheelConfig | None = None) -> Wheel:
+    def open(cls, root: Path | str, config: WheelConfig | None = None, *,
+             replicated: bool = False) -> Wheel:
         """Open the wheel stored under ``root`` (created if absent).
 
         Cost: one directory listing and the ``meta`` file; hour segments open lazily, each from
         its heads checkpoint. Raises `StorageLocked` if another process has it open.
+
+        ``replicated`` is for a wheel that is the state machine of a Raft log: hours the cursor
+        has passed stay on disk until `delete_hour` (a snapshot may still name them), and
+        positions passed over without being handed out are reported by `drain_skipped`.
         """
         root = Path(root)
         (root / _HOURS_DIR).mkdir(parents=True, exist_ok=True)
@@ -100,8 +108,9 @@ class Wheel:
             cursor = Cursor(second, local_index)
             hours = sorted(int(name) for name in os.listdir(root / _HOURS_DIR) if name.isdigit())
             wheel = cls(root, config, (lock_fd, meta_fd), (sequence, cursor, stamp_ms), hours,
-                        _open_hours_within_fd_limit(config.max_open_hours))
-            wheel._delete_passed_hours()
+                        _open_hours_within_fd_limit(config.max_open_hours), replicated)
+            if not replicated:
+                wheel._delete_passed_hours()
             on_failure.pop_all()
         log.info("event=wheel_opened root=%s hours=%d cursor_second=%d cursor_local_index=%d",
                  root, len(hours), cursor.second, cursor.local_index)
@@ -137,21 +146,36 @@ class Wheel:
         nothing is ever filed behind the cursor. All messages are validated before any is
         written: an `InvalidMessage` leaves the wheel unchanged.
         """
+        self.check_delays([message.deliver_at_ms for message in messages], now_ms)
+        records = [encode_record(*message) for message in messages]
+        return self.schedule_records(records, [m.deliver_at_ms for m in messages], now_ms)
+
+    def check_delays(self, deliver_at_ms: Sequence[int], now_ms: int) -> None:
+        """Raise `InvalidMessage` if any due time is beyond ``max_delay_ms`` of the stamp."""
         stamp_ms = max(now_ms, self._stamp_ms)
         latest_ms = stamp_ms + self._config.max_delay_ms
-        for message in messages:
-            if message.deliver_at_ms > latest_ms:
-                raise InvalidMessage("deliver_at_ms", f"{message.deliver_at_ms} is more than "
+        for due_ms in deliver_at_ms:
+            if due_ms > latest_ms:
+                raise InvalidMessage("deliver_at_ms", f"{due_ms} is more than "
                                      f"{self._config.max_delay_ms} ms after {stamp_ms}")
-        records = [encode_record(*message) for message in messages]
+
+    def schedule_records(self, records: Sequence[bytes], deliver_at_ms: Sequence[int],
+                         now_ms: int) -> list[int]:
+        """`schedule` for records already encoded by `tickwheel.wheel.format.encode_record`.
+
+        Replication encodes once on the leader and every replica files the same bytes. The
+        caller has validated the delays (`check_delays`); they are checked again here.
+        """
+        self.check_delays(deliver_at_ms, now_ms)
+        stamp_ms = max(now_ms, self._stamp_ms)
         self._stamp_ms = stamp_ms
         cursor_second, cursor_local_index = self._cursor
         floor_second = max(stamp_ms // MS_PER_SECOND, cursor_second)
         scan_second, window = self._scan_second, self._window
         handles = []
         segment, segment_hour = None, -1
-        for (_, _, _, deliver_at_ms, _), record in zip(messages, records, strict=True):
-            slot = max(deliver_at_ms // MS_PER_SECOND, floor_second)
+        for due_ms, record in zip(deliver_at_ms, records, strict=True):
+            slot = max(due_ms // MS_PER_SECOND, floor_second)
             if slot == cursor_second:
                 slot = self._past_cursor(slot)
             hour = slot // SECONDS_PER_HOUR
@@ -159,7 +183,7 @@ class Wheel:
                 segment, segment_hour = self._segment(hour, create=True), hour
                 self._dirty.add(hour)
             offset = segment.log_size_bytes
-            global_index, local_index = segment.append(record, deliver_at_ms,
+            global_index, local_index = segment.append(record, due_ms,
                                                        slot - hour * SECONDS_PER_HOUR)
             if slot == cursor_second:
                 invariant(local_index >= cursor_local_index,
@@ -167,7 +191,7 @@ class Wheel:
             handle = hour << _GLOBAL_INDEX_BITS | global_index
             handles.append(handle)
             if slot < scan_second:
-                heapq.heappush(window, (slot, deliver_at_ms, local_index, handle, offset,
+                heapq.heappush(window, (slot, due_ms, local_index, handle, offset,
                                         len(record)))
         self._buffered_bytes += sum(map(len, records))
         if self._buffered_bytes > self._config.max_buffered_bytes:
@@ -260,25 +284,30 @@ class Wheel:
                 segment_hour = handle >> _GLOBAL_INDEX_BITS
                 segment = self._segment(segment_hour, create=False)
             if handle & _GLOBAL_INDEX_MASK in segment.tombstones:
+                self._skip(slot, local_index)
                 continue
             try:
                 fields = decode_record(segment.read_record(offset, size))
             except CorruptSegment as error:
                 self._skip_corrupt(segment, entry, error)
+                self._skip(slot, local_index)
                 continue
             taken.append(DueMessage(*fields, handle, slot, local_index))
         self._release_maps()
         return taken
 
-    def advance_cursor(self, cursor: Cursor) -> None:
+    def advance_cursor(self, cursor: Cursor, now_ms: int | None = None) -> None:
         """Move the cursor forward (never back) and delete the hours it has passed.
 
         Appends at or before the cursor's hour are flushed before the cursor is written, so a
         crash can never leave a cursor that points past messages the files do not hold.
+        ``now_ms``, if given, stamps the move like a schedule does (stamps never decrease).
         """
         cursor = Cursor(*cursor)
         invariant(cursor >= self._cursor,
                   f"cursor moved backwards from {tuple(self._cursor)} to {tuple(cursor)}")
+        if now_ms is not None:
+            self._stamp_ms = max(now_ms, self._stamp_ms)
         if cursor == self._cursor:
             return
         self._cursor = cursor
@@ -289,13 +318,64 @@ class Wheel:
             self._forget_buffer(hour, segment)
             segment.flush()
         self._write_meta()
-        self._delete_passed_hours()
+        if not self._replicated:
+            self._delete_passed_hours()
 
     def rewind(self) -> None:
         """Start a new dispatch pass from the cursor (after a restart or a leader change)."""
         self._window.clear()
+        self._skipped.clear()
         self._scan_second = self._cursor.second
         self._release_maps()
+
+    def reset_to(self, cursor: Cursor, stamp_ms: int) -> None:
+        """Set cursor and stamp as a restored snapshot has them (the only way back)."""
+        self._cursor = Cursor(*cursor)
+        self._stamp_ms = stamp_ms
+        self._write_meta()
+        self.rewind()
+
+    def drain_skipped(self) -> list[Cursor]:
+        """Positions at or after the cursor that this pass went past without handing them out
+        (cancelled or corrupt), since the last call. Only a ``replicated`` wheel records them:
+        its dispatcher counts them as done when it works out how far the cursor may move."""
+        skipped, self._skipped = self._skipped, []
+        return skipped
+
+    def count_at(self, second: int) -> int:
+        """How many messages are filed under ``second`` (cancelled ones included)."""
+        hour, second_of_hour = divmod(second, SECONDS_PER_HOUR)
+        segment = self._segment(hour, create=False)
+        return 0 if segment is None else segment.heads[(second_of_hour << 1) + 1]
+
+    def next_occupied_second(self, from_second: int) -> int | None:
+        """The first second at or after ``from_second`` holding a message, or None."""
+        return self._next_occupied_second(from_second)
+
+    def passed_hours(self) -> list[int]:
+        """Hours still on disk that the cursor has passed (only a ``replicated`` wheel keeps
+        them)."""
+        return self._hours[:bisect.bisect_left(self._hours, self._cursor.second //
+                                               SECONDS_PER_HOUR)]
+
+    def delete_hour(self, hour: int) -> None:
+        """Delete a passed hour's files."""
+        invariant(hour < self._cursor.second // SECONDS_PER_HOUR,
+                  f"deleting hour {hour}, which the cursor {tuple(self._cursor)} has not passed")
+        self._remove_hour(hour)
+        self._hours.remove(hour)
+
+    def files(self) -> dict[str, int]:
+        """Flush, then the append-only files of the hours at or after the cursor's, by path
+        relative to the root, with their sizes. Heads and ``meta`` are not listed: heads are
+        rebuilt from the index, and the cursor and stamp are properties."""
+        self.flush()
+        first = bisect.bisect_left(self._hours, self._cursor.second // SECONDS_PER_HOUR)
+        listed = {}
+        for hour in self._hours[first:]:
+            for name, size in segment_files(self._hours_dir, hour).items():
+                listed[f"{_HOURS_DIR}/{hour:08d}/{name}"] = size
+        return listed
 
     def flush(self) -> None:
         """Write every buffered append to the segment files and the stamp to ``meta``."""
@@ -434,6 +514,8 @@ class Wheel:
             if global_index not in tombstones:
                 heapq.heappush(window, (slot, deliver_at_ms, local_index, base | global_index,
                                         offset, size))
+            else:
+                self._skip(slot, local_index)
 
     def _load_span(self, segment: HourSegment, first_second: int, last_second: int) -> None:
         """Load every unit filed under ``first_second..last_second`` with one index scan."""
@@ -445,8 +527,14 @@ class Wheel:
             for offset, size, local_index, global_index, _, deliver_at_ms, second_of_hour
             in segment.scan()
             if first_second <= (slot := base_second + second_of_hour) <= last_second
-            and (slot, local_index) >= cursor and global_index not in tombstones
+            and (slot, local_index) >= cursor
         ]
+        if tombstones:
+            for slot, _, local_index, handle, _, _ in loaded:
+                if handle & _GLOBAL_INDEX_MASK in tombstones:
+                    self._skip(slot, local_index)
+            loaded = [entry for entry in loaded
+                      if entry[3] & _GLOBAL_INDEX_MASK not in tombstones]
         window = self._window  # changed in place: callers hold the list
         if len(loaded) * 8 < len(window):
             for entry in loaded:
@@ -469,10 +557,13 @@ class Wheel:
         while window:
             slot, _, local_index, handle, _, _ = window[0]
             segment = self._segment(handle >> _GLOBAL_INDEX_BITS, create=False)
-            if ((slot, local_index) >= self._cursor and segment is not None
-                    and handle & _GLOBAL_INDEX_MASK not in segment.tombstones):
+            if (slot, local_index) < self._cursor or segment is None:
+                heapq.heappop(window)
+                continue
+            if handle & _GLOBAL_INDEX_MASK not in segment.tombstones:
                 return
             heapq.heappop(window)
+            self._skip(slot, local_index)
 
     def _release_maps(self) -> None:
         """Unmap hours the dispatch has left behind."""
@@ -485,14 +576,21 @@ class Wheel:
     def _delete_passed_hours(self) -> None:
         passed = bisect.bisect_right(self._hours, self._cursor.second // SECONDS_PER_HOUR - 1)
         for hour in self._hours[:passed]:
-            segment = self._open.pop(hour, None)
-            if segment is not None:
-                segment.unmap()
-                self._forget_buffer(hour, segment)
-            self._mapped.discard(hour)
-            remove_segment(self._hours_dir, hour)
-            log.info("event=hour_deleted hour=%d cursor_second=%d", hour, self._cursor.second)
+            self._remove_hour(hour)
         del self._hours[:passed]
+
+    def _remove_hour(self, hour: int) -> None:
+        segment = self._open.pop(hour, None)
+        if segment is not None:
+            self._forget_buffer(hour, segment)
+            segment.discard()
+        self._mapped.discard(hour)
+        remove_segment(self._hours_dir, hour)
+        log.info("event=hour_deleted hour=%d cursor_second=%d", hour, self._cursor.second)
+
+    def _skip(self, slot: int, local_index: int) -> None:
+        if self._replicated:
+            self._skipped.append(Cursor(slot, local_index))
 
     def _write_meta(self) -> None:
         """Overwrite the older of the two meta copies: one ``pwrite``, no rename."""

@@ -7,12 +7,14 @@
     │   ├── InvalidMessage      a message field is malformed or over a limit
     │   └── UnknownHandle       a handle that no scheduling ever returned
     ├── StorageLocked           another process has the data folder open
+    ├── Unavailable             try again, maybe elsewhere
+    │   ├── NotLeader           this node cannot order writes; ``leader_hint`` says who can
+    │   └── Overloaded          a bounded queue is full
     └── InternalError           a bug or damaged storage; never the caller's fault
         ├── CorruptSegment      stored bytes fail their CRC or framing
         └── InvariantViolation  a rule that must never break did; the node must stop
 
-Later layers add unavailability (not leader, overloaded) under ``TickwheelError`` and map the
-whole tree to gRPC status codes in one table at the API edge.
+The API edge maps the whole tree to gRPC status codes in one table.
 """
 
 from __future__ import annotations
@@ -45,6 +47,26 @@ class StorageLocked(TickwheelError):
     def __init__(self, path: str) -> None:
         super().__init__(f"{path} is locked by another process")
         self.path = path
+
+
+class Unavailable(TickwheelError):
+    """Not now, or not here: a retry (with back-off) may succeed."""
+
+
+class NotLeader(Unavailable):
+    """Only the Raft leader orders writes; ``leader_hint`` is the leader's address if known."""
+
+    def __init__(self, leader_hint: str | None) -> None:
+        super().__init__(f"not the leader; leader is {leader_hint or 'unknown'}")
+        self.leader_hint = leader_hint
+
+
+class Overloaded(Unavailable):
+    """A bounded queue is full; ``limit`` names the configured limit that was hit."""
+
+    def __init__(self, limit: str) -> None:
+        super().__init__(f"overloaded: {limit} reached")
+        self.limit = limit
 
 
 class InternalError(TickwheelError):

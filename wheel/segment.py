@@ -30,6 +30,8 @@ from tickwheel.wheel.format import (
 )
 
 _LOG, _INDEX, _HEADS, _TOMBSTONES = "log", "index", "heads", "tombstones"
+APPEND_ONLY_FILES = (_LOG, _INDEX, _TOMBSTONES)
+"""The files of a segment that only ever grow; heads is rewritten in place."""
 FDS_PER_HOUR = 4  # write descriptors an open segment may hold, one per file
 _SCAN_CHUNK_UNITS = 65_536
 _LITTLE_ENDIAN = sys.byteorder == "little"
@@ -231,6 +233,13 @@ class HourSegment:
             yield fields
             global_index = fields[4]
 
+    def discard(self) -> None:
+        """Close without writing what is buffered: the hour is about to be deleted."""
+        self._pending_log, self._pending_index = bytearray(), bytearray()
+        self._pending_tombstones = bytearray()
+        self._heads_dirty = False
+        self.close()
+
     def close(self) -> None:
         self.flush()
         self.unmap()
@@ -246,6 +255,16 @@ def remove_segment(root: Path, hour: int) -> None:
         (path / name).unlink(missing_ok=True)
     with contextlib.suppress(FileNotFoundError):
         path.rmdir()
+
+
+def segment_files(root: Path, hour: int) -> dict[str, int]:
+    """The append-only files of ``hour`` that exist, with their sizes (heads is not one)."""
+    path = _segment_path(root, hour)
+    sizes = {}
+    for name in APPEND_ONLY_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            sizes[name] = (path / name).stat().st_size
+    return sizes
 
 
 # -- helpers: pure functions over files --------------------------------------------------------

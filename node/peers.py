@@ -1,0 +1,57 @@
+"""Reading state files from peers, for a replica that installs a snapshot."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import grpc
+from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_random_exponential
+from tickwheel.v1 import tickwheel_pb2, tickwheel_pb2_grpc
+
+log = logging.getLogger("tickwheel.node.peers")
+
+FETCH_TIMEOUT_S = 30.0
+
+
+class ShortRead(Exception):
+    """A peer had fewer bytes than asked for (it may be behind); another may have them."""
+
+
+class PeerFiles:
+    """``fetch(peers, path, offset, size)`` over gRPC; ``grpc_address`` maps Raft addresses to
+    the peers' gRPC addresses. Tries the peers in the order given, and retries the round with
+    jittered back-off for up to ``FETCH_TIMEOUT_S``."""
+
+    def __init__(self, grpc_address: Mapping[str, str]) -> None:
+        self._grpc_address = dict(grpc_address)
+        self._channels: dict[str, grpc.Channel] = {}
+
+    @retry(retry=retry_if_exception_type((grpc.RpcError, ShortRead)), reraise=True,
+           wait=wait_random_exponential(multiplier=0.05, max=1.0),
+           stop=stop_after_delay(FETCH_TIMEOUT_S))
+    def __call__(self, peers: list[str], path: str, offset: int, size: int) -> bytes:
+        last_error: Exception | None = None
+        for peer in peers:
+            try:
+                return self._read(peer, path, offset, size)
+            except (grpc.RpcError, ShortRead) as error:
+                log.warning("event=peer_read_failed peer=%s path=%s offset=%d error=%r", peer,
+                            path, offset, str(error))
+                last_error = error
+        raise last_error if last_error else ValueError("no peers to read state files from")
+
+    def _read(self, peer: str, path: str, offset: int, size: int) -> bytes:
+        channel = self._channels.get(peer)
+        if channel is None:
+            channel = self._channels[peer] = grpc.insecure_channel(self._grpc_address[peer])
+        stub = tickwheel_pb2_grpc.PeerStub(channel)
+        request = tickwheel_pb2.ReadStateFileRequest(path=path, offset=offset, size=size)
+        data = b"".join(chunk.data for chunk in stub.ReadStateFile(request, timeout=10))
+        if len(data) != size:
+            raise ShortRead(f"{peer} returned {len(data)} bytes of {path}, wanted {size}")
+        return data
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()

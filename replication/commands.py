@@ -1,0 +1,119 @@
+"""The replicated commands, as bytes: what goes into a Raft entry and how a replica reads it.
+
+Every write to the wheel is one of three commands. Each carries the leader's clock
+(``stamp_ms``) so that applying it is deterministic on every replica:
+
+- ``schedule``: messages already encoded as wheel records (the leader encodes once; every
+  replica files the same bytes), each with its due time and the dedupe key of its id.
+- ``cancel``: handles to tombstone.
+- ``cursor``: the dispatch cursor to move to; with no message in flight it also keeps the stamp
+  moving, which is what lets the cursor pass seconds that can no longer receive messages.
+
+An entry is pickled by pysyncobj as one ``bytes`` argument, so pickling costs a copy, not a walk
+over messages. The layout is versioned and checksummed: a replica that reads a damaged entry
+stops (`InvariantViolation`) rather than diverge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from enum import IntEnum
+from typing import Final, NamedTuple
+
+from tickwheel.wheel.errors import invariant
+from tickwheel.wheel.format import encode_record
+from tickwheel.wheel.types import Cursor, NewMessage
+
+FORMAT_VERSION: Final = 1
+
+# version u8, kind u8, stamp_ms i64, crc32 of everything after the header u32
+_HEADER: Final = struct.Struct("<BBqI")
+# how many messages (schedule) or handles (cancel) follow
+_COUNT: Final = struct.Struct("<I")
+# deliver_at_ms i64, dedupe key (16 bytes of BLAKE2b of the id), record size u32; then the record
+_MESSAGE: Final = struct.Struct("<q16sI")
+_HANDLE: Final = struct.Struct("<q")
+# cursor second i64, cursor local_index u32
+_CURSOR: Final = struct.Struct("<qI")
+
+DEDUPE_KEY_BYTES: Final = 16
+SCHEDULE_OVERHEAD_BYTES: Final = _HEADER.size + _COUNT.size
+"""What a schedule command adds around its `encoded_message` parts (for sizing entries)."""
+
+
+class Kind(IntEnum):
+    SCHEDULE = 1
+    CANCEL = 2
+    CURSOR = 3
+
+
+class ScheduledRecord(NamedTuple):
+    """One message of a schedule command, as a replica reads it."""
+
+    deliver_at_ms: int
+    dedupe_key: bytes
+    record: bytes
+
+
+def dedupe_key(message_id: str) -> bytes:
+    """The 128-bit key under which an id is remembered: small, and collisions negligible."""
+    return hashlib.blake2b(message_id.encode(), digest_size=DEDUPE_KEY_BYTES).digest()
+
+
+def encoded_message(message: NewMessage) -> bytes:
+    """One message's part of a schedule command; the group committer joins these."""
+    record = encode_record(*message)
+    return _MESSAGE.pack(message.deliver_at_ms, dedupe_key(message.id), len(record)) + record
+
+
+def schedule(stamp_ms: int, parts: Sequence[bytes]) -> bytes:
+    """A schedule command of the `encoded_message` parts, in order."""
+    return _framed(Kind.SCHEDULE, stamp_ms, _COUNT.pack(len(parts)) + b"".join(parts))
+
+
+def cancel(stamp_ms: int, handles: Sequence[int]) -> bytes:
+    body = _COUNT.pack(len(handles)) + b"".join(_HANDLE.pack(h) for h in handles)
+    return _framed(Kind.CANCEL, stamp_ms, body)
+
+
+def cursor(stamp_ms: int, position: Cursor) -> bytes:
+    return _framed(Kind.CURSOR, stamp_ms, _CURSOR.pack(*position))
+
+
+def read_header(command: bytes) -> tuple[Kind, int]:
+    """``(kind, stamp_ms)``, after checking version and checksum."""
+    invariant(len(command) >= _HEADER.size, f"command of {len(command)} bytes has no header")
+    version, kind, stamp_ms, crc = _HEADER.unpack_from(command)
+    invariant(version == FORMAT_VERSION, f"command format version {version} is unknown")
+    invariant(zlib.crc32(memoryview(command)[_HEADER.size:]) == crc,
+              "command fails its checksum")
+    return Kind(kind), stamp_ms
+
+
+def read_schedule(command: bytes) -> Iterator[ScheduledRecord]:
+    (count,) = _COUNT.unpack_from(command, _HEADER.size)
+    pos = _HEADER.size + _COUNT.size
+    for _ in range(count):
+        deliver_at_ms, key, size = _MESSAGE.unpack_from(command, pos)
+        pos += _MESSAGE.size
+        yield ScheduledRecord(deliver_at_ms, key, command[pos:pos + size])
+        pos += size
+    invariant(pos == len(command), f"schedule command has {len(command) - pos} trailing bytes")
+
+
+def read_cancel(command: bytes) -> list[int]:
+    (count,) = _COUNT.unpack_from(command, _HEADER.size)
+    start = _HEADER.size + _COUNT.size
+    invariant(start + count * _HANDLE.size == len(command), "cancel command has a bad length")
+    return [h for (h,) in _HANDLE.iter_unpack(command[start:])]
+
+
+def read_cursor(command: bytes) -> Cursor:
+    return Cursor(*_CURSOR.unpack_from(command, _HEADER.size))
+
+
+def _framed(kind: Kind, stamp_ms: int, body: bytes) -> bytes:
+    return _HEADER.pack(FORMAT_VERSION, kind, stamp_ms, zlib.crc32(body)) + body

@@ -1,0 +1,149 @@
+"""The replicated dedupe window: a retried schedule gets its original result back.
+
+Every scheduled id is remembered (by its 128-bit `dedupe_key`) with the handle and due time it
+got, for ``window_ms`` of *stamp* time (the leader's clock carried by the commands, so every
+replica forgets the same ids at the same command) and for at most ``max_ids`` ids.
+
+Ids live in buckets of ``window_ms / 10`` of stamp time. A bucket is a dict in memory and an
+append-only file on disk (``<bucket>``: 40-byte CRC'd entries); forgetting a bucket drops the
+dict at once, while its file stays until a snapshot no longer names it (`forgotten_files`).
+Memory is about 130 bytes per remembered id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Final
+
+from tickwheel.replication.commands import DEDUPE_KEY_BYTES
+
+log = logging.getLogger("tickwheel.replication.dedupe")
+
+BUCKETS_PER_WINDOW: Final = 10
+# dedupe key (16 bytes), handle i64, deliver_at_ms i64, crc32 of the preceding fields u32, pad u32
+_ENTRY: Final = struct.Struct(f"<{DEDUPE_KEY_BYTES}sqqII")
+_CRC_SPAN: Final = DEDUPE_KEY_BYTES + 16
+_MAX_BUFFERED_BYTES: Final = 1 << 20
+_HANDLE_MASK: Final = (1 << 64) - 1
+
+
+class DedupeWindow:
+    """Single-threaded, like the wheel it sits beside. Open with `DedupeWindow.open`."""
+
+    def __init__(self, root: Path, window_ms: int, max_ids: int) -> None:
+        self._root = root
+        self._bucket_ms = max(1, window_ms // BUCKETS_PER_WINDOW)
+        self._max_ids = max_ids
+        # key -> deliver_at_ms << 64 | handle: one int per id keeps the window small
+        self._buckets: dict[int, dict[bytes, int]] = {}
+        self._ids = 0
+        self._pending: dict[int, bytearray] = {}
+        self._forgotten: list[int] = []
+
+    @classmethod
+    def open(cls, root: Path, window_ms: int, max_ids: int) -> DedupeWindow:
+        """Load the bucket files under ``root``; a torn or damaged tail is cut off."""
+        root.mkdir(parents=True, exist_ok=True)
+        window = cls(root, window_ms, max_ids)
+        for name in sorted(os.listdir(root)):
+            if name.isdigit():
+                window._load(int(name))
+        return window
+
+    @property
+    def ids(self) -> int:
+        return self._ids
+
+    def get(self, key: bytes) -> tuple[int, int] | None:
+        """``(handle, deliver_at_ms)`` first returned for ``key``, if still remembered."""
+        for bucket in self._buckets.values():
+            found = bucket.get(key)
+            if found is not None:
+                return found & _HANDLE_MASK, found >> 64
+        return None
+
+    def add(self, key: bytes, handle: int, deliver_at_ms: int, stamp_ms: int) -> None:
+        number = stamp_ms // self._bucket_ms
+        bucket = self._buckets.get(number)
+        if bucket is None:
+            bucket = self._buckets[number] = {}
+        bucket[key] = deliver_at_ms << 64 | handle
+        self._ids += 1
+        head = key + struct.pack("<qq", handle, deliver_at_ms)
+        pending = self._pending.setdefault(number, bytearray())
+        pending += _ENTRY.pack(key, handle, deliver_at_ms, zlib.crc32(head), 0)
+        if len(pending) >= _MAX_BUFFERED_BYTES:
+            self._flush_bucket(number)
+
+    def forget_expired(self, stamp_ms: int) -> None:
+        """Forget the buckets older than the window, then the oldest beyond ``max_ids``."""
+        oldest_kept = stamp_ms // self._bucket_ms - BUCKETS_PER_WINDOW
+        for number in sorted(self._buckets):
+            over = self._ids > self._max_ids and len(self._buckets) > 1
+            if number >= oldest_kept and not over:
+                break
+            self._forget(number, "window" if number < oldest_kept else "max_ids")
+
+    def files(self) -> dict[str, int]:
+        """Flush, then the remembered buckets' files with their sizes."""
+        for number in list(self._pending):
+            self._flush_bucket(number)
+        return {f"{number:012d}": (self._root / f"{number:012d}").stat().st_size
+                for number in sorted(self._buckets)
+                if (self._root / f"{number:012d}").exists()}
+
+    def forgotten_files(self) -> list[str]:
+        """Files of forgotten buckets still on disk; the caller deletes them when no
+        snapshot names them any more (`delete_file`)."""
+        return [f"{number:012d}" for number in self._forgotten]
+
+    def delete_file(self, name: str) -> None:
+        (self._root / name).unlink(missing_ok=True)
+        with contextlib.suppress(ValueError):
+            self._forgotten.remove(int(name))
+
+    def close(self) -> None:
+        for number in list(self._pending):
+            self._flush_bucket(number)
+
+    def _forget(self, number: int, reason: str) -> None:
+        dropped = self._buckets.pop(number)
+        self._ids -= len(dropped)
+        self._pending.pop(number, None)
+        self._forgotten.append(number)
+        log.debug("event=dedupe_bucket_forgotten bucket=%d ids=%d reason=%s", number,
+                  len(dropped), reason)
+
+    def _flush_bucket(self, number: int) -> None:
+        pending = self._pending.pop(number)
+        fd = os.open(self._root / f"{number:012d}", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                     0o644)
+        try:
+            view = memoryview(pending)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+
+    def _load(self, number: int) -> None:
+        path = self._root / f"{number:012d}"
+        data = path.read_bytes()
+        bucket: dict[bytes, int] = {}
+        good = 0
+        for pos in range(0, len(data) - _ENTRY.size + 1, _ENTRY.size):
+            key, handle, deliver_at_ms, crc, _ = _ENTRY.unpack_from(data, pos)
+            if zlib.crc32(data[pos:pos + _CRC_SPAN]) != crc:
+                break
+            bucket[key] = deliver_at_ms << 64 | handle
+            good = pos + _ENTRY.size
+        if good != len(data):
+            log.warning("event=dedupe_tail_cut file=%s kept_bytes=%d of=%d", path, good,
+                        len(data))
+            os.truncate(path, good)
+        self._buckets[number] = bucket
+        self._ids += len(bucket)

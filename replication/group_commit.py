@@ -1,0 +1,124 @@
+"""Group commit: many concurrent schedule requests become few Raft entries.
+
+pysyncobj makes one log entry per call, and a call costs the same whether it carries one message
+or five hundred, so throughput is set by how many messages share an entry. Requests queue here
+(from any thread); the Raft thread drains the queue and packs the messages, in arrival order,
+into entries of at most ``max_entry_bytes`` (a single larger message gets an entry of its own).
+While entries are in flight, new requests gather for the next ones: under load, batching comes
+for free; when idle, a lone request is proposed at once (no linger).
+
+A request's messages may span entries; its future resolves when the last of them is applied,
+with one result per message in order. If any part fails (leadership lost), the whole request
+fails with `NotLeader`: parts already applied are kept, and a retry with the same ids returns
+their original results (the dedupe window).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from tickwheel.replication import commands
+from tickwheel.wheel.errors import Overloaded
+
+
+@dataclass(eq=False, slots=True)
+class _Request:
+    parts: list[bytes]
+    future: Future
+    results: list[object] = field(default_factory=list)
+    missing: int = 0
+    failed: bool = False
+
+
+@dataclass(slots=True)
+class Entry:
+    """One schedule command to propose, and which requests' messages it carries."""
+
+    parts: list[bytes]
+    owners: list[tuple[_Request, int, int]]  # (request, first result index, count)
+
+    def settle(self, results: list[object] | None, error: BaseException | None) -> None:
+        """Hand each owner its slice of ``results`` (or the error)."""
+        offset = 0
+        for request, start, count in self.owners:
+            offset += count
+            if request.failed:
+                continue
+            if error is not None or results is None:
+                request.failed = True
+                request.future.set_exception(error)
+                continue
+            request.results[start:start + count] = results[offset - count:offset]
+            request.missing -= count
+            if request.missing == 0:
+                request.future.set_result(request.results)
+
+
+class GroupCommitter:
+    """Thread-safe queue of schedule requests, drained into entries by the Raft thread."""
+
+    def __init__(self, max_entry_bytes: int, max_queued_msgs: int,
+                 wake: Callable[[], None]) -> None:
+        self._max_entry_bytes = max_entry_bytes
+        self._max_queued_msgs = max_queued_msgs
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._queue: deque[_Request] = deque()
+        self._queued_msgs = 0
+
+    @property
+    def queued_msgs(self) -> int:
+        return self._queued_msgs
+
+    def submit(self, parts: list[bytes]) -> Future:
+        """Queue one request of `commands.encoded_message` parts; its future gets the results.
+        Raises `Overloaded` when ``max_queued_msgs`` are already waiting."""
+        future: Future = Future()
+        if not parts:
+            future.set_result([])
+            return future
+        request = _Request(parts, future, [None] * len(parts), len(parts))
+        with self._lock:
+            if self._queued_msgs + len(parts) > self._max_queued_msgs and self._queue:
+                raise Overloaded("max_queued_msgs")
+            self._queue.append(request)
+            self._queued_msgs += len(parts)
+        self._wake()
+        return future
+
+    def drain(self) -> list[Entry]:
+        """Everything queued, packed into entries."""
+        with self._lock:
+            requests, self._queue = list(self._queue), deque()
+            self._queued_msgs = 0
+        entries: list[Entry] = []
+        parts: list[bytes] = []
+        owners: list[tuple[_Request, int, int]] = []
+        size = commands.SCHEDULE_OVERHEAD_BYTES
+        for request in requests:
+            start = 0
+            for index, part in enumerate(request.parts):
+                if parts and size + len(part) > self._max_entry_bytes:
+                    if index > start:
+                        owners.append((request, start, index - start))
+                    entries.append(Entry(parts, owners))
+                    parts, owners, start = [], [], index
+                    size = commands.SCHEDULE_OVERHEAD_BYTES
+                parts.append(part)
+                size += len(part)
+            owners.append((request, start, len(request.parts) - start))
+        if parts:
+            entries.append(Entry(parts, owners))
+        return entries
+
+    def fail_all(self, error: BaseException) -> None:
+        """Fail everything queued (this node stopped being the leader)."""
+        with self._lock:
+            requests, self._queue = list(self._queue), deque()
+            self._queued_msgs = 0
+        for request in requests:
+            request.future.set_exception(error)

@@ -1,0 +1,188 @@
+"""A cluster of real node processes on 127.0.0.1, for tests, benchmarks and trying things out.
+
+Each node is ``python -m tickwheel.node serve`` in its own process with its own data folder, as a
+user would start it; this module only starts, signals and stops those processes (by PID) and
+talks to them over their public gRPC API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from tickwheel.v1 import tickwheel_pb2 as pb
+from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float, what: str,
+             poll_s: float = 0.02) -> object:
+    """Poll ``condition`` until it returns something truthy; raise TimeoutError naming
+    ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+@dataclass
+class LocalNode:
+    raft: str
+    grpc_address: str
+    data: Path
+    log_path: Path
+    process: subprocess.Popen | None = None
+    clock_skew_ms: int = 0
+    _channel: grpc.Channel | None = field(default=None, repr=False)
+
+    @property
+    def stub(self) -> pb_grpc.TickwheelStub:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(self.grpc_address)
+        return pb_grpc.TickwheelStub(self._channel)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def info(self, timeout_s: float = 1.0) -> pb.ClusterInfoResponse | None:
+        try:
+            return self.stub.ClusterInfo(pb.ClusterInfoRequest(), timeout=timeout_s)
+        except grpc.RpcError:
+            return None
+
+    def journal(self) -> list[dict]:
+        path = self.data / "deliveries.jsonl"
+        if not path.exists():
+            return []
+        lines = path.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.endswith("}")]
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+class LocalCluster:
+    """``size`` nodes under ``root``; a context manager that stops every process it started."""
+
+    def __init__(self, root: Path, size: int = 3, extra_args: tuple[str, ...] = ()) -> None:
+        ports = free_ports(2 * size)
+        self.root = root
+        self.extra_args = extra_args
+        self.nodes = [LocalNode(f"127.0.0.1:{ports[2 * i]}", f"127.0.0.1:{ports[2 * i + 1]}",
+                                root / f"node{i}", root / f"node{i}.log") for i in range(size)]
+
+    def __enter__(self) -> LocalCluster:
+        for node in self.nodes:
+            self.start(node)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+    def start(self, node: LocalNode, clock_skew_ms: int | None = None) -> None:
+        if clock_skew_ms is not None:
+            node.clock_skew_ms = clock_skew_ms
+        members = [arg for n in self.nodes for arg in ("--member", f"{n.raft}={n.grpc_address}")]
+        command = [sys.executable, "-m", "tickwheel.node", "serve", "--self", node.raft,
+                   *members, "--data", str(node.data), "--clock-skew-ms",
+                   str(node.clock_skew_ms), *self.extra_args]
+        node.data.mkdir(parents=True, exist_ok=True)
+        with open(node.log_path, "ab") as log:
+            node.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+    def signal(self, node: LocalNode, signum: int) -> None:
+        os.kill(node.pid, signum)
+        if signum == signal.SIGKILL:
+            node.process.wait()
+
+    def stop(self, node: LocalNode, timeout_s: float = 10.0) -> None:
+        if not node.alive():
+            return
+        os.kill(node.pid, signal.SIGCONT)
+        node.process.terminate()
+        try:
+            node.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            node.process.kill()
+            node.process.wait()
+
+    def stop_all(self) -> None:
+        for node in self.nodes:
+            self.stop(node)
+        for node in self.nodes:
+            if node._channel is not None:
+                node._channel.close()
+                node._channel = None
+
+    def running(self) -> Iterator[LocalNode]:
+        return (node for node in self.nodes if node.alive())
+
+    def leader(self, timeout_s: float = 15.0, among: list[LocalNode] | None = None
+               ) -> LocalNode:
+        """The node that says it leads and dispatches, and that every other running node
+        (of ``among``) follows."""
+        candidates = among or list(self.running())
+
+        def find() -> LocalNode | None:
+            infos = {node.raft: node.info() for node in candidates}
+            for node in candidates:
+                info = infos[node.raft]
+                if (info is not None and info.role == "leader" and info.dispatching and all(
+                        other is not None and other.leader == node.raft
+                        for other in infos.values())):
+                    return node
+            return None
+        return wait_for(find, timeout_s, "a leader that every running node follows")
+
+    def schedule(self, messages: list[pb.Message], timeout_s: float = 20.0
+                 ) -> pb.ScheduleResponse:
+        """Schedule on whichever node leads, retrying across leader changes (safe: ids)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.leader(max(0.1, deadline - time.monotonic())).stub.Schedule(
+                    pb.ScheduleRequest(messages=messages), timeout=10)
+            except grpc.RpcError as error:
+                if error.code() not in (grpc.StatusCode.FAILED_PRECONDITION,
+                                        grpc.StatusCode.UNAVAILABLE,
+                                        grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                if time.monotonic() > deadline:
+                    raise
+
+    def deliveries(self) -> list[dict]:
+        return [event for node in self.nodes for event in node.journal()
+                if event["event"] == "delivered"]
+
+
+def port_is_open(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with closing(socket.socket()) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, int(port))) == 0

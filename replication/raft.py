@@ -1,0 +1,180 @@
+"""pysyncobj, configured and wrapped so that its traps cannot reach the wheel.
+
+What pysyncobj 0.3.17 does, and what this module does about it (see ``docs/replication.md``):
+
+- *It runs everything on a tick thread.* Here there is no tick thread: `RaftNode` is built with
+  ``autoTick=False`` and `tickwheel.replication.Replica` calls `doTick` from its own thread, which
+  then also dispatches. One thread owns the wheel: applying, snapshotting, installing, taking due
+  messages.
+- *One call is one entry, and entries of 64 KiB or more are split wrongly.* Group commit packs
+  messages into entries of at most ``max_entry_bytes``; ``appendEntriesBatchSizeBytes`` is set
+  above the largest entry a single message can make, so nothing is ever split.
+- *Callbacks of calls made on followers get lost.* Commands are proposed only on the leader.
+- *An isolated leader stays leader for 30 s.* ``leaderFallbackTimeout`` is the election
+  timeout, and dispatch additionally needs a `lease`: a majority heard from within half the
+  minimum election timeout, checked before every dispatch step.
+- *Snapshots pickle the object.* A custom serializer writes only a `Manifest` (file lengths).
+- *Nothing is fsynced.* The ``fsync`` option makes the journal ``msync`` every entry before it is
+  acknowledged and makes snapshots ``fsync`` the state files they name; see the docs for what
+  survives power loss with and without it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pysyncobj.syncobj
+from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.journal import FileJournal
+
+MAX_MESSAGE_ENTRY_BYTES = 5 << 20
+"""The largest entry one message can make (a 4 MiB body plus properties and framing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RaftConfig:
+    election_min_ms: int = 600
+    """A follower that hears nothing from the leader for a random time between this and
+    ``election_max_ms`` stands for election."""
+    election_max_ms: int = 1_000
+    heartbeat_ms: int = 50
+    """How often the leader sends (possibly empty) appends."""
+    connection_retry_ms: int = 250
+    snapshot_min_entries: int = 1_000
+    """A snapshot (a list of file lengths) is taken after this many entries..."""
+    snapshot_min_interval_ms: int = 60_000
+    """...or this long after the last one, whichever comes first."""
+    max_entry_bytes: int = 256 << 10
+    """Group commit packs messages into entries of at most this size."""
+    password: str | None = None
+    """Encrypts and authenticates Raft traffic (which is pickle): always set it outside tests."""
+    fsync: bool = False
+    """msync the journal on every entry and fsync state files at snapshots (slower)."""
+
+    @property
+    def lease_ms(self) -> int:
+        """Dispatch needs a majority heard from within this long: half the minimum election
+        timeout, so a deposed leader's lease has run out before anyone else can be elected."""
+        return self.election_min_ms // 2
+
+    def __post_init__(self) -> None:
+        if not 3 * self.heartbeat_ms < self.election_min_ms < self.election_max_ms:
+            raise ValueError("RaftConfig needs 3 * heartbeat_ms < election_min_ms < "
+                             "election_max_ms")
+
+
+Serializer = Callable[[str, tuple], None]
+Deserializer = Callable[[str], tuple]
+
+
+class RaftNode(SyncObj):
+    """A pysyncobj node with one replicated method, `command`, whose argument is bytes."""
+
+    def __init__(self, self_address: str, peers: list[str], raft_dir: Path, config: RaftConfig,
+                 apply: Callable[[bytes], object], snapshot: tuple[Serializer, Deserializer]
+                 ) -> None:
+        self._apply_command = apply
+        self._peer_addresses = list(peers)
+        conf = SyncObjConf(
+            autoTick=False,
+            appendEntriesUseBatch=False,
+            appendEntriesPeriod=config.heartbeat_ms / 1000,
+            appendEntriesBatchSizeBytes=max(MAX_MESSAGE_ENTRY_BYTES, 2 * config.max_entry_bytes),
+            raftMinTimeout=config.election_min_ms / 1000,
+            raftMaxTimeout=config.election_max_ms / 1000,
+            leaderFallbackTimeout=config.election_min_ms / 1000,
+            connectionTimeout=config.election_max_ms / 1000,
+            connectionRetryTime=config.connection_retry_ms / 1000,
+            logCompactionMinEntries=config.snapshot_min_entries,
+            logCompactionMinTime=config.snapshot_min_interval_ms / 1000,
+            journalFile=str(raft_dir / "journal"),
+            fullDumpFile=str(raft_dir / "snapshot"),
+            serializer=snapshot[0],
+            deserializer=snapshot[1],
+            password=config.password,
+            commandsWaitLeader=False,
+        )
+        raft_dir.mkdir(parents=True, exist_ok=True)
+        # pysyncobj has no journal option; its module-level factory is the only seam.
+        original, pysyncobj.syncobj.createJournal = (pysyncobj.syncobj.createJournal,
+                                                     _MsyncJournal if config.fsync
+                                                     else FileJournal)
+        try:
+            super().__init__(self_address, peers, conf)
+        finally:
+            pysyncobj.syncobj.createJournal = original
+
+    @replicated
+    def command(self, data: bytes) -> object:
+        return self._apply_command(data)
+
+    def has_lease(self, lease_ms: int) -> bool:
+        """Leader, and a majority (counting itself) answered within ``lease_ms``."""
+        if not self._isLeader():
+            return False
+        # The time each peer last answered the leader; pysyncobj keeps it but does not expose it
+        # (pinned to 0.3.17, checked by tests/replication/test_raft.py).
+        answered = self._SyncObj__lastResponseTime
+        deadline = time.monotonic() - lease_ms / 1000
+        heard = 1 + sum(1 for node, at in answered.items() if at > deadline)
+        return 2 * heard > len(self._peer_addresses) + 1
+
+    def postpone_election(self) -> None:
+        """Restart the election timer: after a long snapshot install the follower has heard
+        nothing for a while, through no fault of the leader's; standing for election then
+        would depose a healthy leader."""
+        self._SyncObj__raftElectionDeadline = (time.monotonic()
+                                               + self._SyncObj__generateRaftTimeout())
+
+
+class _MsyncJournal(FileJournal):
+    """A journal that reaches the disk before pysyncobj acknowledges an entry."""
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        super().add(command, idx, term)
+        self.flush()
+
+    def setCurrentTerm(self, term: int, votedForNodeId: object) -> None:
+        super().setCurrentTerm(term, votedForNodeId)
+        _fsync_path(Path(self._FileJournal__metaStorer.getPath()))
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def write_snapshot(path: str, manifest: object, raft_tail: tuple, fsync: bool) -> None:
+    """Write the snapshot file pysyncobj renames into place (and streams to followers)."""
+    with open(path, "wb") as file:
+        pickle.dump((manifest, raft_tail), file, protocol=pickle.HIGHEST_PROTOCOL)
+        if fsync:
+            file.flush()
+            os.fsync(file.fileno())
+
+
+def read_snapshot(path: str) -> tuple[object, tuple]:
+    with open(path, "rb") as file:
+        return pickle.load(file)
+
+
+def fsync_files(paths: list[Path]) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

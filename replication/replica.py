@@ -1,0 +1,362 @@
+"""A replica: the wheel on Raft, with the thread that drives it.
+
+One thread (``tickwheel-raft``) owns everything stateful. Each turn of its loop:
+
+1. ``doTick``: pysyncobj sends and receives, commits, applies committed commands to the
+   `WheelState`, takes snapshots and installs them;
+2. notices leadership changes. A new leader proposes a *barrier* (a cursor command that moves
+   nothing); once it is applied, every entry of earlier terms is applied too, and dispatch
+   starts from the replicated cursor. A node that stops leading ends dispatch at once;
+3. on the leader, packs queued schedule requests into entries (group commit) and proposes them;
+4. on the leader holding its lease, takes due messages from the wheel and hands them to the sink;
+   takes in acknowledgements; every ``cursor_sync_ms`` proposes the cursor if it moved;
+5. sleeps in the poller until a socket, a request, an ack, or the next due time.
+
+Other threads talk to it only through thread-safe queues (`schedule`, `cancel`, `ack`) and a
+pipe that wakes the poller, and read `status`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pysyncobj import FAIL_REASON
+from pysyncobj.pipe_notifier import PipeNotifier
+from tickwheel.replication import commands
+from tickwheel.replication.clock import Clock, SystemClock
+from tickwheel.replication.dispatcher import DeliverySink, DispatchConfig, Dispatcher
+from tickwheel.replication.group_commit import Entry, GroupCommitter
+from tickwheel.replication.raft import (
+    RaftConfig,
+    RaftNode,
+    fsync_files,
+    read_snapshot,
+    write_snapshot,
+)
+from tickwheel.replication.state import Manifest, StateConfig, WheelState
+from tickwheel.wheel import Cursor, NewMessage
+from tickwheel.wheel.errors import NotLeader, Overloaded, TickwheelError
+
+log = logging.getLogger("tickwheel.replication")
+
+PeerFetch = Callable[[list[str], str, int, int], bytes]
+"""``fetch(peers, path, offset, size)``: bytes of a state file from the first of ``peers`` (Raft
+addresses, leader first) that has them. The node provides it (over gRPC)."""
+
+_FATAL_EXIT_CODE = 70
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaConfig:
+    raft: RaftConfig = field(default_factory=RaftConfig)
+    state: StateConfig = field(default_factory=StateConfig)
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+    cursor_sync_ms: int = 50
+    """The leader proposes the cursor this often, when it moved."""
+    max_queued_msgs: int = 200_000
+    """Schedule requests waiting for an entry; beyond it `schedule` raises `Overloaded`."""
+    idle_tick_ms: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStatus:
+    address: str
+    role: str
+    leader: str | None
+    term: int
+    commit_index: int
+    last_applied: int
+    cursor: Cursor
+    stamp_ms: int
+    dispatching: bool
+    inflight_msgs: int
+    peers: tuple[str, ...]
+    match_index: dict[str, int]
+
+
+class Replica:
+    """One member of a tickwheel cluster. `start` it, use it, `stop` it."""
+
+    def __init__(self, address: str, peers: Sequence[str], data_dir: Path | str,
+                 sink: DeliverySink, *, fetch: PeerFetch, clock: Clock | None = None,
+                 config: ReplicaConfig | None = None) -> None:
+        self.address = address
+        self._peers = tuple(peers)
+        self._data_dir = Path(data_dir)
+        self._sink = sink
+        self._fetch = fetch
+        self._clock = clock or SystemClock()
+        self._config = config or ReplicaConfig()
+        raft_dir = self._data_dir / "raft"
+        fresh = not (raft_dir / "snapshot").exists()
+        self._state = WheelState.open(self._data_dir / "state", self._config.state, fresh=fresh)
+        self._raft = RaftNode(address, list(peers), raft_dir, self._config.raft,
+                              self._apply, (self._serialize, self._deserialize))
+        self._notifier = PipeNotifier(self._raft._poller)
+        self._committer = GroupCommitter(self._config.raft.max_entry_bytes,
+                                         self._config.max_queued_msgs, self._notifier.notify)
+        self._dispatcher = Dispatcher(self._config.dispatch)
+        self._cancels: deque[tuple[list[int], Future]] = deque()
+        self._acks: deque[tuple[int, Cursor]] = deque()
+        self._inflight_entries: dict[int, tuple[int, Entry | Future]] = {}
+        self._next_entry_id = 0
+        self._leading_term: int | None = None
+        self._proposed_cursor: Cursor | None = None
+        self._last_cursor_sync = 0.0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tickwheel-raft", daemon=True)
+
+    # -- the public surface (any thread) --------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop, close Raft, flush the wheel."""
+        self._stopping.set()
+        self._notifier.notify()
+        self._thread.join()
+        self._raft.destroy()
+        self._state.close()
+        log.info("event=replica_stopped address=%s", self.address)
+
+    def schedule(self, messages: Sequence[NewMessage]) -> Future:
+        """Queue ``messages`` for the next entry; the future gets one `Scheduled` or `Rejected`
+        per message, in order. Raises `NotLeader` on a follower, `Overloaded` when full."""
+        self._require_leader()
+        for message in messages:
+            self._state.wheel.check_delays([message.deliver_at_ms], self._clock.now_ms())
+        return self._committer.submit([commands.encoded_message(m) for m in messages])
+
+    def cancel(self, handles: Sequence[int]) -> Future:
+        """The future gets, per handle, whether it was still pending (or `Rejected`)."""
+        self._require_leader()
+        future: Future = Future()
+        if len(self._cancels) >= self._config.max_queued_msgs:
+            raise Overloaded("max_queued_msgs")
+        self._cancels.append((list(handles), future))
+        self._notifier.notify()
+        return future
+
+    def ack(self, epoch: int, position: Cursor) -> None:
+        """The sink reports a delivered message done (from any thread)."""
+        self._acks.append((epoch, position))
+        self._notifier.notify()
+
+    def read_state_file(self, path: str, offset: int, size: int) -> bytes:
+        """Bytes of a state file, for a peer installing a snapshot (any thread). State files
+        only grow, and a snapshot only names lengths already written, so no lock is needed."""
+        root = (self._data_dir / "state").resolve()
+        target = (root / path).resolve()
+        if root not in target.parents:
+            raise ValueError(f"{path!r} is not a state file")
+        with open(target, "rb") as file:
+            return os.pread(file.fileno(), size, offset)
+
+    def status(self) -> ReplicaStatus:
+        raw = self._raft.getStatus()
+        leader = raw["leader"]
+        return ReplicaStatus(
+            address=self.address,
+            role={0: "follower", 1: "candidate", 2: "leader"}[raw["state"]],
+            leader=None if leader is None else leader.address,
+            term=raw["raft_term"], commit_index=raw["commit_idx"],
+            last_applied=raw["last_applied"], cursor=self._state.cursor,
+            stamp_ms=self._state.stamp_ms, dispatching=self._dispatcher.active,
+            inflight_msgs=self._dispatcher.inflight_msgs, peers=self._peers,
+            match_index={key.removeprefix("match_idx_server_"): value
+                         for key, value in raw.items() if key.startswith("match_idx_server_")})
+
+    # -- the loop (the Raft thread) -------------------------------------------------------
+
+    def _run(self) -> None:
+        wait_s = 0.0
+        try:
+            while not self._stopping.is_set():
+                self._raft.doTick(wait_s)
+                wait_s = self._step()
+        except TickwheelError as error:
+            self._die(f"{type(error).__name__}: {error}")
+        except Exception as error:
+            log.exception("event=raft_thread_crashed")
+            self._die(repr(error))
+
+    def _step(self) -> float:
+        """One turn after ``doTick``; returns how long the poller may sleep."""
+        now_ms = self._clock.now_ms()
+        self._follow_leadership(now_ms)
+        if self._leading_term is None:
+            if self._committer.queued_msgs:
+                self._committer.fail_all(NotLeader(self._leader_hint()))
+            return self._config.idle_tick_ms / 1000
+        self._propose_writes(now_ms)
+        for _ in range(len(self._acks)):
+            self._dispatcher.done(*self._acks.popleft())
+        if not self._dispatcher.active or not self._raft.has_lease(self._config.raft.lease_ms):
+            return self._config.raft.heartbeat_ms / 1000
+        deliveries = self._dispatcher.take(self._state.wheel, now_ms)
+        if deliveries:
+            self._sink.deliver(deliveries)
+        self._sync_cursor(now_ms)
+        return self._sleep_s(now_ms, busy=bool(deliveries))
+
+    def _follow_leadership(self, now_ms: int) -> None:
+        leading = self._raft._isLeader()
+        term = self._raft.raftCurrentTerm
+        if self._leading_term is not None and (not leading or term != self._leading_term):
+            self._end_leadership()
+        if leading and self._leading_term is None:
+            self._leading_term = term
+            self._proposed_cursor = None
+            barrier = commands.cursor(now_ms, self._state.cursor)
+            self._propose(barrier, self._barrier_applied(term))
+            log.info("event=leadership_won term=%d cursor_second=%d cursor_local_index=%d",
+                     term, *self._state.cursor)
+
+    def _barrier_applied(self, term: int) -> Future:
+        future: Future = Future()
+
+        def start_dispatch(done: Future) -> None:
+            if done.exception() is None and self._leading_term == term:
+                takeover_ms = self._clock.now_ms()
+                self._dispatcher.begin(self._state.wheel, takeover_ms)
+                self._sink.dispatch_started(term, self._dispatcher.epoch, self._state.cursor,
+                                            takeover_ms)
+                log.info("event=dispatch_started term=%d takeover_ms=%d cursor_second=%d "
+                         "cursor_local_index=%d", term, takeover_ms, *self._state.cursor)
+        future.add_done_callback(start_dispatch)
+        return future
+
+    def _end_leadership(self) -> None:
+        log.info("event=leadership_lost term=%s dispatched_epoch=%d", self._leading_term,
+                 self._dispatcher.epoch)
+        self._leading_term = None
+        self._dispatcher.end()
+        error = NotLeader(self._leader_hint())
+        self._committer.fail_all(error)
+        while self._cancels:
+            self._cancels.popleft()[1].set_exception(error)
+        entries, self._inflight_entries = self._inflight_entries, {}
+        for _, target in entries.values():
+            _settle(target, None, error)
+
+    def _propose_writes(self, now_ms: int) -> None:
+        for entry in self._committer.drain():
+            self._propose(commands.schedule(now_ms, entry.parts), entry)
+        while self._cancels:
+            handles, future = self._cancels.popleft()
+            self._propose(commands.cancel(now_ms, handles), future)
+
+    def _sync_cursor(self, now_ms: int) -> None:
+        now_s = time.monotonic()
+        if now_s - self._last_cursor_sync < self._config.cursor_sync_ms / 1000:
+            return
+        cursor, stamp_only = self._dispatcher.next_cursor(self._state.wheel, now_ms)
+        floor = max(self._state.cursor, self._proposed_cursor or self._state.cursor)
+        if cursor > floor or (stamp_only and self._proposed_cursor is None):
+            self._last_cursor_sync = now_s
+            self._proposed_cursor = cursor
+            self._propose(commands.cursor(now_ms, cursor), self._cursor_applied())
+
+    def _cursor_applied(self) -> Future:
+        future: Future = Future()
+
+        def clear(_: Future) -> None:
+            if self._proposed_cursor is not None and self._proposed_cursor <= self._state.cursor:
+                self._proposed_cursor = None
+        future.add_done_callback(clear)
+        return future
+
+    def _sleep_s(self, now_ms: int, busy: bool) -> float:
+        if busy and self._dispatcher.inflight_msgs < self._config.dispatch.max_inflight_msgs:
+            return 0.0
+        wait_ms = self._config.cursor_sync_ms
+        due_ms = self._state.wheel.next_due_ms()
+        if due_ms is not None:
+            wait_ms = min(wait_ms, max(0, due_ms - now_ms))
+        return wait_ms / 1000
+
+    def _propose(self, command: bytes, target: Entry | Future) -> None:
+        entry_id = self._next_entry_id
+        self._next_entry_id += 1
+        self._inflight_entries[entry_id] = (self._leading_term, target)
+
+        def on_result(result: object, reason: int) -> None:
+            if self._inflight_entries.pop(entry_id, None) is None:
+                return  # already failed when leadership ended
+            if reason == FAIL_REASON.SUCCESS:
+                _settle(target, result, None)
+            else:
+                _settle(target, None, NotLeader(self._leader_hint()))
+        self._raft.command(command, callback=on_result)
+
+    # -- the state machine's side of Raft (also on the Raft thread) ------------------------
+
+    def _apply(self, command: bytes) -> object:
+        return self._state.apply(command)
+
+    def _serialize(self, path: str, raft_tail: tuple) -> None:
+        manifest = self._state.manifest()
+        if self._config.raft.fsync:
+            state_root = self._data_dir / "state"
+            fsync_files([state_root / name for name in manifest.files])
+        write_snapshot(path, (tuple(manifest.cursor), manifest.stamp_ms, manifest.files),
+                       raft_tail, self._config.raft.fsync)
+        self._state.snapshot_written(manifest)
+        log.info("event=snapshot_taken files=%d cursor_second=%d cursor_local_index=%d",
+                 len(manifest.files), *manifest.cursor)
+
+    def _deserialize(self, path: str) -> tuple:
+        (cursor, stamp_ms, files), raft_tail = read_snapshot(path)
+        manifest = Manifest(Cursor(*cursor), stamp_ms, files)
+        started = time.monotonic()
+        try:
+            self._state.install(manifest, self._fetch_from_peers)
+        except Exception as error:
+            log.exception("event=snapshot_install_failed")
+            self._die(f"snapshot install failed: {error!r}")
+        if time.monotonic() - started > self._config.raft.election_min_ms / 2000:
+            self._raft.postpone_election()
+        if self._leading_term is not None:
+            self._end_leadership()
+        return raft_tail
+
+    def _fetch_from_peers(self, path: str, offset: int, size: int) -> bytes:
+        leader = self._leader_hint()
+        peers = sorted(self._peers, key=lambda peer: peer != leader)
+        return self._fetch(peers, path, offset, size)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _require_leader(self) -> None:
+        if not self._raft._isLeader():
+            raise NotLeader(self._leader_hint())
+
+    def _leader_hint(self) -> str | None:
+        leader = self._raft._getLeader()
+        return None if leader is None else leader.address
+
+    def _die(self, reason: str) -> None:
+        """Stop the process loudly: the state may no longer match the log, and a restart
+        rebuilds it from the snapshot and the journal."""
+        log.critical("event=replica_fatal address=%s reason=%r", self.address, reason)
+        logging.shutdown()
+        os._exit(_FATAL_EXIT_CODE)
+
+
+def _settle(target: Entry | Future, result: object, error: BaseException | None) -> None:
+    if isinstance(target, Entry):
+        target.settle(result, error)
+    elif not target.done():
+        if error is not None:
+            target.set_exception(error)
+        else:
+            target.set_result(result)

@@ -1,0 +1,254 @@
+"""The replicated state machine: the wheel plus the dedupe window, changed only by commands.
+
+Every replica applies the same commands in the same order and so holds byte-identical files.
+All its state is append-only files plus a cursor and a stamp, which is what makes snapshots
+cheap: a `Manifest` lists each file's *length*, never its bytes. Restoring a manifest cuts every
+file back to its listed length (a restart: the journal replays what came after) or fetches the
+missing tail of each file from a peer (a follower that fell behind the log, or was wiped).
+
+Single-threaded: the Raft thread owns it (applies, snapshots, installs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from tickwheel.replication import commands
+from tickwheel.replication.commands import Kind
+from tickwheel.replication.dedupe import DedupeWindow
+from tickwheel.wheel import Cursor, Wheel
+from tickwheel.wheel.errors import InvalidMessage, UnknownHandle, invariant
+from tickwheel.wheel.types import WheelConfig
+
+log = logging.getLogger("tickwheel.replication.state")
+
+_WHEEL = "wheel"
+_DEDUPE = "dedupe"
+FETCH_CHUNK_BYTES = 4 << 20
+
+Fetch = Callable[[str, int, int], bytes]
+"""``fetch(path, offset, size)``: bytes ``[offset, offset + size)`` of a state file, from a peer."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateConfig:
+    wheel: WheelConfig = field(default_factory=WheelConfig)
+    dedupe_window_ms: int = 600_000
+    """How long (in leader stamp time) a scheduled id is remembered."""
+    max_dedupe_ids: int = 2_000_000
+    """At most this many ids are remembered (about 130 bytes each); the oldest go first."""
+
+
+class Scheduled(NamedTuple):
+    """What scheduling one message returned. ``duplicate``: its id was seen in the window, and
+    these are the first scheduling's handle and due time."""
+
+    handle: int
+    deliver_at_ms: int
+    duplicate: bool
+
+
+class Rejected(NamedTuple):
+    """A message or handle refused at apply time (the same on every replica)."""
+
+    error: InvalidMessage | UnknownHandle
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A snapshot: the lengths of every state file, the cursor and the stamp."""
+
+    cursor: Cursor
+    stamp_ms: int
+    files: dict[str, int]
+
+
+class WheelState:
+    """The state machine. Open with `WheelState.open`; `apply` commands; `close` at the end."""
+
+    def __init__(self, root: Path, config: StateConfig) -> None:
+        self._root = root
+        self._config = config
+        self.wheel = Wheel.open(root / _WHEEL, config.wheel, replicated=True)
+        self.dedupe = DedupeWindow.open(root / _DEDUPE, config.dedupe_window_ms,
+                                        config.max_dedupe_ids)
+        self._last_manifest: Manifest | None = None
+
+    @classmethod
+    def open(cls, root: Path, config: StateConfig, *, fresh: bool) -> WheelState:
+        """Open the state under ``root``. ``fresh``: no snapshot exists, so the Raft journal
+        will replay from its first entry, and whatever files are here must go first."""
+        if fresh and root.exists():
+            log.info("event=state_reset root=%s reason=no_snapshot", root)
+            shutil.rmtree(root)
+        root.mkdir(parents=True, exist_ok=True)
+        return cls(root, config)
+
+    @property
+    def cursor(self) -> Cursor:
+        return self.wheel.cursor
+
+    @property
+    def stamp_ms(self) -> int:
+        return self.wheel.stamp_ms
+
+    # -- applying commands ----------------------------------------------------------------
+
+    def apply(self, command: bytes) -> object:
+        """Apply one command; returns what its proposer gets back (see each ``_apply_*``)."""
+        kind, stamp_ms = commands.read_header(command)
+        if kind is Kind.SCHEDULE:
+            return self._apply_schedule(command, stamp_ms)
+        if kind is Kind.CANCEL:
+            return self._apply_cancel(command)
+        return self._apply_cursor(command, stamp_ms)
+
+    def _apply_schedule(self, command: bytes, stamp_ms: int) -> list[Scheduled | Rejected]:
+        """File every message whose id is new; a remembered id (also one repeated within the
+        entry) returns its first result, flagged ``duplicate``."""
+        stamp_ms = max(stamp_ms, self.wheel.stamp_ms)
+        self.dedupe.forget_expired(stamp_ms)
+        results: list[Scheduled | Rejected | bytes | None] = []
+        first_at: dict[bytes, int] = {}
+        records, due_ms, keys = [], [], []
+        for message in commands.read_schedule(command):
+            key = message.dedupe_key
+            earlier = self.dedupe.get(key)
+            if earlier is not None:
+                results.append(Scheduled(*earlier, duplicate=True))
+            elif key in first_at:
+                results.append(key)  # the first one's result, once it is filed
+            else:
+                try:
+                    self.wheel.check_delays([message.deliver_at_ms], stamp_ms)
+                except InvalidMessage as error:
+                    results.append(Rejected(error))
+                    continue
+                first_at[key] = len(results)
+                results.append(None)
+                records.append(message.record)
+                due_ms.append(message.deliver_at_ms)
+                keys.append(key)
+        handles = self.wheel.schedule_records(records, due_ms, stamp_ms)
+        for key, handle, deliver_at_ms in zip(keys, handles, due_ms, strict=True):
+            self.dedupe.add(key, handle, deliver_at_ms, stamp_ms)
+            results[first_at[key]] = Scheduled(handle, deliver_at_ms, duplicate=False)
+        return [_filled(result, results, first_at) for result in results]
+
+    def _apply_cancel(self, command: bytes) -> list[bool | Rejected]:
+        results: list[bool | Rejected] = []
+        for handle in commands.read_cancel(command):
+            try:
+                results.append(self.wheel.cancel(handle))
+            except UnknownHandle as error:
+                results.append(Rejected(error))
+        return results
+
+    def _apply_cursor(self, command: bytes, stamp_ms: int) -> Cursor:
+        """Move the cursor, and the stamp. A cursor behind the current one is a stale proposal
+        (a deposed leader's, committed after its successor's): it is ignored, everywhere."""
+        position = commands.read_cursor(command)
+        self.wheel.advance_cursor(max(position, self.wheel.cursor), stamp_ms)
+        return self.wheel.cursor
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def manifest(self) -> Manifest:
+        """Flush everything and list it. Cost: one ``stat`` per file, never the data."""
+        files = {f"{_WHEEL}/{path}": size for path, size in self.wheel.files().items()}
+        files.update({f"{_DEDUPE}/{path}": size for path, size in self.dedupe.files().items()})
+        return Manifest(self.wheel.cursor, self.wheel.stamp_ms, files)
+
+    def snapshot_written(self, manifest: Manifest) -> None:
+        """``manifest`` is now the Raft snapshot: delete passed hours and forgotten dedupe
+        buckets that neither it nor the snapshot before it names (a follower may still be
+        fetching against the older one)."""
+        named = set(manifest.files)
+        if self._last_manifest is not None:
+            named |= set(self._last_manifest.files)
+        for hour in self.wheel.passed_hours():
+            if not any(path.startswith(f"{_WHEEL}/hours/{hour:08d}/") for path in named):
+                self.wheel.delete_hour(hour)
+        for name in self.dedupe.forgotten_files():
+            if f"{_DEDUPE}/{name}" not in named:
+                self.dedupe.delete_file(name)
+        self._last_manifest = manifest
+
+    def install(self, manifest: Manifest, fetch: Fetch) -> None:
+        """Make the files exactly those of ``manifest``: cut what is longer, delete what it
+        does not name, fetch from a peer what is missing; then reopen."""
+        self.close()
+        fetched = 0
+        for path in _state_files(self._root):
+            if path not in manifest.files:
+                (self._root / path).unlink()
+        _remove_empty_hour_dirs(self._root / _WHEEL / "hours")
+        for path, size in manifest.files.items():
+            fetched += _restore_file(self._root / path, path, size, fetch)
+        self.wheel = Wheel.open(self._root / _WHEEL, self._config.wheel, replicated=True)
+        self.wheel.reset_to(manifest.cursor, manifest.stamp_ms)
+        self.dedupe = DedupeWindow.open(self._root / _DEDUPE, self._config.dedupe_window_ms,
+                                        self._config.max_dedupe_ids)
+        self._last_manifest = manifest
+        log.info("event=snapshot_installed files=%d fetched_bytes=%d cursor_second=%d "
+                 "cursor_local_index=%d", len(manifest.files), fetched, *manifest.cursor)
+
+    def close(self) -> None:
+        self.wheel.close()
+        self.dedupe.close()
+
+
+def _filled(result: Scheduled | Rejected | bytes | None,
+            results: list[Scheduled | Rejected | bytes | None],
+            first_at: dict[bytes, int]) -> Scheduled | Rejected:
+    """A result, with a repeat within the entry turned into its first occurrence's."""
+    if isinstance(result, bytes):
+        first = results[first_at[result]]
+        invariant(isinstance(first, Scheduled), "a repeated id's first result is missing")
+        return first._replace(duplicate=True)
+    invariant(result is not None, "a schedule result was never filled in")
+    return result
+
+
+def _state_files(root: Path) -> list[str]:
+    """Every append-only state file under ``root``, relative to it."""
+    found = []
+    for directory, _, names in os.walk(root):
+        relative = Path(directory).relative_to(root)
+        for name in names:
+            if name in ("log", "index", "tombstones") or (
+                    relative.parts[:1] == (_DEDUPE,) and name.isdigit()):
+                found.append(str(relative / name))
+    return found
+
+
+def _remove_empty_hour_dirs(hours: Path) -> None:
+    if not hours.exists():
+        return
+    for hour in os.listdir(hours):
+        files = set(os.listdir(hours / hour))
+        if not files - {"heads"}:
+            shutil.rmtree(hours / hour)
+
+
+def _restore_file(path: Path, name: str, size: int, fetch: Fetch) -> int:
+    """Cut ``path`` to ``size`` or append the bytes it lacks from ``fetch``; bytes fetched."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as file:
+        have = start = file.seek(0, os.SEEK_END)
+        if have >= size:
+            file.truncate(size)
+            return 0
+        while have < size:
+            chunk = fetch(name, have, min(FETCH_CHUNK_BYTES, size - have))
+            invariant(len(chunk) > 0, f"peer returned nothing for {name} at {have}")
+            file.write(chunk)
+            have += len(chunk)
+        invariant(have == size, f"{name}: fetched to {have}, wanted {size}")
+    return size - start
