@@ -53,6 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--clock-skew-ms", type=int, default=0)
     parser.add_argument("--fsync", action="store_true")
     parser.add_argument("--password", default=None)
+    parser.add_argument("--snapshot-min-entries", type=int,
+                        default=RaftConfig().snapshot_min_entries)
     return parser.parse_args(argv)
 
 
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     sink = JournalSink(journal)
     peers = [address for address in members if address != args.self_address]
     fetch = PeerFiles(members)
-    config = ReplicaConfig(raft=RaftConfig(fsync=args.fsync, password=args.password))
+    config = ReplicaConfig(raft=RaftConfig(fsync=args.fsync, password=args.password,
+                                           snapshot_min_entries=args.snapshot_min_entries))
     replica = Replica(args.self_address, peers, args.data, sink, fetch=fetch, clock=clock,
                       config=config)
     sink.replica = replica

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -150,6 +149,11 @@ class LocalCluster:
         candidates = among or list(self.running())
 
         def find() -> LocalNode | None:
+            for node in candidates:
+                if node.process is not None and node.process.poll() not in (None, -9):
+                    tail = node.log_path.read_text()[-2_000:]
+                    raise RuntimeError(f"node {node.raft} exited with "
+                                       f"{node.process.returncode}:\n{tail}")
             infos = {node.raft: node.info() for node in candidates}
             for node in candidates:
                 info = infos[node.raft]

@@ -1,0 +1,175 @@
+"""The pure parts of replication, without Raft: commands, group commit, state, dispatcher."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from tickwheel.replication import commands
+from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
+from tickwheel.replication.group_commit import GroupCommitter
+from tickwheel.replication.raft import RaftNode
+from tickwheel.replication.state import Rejected, Scheduled, StateConfig, WheelState
+from tickwheel.wheel import Cursor, NewMessage
+from tickwheel.wheel.errors import InvariantViolation, NotLeader
+
+T0_MS = 1_800_000_000_000
+
+
+def schedule_command(stamp_ms: int, batch: list[NewMessage]) -> bytes:
+    return commands.schedule(stamp_ms, [commands.encoded_message(m) for m in batch])
+
+
+def test_a_damaged_command_stops_the_replica_instead_of_diverging() -> None:
+    command = bytearray(schedule_command(T0_MS, [NewMessage("a", "t", b"x", T0_MS)]))
+    command[-1] ^= 1
+    with pytest.raises(InvariantViolation, match="checksum"):
+        commands.read_header(bytes(command))
+
+
+def test_group_commit_packs_requests_into_bounded_entries_and_answers_each_caller() -> None:
+    committer = GroupCommitter(max_entry_bytes=1_000, max_queued_msgs=1_000, wake=lambda: None)
+    parts = [commands.encoded_message(NewMessage(f"m{i}", "t", b"x" * 100, T0_MS))
+             for i in range(30)]
+    futures = [committer.submit(parts[:7]), committer.submit(parts[7:30])]
+    entries = committer.drain()
+    assert len(entries) > 3
+    assert all(sum(map(len, e.parts)) + commands.SCHEDULE_OVERHEAD_BYTES <= 1_000
+               for e in entries)
+    assert [p for e in entries for p in e.parts] == parts
+    for number, entry in enumerate(entries):
+        entry.settle([f"{number}:{i}" for i in range(len(entry.parts))], None)
+    results = futures[0].result(0) + futures[1].result(0)
+    assert len(results) == 30 and len(set(results)) == 30
+
+
+def test_group_commit_fails_a_whole_request_when_any_of_its_entries_fails() -> None:
+    committer = GroupCommitter(max_entry_bytes=400, max_queued_msgs=100, wake=lambda: None)
+    parts = [commands.encoded_message(NewMessage(f"m{i}", "t", b"x" * 100, T0_MS))
+             for i in range(6)]
+    future = committer.submit(parts)
+    first, second, *rest = committer.drain()
+    first.settle([None] * len(first.parts), None)
+    second.settle(None, NotLeader("127.0.0.1:1"))
+    for entry in rest:
+        entry.settle([None] * len(entry.parts), None)
+    with pytest.raises(NotLeader):
+        future.result(0)
+
+
+def test_replicas_applying_the_same_commands_hold_identical_files(tmp_path: Path) -> None:
+    log = [schedule_command(T0_MS + i, [NewMessage(f"m{i}-{j}", "t", bytes([i, j]) * 50,
+                                                   T0_MS + 1_000 * (i * 7 % 13) + j)
+                                        for j in range(5)])
+           for i in range(40)]
+    states = [WheelState.open(tmp_path / name, StateConfig(), fresh=True) for name in "ab"]
+    results = [[state.apply(command) for command in log] for state in states]
+    handles = [scheduled.handle for scheduled in results[0][3]]
+    log = [commands.cancel(T0_MS + 50, [handles[0], handles[3], 1 << 40]),
+           commands.cursor(T0_MS + 60, Cursor(T0_MS // 1000 + 2, 1))]
+    for state, applied in zip(states, results, strict=True):
+        applied += [state.apply(command) for command in log]
+    assert repr(results[0]) == repr(results[1])
+    assert results[0][-2][:2] == [True, True]
+    assert isinstance(results[0][-2][2], Rejected)  # a handle no schedule returned
+    manifests = [state.manifest() for state in states]
+    for state in states:
+        state.close()
+    assert manifests[0] == manifests[1]
+    digests = [{path: hashlib.sha256((tmp_path / name / path).read_bytes()).hexdigest()
+                for path in manifest.files} for name, manifest in zip("ab", manifests,
+                                                                       strict=True)]
+    assert digests[0] == digests[1]
+
+
+def test_a_repeated_id_returns_its_first_result_also_within_one_entry(tmp_path: Path) -> None:
+    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    first = state.apply(schedule_command(T0_MS, [NewMessage("a", "t", b"1", T0_MS + 5_000),
+                                                 NewMessage("a", "t", b"2", T0_MS + 9_000)]))
+    again = state.apply(schedule_command(T0_MS + 1, [NewMessage("a", "t", b"3", T0_MS)]))
+    assert first[0] == Scheduled(first[0].handle, T0_MS + 5_000, duplicate=False)
+    assert first[1] == again[0] == first[0]._replace(duplicate=True)
+    state.close()
+
+
+def test_the_dedupe_window_forgets_ids_after_its_time(tmp_path: Path) -> None:
+    config = StateConfig(dedupe_window_ms=60_000)
+    state = WheelState.open(tmp_path, config, fresh=True)
+    state.apply(schedule_command(T0_MS, [NewMessage("a", "t", b"1", T0_MS + 500_000)]))
+    later = state.apply(schedule_command(T0_MS + 120_000,
+                                         [NewMessage("a", "t", b"1", T0_MS + 500_000)]))
+    assert later[0].duplicate is False
+    assert state.dedupe.ids == 1
+    state.close()
+
+
+def test_install_cuts_longer_files_and_fetches_missing_tails(tmp_path: Path) -> None:
+    source = WheelState.open(tmp_path / "source", StateConfig(), fresh=True)
+    behind = WheelState.open(tmp_path / "behind", StateConfig(), fresh=True)
+    early = schedule_command(T0_MS, [NewMessage(f"m{i}", "t", b"x" * 200, T0_MS + 4_000_000)
+                                     for i in range(50)])
+    for state in (source, behind):
+        state.apply(early)
+    manifest = source.manifest()
+    source.apply(schedule_command(T0_MS + 1, [NewMessage("z", "t", b"z", T0_MS + 4_000_000)]))
+    source.manifest()  # writes the newer bytes; the manifest still names the older lengths
+    behind.apply(schedule_command(T0_MS + 2, [NewMessage("q", "t", b"q", T0_MS + 9_000_000)]))
+    fetched = []
+
+    def fetch(path: str, offset: int, size: int) -> bytes:
+        fetched.append(path)
+        with open(tmp_path / "source" / path, "rb") as file:
+            file.seek(offset)
+            return file.read(size)
+    behind.manifest()  # flushed, so there is a file to lose
+    (tmp_path / "behind" / next(iter(manifest.files))).unlink()
+    behind.install(manifest, fetch)
+    assert fetched
+    assert behind.manifest() == manifest
+    source.close()
+    behind.close()
+
+
+def test_the_cursor_passes_cancelled_messages_and_waits_for_a_closed_second(
+        tmp_path: Path) -> None:
+    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    second = T0_MS // 1000
+    scheduled = state.apply(schedule_command(T0_MS, [
+        NewMessage(f"m{i}", "t", b"x", T0_MS + 100 * i) for i in range(3)]))
+    assert state.apply(commands.cancel(T0_MS, [scheduled[1].handle])) == [True]
+    dispatcher = Dispatcher(DispatchConfig())
+    dispatcher.begin(state.wheel, T0_MS)
+    taken = dispatcher.take(state.wheel, T0_MS + 999)
+    assert [d.message.id for d in taken] == ["m0", "m2"]
+    assert all(d.possible_duplicate for d in taken)  # due within the skew allowance
+    dispatcher.done(dispatcher.epoch, taken[0].message.position)
+    assert dispatcher.next_cursor(state.wheel, T0_MS + 999) == (Cursor(second, 2), False)
+    dispatcher.done(dispatcher.epoch, taken[1].message.position)
+    # all of the second is done, but the stamp is still in it: more may be filed there
+    assert dispatcher.next_cursor(state.wheel, T0_MS + 999) == (Cursor(second, 3), False)
+    state.apply(commands.cursor(T0_MS + 1_500, Cursor(second, 3)))
+    state.apply(schedule_command(T0_MS + 1_500, [NewMessage("n", "t", b"x", T0_MS + 5_000)]))
+    assert dispatcher.next_cursor(state.wheel, T0_MS + 1_600)[0] == Cursor(second + 1, 0)
+    state.close()
+
+
+def test_an_acknowledgement_from_an_earlier_leadership_is_ignored(tmp_path: Path) -> None:
+    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    state.apply(schedule_command(T0_MS, [NewMessage("m", "t", b"x", T0_MS)]))
+    dispatcher = Dispatcher(DispatchConfig())
+    dispatcher.begin(state.wheel, T0_MS)
+    (delivery,) = dispatcher.take(state.wheel, T0_MS)
+    dispatcher.begin(state.wheel, T0_MS + 10)
+    dispatcher.done(delivery.epoch, delivery.message.position)
+    assert dispatcher.next_cursor(state.wheel, T0_MS + 10)[0] == Cursor(T0_MS // 1000, 0)
+    state.close()
+
+
+def test_pysyncobj_still_keeps_what_the_lease_and_election_postponing_read() -> None:
+    # RaftNode reads two private pysyncobj attributes; pinned 0.3.17 must still have them.
+    source = Path(__import__("pysyncobj.syncobj").syncobj.__file__).read_text()
+    assert "self.__lastResponseTime[node] = monotonicTime()" in source
+    assert "self.__raftElectionDeadline = monotonicTime() + self.__generateRaftTimeout()" in (
+        source)
+    assert hasattr(RaftNode, "has_lease")
