@@ -30,6 +30,7 @@ _ENTRY: Final = struct.Struct(f"<{DEDUPE_KEY_BYTES}sqqII")
 _CRC_SPAN: Final = DEDUPE_KEY_BYTES + 16
 _MAX_BUFFERED_BYTES: Final = 1 << 20
 _HANDLE_MASK: Final = (1 << 64) - 1
+_HEAD: Final = struct.Struct("<qq")
 
 
 class DedupeWindow:
@@ -67,16 +68,20 @@ class DedupeWindow:
                 return found & _HANDLE_MASK, found >> 64
         return None
 
-    def add(self, key: bytes, handle: int, deliver_at_ms: int, stamp_ms: int) -> None:
+    def add_many(self, keys: list[bytes], handles: list[int], deliver_at_ms: list[int],
+                 stamp_ms: int) -> None:
+        """Remember each key with its handle and due time, stamped ``stamp_ms``."""
         number = stamp_ms // self._bucket_ms
         bucket = self._buckets.get(number)
         if bucket is None:
             bucket = self._buckets[number] = {}
-        bucket[key] = deliver_at_ms << 64 | handle
-        self._ids += 1
-        head = key + struct.pack("<qq", handle, deliver_at_ms)
         pending = self._pending.setdefault(number, bytearray())
-        pending += _ENTRY.pack(key, handle, deliver_at_ms, zlib.crc32(head), 0)
+        pack, crc32 = _ENTRY.pack, zlib.crc32
+        for key, handle, due_ms in zip(keys, handles, deliver_at_ms, strict=True):
+            bucket[key] = due_ms << 64 | handle
+            head = key + _HEAD.pack(handle, due_ms)
+            pending += pack(key, handle, due_ms, crc32(head), 0)
+        self._ids += len(keys)
         if len(pending) >= _MAX_BUFFERED_BYTES:
             self._flush_bucket(number)
 

@@ -132,8 +132,7 @@ class Replica:
         """Queue ``messages`` for the next entry; the future gets one `Scheduled` or `Rejected`
         per message, in order. Raises `NotLeader` on a follower, `Overloaded` when full."""
         self._require_leader()
-        for message in messages:
-            self._state.wheel.check_delays([message.deliver_at_ms], self._clock.now_ms())
+        self._state.wheel.check_delays([m.deliver_at_ms for m in messages], self._clock.now_ms())
         return self._committer.submit([commands.encoded_message(m) for m in messages])
 
     def cancel(self, handles: Sequence[int]) -> Future:
@@ -304,6 +303,7 @@ class Replica:
         return self._state.apply(command)
 
     def _serialize(self, path: str, raft_tail: tuple) -> None:
+        started = time.monotonic()
         manifest = self._state.manifest()
         if self._config.raft.fsync:
             state_root = self._data_dir / "state"
@@ -311,8 +311,9 @@ class Replica:
         write_snapshot(path, (tuple(manifest.cursor), manifest.stamp_ms, manifest.files),
                        raft_tail, self._config.raft.fsync)
         self._state.snapshot_written(manifest)
-        log.info("event=snapshot_taken files=%d cursor_second=%d cursor_local_index=%d",
-                 len(manifest.files), *manifest.cursor)
+        log.info("event=snapshot_taken files=%d cursor_second=%d cursor_local_index=%d "
+                 "duration_ms=%.1f", len(manifest.files), *manifest.cursor,
+                 (time.monotonic() - started) * 1000)
 
     def _deserialize(self, path: str) -> tuple:
         (cursor, stamp_ms, files), raft_tail = read_snapshot(path)

@@ -117,28 +117,31 @@ class WheelState:
         results: list[Scheduled | Rejected | bytes | None] = []
         first_at: dict[bytes, int] = {}
         records, due_ms, keys = [], [], []
+        latest_ms = stamp_ms + self._config.wheel.max_delay_ms
+        remembered = self.dedupe.get
         for message in commands.read_schedule(command):
             key = message.dedupe_key
-            earlier = self.dedupe.get(key)
+            earlier = remembered(key)
             if earlier is not None:
                 results.append(Scheduled(*earlier, duplicate=True))
             elif key in first_at:
                 results.append(key)  # the first one's result, once it is filed
+            elif message.deliver_at_ms > latest_ms:
+                results.append(Rejected(InvalidMessage("deliver_at_ms", (
+                    f"{message.deliver_at_ms} is more than {self._config.wheel.max_delay_ms} "
+                    f"ms after {stamp_ms}"))))
             else:
-                try:
-                    self.wheel.check_delays([message.deliver_at_ms], stamp_ms)
-                except InvalidMessage as error:
-                    results.append(Rejected(error))
-                    continue
                 first_at[key] = len(results)
                 results.append(None)
                 records.append(message.record)
                 due_ms.append(message.deliver_at_ms)
                 keys.append(key)
         handles = self.wheel.schedule_records(records, due_ms, stamp_ms)
+        self.dedupe.add_many(keys, handles, due_ms, stamp_ms)
         for key, handle, deliver_at_ms in zip(keys, handles, due_ms, strict=True):
-            self.dedupe.add(key, handle, deliver_at_ms, stamp_ms)
             results[first_at[key]] = Scheduled(handle, deliver_at_ms, duplicate=False)
+        if len(keys) == len(results):
+            return results
         return [_filled(result, results, first_at) for result in results]
 
     def _apply_cancel(self, command: bytes) -> list[bool | Rejected]:
