@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,10 +182,3 @@ class LocalCluster:
     def deliveries(self) -> list[dict]:
         return [event for node in self.nodes for event in node.journal()
                 if event["event"] == "delivered"]
-
-
-def port_is_open(address: str) -> bool:
-    host, port = address.rsplit(":", 1)
-    with closing(socket.socket()) as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex((host, int(port))) == 0

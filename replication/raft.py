@@ -38,10 +38,10 @@ MAX_MESSAGE_ENTRY_BYTES = 5 << 20
 
 @dataclass(frozen=True, slots=True)
 class RaftConfig:
-    election_min_ms: int = 600
+    election_min_ms: int = 500
     """A follower that hears nothing from the leader for a random time between this and
     ``election_max_ms`` stands for election."""
-    election_max_ms: int = 1_000
+    election_max_ms: int = 800
     heartbeat_ms: int = 50
     """How often the leader sends (possibly empty) appends."""
     connection_retry_ms: int = 100
@@ -50,8 +50,11 @@ class RaftConfig:
     carry nothing until an election; with pysyncobj's default (3.5 s, here it must be at least
     the election timeout) they are often down just when a candidate's vote request needs them,
     which costs a whole extra election round."""
-    snapshot_min_entries: int = 1_000
-    """A snapshot (a list of file lengths) is taken after this many entries..."""
+    snapshot_min_entries: int = 5_000
+    """A snapshot (a list of file lengths) is taken after this many entries, ..."""
+    snapshot_min_bytes: int = 32 << 20
+    """...or this many bytes of entries (pysyncobj keeps the log since the last snapshot in
+    memory, so this bounds it), ..."""
     snapshot_min_interval_ms: int = 60_000
     """...or this long after the last one, whichever comes first."""
     max_entry_bytes: int = 256 << 10

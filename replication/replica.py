@@ -79,7 +79,6 @@ class ReplicaStatus:
     dispatching: bool
     inflight_msgs: int
     peers: tuple[str, ...]
-    match_index: dict[str, int]
 
 
 class Replica:
@@ -111,6 +110,7 @@ class Replica:
         self._leading_term: int | None = None
         self._proposed_cursor: Cursor | None = None
         self._last_cursor_sync = 0.0
+        self._bytes_since_snapshot = 0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tickwheel-raft", daemon=True)
 
@@ -170,9 +170,7 @@ class Replica:
             term=raw["raft_term"], commit_index=raw["commit_idx"],
             last_applied=raw["last_applied"], cursor=self._state.cursor,
             stamp_ms=self._state.stamp_ms, dispatching=self._dispatcher.active,
-            inflight_msgs=self._dispatcher.inflight_msgs, peers=self._peers,
-            match_index={key.removeprefix("match_idx_server_"): value
-                         for key, value in raw.items() if key.startswith("match_idx_server_")})
+            inflight_msgs=self._dispatcher.inflight_msgs, peers=self._peers)
 
     # -- the loop (the Raft thread) -------------------------------------------------------
 
@@ -300,10 +298,14 @@ class Replica:
     # -- the state machine's side of Raft (also on the Raft thread) ------------------------
 
     def _apply(self, command: bytes) -> object:
+        self._bytes_since_snapshot += len(command)
+        if self._bytes_since_snapshot >= self._config.raft.snapshot_min_bytes:
+            self._raft.forceLogCompaction()
         return self._state.apply(command)
 
     def _serialize(self, path: str, raft_tail: tuple) -> None:
         started = time.monotonic()
+        self._bytes_since_snapshot = 0
         manifest = self._state.manifest()
         if self._config.raft.fsync:
             state_root = self._data_dir / "state"
