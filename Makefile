@@ -26,9 +26,11 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m tickwheel.wheel.bench --json
+	$(PY) -m tickwheel.replication.bench --json
 
 bench-quick: $(STAMP)
 	$(PY) -m tickwheel.wheel.bench --json --quick
+	$(PY) -m tickwheel.replication.bench --json --quick
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis *.egg-info

@@ -55,7 +55,15 @@ def saturated(cluster: LocalCluster, total: int, clients: int, batch: int) -> fl
     return len(requests) * batch / (time.perf_counter() - started)
 
 
+def settled(cluster: LocalCluster) -> None:
+    """Wait until every node has applied everything the leader committed."""
+    commit = cluster.leader().info().commit_index
+    wait_for(lambda: all((i := n.info()) and i.last_applied >= commit for n in cluster.nodes),
+             120, "every node to apply the load")
+
+
 def commit_latency(cluster: LocalCluster, seconds: float) -> tuple[float, float]:
+    settled(cluster)
     leader = cluster.leader()
     due_ms = now_ms() + 3 * HOUR_MS
     rate_per_s, size = 500, 20
@@ -110,10 +118,8 @@ def rss_mb(node: LocalNode) -> float:
 
 def pending_figures(cluster: LocalCluster, pending: int, clients: int) -> dict:
     saturated(cluster, pending, clients, 1_000)
+    settled(cluster)
     leader = cluster.leader()
-    commit = leader.info().commit_index
-    wait_for(lambda: all((i := n.info()) and i.last_applied >= commit for n in cluster.nodes),
-             120, "every node to apply the load")
     durations = [float(m) for m in re.findall(r"event=snapshot_taken .*duration_ms=([\d.]+)",
                                               leader.log_path.read_text())]
     return {"rss_mb_per_node": round(max(rss_mb(n) for n in cluster.nodes), 1),
