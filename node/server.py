@@ -6,7 +6,7 @@ Errors map to status codes in one table (`_STATUS`). A follower answers writes w
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
@@ -41,6 +41,21 @@ def _abort(context: grpc.ServicerContext, error: TickwheelError) -> None:
     context.abort(code, str(error))
 
 
+def _committed(context: grpc.ServicerContext, write: Callable[[], futures.Future]) -> list:
+    """Start a replicated write and wait for its results; abort the call on an error, a
+    timeout, or any result the state machine rejected."""
+    try:
+        results = write().result(WRITE_TIMEOUT_S)
+    except TickwheelError as error:
+        _abort(context, error)
+    except futures.TimeoutError:
+        context.abort(grpc.StatusCode.UNAVAILABLE, "not committed in time; retry")
+    for result in results:
+        if isinstance(result, Rejected):
+            _abort(context, result.error)
+    return results
+
+
 class TickwheelService(pb_grpc.TickwheelServicer):
     def __init__(self, replica: Replica) -> None:
         self._replica = replica
@@ -49,15 +64,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                  context: grpc.ServicerContext) -> pb.ScheduleResponse:
         messages = [NewMessage(m.id, m.topic, m.body, m.deliver_at_ms, dict(m.properties))
                     for m in request.messages]
-        try:
-            results = self._replica.schedule(messages).result(WRITE_TIMEOUT_S)
-        except TickwheelError as error:
-            _abort(context, error)
-        except futures.TimeoutError:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "not committed in time; retry")
-        for result in results:
-            if isinstance(result, Rejected):
-                _abort(context, result.error)
+        results = _committed(context, lambda: self._replica.schedule(messages))
         return pb.ScheduleResponse(results=[
             pb.ScheduleResult(id=m.id, handle=r.handle, deliver_at_ms=r.deliver_at_ms,
                               duplicate=r.duplicate)
@@ -65,15 +72,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
 
     def Cancel(self, request: pb.CancelRequest,
                context: grpc.ServicerContext) -> pb.CancelResponse:
-        try:
-            results = self._replica.cancel(list(request.handles)).result(WRITE_TIMEOUT_S)
-        except TickwheelError as error:
-            _abort(context, error)
-        except futures.TimeoutError:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "not committed in time; retry")
-        for result in results:
-            if isinstance(result, Rejected):
-                _abort(context, result.error)
+        results = _committed(context, lambda: self._replica.cancel(list(request.handles)))
         return pb.CancelResponse(cancelled=results)
 
     def ClusterInfo(self, request: pb.ClusterInfoRequest,
