@@ -193,3 +193,13 @@ def test_an_entry_far_above_the_64_kib_chunk_threshold_replicates(tmp_path: Path
     digests = [segment_digests(node) for node in cluster.nodes]
     assert digests[0] == digests[1] == digests[2]
     assert any(path.endswith("/log") for path in digests[0])
+
+
+def test_with_fsync_the_journal_and_snapshots_sync_and_the_cluster_still_delivers(
+        tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, extra_args=("--fsync", "--snapshot-min-entries", "5")) as cluster:
+        batch = messages("order", 300, now_ms() + 500, 500)
+        schedule_all(cluster, batch, per_call=20)
+        all_delivered(cluster, {m.id for m in batch}, 15)
+        leader = cluster.leader()
+        wait_for((leader.data / "raft" / "snapshot").exists, 15, "a snapshot")
