@@ -98,14 +98,13 @@ class DedupeWindow:
         """Flush, then the remembered buckets' files with their sizes."""
         for number in list(self._pending):
             self._flush_bucket(number)
-        return {f"{number:012d}": (self._root / f"{number:012d}").stat().st_size
-                for number in sorted(self._buckets)
-                if (self._root / f"{number:012d}").exists()}
+        return {path.name: path.stat().st_size for number in sorted(self._buckets)
+                if (path := self._path(number)).exists()}
 
     def forgotten_files(self) -> list[str]:
         """Files of forgotten buckets still on disk; the caller deletes them when no
         snapshot names them any more (`delete_file`)."""
-        return [f"{number:012d}" for number in self._forgotten]
+        return [self._path(number).name for number in self._forgotten]
 
     def delete_file(self, name: str) -> None:
         (self._root / name).unlink(missing_ok=True)
@@ -115,6 +114,9 @@ class DedupeWindow:
     def close(self) -> None:
         for number in list(self._pending):
             self._flush_bucket(number)
+
+    def _path(self, number: int) -> Path:
+        return self._root / f"{number:012d}"
 
     def _forget(self, number: int, reason: str) -> None:
         dropped = self._buckets.pop(number)
@@ -126,7 +128,7 @@ class DedupeWindow:
 
     def _flush_bucket(self, number: int) -> None:
         pending = self._pending.pop(number)
-        fd = os.open(self._root / f"{number:012d}", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+        fd = os.open(self._path(number), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                      0o644)
         try:
             view = memoryview(pending)
@@ -136,7 +138,7 @@ class DedupeWindow:
             os.close(fd)
 
     def _load(self, number: int) -> None:
-        path = self._root / f"{number:012d}"
+        path = self._path(number)
         data = path.read_bytes()
         bucket: dict[bytes, int] = {}
         good = 0

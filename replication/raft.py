@@ -126,7 +126,7 @@ class RaftNode(SyncObj):
         if not self._isLeader():
             return False
         # The time each peer last answered the leader; pysyncobj keeps it but does not expose it
-        # (pinned to 0.3.17, checked by tests/replication/test_raft.py).
+        # (pinned to 0.3.17, checked by tests/replication/test_units.py).
         answered = self._SyncObj__lastResponseTime
         deadline = time.monotonic() - lease_ms / 1000
         heard = 1 + sum(1 for node, at in answered.items() if at > deadline)
@@ -149,20 +149,8 @@ class _MsyncJournal(FileJournal):
 
     def setCurrentTerm(self, term: int, votedForNodeId: object) -> None:
         super().setCurrentTerm(term, votedForNodeId)
-        _fsync_path(Path(self._FileJournal__metaStorer.getPath()))
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+        meta = Path(self._FileJournal__metaStorer.getPath())
+        fsync_files([meta, meta.parent])
 
 
 def write_snapshot(path: str, manifest: object, raft_tail: tuple, fsync: bool) -> None:
@@ -180,6 +168,7 @@ def read_snapshot(path: str) -> tuple[object, tuple]:
 
 
 def fsync_files(paths: list[Path]) -> None:
+    """fsync each file (or folder: its entries)."""
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:

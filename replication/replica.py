@@ -105,7 +105,7 @@ class Replica:
         self._dispatcher = Dispatcher(self._config.dispatch)
         self._cancels: deque[tuple[list[int], Future]] = deque()
         self._acks: deque[tuple[int, Cursor]] = deque()
-        self._inflight_entries: dict[int, tuple[int, Entry | Future]] = {}
+        self._inflight_entries: dict[int, Entry | Future] = {}
         self._next_entry_id = 0
         self._leading_term: int | None = None
         self._proposed_cursor: Cursor | None = None
@@ -242,7 +242,7 @@ class Replica:
         while self._cancels:
             self._cancels.popleft()[1].set_exception(error)
         entries, self._inflight_entries = self._inflight_entries, {}
-        for _, target in entries.values():
+        for target in entries.values():
             _settle(target, None, error)
 
     def _propose_writes(self, now_ms: int) -> None:
@@ -284,7 +284,7 @@ class Replica:
     def _propose(self, command: bytes, target: Entry | Future) -> None:
         entry_id = self._next_entry_id
         self._next_entry_id += 1
-        self._inflight_entries[entry_id] = (self._leading_term, target)
+        self._inflight_entries[entry_id] = target
 
         def on_result(result: object, reason: int) -> None:
             if self._inflight_entries.pop(entry_id, None) is None:

@@ -24,6 +24,7 @@ from tickwheel.replication.commands import Kind
 from tickwheel.replication.dedupe import DedupeWindow
 from tickwheel.wheel import Cursor, Wheel
 from tickwheel.wheel.errors import InvalidMessage, UnknownHandle, invariant
+from tickwheel.wheel.segment import APPEND_ONLY_FILES
 from tickwheel.wheel.types import WheelConfig
 
 log = logging.getLogger("tickwheel.replication.state")
@@ -75,9 +76,7 @@ class WheelState:
     def __init__(self, root: Path, config: StateConfig) -> None:
         self._root = root
         self._config = config
-        self.wheel = Wheel.open(root / _WHEEL, config.wheel, replicated=True)
-        self.dedupe = DedupeWindow.open(root / _DEDUPE, config.dedupe_window_ms,
-                                        config.max_dedupe_ids)
+        self.wheel, self.dedupe = self._open_files()
         self._last_manifest: Manifest | None = None
 
     @classmethod
@@ -194,10 +193,8 @@ class WheelState:
         _remove_empty_hour_dirs(self._root / _WHEEL / "hours")
         for path, size in manifest.files.items():
             fetched += _restore_file(self._root / path, path, size, fetch)
-        self.wheel = Wheel.open(self._root / _WHEEL, self._config.wheel, replicated=True)
+        self.wheel, self.dedupe = self._open_files()
         self.wheel.reset_to(manifest.cursor, manifest.stamp_ms)
-        self.dedupe = DedupeWindow.open(self._root / _DEDUPE, self._config.dedupe_window_ms,
-                                        self._config.max_dedupe_ids)
         self._last_manifest = manifest
         log.info("event=snapshot_installed files=%d fetched_bytes=%d cursor_second=%d "
                  "cursor_local_index=%d", len(manifest.files), fetched, *manifest.cursor)
@@ -205,6 +202,11 @@ class WheelState:
     def close(self) -> None:
         self.wheel.close()
         self.dedupe.close()
+
+    def _open_files(self) -> tuple[Wheel, DedupeWindow]:
+        return (Wheel.open(self._root / _WHEEL, self._config.wheel, replicated=True),
+                DedupeWindow.open(self._root / _DEDUPE, self._config.dedupe_window_ms,
+                                  self._config.max_dedupe_ids))
 
 
 def _filled(result: Scheduled | Rejected | bytes | None,
@@ -225,7 +227,7 @@ def _state_files(root: Path) -> list[str]:
     for directory, _, names in os.walk(root):
         relative = Path(directory).relative_to(root)
         for name in names:
-            if name in ("log", "index", "tombstones") or (
+            if name in APPEND_ONLY_FILES or (
                     relative.parts[:1] == (_DEDUPE,) and name.isdigit()):
                 found.append(str(relative / name))
     return found
