@@ -1,90 +1,103 @@
-"""``python -m tickwheel.node serve``: one node of a cluster, until SIGTERM or SIGINT.
+"""``tickwheel serve``: one node of a cluster, until SIGTERM or SIGINT.
 
-Each member is given as ``RAFT_ADDRESS=GRPC_ADDRESS``; ``--self`` names this node's Raft address.
-Deliveries go to the delivery journal (``DATA/deliveries.jsonl``) until consumers exist
-(issue 4). ``--clock-skew-ms`` offsets this node's clock, for fault injection only.
+Wires the parts together: the `Replica` (Raft and the wheel, on its own thread), the consumer
+`Hub` and the gRPC server (on the asyncio loop), the delivery journal, metrics, and a
+housekeeping task that keeps health, gauges and the leader-change log current.
 """
 
 from __future__ import annotations
 
-import argparse
+import asyncio
 import logging
 import signal
-import sys
-import threading
-from pathlib import Path
 
+from grpc_health.v1 import health, health_pb2
+from tickwheel.node.config import NodeSettings
+from tickwheel.node.delivery import Hub, HubConfig
+from tickwheel.node.forward import Forwarder
 from tickwheel.node.journal import DeliveryJournal
+from tickwheel.node.metrics import Metrics
 from tickwheel.node.peers import PeerFiles
-from tickwheel.node.server import start_server
+from tickwheel.node.server import SERVICE_NAME, NodeContext, start_server
 from tickwheel.replication.clock import SystemClock
-from tickwheel.replication.dispatcher import Delivery
-from tickwheel.replication.raft import RaftConfig
-from tickwheel.replication.replica import Replica, ReplicaConfig
-from tickwheel.wheel import Cursor
+from tickwheel.replication.replica import Replica
 
 log = logging.getLogger("tickwheel.node")
 
-
-class JournalSink:
-    """Writes each delivery to the journal and acknowledges it at once."""
-
-    def __init__(self, journal: DeliveryJournal) -> None:
-        self._journal = journal
-        self._term = 0
-        self.replica: Replica | None = None
-
-    def dispatch_started(self, term: int, epoch: int, cursor: Cursor, takeover_ms: int) -> None:
-        self._term = term
-        self._journal.dispatch_started(term, epoch, cursor, takeover_ms)
-
-    def deliver(self, deliveries: list[Delivery]) -> None:
-        self._journal.delivered(deliveries, self._term)
-        for delivery in deliveries:
-            self.replica.ack(delivery.epoch, delivery.message.position)
+HOUSEKEEPING_S = 0.2
+HEALTH_MAX_LAG_ENTRIES = 1_000
+"""A node serves (health) when it knows a leader and has applied to within this many entries
+of the leader's commit index."""
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="tickwheel.node serve", description=__doc__)
-    parser.add_argument("--self", dest="self_address", required=True, metavar="RAFT_ADDRESS")
-    parser.add_argument("--member", action="append", required=True,
-                        metavar="RAFT_ADDRESS=GRPC_ADDRESS")
-    parser.add_argument("--data", type=Path, required=True)
-    parser.add_argument("--clock-skew-ms", type=int, default=0)
-    parser.add_argument("--fsync", action="store_true")
-    parser.add_argument("--password", default=None)
-    parser.add_argument("--snapshot-min-entries", type=int,
-                        default=RaftConfig().snapshot_min_entries)
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    members = dict(member.split("=", 1) for member in args.member)
-    if args.self_address not in members:
-        raise SystemExit(f"--self {args.self_address} is not among the --member addresses")
-    clock = SystemClock(args.clock_skew_ms)
-    journal = DeliveryJournal(args.data / "deliveries.jsonl", args.self_address, clock.now_ms)
-    sink = JournalSink(journal)
-    peers = [address for address in members if address != args.self_address]
+async def serve(settings: NodeSettings) -> None:
+    members = settings.member_map()
+    clock = SystemClock(settings.clock_skew_ms)
+    metrics = Metrics()
+    journal = DeliveryJournal(settings.data / "deliveries.jsonl", settings.raft_address)
+    hub = Hub(HubConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms),
+              clock.now_ms, journal, metrics)
     fetch = PeerFiles(members)
-    config = ReplicaConfig(raft=RaftConfig(fsync=args.fsync, password=args.password,
-                                           snapshot_min_entries=args.snapshot_min_entries))
-    replica = Replica(args.self_address, peers, args.data, sink, fetch=fetch, clock=clock,
-                      config=config)
-    sink.replica = replica
-    server = start_server(replica, members[args.self_address])
+    peers = [address for address in members if address != settings.raft_address]
+    replica = Replica(settings.raft_address, peers, settings.data, hub, fetch=fetch,
+                      clock=clock, config=settings.replica_config())
+    hub.attach(replica)
+    node = NodeContext(replica, hub, members, settings.limits(), clock, metrics, Forwarder())
+    server, health_servicer = await start_server(node, settings.listen())
     replica.start()
-    log.info("event=node_started raft=%s grpc=%s data=%s clock_skew_ms=%d", args.self_address,
-             members[args.self_address], args.data, args.clock_skew_ms)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stop.wait()
-    server.stop(grace=1).wait()
-    replica.stop()
+    if settings.metrics_listen:
+        metrics.serve(settings.metrics_listen)
+    log.info("event=node_started raft=%s grpc=%s metrics=%s data=%s members=%d "
+             "clock_skew_ms=%d", settings.raft_address, settings.listen(),
+             settings.metrics_listen or "-", settings.data, len(members), settings.clock_skew_ms)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    keeper = asyncio.create_task(_housekeeping(node, health_servicer))
+    await stop.wait()
+    log.info("event=node_stopping")
+    keeper.cancel()
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace=1)
+    hub.close()
+    await node.forwarder.close()
+    await asyncio.to_thread(replica.stop)
     journal.close()
     fetch.close()
+
+
+async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthServicer) -> None:
+    """Health, gauges, and one log line per leader change."""
+    leader, serving = None, None
+    while True:
+        status = node.replica.status()
+        if status.leader != leader:
+            if leader is not None or status.leader is not None:
+                node.metrics.leader_changes.inc()
+                log.info("event=leader_changed leader=%s term=%d role=%s", status.leader,
+                         status.term, status.role)
+            leader = status.leader
+        caught_up = status.last_applied + HEALTH_MAX_LAG_ENTRIES >= max(
+            status.commit_index, status.leader_commit_index)
+        now_serving = status.leader is not None and caught_up
+        if now_serving != serving:
+            serving = now_serving
+            code = (health_pb2.HealthCheckResponse.SERVING if serving
+                    else health_pb2.HealthCheckResponse.NOT_SERVING)
+            for name in ("", SERVICE_NAME):
+                await health_servicer.set(name, code)
+            log.info("event=health serving=%s", serving)
+        metrics = node.metrics
+        metrics.is_leader.set(1 if status.role == "leader" else 0)
+        metrics.term.set(status.term)
+        metrics.commit_index.set(status.commit_index)
+        metrics.cursor_lag.set(max(0, node.clock.now_ms() - status.cursor.second * 1000) / 1000
+                               if status.dispatching else 0)
+        metrics.set_topics(node.hub.topics())
+        await asyncio.sleep(HOUSEKEEPING_S)
+
+
+def run(settings: NodeSettings) -> int:
+    asyncio.run(serve(settings))
     return 0

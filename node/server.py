@@ -1,22 +1,39 @@
-"""The gRPC face of a node: the `Tickwheel` service for clients, `Peer` for other nodes.
+"""The gRPC face of a node (grpc.aio): `Tickwheel` for clients, `Peer` for other nodes, standard
+health and reflection.
 
-Errors map to status codes in one table (`_STATUS`). A follower answers writes with
-``FAILED_PRECONDITION`` and the leader's Raft address in the ``tickwheel-leader`` trailer.
+Errors map to status codes in one table (`_STATUS`). A follower forwards client calls to the
+leader (`tickwheel.node.forward`); every answer carries the leader's gRPC address in the
+``tickwheel-leader`` trailer, so clients can go there directly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from concurrent import futures
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from tickwheel.node import validation
+from tickwheel.node.delivery import Consumer, Hub, Pending
+from tickwheel.node.forward import (
+    CHANNEL_OPTIONS,
+    FORWARDED,
+    LEADER_KEY,
+    Forwarder,
+    was_forwarded,
+)
+from tickwheel.node.metrics import Metrics
+from tickwheel.replication.clock import Clock
 from tickwheel.replication.replica import Replica
 from tickwheel.replication.state import Rejected, Scheduled
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
-from tickwheel.wheel import NewMessage
 from tickwheel.wheel.errors import (
     ClientError,
+    InvalidMessage,
     NotLeader,
     Overloaded,
     TickwheelError,
@@ -25,93 +42,282 @@ from tickwheel.wheel.errors import (
 
 _STATUS: list[tuple[type[TickwheelError], grpc.StatusCode]] = [
     (ClientError, grpc.StatusCode.INVALID_ARGUMENT),
-    (NotLeader, grpc.StatusCode.FAILED_PRECONDITION),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
     (TickwheelError, grpc.StatusCode.INTERNAL),
 ]
 WRITE_TIMEOUT_S = 10.0
 CHUNK_BYTES = 1 << 20
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Tickwheel"].full_name
 
 
-def _abort(context: grpc.ServicerContext, error: TickwheelError) -> None:
-    code = next(code for kind, code in _STATUS if isinstance(error, kind))
-    if isinstance(error, NotLeader) and error.leader_hint:
-        context.set_trailing_metadata((("tickwheel-leader", error.leader_hint),))
-    context.abort(code, str(error))
+@dataclass(frozen=True, slots=True)
+class NodeContext:
+    """What the services share."""
+
+    replica: Replica
+    hub: Hub
+    members: dict[str, str]
+    """Raft address -> gRPC address, for every member."""
+    limits: validation.Limits
+    clock: Clock
+    metrics: Metrics
+    forwarder: Forwarder
+
+    def leader_grpc(self, raft_address: str | None) -> str | None:
+        return None if raft_address is None else self.members.get(raft_address)
 
 
-def _committed(context: grpc.ServicerContext, write: Callable[[], futures.Future]) -> list:
-    """Start a replicated write and wait for its results; abort the call on an error, a
-    timeout, or any result the state machine rejected."""
-    try:
-        results = write().result(WRITE_TIMEOUT_S)
-    except TickwheelError as error:
-        _abort(context, error)
-    except futures.TimeoutError:
-        context.abort(grpc.StatusCode.UNAVAILABLE, "not committed in time; retry")
-    for result in results:
-        if isinstance(result, Rejected):
-            _abort(context, result.error)
-    return results
+class _EndOfStream(Exception):
+    """The consumer closed its side of a `Receive` stream."""
 
 
 class TickwheelService(pb_grpc.TickwheelServicer):
-    def __init__(self, replica: Replica) -> None:
-        self._replica = replica
+    def __init__(self, node: NodeContext) -> None:
+        self._node = node
 
-    def Schedule(self, request: pb.ScheduleRequest,
-                 context: grpc.ServicerContext) -> pb.ScheduleResponse:
-        messages = [NewMessage(m.id, m.topic, m.body, m.deliver_at_ms, dict(m.properties))
-                    for m in request.messages]
-        results = _committed(context, lambda: self._replica.schedule(messages))
+    async def Schedule(self, request: pb.ScheduleRequest,
+                       context: grpc.aio.ServicerContext) -> pb.ScheduleResponse:
+        return await self._unary(context, "Schedule", request, self._schedule_here)
+
+    async def ScheduleStream(self, request_iterator: AsyncIterator[pb.ScheduleRequest],
+                             context: grpc.aio.ServicerContext) -> pb.ScheduleResponse:
+        results = []
+        async for request in request_iterator:
+            response = await self._unary(context, "Schedule", request, self._schedule_here)
+            results.extend(response.results)
+        return pb.ScheduleResponse(results=results)
+
+    async def Cancel(self, request: pb.CancelRequest,
+                     context: grpc.aio.ServicerContext) -> pb.CancelResponse:
+        return await self._unary(context, "Cancel", request, self._cancel_here)
+
+    async def ClusterInfo(self, request: pb.ClusterInfoRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ClusterInfoResponse:
+        info = cluster_info(self._node)
+        context.set_trailing_metadata(((LEADER_KEY, info.leader_grpc),))
+        return info
+
+    async def Receive(self, request_iterator: AsyncIterator[pb.ReceiveRequest],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReceiveResponse]:
+        node = self._node
+        first = await anext(aiter(request_iterator), None)
+        try:
+            if first is None or first.WhichOneof("kind") != "subscribe":
+                raise InvalidMessage("subscribe", "the first request of a stream must subscribe")
+            subscribe = first.subscribe
+            timeout_ms = validation.check_subscribe(
+                subscribe, node.limits, node.hub.config.default_visibility_timeout_ms)
+            consumer = node.hub.subscribe(subscribe.topic, subscribe.consumer or context.peer(),
+                                          subscribe.credits, timeout_ms)
+        except NotLeader as error:
+            async for response in self._proxy_receive(first, request_iterator, context, error):
+                yield response
+            return
+        except TickwheelError as error:
+            await self._abort(context, error)
+        reader = asyncio.create_task(self._read_consumer(request_iterator, consumer))
+        try:
+            while True:
+                try:
+                    batch = await consumer.next_batch()
+                except _EndOfStream:
+                    return
+                except TickwheelError as error:
+                    await self._abort(context, error)
+                yield pb.ReceiveResponse(messages=[_delivered(p) for p in batch])
+        finally:
+            reader.cancel()
+            node.hub.unsubscribe(consumer)
+
+    # -- writes -----------------------------------------------------------------------------
+
+    async def _unary(self, context: grpc.aio.ServicerContext, method: str, request: object,
+                     here: Callable[[object], Awaitable[object]]) -> object:
+        """Answer here if this node leads, else forward once; errors become status codes."""
+        try:
+            response = await here(request)
+        except NotLeader as error:
+            response = await self._forward(context, method, request, error)
+        except TickwheelError as error:
+            await self._abort(context, error)
+        self._set_leader(context)
+        return response
+
+    async def _schedule_here(self, request: pb.ScheduleRequest) -> pb.ScheduleResponse:
+        node = self._node
+        messages = validation.new_messages(request.messages, node.clock.now_ms(), node.limits)
+        results = await _committed(node.replica.schedule(messages))
+        node.metrics.scheduled.inc(sum(1 for r in results if not r.duplicate))
         return pb.ScheduleResponse(results=[
             pb.ScheduleResult(id=m.id, handle=r.handle, deliver_at_ms=r.deliver_at_ms,
                               duplicate=r.duplicate)
             for m, r in zip(messages, results, strict=True) if isinstance(r, Scheduled)])
 
-    def Cancel(self, request: pb.CancelRequest,
-               context: grpc.ServicerContext) -> pb.CancelResponse:
-        results = _committed(context, lambda: self._replica.cancel(list(request.handles)))
+    async def _cancel_here(self, request: pb.CancelRequest) -> pb.CancelResponse:
+        if not request.handles:
+            raise InvalidMessage("handles", "is empty")
+        if len(request.handles) > self._node.limits.max_batch_msgs:
+            raise InvalidMessage("handles", f"has {len(request.handles)}, at most "
+                                 f"{self._node.limits.max_batch_msgs}")
+        results = await _committed(self._node.replica.cancel(list(request.handles)))
+        self._node.metrics.cancelled.inc(sum(results))
         return pb.CancelResponse(cancelled=results)
 
-    def ClusterInfo(self, request: pb.ClusterInfoRequest,
-                    context: grpc.ServicerContext) -> pb.ClusterInfoResponse:
-        status = self._replica.status()
-        return pb.ClusterInfoResponse(
-            address=status.address, role=status.role, leader=status.leader or "",
-            term=status.term, commit_index=status.commit_index,
-            last_applied=status.last_applied, cursor_second=status.cursor.second,
-            cursor_local_index=status.cursor.local_index, stamp_ms=status.stamp_ms,
-            dispatching=status.dispatching)
+    async def _forward(self, context: grpc.aio.ServicerContext, method: str, request: object,
+                       error: NotLeader) -> object:
+        leader = self._node.leader_grpc(error.leader_hint)
+        if leader is None or was_forwarded(context):
+            await self._abort(context, Unavailable(
+                f"no leader reachable from here yet ({error}); retry"))
+        call = getattr(self._node.forwarder.stub(leader), method)(
+            request, metadata=FORWARDED, timeout=context.time_remaining() or WRITE_TIMEOUT_S)
+        try:
+            return await call
+        except grpc.aio.AioRpcError as failed:
+            self._set_leader(context)
+            await context.abort(failed.code(), failed.details() or "")
+
+    # -- consumers --------------------------------------------------------------------------
+
+    async def _read_consumer(self, request_iterator: AsyncIterator[pb.ReceiveRequest],
+                             consumer: Consumer) -> None:
+        """Credits and acks from the consumer, until it closes its side."""
+        hub, limits = self._node.hub, self._node.limits
+        try:
+            async for request in request_iterator:
+                kind = request.WhichOneof("kind")
+                if kind == "credit":
+                    validation.check_credits(request.credit.credits,
+                                             consumer.credits + len(consumer.unacked), limits)
+                    hub.grant(consumer, request.credit.credits)
+                elif kind == "ack":
+                    hub.acknowledge(consumer, list(request.ack.receipts))
+                else:
+                    raise InvalidMessage("subscribe", "a stream subscribes once, first")
+            consumer.close(_EndOfStream())
+        except (TickwheelError, grpc.RpcError) as error:
+            consumer.close(error if isinstance(error, TickwheelError) else _EndOfStream())
+
+    async def _proxy_receive(self, first: pb.ReceiveRequest,
+                             request_iterator: AsyncIterator[pb.ReceiveRequest],
+                             context: grpc.aio.ServicerContext, error: NotLeader
+                             ) -> AsyncIterator[pb.ReceiveResponse]:
+        """A follower passes a consumer stream through to the leader, both ways."""
+        leader = self._node.leader_grpc(error.leader_hint)
+        if leader is None or was_forwarded(context):
+            await self._abort(context, Unavailable(
+                f"no leader reachable from here yet ({error}); retry"))
+        call = self._node.forwarder.stub(leader).Receive(metadata=FORWARDED)
+
+        async def upstream() -> None:
+            await call.write(first)
+            async for request in request_iterator:
+                await call.write(request)
+            await call.done_writing()
+        pump = asyncio.create_task(upstream())
+        try:
+            async for response in call:
+                yield response
+        except grpc.aio.AioRpcError as failed:
+            self._set_leader(context)
+            await context.abort(failed.code(), failed.details() or "")
+        finally:
+            pump.cancel()
+            call.cancel()
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _set_leader(self, context: grpc.aio.ServicerContext) -> None:
+        leader = self._node.leader_grpc(self._node.replica.status().leader)
+        if leader:
+            context.set_trailing_metadata(((LEADER_KEY, leader),))
+
+    async def _abort(self, context: grpc.aio.ServicerContext, error: TickwheelError) -> None:
+        code = next(code for kind, code in _STATUS if isinstance(error, kind))
+        self._node.metrics.rejected.labels(code.name).inc()
+        self._set_leader(context)
+        await context.abort(code, str(error))
+
+
+async def _committed(future: Future) -> list:
+    """Wait for a replicated write; raise the first result the state machine rejected."""
+    try:
+        results = await asyncio.wait_for(asyncio.wrap_future(future), WRITE_TIMEOUT_S)
+    except TimeoutError:
+        raise Unavailable("not committed in time; retry (ids make it safe)") from None
+    for result in results:
+        if isinstance(result, Rejected):
+            raise result.error
+    return results
+
+
+def _delivered(pending: Pending) -> pb.Delivered:
+    delivery = pending.delivery
+    message = delivery.message
+    return pb.Delivered(id=message.id, topic=message.topic, body=message.body,
+                        properties=message.properties, deliver_at_ms=message.deliver_at_ms,
+                        delivered_at_ms=pending.delivered_at_ms, attempt=pending.attempt,
+                        possible_duplicate=delivery.possible_duplicate,
+                        receipt=pending.receipt, handle=message.handle)
+
+
+def cluster_info(node: NodeContext) -> pb.ClusterInfoResponse:
+    status = node.replica.status()
+    leading = status.role == "leader"
+    members = [pb.Member(raft_address=status.address, grpc_address=node.members[status.address],
+                         role=status.role, connected=True)]
+    for peer in status.peers:
+        lag = max(0, status.commit_index - status.match_index[peer]) if (
+            leading and peer in status.match_index) else 0
+        role = "leader" if peer == status.leader else ("follower" if leading else "unknown")
+        members.append(pb.Member(raft_address=peer, grpc_address=node.members[peer], role=role,
+                                 connected=peer in status.connected, lag_entries=lag))
+    topics = [pb.TopicInfo(topic=topic, ready=ready, unacked=unacked, consumers=consumers)
+              for topic, ready, unacked, consumers in node.hub.topics()]
+    lag_ms = max(0, node.clock.now_ms() - status.cursor.second * 1000) if leading else 0
+    return pb.ClusterInfoResponse(
+        address=status.address, role=status.role, leader=status.leader or "",
+        leader_grpc=node.leader_grpc(status.leader) or "", term=status.term,
+        commit_index=status.commit_index, last_applied=status.last_applied,
+        cursor_second=status.cursor.second, cursor_local_index=status.cursor.local_index,
+        stamp_ms=status.stamp_ms, dispatching=status.dispatching, members=members,
+        topics=topics, cursor_lag_ms=lag_ms)
 
 
 class PeerService(pb_grpc.PeerServicer):
     def __init__(self, replica: Replica) -> None:
         self._replica = replica
 
-    def ReadStateFile(self, request: pb.ReadStateFileRequest,
-                      context: grpc.ServicerContext) -> Iterator[pb.FileChunk]:
+    async def ReadStateFile(self, request: pb.ReadStateFileRequest,
+                            context: grpc.aio.ServicerContext) -> AsyncIterator[pb.FileChunk]:
         offset, end = request.offset, request.offset + request.size
         while offset < end:
             try:
-                data = self._replica.read_state_file(request.path, offset,
-                                                     min(CHUNK_BYTES, end - offset))
+                data = await asyncio.to_thread(self._replica.read_state_file, request.path,
+                                               offset, min(CHUNK_BYTES, end - offset))
             except (OSError, ValueError) as error:
-                context.abort(grpc.StatusCode.NOT_FOUND, str(error))
+                await context.abort(grpc.StatusCode.NOT_FOUND, str(error))
             if not data:
                 return
             yield pb.FileChunk(data=data)
             offset += len(data)
 
 
-def start_server(replica: Replica, address: str, workers: int = 16) -> grpc.Server:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers,
-                                                    thread_name_prefix="tickwheel-grpc"),
-                         options=[("grpc.max_receive_message_length", 64 << 20)])
-    pb_grpc.add_TickwheelServicer_to_server(TickwheelService(replica), server)
-    pb_grpc.add_PeerServicer_to_server(PeerService(replica), server)
-    if server.add_insecure_port(address) == 0:
-        raise OSError(f"cannot bind gRPC to {address}")
-    server.start()
-    return server
+async def start_server(node: NodeContext, listen: str) -> tuple[grpc.aio.Server,
+                                                                health.aio.HealthServicer]:
+    """Bind and start; the health service starts NOT_SERVING (`Housekeeping` updates it)."""
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    pb_grpc.add_TickwheelServicer_to_server(TickwheelService(node), server)
+    pb_grpc.add_PeerServicer_to_server(PeerService(node.replica), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME), server)
+    if server.add_insecure_port(listen) == 0:
+        raise OSError(f"cannot bind gRPC to {listen}")
+    await server.start()
+    return server, health_servicer

@@ -51,11 +51,18 @@ class DeliverySink(Protocol):
     def deliver(self, deliveries: list[Delivery]) -> None:
         """Hand these out; report each done with ``Replica.ack`` when it is."""
 
+    def dispatch_stopped(self, epoch: int) -> None:
+        """This node no longer dispatches: drop everything of ``epoch`` not yet handed out
+        (the next leader re-sends it) and stop handing out more."""
+
 
 @dataclass(frozen=True, slots=True)
 class DispatchConfig:
     max_inflight_msgs: int = 10_000
     """Delivered but not yet acknowledged; dispatch waits when this many are out."""
+    max_inflight_bytes: int = 256 << 20
+    """Bodies delivered but not yet acknowledged; dispatch waits when this much is out (one
+    step may overshoot it by ``max_take_msgs`` bodies)."""
     max_take_msgs: int = 1_000
     """Messages taken from the wheel per dispatch step."""
     clock_skew_allowance_ms: int = 2_000
@@ -72,6 +79,8 @@ class Dispatcher:
         self._horizon_ms = 0
         self._resolved: dict[int, set[int]] = {}
         self._inflight = 0
+        self._inflight_bytes: dict[Cursor, int] = {}
+        self._bytes_out = 0
 
     @property
     def epoch(self) -> int:
@@ -92,6 +101,8 @@ class Dispatcher:
         self._horizon_ms = takeover_ms + self._config.clock_skew_allowance_ms
         self._resolved.clear()
         self._inflight = 0
+        self._inflight_bytes.clear()
+        self._bytes_out = 0
         wheel.rewind()
 
     def end(self) -> None:
@@ -100,15 +111,20 @@ class Dispatcher:
         self._active = False
         self._resolved.clear()
         self._inflight = 0
+        self._inflight_bytes.clear()
+        self._bytes_out = 0
 
     def take(self, wheel: Wheel, now_ms: int) -> list[Delivery]:
         """Take what is due, within the in-flight limit."""
         room = min(self._config.max_take_msgs, self._config.max_inflight_msgs - self._inflight)
-        if not self._active or room <= 0:
+        if not self._active or room <= 0 or self._bytes_out >= self._config.max_inflight_bytes:
             return []
         taken = wheel.take_due(now_ms, room)
         self._resolve(wheel.drain_skipped())
         self._inflight += len(taken)
+        for message in taken:
+            self._inflight_bytes[message.position] = len(message.body)
+            self._bytes_out += len(message.body)
         horizon_ms = self._horizon_ms
         return [Delivery(message, max(message.deliver_at_ms,
                                       message.slot_second * MS_PER_SECOND) <= horizon_ms,
@@ -122,6 +138,7 @@ class Dispatcher:
         if position.local_index not in resolved:
             resolved.add(position.local_index)
             self._inflight -= 1
+            self._bytes_out -= self._inflight_bytes.pop(position, 0)
 
     def next_cursor(self, wheel: Wheel, now_ms: int) -> tuple[Cursor, bool]:
         """How far the cursor may move, and whether only a newer stamp holds it back (then a

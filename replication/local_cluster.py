@@ -1,8 +1,8 @@
 """A cluster of real node processes on 127.0.0.1, for tests, benchmarks and trying things out.
 
-Each node is ``python -m tickwheel.node serve`` in its own process with its own data folder, as a
-user would start it; this module only starts, signals and stops those processes (by PID) and
-talks to them over their public gRPC API.
+Each node is ``python -m tickwheel.node serve`` (the ``tickwheel serve`` command) in its own
+process with its own data folder, as a user would start it; this module only starts, signals and
+stops those processes (by PID) and talks to them over their public gRPC API.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class LocalNode:
     grpc_address: str
     data: Path
     log_path: Path
+    metrics_address: str | None = None
     process: subprocess.Popen | None = None
     clock_skew_ms: int = 0
     _channel: grpc.Channel | None = field(default=None, repr=False)
@@ -86,14 +87,28 @@ class LocalNode:
 
 
 class LocalCluster:
-    """``size`` nodes under ``root``; a context manager that stops every process it started."""
+    """``size`` nodes under ``root``; a context manager that stops every process it started.
 
-    def __init__(self, root: Path, size: int = 3, extra_args: tuple[str, ...] = ()) -> None:
-        ports = free_ports(2 * size)
+    Ports are free ones picked at random, or with ``base_port``: gRPC on ``base_port + i``, Raft
+    on ``base_port + 100 + i``, and (with ``metrics``) Prometheus on ``base_port + 2000 + i``.
+    """
+
+    def __init__(self, root: Path, size: int = 3, extra_args: tuple[str, ...] = (), *,
+                 base_port: int | None = None, metrics: bool = False) -> None:
+        if base_port is None:
+            ports = free_ports(3 * size)
+            grpc_ports, raft_ports, metrics_ports = (ports[:size], ports[size:2 * size],
+                                                     ports[2 * size:])
+        else:
+            grpc_ports = [base_port + i for i in range(size)]
+            raft_ports = [base_port + 100 + i for i in range(size)]
+            metrics_ports = [base_port + 2000 + i for i in range(size)]
         self.root = root
         self.extra_args = extra_args
-        self.nodes = [LocalNode(f"127.0.0.1:{ports[2 * i]}", f"127.0.0.1:{ports[2 * i + 1]}",
-                                root / f"node{i}", root / f"node{i}.log") for i in range(size)]
+        self.nodes = [LocalNode(f"127.0.0.1:{raft_ports[i]}", f"127.0.0.1:{grpc_ports[i]}",
+                                root / f"node{i}", root / f"node{i}.log",
+                                f"127.0.0.1:{metrics_ports[i]}" if metrics else None)
+                      for i in range(size)]
 
     def __enter__(self) -> LocalCluster:
         for node in self.nodes:
@@ -107,9 +122,10 @@ class LocalCluster:
         if clock_skew_ms is not None:
             node.clock_skew_ms = clock_skew_ms
         members = [arg for n in self.nodes for arg in ("--member", f"{n.raft}={n.grpc_address}")]
-        command = [sys.executable, "-m", "tickwheel.node", "serve", "--self", node.raft,
+        command = [sys.executable, "-m", "tickwheel.node", "serve", "--raft-address", node.raft,
                    *members, "--data", str(node.data), "--clock-skew-ms",
-                   str(node.clock_skew_ms), *self.extra_args]
+                   str(node.clock_skew_ms), "--metrics-listen", node.metrics_address or "",
+                   *self.extra_args]
         node.data.mkdir(parents=True, exist_ok=True)
         with open(node.log_path, "ab") as log:
             node.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -172,8 +188,7 @@ class LocalCluster:
                 return self.leader(max(0.1, deadline - time.monotonic())).stub.Schedule(
                     pb.ScheduleRequest(messages=messages), timeout=10)
             except grpc.RpcError as error:
-                if error.code() not in (grpc.StatusCode.FAILED_PRECONDITION,
-                                        grpc.StatusCode.UNAVAILABLE,
+                if error.code() not in (grpc.StatusCode.UNAVAILABLE,
                                         grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise
                 if time.monotonic() > deadline:

@@ -121,16 +121,20 @@ class RaftNode(SyncObj):
     def command(self, data: bytes) -> object:
         return self._apply_command(data)
 
-    def has_lease(self, lease_ms: int) -> bool:
-        """Leader, and a majority (counting itself) answered within ``lease_ms``."""
+    def lease_until_s(self, lease_ms: int) -> float:
+        """The monotonic time until which this leader holds its lease: ``lease_ms`` after the
+        latest time by which a majority (counting itself) had answered; 0 if not leader."""
         if not self._isLeader():
-            return False
+            return 0.0
         # The time each peer last answered the leader; pysyncobj keeps it but does not expose it
         # (pinned to 0.3.17, checked by tests/replication/test_units.py).
-        answered = self._SyncObj__lastResponseTime
-        deadline = time.monotonic() - lease_ms / 1000
-        heard = 1 + sum(1 for node, at in answered.items() if at > deadline)
-        return 2 * heard > len(self._peer_addresses) + 1
+        answered = sorted(self._SyncObj__lastResponseTime.values(), reverse=True)
+        peers_needed = (len(self._peer_addresses) + 1) // 2
+        if peers_needed == 0:
+            return float("inf")
+        if len(answered) < peers_needed:
+            return 0.0
+        return answered[peers_needed - 1] + lease_ms / 1000
 
     def postpone_election(self) -> None:
         """Restart the election timer: after a long snapshot install the follower has heard

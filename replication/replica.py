@@ -79,6 +79,12 @@ class ReplicaStatus:
     dispatching: bool
     inflight_msgs: int
     peers: tuple[str, ...]
+    connected: tuple[str, ...]
+    """Peers this node has a connection to."""
+    match_index: dict[str, int]
+    """On the leader: the last entry each follower is known to hold."""
+    leader_commit_index: int
+    """The leader's commit index as this node last heard it."""
 
 
 class Replica:
@@ -104,7 +110,8 @@ class Replica:
                                          self._config.max_queued_msgs, self._notifier.notify)
         self._dispatcher = Dispatcher(self._config.dispatch)
         self._cancels: deque[tuple[list[int], Future]] = deque()
-        self._acks: deque[tuple[int, Cursor]] = deque()
+        self._acks: deque[tuple[int, list[Cursor]]] = deque()
+        self._lease_until_s = 0.0
         self._inflight_entries: dict[int, Entry | Future] = {}
         self._next_entry_id = 0
         self._leading_term: int | None = None
@@ -145,10 +152,16 @@ class Replica:
         self._notifier.notify()
         return future
 
-    def ack(self, epoch: int, position: Cursor) -> None:
-        """The sink reports a delivered message done (from any thread)."""
-        self._acks.append((epoch, position))
+    def ack(self, epoch: int, positions: list[Cursor]) -> None:
+        """The sink reports delivered messages done (from any thread)."""
+        self._acks.append((epoch, positions))
         self._notifier.notify()
+
+    def may_deliver(self) -> bool:
+        """Whether this node still holds its lease (any thread). A sink that hands messages
+        out later than `DeliverySink.deliver` checks it first: after a pause, the lease has run
+        out before the Raft thread has noticed that another node leads."""
+        return time.monotonic() < self._lease_until_s
 
     def read_state_file(self, path: str, offset: int, size: int) -> bytes:
         """Bytes of a state file, for a peer installing a snapshot (any thread). State files
@@ -163,6 +176,10 @@ class Replica:
     def status(self) -> ReplicaStatus:
         raw = self._raft.getStatus()
         leader = raw["leader"]
+        connected = tuple(peer for peer in self._peers
+                          if raw.get(f"partner_node_status_server_{peer}") == 2)
+        match_index = {peer: raw[f"match_idx_server_{peer}"] for peer in self._peers
+                       if f"match_idx_server_{peer}" in raw}
         return ReplicaStatus(
             address=self.address,
             role={0: "follower", 1: "candidate", 2: "leader"}[raw["state"]],
@@ -170,7 +187,9 @@ class Replica:
             term=raw["raft_term"], commit_index=raw["commit_idx"],
             last_applied=raw["last_applied"], cursor=self._state.cursor,
             stamp_ms=self._state.stamp_ms, dispatching=self._dispatcher.active,
-            inflight_msgs=self._dispatcher.inflight_msgs, peers=self._peers)
+            inflight_msgs=self._dispatcher.inflight_msgs, peers=self._peers,
+            connected=connected, match_index=match_index,
+            leader_commit_index=raw["leader_commit_idx"] or 0)
 
     # -- the loop (the Raft thread) -------------------------------------------------------
 
@@ -192,12 +211,15 @@ class Replica:
         self._follow_leadership(now_ms)
         if self._leading_term is None:
             if self._committer.queued_msgs:
-                self._committer.fail_all(NotLeader(self._leader_hint()))
+                self._committer.fail_all(NotLeader(self.leader_hint()))
             return self._config.idle_tick_ms / 1000
         self._propose_writes(now_ms)
         for _ in range(len(self._acks)):
-            self._dispatcher.done(*self._acks.popleft())
-        if not self._dispatcher.active or not self._raft.has_lease(self._config.raft.lease_ms):
+            epoch, positions = self._acks.popleft()
+            for position in positions:
+                self._dispatcher.done(epoch, position)
+        self._lease_until_s = self._raft.lease_until_s(self._config.raft.lease_ms)
+        if not self._dispatcher.active or time.monotonic() >= self._lease_until_s:
             return self._config.raft.heartbeat_ms / 1000
         deliveries = self._dispatcher.take(self._state.wheel, now_ms)
         if deliveries:
@@ -236,8 +258,10 @@ class Replica:
         log.info("event=leadership_lost term=%s dispatched_epoch=%d", self._leading_term,
                  self._dispatcher.epoch)
         self._leading_term = None
+        self._lease_until_s = 0.0
+        self._sink.dispatch_stopped(self._dispatcher.epoch)
         self._dispatcher.end()
-        error = NotLeader(self._leader_hint())
+        error = NotLeader(self.leader_hint())
         self._committer.fail_all(error)
         while self._cancels:
             self._cancels.popleft()[1].set_exception(error)
@@ -292,7 +316,7 @@ class Replica:
             if reason == FAIL_REASON.SUCCESS:
                 _settle(target, result, None)
             else:
-                _settle(target, None, NotLeader(self._leader_hint()))
+                _settle(target, None, NotLeader(self.leader_hint()))
         self._raft.command(command, callback=on_result)
 
     # -- the state machine's side of Raft (also on the Raft thread) ------------------------
@@ -333,7 +357,7 @@ class Replica:
         return raft_tail
 
     def _fetch_from_peers(self, path: str, offset: int, size: int) -> bytes:
-        leader = self._leader_hint()
+        leader = self.leader_hint()
         peers = sorted(self._peers, key=lambda peer: peer != leader)
         return self._fetch(peers, path, offset, size)
 
@@ -341,9 +365,10 @@ class Replica:
 
     def _require_leader(self) -> None:
         if not self._raft._isLeader():
-            raise NotLeader(self._leader_hint())
+            raise NotLeader(self.leader_hint())
 
-    def _leader_hint(self) -> str | None:
+    def leader_hint(self) -> str | None:
+        """The leader's Raft address, if known (any thread)."""
         leader = self._raft._getLeader()
         return None if leader is None else leader.address
 

@@ -172,4 +172,4 @@ def test_pysyncobj_still_keeps_what_the_lease_and_election_postponing_read() -> 
     assert "self.__lastResponseTime[node] = monotonicTime()" in source
     assert "self.__raftElectionDeadline = monotonicTime() + self.__generateRaftTimeout()" in (
         source)
-    assert hasattr(RaftNode, "has_lease")
+    assert hasattr(RaftNode, "lease_until_s")

@@ -1,0 +1,32 @@
+"""The tickwheel client library: schedule, cancel and consume delayed messages.
+
+`Client` blocks; `AsyncClient` is the same for asyncio. Both find the leader on their own
+(every response names it), and retry with jittered back-off (tenacity) on ``UNAVAILABLE`` and
+leader changes; scheduling is idempotent because every message carries an id (generated here
+when you give none). Errors: `InvalidArgument` (``.field`` names what to fix), `Unavailable`
+(no leader through every retry), both `TickwheelClientError`.
+"""
+
+from tickwheel.client._core import (
+    InvalidArgument,
+    Message,
+    Received,
+    Scheduled,
+    TickwheelClientError,
+    Unavailable,
+)
+from tickwheel.client.aio import AsyncClient, AsyncConsumer
+from tickwheel.client.sync import Client, Consumer
+
+__all__ = [
+    "AsyncClient",
+    "AsyncConsumer",
+    "Client",
+    "Consumer",
+    "InvalidArgument",
+    "Message",
+    "Received",
+    "Scheduled",
+    "TickwheelClientError",
+    "Unavailable",
+]

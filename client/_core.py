@@ -1,0 +1,191 @@
+"""What the sync and asyncio clients share: messages, results, errors, leader routing, retry
+policy, and how consumer requests are merged. No I/O here."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from tenacity import retry_if_exception, stop_after_delay, wait_random_exponential
+from tickwheel.v1 import tickwheel_pb2 as pb
+
+LEADER_KEY = "tickwheel-leader"
+CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 64 << 20),
+                   ("grpc.max_send_message_length", 64 << 20))
+DEFAULT_TARGET = "127.0.0.1:7400"
+_RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                        grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED})
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+class TickwheelClientError(Exception):
+    """A call failed for good (after retries, where retrying was safe). ``code`` is the gRPC
+    status code."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class InvalidArgument(TickwheelClientError):
+    """The request was wrong; ``field`` names what to fix (``messages[0].topic``)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(code, details)
+        self.field = details.split(":", 1)[0]
+
+
+class Unavailable(TickwheelClientError):
+    """No leader answered in time (or the cluster was overloaded) through every retry."""
+
+
+def translate(error: grpc.RpcError) -> TickwheelClientError:
+    """The one seam where gRPC errors become this library's."""
+    code, details = error.code(), error.details() or ""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidArgument(code, details)
+    if code in _RETRYABLE:
+        return Unavailable(code, details)
+    return TickwheelClientError(code, details)
+
+
+def retryable(error: BaseException) -> bool:
+    return isinstance(error, grpc.RpcError) and error.code() in _RETRYABLE
+
+
+def retry_policy(timeout_s: float) -> dict:
+    """tenacity arguments: jittered exponential back-off on retryable codes, for up to
+    ``timeout_s``. Safe for scheduling because every message carries an id."""
+    return {"retry": retry_if_exception(retryable),
+            "wait": wait_random_exponential(multiplier=0.05, max=2.0),
+            "stop": stop_after_delay(timeout_s), "reraise": True}
+
+
+# -- messages ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message to schedule: give exactly one of ``deliver_at_ms`` and ``delay_ms``. Without
+    an ``id`` one is generated here, so retries stay idempotent."""
+
+    topic: str
+    body: bytes | str
+    deliver_at_ms: int | None = None
+    delay_ms: int | None = None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def to_pb(self) -> pb.Message:
+        body = self.body.encode() if isinstance(self.body, str) else self.body
+        return pb.Message(id=self.id, topic=self.topic, body=body,
+                          properties=dict(self.properties), deliver_at_ms=self.deliver_at_ms,
+                          delay_ms=self.delay_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    id: str
+    handle: int
+    deliver_at_ms: int
+    duplicate: bool
+    """The id was scheduled before (a retry); these are the first scheduling's results."""
+
+
+def scheduled(response: pb.ScheduleResponse) -> list[Scheduled]:
+    return [Scheduled(r.id, r.handle, r.deliver_at_ms, r.duplicate) for r in response.results]
+
+
+@dataclass(slots=True)
+class Received:
+    """A delivered message. Call `ack` once it is handled; unacknowledged, it comes back after
+    the visibility timeout with ``attempt + 1``."""
+
+    id: str
+    topic: str
+    body: bytes
+    properties: dict[str, str]
+    deliver_at_ms: int
+    delivered_at_ms: int
+    attempt: int
+    possible_duplicate: bool
+    receipt: str
+    handle: int
+    _ack: Callable[[str], None] = field(repr=False)
+
+    @property
+    def lateness_ms(self) -> int:
+        return self.delivered_at_ms - self.deliver_at_ms
+
+    def ack(self) -> None:
+        self._ack(self.receipt)
+
+
+def received(response: pb.ReceiveResponse, ack: Callable[[str], None]) -> list[Received]:
+    return [Received(m.id, m.topic, m.body, dict(m.properties), m.deliver_at_ms,
+                     m.delivered_at_ms, m.attempt, m.possible_duplicate, m.receipt, m.handle,
+                     ack) for m in response.messages]
+
+
+def subscribe_request(topic: str, credits: int, visibility_timeout_ms: int,
+                      name: str) -> pb.ReceiveRequest:
+    return pb.ReceiveRequest(subscribe=pb.Subscribe(
+        topic=topic, credits=credits, visibility_timeout_ms=visibility_timeout_ms,
+        consumer=name))
+
+
+def merged_requests(items: Iterable[tuple[str, object]]) -> list[pb.ReceiveRequest]:
+    """Queued ``("credit", n)`` and ``("ack", receipt)`` items as at most two requests."""
+    credits, receipts = 0, []
+    for kind, value in items:
+        if kind == "credit":
+            credits += value
+        else:
+            receipts.append(value)
+    requests = []
+    if receipts:
+        requests.append(pb.ReceiveRequest(ack=pb.Ack(receipts=receipts)))
+    if credits:
+        requests.append(pb.ReceiveRequest(credit=pb.Credit(credits=credits)))
+    return requests
+
+
+# -- routing ----------------------------------------------------------------------------------
+
+class Router:
+    """Which node to call: the leader, once a response has named it; else the given targets in
+    turn. A failed call moves on to the next target."""
+
+    def __init__(self, targets: str | Sequence[str]) -> None:
+        listed = [targets] if isinstance(targets, str) else list(targets)
+        self.targets = [t.strip() for item in listed for t in item.split(",") if t.strip()]
+        if not self.targets:
+            raise ValueError("no target address given")
+        self._next = random.randrange(len(self.targets))
+        self.leader: str | None = None
+
+    def choose(self) -> str:
+        return self.leader or self.targets[self._next % len(self.targets)]
+
+    def observe(self, metadata: Sequence[tuple[str, str]] | None) -> None:
+        """Remember the leader a response named."""
+        for key, value in metadata or ():
+            if key == LEADER_KEY and value:
+                self.leader = value
+
+    def failed(self, address: str) -> None:
+        if self.leader == address:
+            self.leader = None
+        else:
+            self._next += 1
+
+
+def trailers(error_or_call: object) -> Sequence[tuple[str, str]] | None:
+    try:
+        return error_or_call.trailing_metadata()
+    except (AttributeError, ValueError):
+        return None

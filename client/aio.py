@@ -1,0 +1,240 @@
+"""The asyncio client: the same calls as `tickwheel.client.Client`, awaited.
+
+::
+
+    from tickwheel.client import AsyncClient
+
+    async with AsyncClient("127.0.0.1:7400") as client:
+        await client.schedule("orders", b"close #42", delay_ms=30 * 60_000, id="order-42")
+        async with client.consume("orders") as consumer:
+            async for message in consumer:
+                await handle(message.body)
+                message.ack()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+
+import grpc
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
+from tickwheel.client._core import (
+    CHANNEL_OPTIONS,
+    DEFAULT_TARGET,
+    Message,
+    Received,
+    Router,
+    Scheduled,
+    merged_requests,
+    received,
+    retry_policy,
+    retryable,
+    scheduled,
+    subscribe_request,
+    translate,
+)
+from tickwheel.v1 import tickwheel_pb2 as pb
+from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
+
+log = logging.getLogger("tickwheel.client")
+
+
+class AsyncClient:
+    """See `tickwheel.client.Client`; create and use it on one event loop."""
+
+    def __init__(self, targets: str | Sequence[str] = DEFAULT_TARGET, *,
+                 timeout_s: float = 30.0, attempt_timeout_s: float = 10.0) -> None:
+        self._router = Router(targets)
+        self._timeout_s = timeout_s
+        self._attempt_timeout_s = attempt_timeout_s
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    @property
+    def leader(self) -> str | None:
+        return self._router.leader
+
+    async def schedule(self, topic: str, body: bytes | str, *, deliver_at_ms: int | None = None,
+                       delay_ms: int | None = None, id: str | None = None,
+                       properties: Mapping[str, str] | None = None) -> Scheduled:
+        message = Message(topic, body, deliver_at_ms, delay_ms, properties=properties or {},
+                          **({"id": id} if id else {}))
+        return (await self.schedule_many([message]))[0]
+
+    async def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
+        request = pb.ScheduleRequest(messages=[message.to_pb() for message in messages])
+        return scheduled(await self._call("Schedule", request))
+
+    async def cancel(self, handle: int) -> bool:
+        return (await self.cancel_many([handle]))[0]
+
+    async def cancel_many(self, handles: Sequence[int]) -> list[bool]:
+        return list((await self._call("Cancel", pb.CancelRequest(handles=handles))).cancelled)
+
+    async def cluster_info(self) -> pb.ClusterInfoResponse:
+        return await self._call("ClusterInfo", pb.ClusterInfoRequest())
+
+    def consume(self, topic: str, *, prefetch: int = 64, visibility_timeout_ms: int = 0,
+                name: str = "") -> AsyncConsumer:
+        return AsyncConsumer(self, topic, prefetch, visibility_timeout_ms, name)
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _stub(self, address: str) -> pb_grpc.TickwheelStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(
+                address, options=CHANNEL_OPTIONS)
+        return pb_grpc.TickwheelStub(channel)
+
+    async def _call(self, method: str, request: object) -> object:
+        try:
+            async for attempt in AsyncRetrying(**retry_policy(self._timeout_s)):
+                with attempt:
+                    return await self._attempt(method, request)
+        except grpc.RpcError as error:
+            raise translate(error) from None
+
+    async def _attempt(self, method: str, request: object) -> object:
+        address = self._router.choose()
+        call = getattr(self._stub(address), method)(request, timeout=self._attempt_timeout_s)
+        try:
+            response = await call
+        except grpc.aio.AioRpcError as error:
+            self._router.observe(error.trailing_metadata())
+            if retryable(error):
+                self._router.failed(address)
+            raise
+        self._router.observe(await call.trailing_metadata())
+        return response
+
+
+class _Reconnect(Exception):
+    """The consumer stream broke in a way a new stream may fix."""
+
+
+class AsyncConsumer:
+    """An async iterator of `Received` messages; reconnects like `tickwheel.client.Consumer`."""
+
+    def __init__(self, client: AsyncClient, topic: str, prefetch: int,
+                 visibility_timeout_ms: int, name: str) -> None:
+        self._client = client
+        self._subscribe = subscribe_request(topic, prefetch, visibility_timeout_ms, name)
+        self._buffer: deque[Received] = deque()
+        self._pending: list[tuple[str, object]] = []
+        self._wakeup = asyncio.Event()
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._writer: asyncio.Task | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __aiter__(self) -> AsyncConsumer:
+        return self
+
+    async def __anext__(self) -> Received:
+        while not self._buffer:
+            if self._closed:
+                raise StopAsyncIteration
+            await self._receive()
+        self._queue(("credit", 1))
+        return self._buffer.popleft()
+
+    async def close(self, timeout_s: float = 2.0) -> None:
+        """Send what is queued (acks), end the stream, and wait up to ``timeout_s`` for the
+        node to close it; messages still on their way are redelivered to other consumers."""
+        self._closed = True
+        call = self._call
+        if call is not None:
+            self._pending.append(("end", None))
+            self._wakeup.set()
+            try:
+                await asyncio.wait_for(call.wait_for_connection(), timeout_s)
+                await asyncio.wait_for(call.code(), timeout_s)
+            except (TimeoutError, grpc.RpcError):
+                pass
+        self._drop_stream()
+
+    def _ack(self, receipt: str) -> None:
+        self._queue(("ack", receipt))
+
+    def _queue(self, item: tuple[str, object]) -> None:
+        self._pending.append(item)
+        self._wakeup.set()
+
+    def _drop_stream(self) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+        if self._call is not None:
+            self._call.cancel()
+        self._call = self._writer = None
+
+    async def _receive(self) -> None:
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(_Reconnect),
+                                           wait=wait_random_exponential(multiplier=0.05,
+                                                                        max=2.0),
+                                           reraise=True):
+            with attempt:
+                if self._call is None:
+                    self._connect()
+                await self._read_one()
+
+    def _connect(self) -> None:
+        self._address = self._client._router.choose()
+        self._call = self._client._stub(self._address).Receive()
+        self._pending.clear()
+        self._writer = asyncio.create_task(self._write(self._call))
+
+    async def _write(self, call: grpc.aio.StreamStreamCall) -> None:
+        """Send the subscription, then credits and acks as they queue up. A broken stream
+        ends this; the reader notices and reconnects."""
+        try:
+            await call.write(self._subscribe)
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                items, self._pending = self._pending, []
+                for request in merged_requests(i for i in items if i[0] != "end"):
+                    await call.write(request)
+                if any(kind == "end" for kind, _ in items):
+                    await call.done_writing()
+                    return
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            return
+
+    async def _read_one(self) -> None:
+        call = self._call
+        try:
+            response = await call.read()
+        except grpc.aio.AioRpcError as error:
+            self._drop_stream()
+            if self._closed:
+                return
+            if not retryable(error):
+                raise translate(error) from None
+            self._client._router.observe(error.trailing_metadata())
+            self._client._router.failed(self._address)
+            log.info("event=consumer_reconnect target=%s code=%s", self._address,
+                     error.code().name)
+            raise _Reconnect from error
+        if response is grpc.aio.EOF:
+            self._drop_stream()
+            raise _Reconnect
+        self._buffer.extend(received(response, self._ack))

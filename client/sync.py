@@ -1,0 +1,261 @@
+"""The blocking client.
+
+::
+
+    from tickwheel.client import Client
+
+    with Client("127.0.0.1:7400") as client:
+        result = client.schedule("orders", b"close #42", delay_ms=30 * 60_000,
+                                 id="order-42-timeout")
+        with client.consume("orders") as consumer:
+            for message in consumer:
+                handle(message.body)
+                message.ack()
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+import grpc
+from tenacity import Retrying, retry_if_exception_type, wait_random_exponential
+from tickwheel.client._core import (
+    CHANNEL_OPTIONS,
+    DEFAULT_TARGET,
+    Message,
+    Received,
+    Router,
+    Scheduled,
+    merged_requests,
+    received,
+    retry_policy,
+    retryable,
+    scheduled,
+    subscribe_request,
+    trailers,
+    translate,
+)
+from tickwheel.v1 import tickwheel_pb2 as pb
+from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
+
+log = logging.getLogger("tickwheel.client")
+
+
+class Client:
+    """Talks to a tickwheel cluster through any of ``targets`` (``host:port``, or a
+    comma-separated list), and to the leader once it knows it. Every call is retried with
+    jittered back-off on ``UNAVAILABLE`` and leader changes for up to ``timeout_s``."""
+
+    def __init__(self, targets: str | Sequence[str] = DEFAULT_TARGET, *,
+                 timeout_s: float = 30.0, attempt_timeout_s: float = 10.0) -> None:
+        self._router = Router(targets)
+        self._timeout_s = timeout_s
+        self._attempt_timeout_s = attempt_timeout_s
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
+
+    @property
+    def leader(self) -> str | None:
+        """The leader's gRPC address, once a response has named it."""
+        return self._router.leader
+
+    def schedule(self, topic: str, body: bytes | str, *, deliver_at_ms: int | None = None,
+                 delay_ms: int | None = None, id: str | None = None,
+                 properties: Mapping[str, str] | None = None) -> Scheduled:
+        """Schedule one message; give exactly one of ``deliver_at_ms`` and ``delay_ms``."""
+        message = Message(topic, body, deliver_at_ms, delay_ms, properties=properties or {},
+                          **({"id": id} if id else {}))
+        return self.schedule_many([message])[0]
+
+    def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
+        """Schedule a batch in one request (one Raft entry, usually)."""
+        request = pb.ScheduleRequest(messages=[message.to_pb() for message in messages])
+        return scheduled(self._call("Schedule", request))
+
+    def cancel(self, handle: int) -> bool:
+        """Whether the message was still pending (and now never will be delivered)."""
+        return self.cancel_many([handle])[0]
+
+    def cancel_many(self, handles: Sequence[int]) -> list[bool]:
+        return list(self._call("Cancel", pb.CancelRequest(handles=handles)).cancelled)
+
+    def cluster_info(self, target: str | None = None) -> pb.ClusterInfoResponse:
+        """What one node (``target``, else any) says about the cluster."""
+        if target is None:
+            return self._call("ClusterInfo", pb.ClusterInfoRequest())
+        try:
+            return self._stub(target).ClusterInfo(pb.ClusterInfoRequest(),
+                                                  timeout=self._attempt_timeout_s)
+        except grpc.RpcError as error:
+            raise translate(error) from None
+
+    def consume(self, topic: str, *, prefetch: int = 64, visibility_timeout_ms: int = 0,
+                name: str = "") -> Consumer:
+        """Iterate over the due messages of ``topic``, competing with other consumers of it.
+        ``prefetch`` messages may be on their way at once."""
+        return Consumer(self, topic, prefetch, visibility_timeout_ms, name)
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _stub(self, address: str) -> pb_grpc.TickwheelStub:
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = grpc.insecure_channel(
+                    address, options=CHANNEL_OPTIONS)
+        return pb_grpc.TickwheelStub(channel)
+
+    def _call(self, method: str, request: object) -> object:
+        try:
+            for attempt in Retrying(**retry_policy(self._timeout_s)):
+                with attempt:
+                    return self._attempt(method, request)
+        except grpc.RpcError as error:
+            raise translate(error) from None
+
+    def _attempt(self, method: str, request: object) -> object:
+        address = self._router.choose()
+        try:
+            response, call = getattr(self._stub(address), method).with_call(
+                request, timeout=self._attempt_timeout_s)
+        except grpc.RpcError as error:
+            self._router.observe(trailers(error))
+            if retryable(error):
+                self._router.failed(address)
+                log.debug("event=retry method=%s target=%s code=%s", method, address,
+                          error.code().name)
+            raise
+        self._router.observe(call.trailing_metadata())
+        return response
+
+    def _open_stream(self, requests: Iterator[pb.ReceiveRequest]
+                     ) -> tuple[str, grpc.Call]:
+        address = self._router.choose()
+        return address, self._stub(address).Receive(requests)
+
+    def _route_failed(self, address: str, error: grpc.RpcError) -> None:
+        self._router.observe(trailers(error))
+        self._router.failed(address)
+
+
+class _Reconnect(Exception):
+    """The consumer stream broke in a way a new stream may fix."""
+
+
+class Consumer:
+    """An iterator of `Received` messages from one topic. Reconnects (to the leader, with
+    back-off) whenever the stream breaks, for as long as it is iterated; messages in flight on
+    a broken stream come back from the new leader, flagged ``possible_duplicate``."""
+
+    def __init__(self, client: Client, topic: str, prefetch: int, visibility_timeout_ms: int,
+                 name: str) -> None:
+        self._client = client
+        self._subscribe = subscribe_request(topic, prefetch, visibility_timeout_ms, name)
+        self._buffer: deque[Received] = deque()
+        self._requests: queue.Queue = queue.Queue()
+        self._stream: grpc.Call | None = None
+        self._closed = False
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Consumer:
+        return self
+
+    def __next__(self) -> Received:
+        while not self._buffer:
+            if self._closed:
+                raise StopIteration
+            self._receive()
+        self._requests.put(("credit", 1))
+        return self._buffer.popleft()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Send what is queued (acks), end the stream, and wait up to ``timeout_s`` for the
+        node to close it; messages still on their way are redelivered to other consumers."""
+        self._closed = True
+        self._requests.put(None)
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            deadline = threading.Timer(timeout_s, stream.cancel)
+            deadline.start()
+            try:
+                for _ in stream:
+                    pass
+            except grpc.RpcError:
+                pass
+            finally:
+                deadline.cancel()
+
+    def _ack(self, receipt: str) -> None:
+        self._requests.put(("ack", receipt))
+
+    def _receive(self) -> None:
+        """Wait for the next batch, (re)connecting as needed."""
+        for attempt in Retrying(retry=retry_if_exception_type(_Reconnect),
+                                wait=wait_random_exponential(multiplier=0.05, max=2.0),
+                                reraise=True):
+            with attempt:
+                if self._stream is None:
+                    self._connect()
+                self._read_one()
+
+    def _connect(self) -> None:
+        self._requests.put(None)  # ends the request generator of the previous stream
+        self._requests = queue.Queue()
+        self._address, self._stream = self._client._open_stream(self._outgoing(self._requests))
+
+    def _read_one(self) -> None:
+        try:
+            response = next(self._stream)
+        except StopIteration:
+            self._stream = None
+            raise _Reconnect from None
+        except grpc.RpcError as error:
+            self._stream = None
+            if self._closed:
+                return
+            if not retryable(error):
+                raise translate(error) from None
+            self._client._route_failed(self._address, error)
+            log.info("event=consumer_reconnect target=%s code=%s", self._address,
+                     error.code().name)
+            raise _Reconnect from error
+        self._buffer.extend(received(response, self._ack))
+
+    def _outgoing(self, requests: queue.Queue) -> Iterator[pb.ReceiveRequest]:
+        yield self._subscribe
+        while True:
+            item = requests.get()
+            if item is None:
+                return
+            items = [item]
+            while True:
+                try:
+                    more = requests.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    yield from merged_requests(items)
+                    return
+                items.append(more)
+            yield from merged_requests(items)

@@ -1,0 +1,294 @@
+"""The ``tickwheel`` command.
+
+::
+
+    tickwheel serve [--config FILE] [flags]       one node (default: a single-node cluster)
+    tickwheel cluster up --nodes 3                 a local multi-process cluster, until Ctrl-C
+    tickwheel schedule --topic T --in 10s --body "hello"     (or --at ISO8601, --file FILE)
+    tickwheel consume --topic T [--count N]
+    tickwheel cancel HANDLE [HANDLE ...]
+    tickwheel status
+
+Client commands talk to ``--target`` (default ``$TICKWHEEL_TARGET`` or 127.0.0.1:7400; a
+comma-separated list is fine) and find the leader on their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+from tickwheel.client import Client, Message, TickwheelClientError
+from tickwheel.node import config as node_config
+from tickwheel.node.serve import run
+from tickwheel.replication.local_cluster import LocalCluster
+
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
+_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_BATCH_MSGS = 500
+console = Console()
+
+
+def duration_ms(text: str) -> int:
+    """``10s``, ``250ms``, ``1h30m``, ``2d`` -> milliseconds."""
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text.replace(" ", ""):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 10s, 250ms, 1h30m")
+    return sum(int(number) * _UNIT_MS[unit] for number, unit in parts)
+
+
+def instant_ms(text: str) -> int:
+    """An ISO 8601 time (with a zone; local time without one) -> Unix ms."""
+    try:
+        return int(datetime.fromisoformat(text).timestamp() * 1000)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time: {error}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.command == "serve" else logging.WARNING,
+                        stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        return args.handler(args)
+    except TickwheelClientError as error:
+        console.print(f"[red]error[/red] {error}")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _serve(args: argparse.Namespace) -> int:
+    flags = {name: value for name, value in vars(args).items()
+             if name in node_config.NodeSettings.model_fields and value is not None}
+    try:
+        settings = node_config.load(args.config, flags)
+    except (ValidationError, FileNotFoundError) as error:
+        console.print(f"[red]bad configuration[/red]\n{error}")
+        return 2
+    return run(settings)
+
+
+def _cluster_up(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(args.data.resolve(), args.nodes, base_port=args.base_port,
+                           metrics=True)
+    with cluster:
+        leader = cluster.leader(timeout_s=30)
+        table = Table(title=f"tickwheel: {args.nodes}-node cluster (Ctrl-C stops it)")
+        for column in ("node", "gRPC", "Raft", "metrics", "pid", "log"):
+            table.add_column(column)
+        for i, node in enumerate(cluster.nodes):
+            table.add_row(f"{i}{' (leader)' if node is leader else ''}", node.grpc_address,
+                          node.raft, node.metrics_address or "-", str(node.pid),
+                          str(node.log_path))
+        console.print(table)
+        targets = ",".join(node.grpc_address for node in cluster.nodes)
+        console.print(f"try: tickwheel status --target {targets}")
+        try:
+            while all(node.alive() for node in cluster.nodes):
+                time.sleep(0.5)
+            console.print("[red]a node exited; stopping the cluster[/red]")
+            return 1
+        except KeyboardInterrupt:
+            console.print("stopping")
+    return 0
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    with Client(args.target) as client:
+        if args.file is None:
+            body = args.body if args.body is not None else ""
+            result = client.schedule(args.topic, body, deliver_at_ms=args.at,
+                                     delay_ms=args.delay, id=args.id,
+                                     properties=dict(args.property))
+            console.print(f"scheduled id={result.id} handle={result.handle} "
+                          f"deliver_at={_iso(result.deliver_at_ms)}"
+                          f"{' (duplicate id: first result)' if result.duplicate else ''}")
+            return 0
+        return _schedule_file(client, args)
+
+
+def _schedule_file(client: Client, args: argparse.Namespace) -> int:
+    """One message per line: JSON objects (fields of `tickwheel.client.Message`; the flags
+    give the defaults), or plain text bodies."""
+    lines = args.file.read_text().splitlines()
+    total = 0
+    with Progress(console=console) as progress:
+        task = progress.add_task(f"scheduling {args.file}", total=len(lines))
+        for batch in _batches(_file_messages(lines, args), _BATCH_MSGS):
+            total += len(client.schedule_many(batch))
+            progress.advance(task, len(batch))
+    console.print(f"scheduled {total} messages")
+    return 0
+
+
+def _file_messages(lines: list[str], args: argparse.Namespace) -> Iterator[Message]:
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        fields = json.loads(line) if line.lstrip().startswith("{") else {"body": line}
+        if not isinstance(fields, dict):
+            raise SystemExit(f"{args.file}:{number}: not a JSON object")
+        if "deliver_at_ms" not in fields and "delay_ms" not in fields:
+            fields["deliver_at_ms"], fields["delay_ms"] = args.at, args.delay
+        fields.setdefault("topic", args.topic)
+        yield Message(**fields)
+
+
+def _batches(items: Iterator[Message], size: int) -> Iterator[list[Message]]:
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _consume(args: argparse.Namespace) -> int:
+    received = 0
+    with Client(args.target) as client, client.consume(
+            args.topic, prefetch=args.prefetch,
+            visibility_timeout_ms=args.visibility_timeout or 0) as consumer:
+        for message in consumer:
+            flags = " possible-duplicate" if message.possible_duplicate else ""
+            console.print(f"{_iso(message.delivered_at_ms)} id={message.id} "
+                          f"attempt={message.attempt} late={message.lateness_ms}ms{flags} "
+                          f"body={message.body[:200]!r}", highlight=False)
+            if not args.no_ack:
+                message.ack()
+            received += 1
+            if args.count and received >= args.count:
+                break
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    with Client(args.target) as client:
+        for handle, cancelled in zip(args.handles, client.cancel_many(args.handles),
+                                     strict=True):
+            console.print(f"{handle}: {'cancelled' if cancelled else 'not pending'}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    with Client(args.target) as client:
+        info = client.cluster_info()
+        table = Table(title=f"term {info.term}, leader {info.leader_grpc or 'unknown'}")
+        for column in ("member (gRPC)", "Raft", "role", "term", "applied", "lag", "cursor"):
+            table.add_column(column)
+        for member in info.members:
+            try:
+                seen = client.cluster_info(member.grpc_address)
+            except TickwheelClientError:
+                table.add_row(member.grpc_address, member.raft_address, "[red]down[/red]",
+                              "", "", "", "")
+                continue
+            table.add_row(member.grpc_address, member.raft_address, seen.role,
+                          str(seen.term), str(seen.last_applied), str(member.lag_entries),
+                          f"{_iso(seen.cursor_second * 1000)} #{seen.cursor_local_index}")
+        console.print(table)
+        leader = client.cluster_info(info.leader_grpc) if info.leader_grpc else info
+        if leader.topics:
+            topics = Table(title="due messages per topic (on the leader)")
+            for column in ("topic", "ready", "unacked", "consumers"):
+                topics.add_column(column)
+            for topic in leader.topics:
+                topics.add_row(topic.topic, str(topic.ready), str(topic.unacked),
+                               str(topic.consumers))
+            console.print(topics)
+        console.print(f"cursor lag: {leader.cursor_lag_ms} ms")
+    return 0
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000).isoformat(timespec="milliseconds")
+
+
+def _property(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tickwheel", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(commands.add_parser("serve", help="run one node"))
+    cluster = commands.add_parser("cluster", help="a local multi-process cluster")
+    up = cluster.add_subparsers(dest="action", required=True).add_parser("up")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--data", type=Path, default=Path("data/cluster"))
+    up.add_argument("--base-port", type=int, default=7400,
+                    help="gRPC on BASE+i, Raft on BASE+100+i, metrics on BASE+2000+i")
+    up.set_defaults(handler=_cluster_up)
+    target = os.environ.get("TICKWHEEL_TARGET", "127.0.0.1:7400")
+
+    schedule = commands.add_parser("schedule", help="schedule a message (or a file of them)")
+    schedule.add_argument("--target", default=target)
+    schedule.add_argument("--topic", required=True)
+    when = schedule.add_mutually_exclusive_group(required=True)
+    when.add_argument("--in", dest="delay", type=duration_ms, metavar="DURATION")
+    when.add_argument("--at", type=instant_ms, metavar="ISO8601")
+    what = schedule.add_mutually_exclusive_group()
+    what.add_argument("--body")
+    what.add_argument("--file", type=Path, help="one message per line (JSON or text)")
+    schedule.add_argument("--id")
+    schedule.add_argument("--property", type=_property, action="append", default=[],
+                          metavar="KEY=VALUE")
+    schedule.set_defaults(handler=_schedule)
+
+    consume = commands.add_parser("consume", help="print (and acknowledge) due messages")
+    consume.add_argument("--target", default=target)
+    consume.add_argument("--topic", required=True)
+    consume.add_argument("--count", type=int, default=0, help="stop after this many")
+    consume.add_argument("--prefetch", type=int, default=64)
+    consume.add_argument("--visibility-timeout", type=duration_ms, metavar="DURATION")
+    consume.add_argument("--no-ack", action="store_true")
+    consume.set_defaults(handler=_consume)
+
+    cancel = commands.add_parser("cancel", help="cancel scheduled messages by handle")
+    cancel.add_argument("--target", default=target)
+    cancel.add_argument("handles", type=int, nargs="+")
+    cancel.set_defaults(handler=_cancel)
+
+    status = commands.add_parser("status", help="the cluster as a table")
+    status.add_argument("--target", default=target)
+    status.set_defaults(handler=_status)
+    return parser
+
+
+def _serve_parser(serve: argparse.ArgumentParser) -> None:
+    """Flags mirror `NodeSettings` fields; a flag not given leaves env, file or default."""
+    serve.add_argument("--config", type=Path, help="a TOML file")
+    serve.add_argument("--raft-address")
+    serve.add_argument("--member", dest="members", action="append",
+                       metavar="RAFT_ADDRESS=GRPC_ADDRESS")
+    serve.add_argument("--grpc-listen")
+    serve.add_argument("--metrics-listen", help="HOST:PORT, or '' for none")
+    serve.add_argument("--data", type=Path)
+    serve.add_argument("--fsync", action="store_true", default=None)
+    serve.add_argument("--password")
+    serve.add_argument("--clock-skew-ms", type=int, help="fault injection only")
+    for name in ("snapshot_min_entries", "max_body_bytes", "max_delay_ms", "max_properties",
+                 "max_properties_bytes", "max_batch_msgs", "max_credits",
+                 "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
+                 "max_queued_msgs"):
+        serve.add_argument(f"--{name.replace('_', '-')}", type=int)
+    serve.set_defaults(handler=_serve)

@@ -1,0 +1,163 @@
+"""Node configuration: flags override ``TICKWHEEL_*`` environment variables, which override a
+TOML file, which overrides the defaults. The defaults are the embedded single-node cluster:
+``tickwheel serve`` with nothing else runs one node on 127.0.0.1 with its data in ``./data``.
+
+A TOML file uses the same names as the flags, with underscores::
+
+    raft_address = "10.0.0.1:7500"
+    members = ["10.0.0.1:7500=10.0.0.1:7400", "10.0.0.2:7500=10.0.0.2:7400",
+               "10.0.0.3:7500=10.0.0.3:7400"]
+    data = "/var/lib/tickwheel"
+    max_body_bytes = 1048576
+
+In the environment, lists are comma-separated: ``TICKWHEEL_MEMBERS=a:7500=a:7400,b:7500=...``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+from tickwheel.node.delivery import HubConfig
+from tickwheel.node.validation import Limits
+from tickwheel.replication.dispatcher import DispatchConfig
+from tickwheel.replication.raft import RaftConfig
+from tickwheel.replication.replica import ReplicaConfig
+from tickwheel.replication.state import StateConfig
+from tickwheel.wheel.types import DAY_MS, WheelConfig
+
+DEFAULT_RAFT = "127.0.0.1:7500"
+DEFAULT_GRPC = "127.0.0.1:7400"
+
+
+def _address(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    return value
+
+
+class NodeSettings(BaseSettings):
+    """Everything a node can be told. Field names are the flag names (``--max-body-bytes``)."""
+
+    model_config = SettingsConfigDict(env_prefix="TICKWHEEL_", extra="forbid",
+                                      validate_default=True)
+
+    raft_address: str = DEFAULT_RAFT
+    """This node's Raft address, as the other members reach it; its identity."""
+    members: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """``RAFT=GRPC`` for every member, this one included; empty: a cluster of this node alone
+    (at ``raft_address`` and ``grpc_listen``)."""
+    grpc_listen: str | None = None
+    """Where to bind gRPC; default: this node's gRPC address in ``members``."""
+    metrics_listen: str | None = "127.0.0.1:9400"
+    """Where to serve Prometheus ``/metrics``; empty to serve none."""
+    data: Path = Path("data")
+    fsync: bool = False
+    password: str | None = None
+    """Shared secret that encrypts Raft traffic (pysyncobj); the same on every member."""
+    clock_skew_ms: int = 0
+    """Fault injection only: offsets this node's clock."""
+    snapshot_min_entries: int = RaftConfig().snapshot_min_entries
+    max_body_bytes: int = Limits().max_body_bytes
+    max_delay_ms: int = Limits().max_delay_ms
+    """Must be the same on every member: replicas check it again when they apply."""
+    max_properties: int = Limits().max_properties
+    max_properties_bytes: int = Limits().max_properties_bytes
+    max_batch_msgs: int = Limits().max_batch_msgs
+    max_credits: int = Limits().max_credits
+    visibility_timeout_ms: int = HubConfig().default_visibility_timeout_ms
+    max_inflight_msgs: int = DispatchConfig().max_inflight_msgs
+    max_inflight_bytes: int = DispatchConfig().max_inflight_bytes
+    max_queued_msgs: int = ReplicaConfig().max_queued_msgs
+
+    @field_validator("members", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return [part.strip() for part in value.split(",") if part.strip()] if isinstance(
+            value, str) else value
+
+    @field_validator("raft_address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        return _address(value)
+
+    @field_validator("members")
+    @classmethod
+    def _check_members(cls, value: list[str]) -> list[str]:
+        for member in value:
+            raft, sep, grpc_address = member.partition("=")
+            if not sep:
+                raise ValueError(f"{member!r} is not RAFT_ADDRESS=GRPC_ADDRESS")
+            _address(raft)
+            _address(grpc_address)
+        return value
+
+    @field_validator("max_body_bytes", "max_delay_ms", "max_batch_msgs", "max_credits",
+                     "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
+                     "max_queued_msgs", "snapshot_min_entries")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError("must be positive")
+        return value
+
+    @model_validator(mode="after")
+    def _self_is_a_member(self) -> NodeSettings:
+        if self.members and self.raft_address not in self.member_map():
+            raise ValueError(f"raft_address {self.raft_address} is not among members")
+        if self.max_delay_ms > 3660 * DAY_MS:
+            raise ValueError("max_delay_ms beyond ten years")
+        return self
+
+    def member_map(self) -> dict[str, str]:
+        """Raft address -> gRPC address, this node included."""
+        if not self.members:
+            return {self.raft_address: self.grpc_listen or DEFAULT_GRPC}
+        return dict(member.split("=", 1) for member in self.members)
+
+    def listen(self) -> str:
+        return self.grpc_listen or self.member_map()[self.raft_address]
+
+    def limits(self) -> Limits:
+        return Limits(max_body_bytes=self.max_body_bytes, max_delay_ms=self.max_delay_ms,
+                      max_properties=self.max_properties,
+                      max_properties_bytes=self.max_properties_bytes,
+                      max_batch_msgs=self.max_batch_msgs, max_credits=self.max_credits)
+
+    def replica_config(self) -> ReplicaConfig:
+        return ReplicaConfig(
+            raft=RaftConfig(fsync=self.fsync, password=self.password,
+                            snapshot_min_entries=self.snapshot_min_entries),
+            dispatch=DispatchConfig(max_inflight_msgs=self.max_inflight_msgs,
+                                    max_inflight_bytes=self.max_inflight_bytes),
+            state=StateConfig(wheel=WheelConfig(max_delay_ms=self.max_delay_ms)),
+            max_queued_msgs=self.max_queued_msgs)
+
+    @classmethod
+    def settings_customise_sources(
+            cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+def load(config_file: Path | None, flags: dict[str, Any]) -> NodeSettings:
+    """Settings from ``flags`` (those given), the environment, and ``config_file``."""
+    if config_file is None:
+        return NodeSettings(**flags)
+    if not config_file.is_file():
+        raise FileNotFoundError(f"config file {config_file} does not exist")
+    from_file = type("NodeSettingsFromFile", (NodeSettings,), {
+        "model_config": {**NodeSettings.model_config, "toml_file": config_file}})
+    return from_file(**flags)

@@ -1,0 +1,329 @@
+"""Consumer delivery on the leader: per-topic ready queues, credits, acks, visibility timeouts.
+
+The Raft thread hands due messages over (`Hub.deliver`, a `DeliverySink`); from there the asyncio
+loop owns them. Each message waits in its topic's *ready* queue until a consumer of the topic has
+a credit; it is then sent and waits *unacked*. An acknowledgement makes it done and is passed to
+`Replica.ack`, which lets the cursor move over it. A message not acknowledged within its
+consumer's visibility timeout, or whose consumer's stream closes, goes back to the front of the
+ready queue and is sent again with ``attempt + 1``.
+
+Consumers of a topic compete: messages go round-robin to those with credits, in batches of up to
+``max_batch_msgs``. Nothing is sent without the lease (`Replica.may_deliver`): a leader paused
+past its lease holds its queues until the Raft thread notices that it no longer leads, and then
+drops them (`dispatch_stopped`); the new leader re-sends from the replicated cursor.
+
+Memory: the dispatcher bounds what is out (``max_inflight_msgs`` / ``max_inflight_bytes``):
+ready and unacked messages together.
+
+Thread contract: `dispatch_started`, `deliver` and `dispatch_stopped` may be called from any
+thread (they hop onto the loop); everything else runs on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tickwheel.node.journal import DeliveryJournal
+from tickwheel.node.metrics import Metrics
+from tickwheel.replication.dispatcher import Delivery
+from tickwheel.replication.replica import Replica
+from tickwheel.wheel import Cursor
+from tickwheel.wheel.errors import NotLeader
+
+log = logging.getLogger("tickwheel.delivery")
+
+_RETRY_LEASE_S = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class HubConfig:
+    default_visibility_timeout_ms: int = 30_000
+    max_batch_msgs: int = 256
+    """Messages sent to a consumer in one response."""
+    max_batch_bytes: int = 4 << 20
+    """Bodies in one response (a larger single body goes alone)."""
+    expiry_check_ms: int = 50
+    """How often visibility timeouts are checked (their resolution)."""
+
+
+@dataclass(eq=False, slots=True)
+class Pending:
+    """One due message held by the leader, from hand-over to acknowledgement."""
+
+    delivery: Delivery
+    receipt: str
+    attempt: int = 0
+    delivered_at_ms: int = 0
+    consumer: Consumer | None = None
+    done: bool = False
+
+
+@dataclass(eq=False)
+class Consumer:
+    """One `Receive` stream."""
+
+    topic: str
+    name: str
+    visibility_timeout_ms: int
+    credits: int
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    unacked: dict[str, Pending] = field(default_factory=dict)
+    closed: BaseException | None = None
+
+    async def next_batch(self) -> list[Pending]:
+        """The next messages to send; raises the reason once the consumer is closed."""
+        batch = await self.outbox.get()
+        if batch is None:
+            raise self.closed
+        return batch
+
+    def close(self, reason: BaseException) -> None:
+        """End the stream: `next_batch` raises ``reason`` (the first reason given wins)."""
+        if self.closed is None:
+            self.closed = reason
+            self.outbox.put_nowait(None)
+
+
+@dataclass(eq=False)
+class _Topic:
+    ready: deque[Pending] = field(default_factory=deque)
+    consumers: deque[Consumer] = field(default_factory=deque)
+    unacked: int = 0
+
+    def ready_count(self) -> int:
+        return sum(1 for pending in self.ready if not pending.done)
+
+
+class Hub:
+    """The leader's consumer delivery. Create it on the loop that will own it."""
+
+    def __init__(self, config: HubConfig, clock_ms: Callable[[], int],
+                 journal: DeliveryJournal, metrics: Metrics) -> None:
+        self.config = config
+        self._clock_ms = clock_ms
+        self._journal = journal
+        self._metrics = metrics
+        self._replica: Replica | None = None
+        self._loop = asyncio.get_running_loop()
+        self._topics: dict[str, _Topic] = {}
+        self._pending: dict[str, Pending] = {}
+        self._expiries: list[tuple[float, int, Pending, int]] = []
+        self._sequence = itertools.count()
+        self._epoch: int | None = None
+        self._term = 0
+        self._lease_retry: asyncio.TimerHandle | None = None
+        self._expiry_task = self._loop.create_task(self._expire_forever())
+
+    def attach(self, replica: Replica) -> None:
+        """The replica this hub is the sink of (it is created with the hub as its sink)."""
+        self._replica = replica
+
+    # -- from the Raft thread (a DeliverySink) --------------------------------------------
+
+    def dispatch_started(self, term: int, epoch: int, cursor: Cursor, takeover_ms: int) -> None:
+        self._loop.call_soon_threadsafe(self._start, term, epoch, cursor, takeover_ms)
+
+    def deliver(self, deliveries: list[Delivery]) -> None:
+        self._loop.call_soon_threadsafe(self._enqueue, deliveries)
+
+    def dispatch_stopped(self, epoch: int) -> None:
+        self._loop.call_soon_threadsafe(self._stop, epoch)
+
+    # -- on the loop ----------------------------------------------------------------------
+
+    @property
+    def dispatching(self) -> bool:
+        return self._epoch is not None
+
+    def subscribe(self, topic: str, name: str, credits: int,
+                  visibility_timeout_ms: int) -> Consumer:
+        """A new consumer of ``topic``; raises `NotLeader` on a node that does not dispatch."""
+        if self._epoch is None:
+            raise NotLeader(self._replica.leader_hint())
+        consumer = Consumer(topic, name, visibility_timeout_ms, credits)
+        state = self._topics.setdefault(topic, _Topic())
+        state.consumers.append(consumer)
+        self._metrics.consumers.labels(topic).inc()
+        log.info("event=consumer_joined topic=%s consumer=%s credits=%d visibility_timeout_ms=%d",
+                 topic, name, credits, visibility_timeout_ms)
+        self._pump(state)
+        return consumer
+
+    def unsubscribe(self, consumer: Consumer) -> None:
+        """The consumer's stream ended: its unacknowledged messages are sent again at once."""
+        state = self._topics.get(consumer.topic)
+        if state is None or consumer not in state.consumers:
+            return
+        state.consumers.remove(consumer)
+        self._metrics.consumers.labels(consumer.topic).dec()
+        returned = list(consumer.unacked.values())
+        consumer.unacked.clear()
+        for pending in reversed(returned):
+            self._return(state, pending)
+        log.info("event=consumer_left topic=%s consumer=%s returned=%d", consumer.topic,
+                 consumer.name, len(returned))
+        self._pump(state)
+        self._forget_if_idle(consumer.topic)
+
+    def grant(self, consumer: Consumer, credits: int) -> None:
+        consumer.credits += credits
+        state = self._topics.get(consumer.topic)
+        if state is not None:
+            self._pump(state)
+
+    def acknowledge(self, consumer: Consumer, receipts: list[str]) -> int:
+        """Mark messages done; returns how many were still waiting. A receipt of another
+        consumer, a redelivered message or an earlier leadership is accepted or ignored alike:
+        done is done."""
+        positions = []
+        epoch = self._epoch
+        for receipt in receipts:
+            pending = self._pending.pop(receipt, None)
+            if pending is None:
+                continue
+            pending.done = True
+            holder = pending.consumer
+            if holder is not None:
+                holder.unacked.pop(receipt, None)
+                self._topics[holder.topic].unacked -= 1
+                self._forget_if_idle(holder.topic)
+            positions.append(pending.delivery.message.position)
+        if positions and epoch is not None:
+            self._replica.ack(epoch, positions)
+            self._metrics.acked.labels(consumer.topic).inc(len(positions))
+        return len(positions)
+
+    def topics(self) -> list[tuple[str, int, int, int]]:
+        """``(topic, ready, unacked, consumers)`` for every topic with anything in it."""
+        return [(name, state.ready_count(), state.unacked, len(state.consumers))
+                for name, state in sorted(self._topics.items())
+                if state.ready or state.unacked or state.consumers]
+
+    def close(self) -> None:
+        self._expiry_task.cancel()
+        self._stop(self._epoch)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _start(self, term: int, epoch: int, cursor: Cursor, takeover_ms: int) -> None:
+        self._stop(self._epoch)
+        self._epoch, self._term = epoch, term
+        self._journal.dispatch_started(term, epoch, cursor, takeover_ms)
+
+    def _stop(self, epoch: int | None) -> None:
+        """Leadership ended: drop every message and close every consumer (they reconnect to
+        the new leader)."""
+        if epoch is None or epoch != self._epoch:
+            return
+        self._epoch = None
+        self._pending.clear()
+        self._expiries.clear()
+        reason = NotLeader(self._replica.leader_hint())
+        for topic, state in self._topics.items():
+            for consumer in state.consumers:
+                consumer.close(reason)
+                self._metrics.consumers.labels(topic).dec()
+        self._topics.clear()
+        log.info("event=delivery_stopped epoch=%d", epoch)
+
+    def _enqueue(self, deliveries: list[Delivery]) -> None:
+        touched = {}
+        for delivery in deliveries:
+            if delivery.epoch != self._epoch:
+                continue
+            message = delivery.message
+            receipt = f"{delivery.epoch}.{message.slot_second}.{message.local_index}"
+            pending = Pending(delivery, receipt)
+            self._pending[receipt] = pending
+            state = touched.get(message.topic)
+            if state is None:
+                state = touched[message.topic] = self._topics.setdefault(message.topic, _Topic())
+            state.ready.append(pending)
+        for state in touched.values():
+            self._pump(state)
+
+    def _forget_if_idle(self, topic: str) -> None:
+        """Keep no state for a topic with no messages and no consumers: topics come and go."""
+        state = self._topics.get(topic)
+        if state is not None and not (state.ready or state.unacked or state.consumers):
+            del self._topics[topic]
+
+    def _return(self, state: _Topic, pending: Pending) -> None:
+        pending.consumer = None
+        state.unacked -= 1
+        state.ready.appendleft(pending)
+        self._metrics.redelivered.labels(pending.delivery.message.topic).inc()
+
+    def _pump(self, state: _Topic) -> None:
+        """Send ready messages to consumers with credits, round-robin, while the lease holds."""
+        if not state.ready or not state.consumers:
+            return
+        if not self._replica.may_deliver():
+            if self._lease_retry is None:
+                self._lease_retry = self._loop.call_later(_RETRY_LEASE_S, self._retry_all)
+            return
+        while state.ready and any(consumer.credits for consumer in state.consumers):
+            for _ in range(len(state.consumers)):
+                consumer = state.consumers[0]
+                state.consumers.rotate(-1)
+                if consumer.credits > 0:
+                    self._send(state, consumer)
+
+    def _send(self, state: _Topic, consumer: Consumer) -> None:
+        batch = []
+        now_ms = self._clock_ms()
+        deadline_s = time.monotonic() + consumer.visibility_timeout_ms / 1000
+        limit = min(consumer.credits, self.config.max_batch_msgs)
+        size = 0
+        while state.ready and len(batch) < limit and size < self.config.max_batch_bytes:
+            pending = state.ready.popleft()
+            if pending.done:
+                continue
+            size += len(pending.delivery.message.body)
+            pending.attempt += 1
+            pending.delivered_at_ms = now_ms
+            pending.consumer = consumer
+            consumer.unacked[pending.receipt] = pending
+            heapq.heappush(self._expiries, (deadline_s, next(self._sequence), pending,
+                                            pending.attempt))
+            batch.append(pending)
+        if not batch:
+            return
+        consumer.credits -= len(batch)
+        state.unacked += len(batch)
+        consumer.outbox.put_nowait(batch)
+        self._journal.delivered([(p.delivery, p.attempt) for p in batch], self._term, now_ms)
+        self._metrics.observe_delivered(consumer.topic, batch, now_ms)
+
+    def _retry_all(self) -> None:
+        self._lease_retry = None
+        for state in self._topics.values():
+            self._pump(state)
+
+    async def _expire_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.expiry_check_ms / 1000)
+            self._expire(time.monotonic())
+
+    def _expire(self, now_s: float) -> None:
+        touched = set()
+        while self._expiries and self._expiries[0][0] <= now_s:
+            _, _, pending, attempt = heapq.heappop(self._expiries)
+            if pending.done or pending.attempt != attempt or pending.consumer is None:
+                continue
+            consumer = pending.consumer
+            consumer.unacked.pop(pending.receipt, None)
+            state = self._topics[consumer.topic]
+            self._return(state, pending)
+            touched.add(consumer.topic)
+            log.info("event=visibility_timeout topic=%s id=%s attempt=%d consumer=%s",
+                     consumer.topic, pending.delivery.message.id, attempt, consumer.name)
+        for topic in touched:
+            self._pump(self._topics[topic])

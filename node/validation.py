@@ -1,0 +1,122 @@
+"""The API's limits, checked at the edge before anything is proposed.
+
+Every request is checked whole before any part of it goes to Raft, so a rejected request leaves
+nothing behind. Errors are `InvalidMessage` naming the field as the client wrote it
+(``messages[3].topic``); the server maps them to ``INVALID_ARGUMENT``.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tickwheel.v1 import tickwheel_pb2 as pb
+from tickwheel.wheel import NewMessage
+from tickwheel.wheel.errors import InvalidMessage
+from tickwheel.wheel.types import DAY_MS
+
+TOPIC_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,249}")
+"""Kafka's topic alphabet and length: safe in file names, metric labels and URLs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one request may carry. Every limit is named here and configurable."""
+
+    max_body_bytes: int = 4 << 20
+    max_delay_ms: int = 366 * DAY_MS
+    max_id_bytes: int = 256
+    max_properties: int = 64
+    max_properties_bytes: int = 64 << 10
+    """Keys and values of one message together, UTF-8."""
+    max_batch_msgs: int = 10_000
+    """Messages in one `Schedule` request."""
+    max_credits: int = 10_000
+    """Credits one consumer may hold."""
+    min_visibility_timeout_ms: int = 100
+    max_visibility_timeout_ms: int = 12 * 3_600_000
+
+
+def check_topic(topic: str, field: str) -> None:
+    if not TOPIC_PATTERN.fullmatch(topic):
+        problem = "is empty" if not topic else f"{topic[:80]!r} is not 1-249 of [A-Za-z0-9._-]"
+        raise InvalidMessage(field, problem)
+
+
+def new_messages(messages: Sequence[pb.Message], now_ms: int, limits: Limits) -> list[NewMessage]:
+    """Check a `Schedule` request and turn it into wheel messages; ``now_ms`` (the leader's
+    clock) resolves ``delay_ms``. An empty id gets a random one."""
+    if not messages:
+        raise InvalidMessage("messages", "is empty")
+    if len(messages) > limits.max_batch_msgs:
+        raise InvalidMessage("messages", f"has {len(messages)} messages, at most "
+                             f"{limits.max_batch_msgs} per request")
+    return [_new_message(message, f"messages[{i}]", now_ms, limits)
+            for i, message in enumerate(messages)]
+
+
+def _new_message(message: pb.Message, field: str, now_ms: int, limits: Limits) -> NewMessage:
+    message_id = message.id or uuid.uuid4().hex
+    if len(message_id.encode()) > limits.max_id_bytes:
+        raise InvalidMessage(f"{field}.id", f"is {len(message_id.encode())} bytes, at most "
+                             f"{limits.max_id_bytes}")
+    check_topic(message.topic, f"{field}.topic")
+    if len(message.body) > limits.max_body_bytes:
+        raise InvalidMessage(f"{field}.body", f"is {len(message.body)} bytes, at most "
+                             f"{limits.max_body_bytes}")
+    _check_properties(message.properties, f"{field}.properties", limits)
+    return NewMessage(message_id, message.topic, message.body,
+                      _deliver_at_ms(message, field, now_ms, limits), dict(message.properties))
+
+
+def _deliver_at_ms(message: pb.Message, field: str, now_ms: int, limits: Limits) -> int:
+    has_at, has_delay = message.HasField("deliver_at_ms"), message.HasField("delay_ms")
+    if has_at == has_delay:
+        raise InvalidMessage(f"{field}.deliver_at_ms", "give exactly one of deliver_at_ms "
+                             f"and delay_ms ({'both' if has_at else 'neither'} given)")
+    if has_delay:
+        if not 0 <= message.delay_ms <= limits.max_delay_ms:
+            raise InvalidMessage(f"{field}.delay_ms", f"is {message.delay_ms}, must be 0 to "
+                                 f"{limits.max_delay_ms} (max_delay_ms)")
+        return now_ms + message.delay_ms
+    if message.deliver_at_ms < 0:
+        raise InvalidMessage(f"{field}.deliver_at_ms", f"is {message.deliver_at_ms}, must be "
+                             ">= 0 (Unix time in ms)")
+    if message.deliver_at_ms > now_ms + limits.max_delay_ms:
+        raise InvalidMessage(f"{field}.deliver_at_ms", f"is {message.deliver_at_ms - now_ms} ms "
+                             f"ahead, beyond max_delay_ms {limits.max_delay_ms}")
+    return message.deliver_at_ms
+
+
+def _check_properties(properties: dict[str, str], field: str, limits: Limits) -> None:
+    if len(properties) > limits.max_properties:
+        raise InvalidMessage(field, f"has {len(properties)} entries, at most "
+                             f"{limits.max_properties}")
+    size = sum(len(key.encode()) + len(value.encode()) for key, value in properties.items())
+    if size > limits.max_properties_bytes:
+        raise InvalidMessage(field, f"are {size} bytes, at most {limits.max_properties_bytes}")
+    if "" in properties:
+        raise InvalidMessage(field, "has an empty key")
+
+
+def check_subscribe(subscribe: pb.Subscribe, limits: Limits, default_visibility_ms: int
+                    ) -> int:
+    """Check a `Receive` subscription; returns its visibility timeout in ms."""
+    check_topic(subscribe.topic, "subscribe.topic")
+    check_credits(subscribe.credits, 0, limits, "subscribe.credits")
+    timeout_ms = subscribe.visibility_timeout_ms or default_visibility_ms
+    if not (limits.min_visibility_timeout_ms <= timeout_ms
+            <= limits.max_visibility_timeout_ms):
+        raise InvalidMessage("subscribe.visibility_timeout_ms", (
+            f"is {timeout_ms}, must be {limits.min_visibility_timeout_ms} to "
+            f"{limits.max_visibility_timeout_ms}"))
+    return timeout_ms
+
+
+def check_credits(credits: int, held: int, limits: Limits, field: str = "credit.credits"
+                  ) -> None:
+    if held + credits > limits.max_credits:
+        raise InvalidMessage(field, f"would give the consumer {held + credits} credits, at "
+                             f"most {limits.max_credits}")
