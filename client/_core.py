@@ -14,7 +14,9 @@ from tickwheel.v1 import tickwheel_pb2 as pb
 
 LEADER_KEY = "tickwheel-leader"
 CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 64 << 20),
-                   ("grpc.max_send_message_length", 64 << 20))
+                   ("grpc.max_send_message_length", 64 << 20),
+                   # A paused or cut-off node must not hold a consumer stream for minutes.
+                   ("grpc.keepalive_time_ms", 2_000), ("grpc.keepalive_timeout_ms", 2_000))
 DEFAULT_TARGET = "127.0.0.1:7400"
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                         grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED})

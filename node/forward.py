@@ -15,7 +15,11 @@ LEADER_KEY = "tickwheel-leader"
 """Trailing metadata on every response: the leader's gRPC address, when known."""
 FORWARDED = ((FORWARDED_KEY, "1"),)
 CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 64 << 20),
-                   ("grpc.max_send_message_length", 64 << 20))
+                   ("grpc.max_send_message_length", 64 << 20),
+                   ("grpc.keepalive_time_ms", 2_000), ("grpc.keepalive_timeout_ms", 2_000),
+                   # Let clients ping every 2 s (their keepalive) without being cut off.
+                   ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+                   ("grpc.http2.max_ping_strikes", 0))
 
 
 def was_forwarded(context: grpc.aio.ServicerContext) -> bool:

@@ -1,4 +1,5 @@
-"""Replication with real nodes: separate processes on 127.0.0.1, real signals."""
+"""Replication with real nodes: separate processes on 127.0.0.1, real signals. Deliveries go to a
+client-library consumer that acknowledges everything (the ``acking_consumer`` fixture)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import shutil
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 
+AckingConsumer = Callable[[LocalCluster], object]
 SKEW_ALLOWANCE_MS = 2_000  # DispatchConfig.clock_skew_allowance_ms
 
 
@@ -53,8 +56,9 @@ def caught_up(cluster: LocalCluster, nodes: list[LocalNode]) -> bool:
 
 
 def test_schedule_on_the_leader_and_every_node_ends_with_identical_segment_bytes(
-        tmp_path: Path) -> None:
+        tmp_path: Path, acking_consumer: AckingConsumer) -> None:
     with LocalCluster(tmp_path) as cluster:
+        acking_consumer(cluster)
         start_ms = now_ms()
         batch = messages("far", 3_000, start_ms + 3_600_000, 4 * 3_600_000)
         batch += messages("soon", 200, start_ms + 300, 500)
@@ -83,8 +87,9 @@ def test_a_retried_schedule_returns_the_original_result(tmp_path: Path) -> None:
 
 
 def test_sigkill_of_the_leader_mid_dispatch_loses_nothing_and_flags_every_duplicate(
-        tmp_path: Path) -> None:
+        tmp_path: Path, acking_consumer: AckingConsumer) -> None:
     with LocalCluster(tmp_path) as cluster:
+        acking_consumer(cluster)
         batch = messages("order", 4_000, now_ms() + 1_500, 4_000)
         schedule_all(cluster, batch)
         old = cluster.leader()
@@ -104,8 +109,10 @@ def test_sigkill_of_the_leader_mid_dispatch_loses_nothing_and_flags_every_duplic
     assert max(by_id.values()) <= 2
 
 
-def test_a_paused_leader_stops_dispatching_and_rejoins_as_follower(tmp_path: Path) -> None:
+def test_a_paused_leader_stops_dispatching_and_rejoins_as_follower(
+        tmp_path: Path, acking_consumer: AckingConsumer) -> None:
     with LocalCluster(tmp_path) as cluster:
+        acking_consumer(cluster)
         batch = messages("order", 2_000, now_ms() + 1_000, 8_000)
         schedule_all(cluster, batch)
         old = cluster.leader()
@@ -128,8 +135,9 @@ def test_a_paused_leader_stops_dispatching_and_rejoins_as_follower(tmp_path: Pat
 
 @pytest.mark.parametrize("skew_ms", [2_000, -2_000])
 def test_a_skewed_new_leader_delivers_nothing_early_beyond_the_allowance_and_loses_nothing(
-        tmp_path: Path, skew_ms: int) -> None:
+        tmp_path: Path, skew_ms: int, acking_consumer: AckingConsumer) -> None:
     with LocalCluster(tmp_path) as cluster:
+        acking_consumer(cluster)
         old = cluster.leader()
         for node in cluster.nodes:
             if node is not old:
@@ -147,8 +155,10 @@ def test_a_skewed_new_leader_delivers_nothing_early_beyond_the_allowance_and_los
     assert max(early_ms) <= SKEW_ALLOWANCE_MS
 
 
-def test_everything_pending_survives_sigkill_of_all_nodes(tmp_path: Path) -> None:
+def test_everything_pending_survives_sigkill_of_all_nodes(
+        tmp_path: Path, acking_consumer: AckingConsumer) -> None:
     with LocalCluster(tmp_path) as cluster:
+        acking_consumer(cluster)
         batch = messages("order", 3_000, now_ms() + 6_000, 2_000)
         schedule_all(cluster, batch)
         for node in cluster.nodes:
@@ -196,8 +206,9 @@ def test_an_entry_far_above_the_64_kib_chunk_threshold_replicates(tmp_path: Path
 
 
 def test_with_fsync_the_journal_and_snapshots_sync_and_the_cluster_still_delivers(
-        tmp_path: Path) -> None:
+        tmp_path: Path, acking_consumer: AckingConsumer) -> None:
     with LocalCluster(tmp_path, extra_args=("--fsync", "--snapshot-min-entries", "5")) as cluster:
+        acking_consumer(cluster)
         batch = messages("order", 300, now_ms() + 500, 500)
         schedule_all(cluster, batch, per_call=20)
         all_delivered(cluster, {m.id for m in batch}, 15)
