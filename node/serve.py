@@ -18,7 +18,7 @@ from tickwheel.node.forward import Forwarder
 from tickwheel.node.journal import DeliveryJournal
 from tickwheel.node.metrics import Metrics
 from tickwheel.node.peers import PeerFiles
-from tickwheel.node.server import SERVICE_NAME, NodeContext, start_server
+from tickwheel.node.server import SERVICE_NAME, NodeContext, cursor_lag_ms, start_server
 from tickwheel.replication.clock import SystemClock
 from tickwheel.replication.replica import Replica
 
@@ -92,8 +92,7 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
         metrics.is_leader.set(1 if status.role == "leader" else 0)
         metrics.term.set(status.term)
         metrics.commit_index.set(status.commit_index)
-        metrics.cursor_lag.set(max(0, node.clock.now_ms() - status.cursor.second * 1000) / 1000
-                               if status.dispatching else 0)
+        metrics.cursor_lag.set(cursor_lag_ms(status, node.clock.now_ms()) / 1000)
         metrics.set_topics(node.hub.topics())
         await asyncio.sleep(HOUSEKEEPING_S)
 

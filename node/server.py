@@ -27,7 +27,7 @@ from tickwheel.node.forward import (
 )
 from tickwheel.node.metrics import Metrics
 from tickwheel.replication.clock import Clock
-from tickwheel.replication.replica import Replica
+from tickwheel.replication.replica import Replica, ReplicaStatus
 from tickwheel.replication.state import Rejected, Scheduled
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
@@ -275,7 +275,7 @@ def cluster_info(node: NodeContext) -> pb.ClusterInfoResponse:
                                  connected=peer in status.connected, lag_entries=lag))
     topics = [pb.TopicInfo(topic=topic, ready=ready, unacked=unacked, consumers=consumers)
               for topic, ready, unacked, consumers in node.hub.topics()]
-    lag_ms = max(0, node.clock.now_ms() - status.cursor.second * 1000) if leading else 0
+    lag_ms = cursor_lag_ms(status, node.clock.now_ms())
     return pb.ClusterInfoResponse(
         address=status.address, role=status.role, leader=status.leader or "",
         leader_grpc=node.leader_grpc(status.leader) or "", term=status.term,
@@ -283,6 +283,15 @@ def cluster_info(node: NodeContext) -> pb.ClusterInfoResponse:
         cursor_second=status.cursor.second, cursor_local_index=status.cursor.local_index,
         stamp_ms=status.stamp_ms, dispatching=status.dispatching, members=members,
         topics=topics, cursor_lag_ms=lag_ms)
+
+
+def cursor_lag_ms(status: ReplicaStatus, now_ms: int) -> int:
+    """On the leader, while due messages are out: how far the cursor trails the clock. An idle
+    cursor waits in the second of the last message (it leaves a second only once a newer time
+    stamp closes it), which is not lag."""
+    if not status.dispatching or status.inflight_msgs == 0:
+        return 0
+    return max(0, now_ms - status.cursor.second * 1000)
 
 
 class PeerService(pb_grpc.PeerServicer):

@@ -1,0 +1,323 @@
+"""The public API end to end: real gRPC against a 3-node cluster of real `tickwheel serve`
+processes, through the client library where a user would use it and raw stubs where the wire
+itself is under test."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from tickwheel.client import AsyncClient, Client, InvalidArgument, Message
+from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
+from tickwheel.v1 import tickwheel_pb2 as pb
+
+DAY_MS = 86_400_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def topic() -> str:
+    """A fresh topic per test, so tests sharing the cluster do not see each other's messages."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("cluster")) as started:
+        started.leader()
+        yield started
+
+
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[Client]:
+    with Client([node.grpc_address for node in cluster.nodes], timeout_s=30) as opened:
+        yield opened
+
+
+def follower(cluster: LocalCluster) -> LocalNode:
+    leader = cluster.leader()
+    return next(node for node in cluster.nodes if node is not leader)
+
+
+def receive(client: Client, name: str, count: int, **options: object) -> list:
+    """The first ``count`` messages of topic ``name``, acknowledged."""
+    got = []
+    with client.consume(name, **options) as consumer:
+        for message in consumer:
+            got.append(message)
+            message.ack()
+            if len(got) == count:
+                break
+    return got
+
+
+def test_scheduled_messages_arrive_once_on_time_and_acks_move_the_cursor(
+        cluster: LocalCluster, client: Client) -> None:
+    name = topic()
+    due_ms = now_ms() + 1_000
+    results = client.schedule_many([Message(name, f"body-{i}".encode(), deliver_at_ms=due_ms + i,
+                                            id=f"m-{i}", properties={"n": str(i)})
+                                    for i in range(200)])
+    assert [r.id for r in results] == [f"m-{i}" for i in range(200)]
+    got = receive(client, name, 200)
+    assert sorted(m.id for m in got) == sorted(r.id for r in results)
+    first = next(m for m in got if m.id == "m-7")
+    assert (first.body, first.properties, first.attempt) == (b"body-7", {"n": "7"}, 1)
+    assert all(m.delivered_at_ms >= m.deliver_at_ms for m in got)
+    leader = cluster.leader()
+    last_second = (due_ms + 199) // 1000
+    in_last_second = sum(1 for i in range(200) if (due_ms + i) // 1000 == last_second)
+    wait_for(lambda: (leader.info().cursor_second, leader.info().cursor_local_index)
+             >= (last_second, in_last_second), 10,
+             "the cursor to pass the acknowledged messages")
+
+
+def test_an_unacknowledged_message_comes_back_after_the_visibility_timeout(
+        client: Client) -> None:
+    name = topic()
+    client.schedule(name, b"again", delay_ms=0, id="once")
+    attempts = []
+    with client.consume(name, visibility_timeout_ms=300) as consumer:
+        for message in consumer:
+            attempts.append((message.id, message.attempt, message.receipt))
+            if message.attempt == 2:
+                message.ack()
+                break
+    assert [(i, a) for i, a, _ in attempts] == [("once", 1), ("once", 2)]
+
+
+def test_a_message_whose_consumer_disconnects_goes_to_another_consumer(
+        client: Client) -> None:
+    name = topic()
+    client.schedule(name, b"x", delay_ms=0, id="handed-over")
+    first = client.consume(name, visibility_timeout_ms=60_000)
+    assert next(first).attempt == 1
+    first.close()
+    (again,) = receive(client, name, 1)
+    assert (again.id, again.attempt) == ("handed-over", 2)
+
+
+def test_a_cancelled_message_is_never_delivered(client: Client) -> None:
+    name = topic()
+    due_ms = now_ms() + 1_500
+    gone = client.schedule(name, b"gone", deliver_at_ms=due_ms, id="gone")
+    client.schedule(name, b"marker", deliver_at_ms=due_ms + 300, id="marker")
+    assert client.cancel(gone.handle) is True
+    assert client.cancel(gone.handle) is False
+    (first,) = receive(client, name, 1)
+    assert first.id == "marker"
+
+
+def test_a_retried_id_is_scheduled_once_and_answers_with_its_first_result(
+        client: Client) -> None:
+    name = topic()
+    first = client.schedule(name, b"a", delay_ms=DAY_MS, id="same-id")
+    again = client.schedule(name, b"a", delay_ms=DAY_MS, id="same-id")
+    assert (again.duplicate, again.handle, again.deliver_at_ms) == (
+        True, first.handle, first.deliver_at_ms)
+
+
+BAD_MESSAGES = [
+    ("messages[0].topic", {"topic": ""}),
+    ("messages[0].topic", {"topic": "has space"}),
+    ("messages[0].topic", {"topic": "x" * 250}),
+    ("messages[0].body", {"body": b"b" * ((4 << 20) + 1)}),
+    ("messages[0].deliver_at_ms", {"deliver_at_ms": 1, "delay_ms": 1}),
+    ("messages[0].deliver_at_ms", {"delay_ms": None}),
+    ("messages[0].deliver_at_ms", {"deliver_at_ms": -5, "delay_ms": None}),
+    ("messages[0].delay_ms", {"delay_ms": 367 * DAY_MS}),
+    ("messages[0].delay_ms", {"delay_ms": -1}),
+    ("messages[0].deliver_at_ms", {"deliver_at_ms": 4_102_444_800_000, "delay_ms": None}),
+    ("messages[0].properties", {"properties": {f"k{i}": "v" for i in range(65)}}),
+    ("messages[0].properties", {"properties": {"k": "v" * (64 << 10)}}),
+    ("messages[0].id", {"id": "i" * 257}),
+]
+
+
+@pytest.mark.parametrize(("field", "change"), BAD_MESSAGES,
+                         ids=[f"{f}-{i}" for i, (f, _) in enumerate(BAD_MESSAGES)])
+def test_bad_input_is_invalid_argument_naming_the_field_and_nothing_is_written(
+        cluster: LocalCluster, field: str, change: dict) -> None:
+    name = topic()
+    fields = {"id": uuid.uuid4().hex, "topic": name, "body": b"ok", "delay_ms": 60_000,
+              **change}
+    good = pb.Message(id=f"good-{uuid.uuid4().hex}", topic=name, body=b"ok", delay_ms=60_000)
+    bad = pb.Message(**{k: v for k, v in fields.items() if v is not None})
+    stub = follower(cluster).stub
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Schedule(pb.ScheduleRequest(messages=[bad, good]), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith(f"{field}:"), caught.value.details()
+    (result,) = cluster.schedule([good]).results
+    assert not result.duplicate  # the good message of the rejected request was not written
+
+
+def test_the_client_library_raises_invalid_argument_with_the_field(client: Client) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        client.schedule("bad topic!", b"x", delay_ms=1)
+    assert caught.value.field == "messages[0].topic"
+
+
+@pytest.mark.parametrize(("field", "first"), [
+    ("subscribe", pb.ReceiveRequest(credit=pb.Credit(credits=1))),
+    ("subscribe.topic", pb.ReceiveRequest(subscribe=pb.Subscribe(topic="", credits=1))),
+    ("subscribe.credits", pb.ReceiveRequest(subscribe=pb.Subscribe(topic="t",
+                                                                   credits=10_001))),
+    ("subscribe.visibility_timeout_ms", pb.ReceiveRequest(subscribe=pb.Subscribe(
+        topic="t", credits=1, visibility_timeout_ms=5))),
+])
+def test_a_bad_subscription_is_invalid_argument_naming_the_field(
+        cluster: LocalCluster, field: str, first: pb.ReceiveRequest) -> None:
+    stream = cluster.leader().stub.Receive(iter([first]), timeout=10)
+    with pytest.raises(grpc.RpcError) as caught:
+        next(stream)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith(f"{field}:"), caught.value.details()
+
+
+def test_a_follower_forwards_every_call_and_names_the_leader(cluster: LocalCluster) -> None:
+    leader, other = cluster.leader(), follower(cluster)
+    name = topic()
+    response, call = other.stub.Schedule.with_call(pb.ScheduleRequest(messages=[
+        pb.Message(id="fwd", topic=name, body=b"via follower", delay_ms=0)]), timeout=10)
+    assert dict(call.trailing_metadata())["tickwheel-leader"] == leader.grpc_address
+    assert response.results[0].id == "fwd"
+    streamed = other.stub.ScheduleStream(iter([pb.ScheduleRequest(messages=[
+        pb.Message(id=f"s-{i}", topic=name, body=b"s", delay_ms=DAY_MS)]) for i in range(3)]),
+        timeout=10)
+    assert [r.id for r in streamed.results] == ["s-0", "s-1", "s-2"]
+    cancelled = other.stub.Cancel(pb.CancelRequest(handles=[streamed.results[0].handle]),
+                                  timeout=10)
+    assert list(cancelled.cancelled) == [True]
+    acked = threading.Event()
+
+    def requests() -> Iterator[pb.ReceiveRequest]:
+        yield pb.ReceiveRequest(subscribe=pb.Subscribe(topic=name, credits=1))
+        acked.wait(10)
+    stream = other.stub.Receive(requests(), timeout=10)
+    message = next(stream).messages[0]
+    acked.set()
+    stream.cancel()
+    assert (message.id, message.body) == ("fwd", b"via follower")
+
+
+def test_overload_is_resource_exhausted_and_writes_nothing(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, size=1, extra_args=("--max-queued-msgs", "1")) as single:
+        stub = single.leader().stub
+
+        def attempt(i: int) -> tuple[grpc.StatusCode | None, list[pb.Message]]:
+            batch = [pb.Message(id=f"o-{i}-{j}", topic="o", body=b"x", delay_ms=DAY_MS)
+                     for j in range(20)]
+            try:
+                stub.Schedule(pb.ScheduleRequest(messages=batch), timeout=10)
+            except grpc.RpcError as error:
+                return error.code(), batch
+            return None, batch
+        with ThreadPoolExecutor(16) as pool:
+            for round_number in range(50):
+                outcomes = list(pool.map(attempt, range(16 * round_number,
+                                                        16 * round_number + 16)))
+                refused = [batch for code, batch in outcomes
+                           if code == grpc.StatusCode.RESOURCE_EXHAUSTED]
+                if refused:
+                    break
+        assert refused, "16 concurrent requests against a queue of 1 never overloaded it"
+        assert {code for code, _ in outcomes} <= {None, grpc.StatusCode.RESOURCE_EXHAUSTED}
+        again = single.schedule(refused[0])
+        assert not any(r.duplicate for r in again.results)
+
+
+def test_health_serves_once_there_is_a_leader_and_reflection_lists_the_api(
+        cluster: LocalCluster) -> None:
+    node = follower(cluster)
+    with grpc.insecure_channel(node.grpc_address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "tickwheel.v1.Tickwheel"):
+            wait_for(lambda service=service: health.Check(health_pb2.HealthCheckRequest(
+                service=service), timeout=5).status == health_pb2.HealthCheckResponse.SERVING,
+                10, "health SERVING")
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        (answer,) = reflection.ServerReflectionInfo(iter([
+            reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+        names = {s.name for s in answer.list_services_response.service}
+    assert {"tickwheel.v1.Tickwheel", "grpc.health.v1.Health"} <= names
+
+
+def test_cluster_info_lists_members_and_what_waits_per_topic(
+        cluster: LocalCluster, client: Client) -> None:
+    name = topic()
+    client.schedule(name, b"x", delay_ms=0, id="waiting")
+    leader = cluster.leader()
+
+    def waiting() -> pb.ClusterInfoResponse | None:
+        info = leader.info()
+        return info if any(t.topic == name and t.ready == 1 for t in info.topics) else None
+    info = wait_for(waiting, 10, "the message to wait in its topic's ready queue")
+    assert {m.grpc_address for m in info.members} == {n.grpc_address for n in cluster.nodes}
+    assert info.leader_grpc == leader.grpc_address
+    assert sorted(m.role for m in info.members) == ["follower", "follower", "leader"]
+    assert all(m.connected and m.lag_entries >= 0 for m in info.members)
+    assert receive(client, name, 1)[0].id == "waiting"
+
+
+def test_the_asyncio_client_schedules_consumes_and_cancels(cluster: LocalCluster) -> None:
+    name = topic()
+
+    async def run() -> tuple[list[tuple[str, int]], bool]:
+        async with AsyncClient([n.grpc_address for n in cluster.nodes]) as client:
+            later = await client.schedule(name, b"later", delay_ms=DAY_MS)
+            await client.schedule_many([Message(name, b"now", delay_ms=0, id=f"a-{i}")
+                                        for i in range(5)])
+            got = []
+            async with client.consume(name) as consumer:
+                async for message in consumer:
+                    got.append((message.id, message.attempt))
+                    message.ack()
+                    if len(got) == 5:
+                        break
+            return got, await client.cancel(later.handle)
+    got, cancelled = asyncio.run(run())
+    assert sorted(got) == [(f"a-{i}", 1) for i in range(5)]
+    assert cancelled
+
+
+def test_the_client_retries_across_a_leader_kill_without_scheduling_twice(
+        tmp_path: Path) -> None:
+    with LocalCluster(tmp_path) as fresh, Client(
+            [n.grpc_address for n in fresh.nodes], timeout_s=60) as client:
+        old = fresh.leader()
+        due_ms = now_ms() + 12_000  # after the takeover plus the skew allowance: no flag
+        batches = [[Message("k", b"x", deliver_at_ms=due_ms + i, id=f"k-{b}-{i}")
+                    for i in range(50)] for b in range(40)]
+        results, killed = [], threading.Event()
+
+        def produce() -> None:
+            for number, batch in enumerate(batches):
+                if number == 10:
+                    killed.wait(10)
+                results.extend(client.schedule_many(batch))
+        producer = threading.Thread(target=produce)
+        producer.start()
+        wait_for(lambda: len(results) >= 500, 20, "ten batches scheduled")
+        fresh.signal(old, signal.SIGKILL)
+        killed.set()
+        producer.join(60)
+        assert len(results) == 2_000
+        got = receive(client, "k", 2_000, prefetch=500)
+    counts = Counter(m.id for m in got)
+    assert set(counts) == {m.id for batch in batches for m in batch}
+    assert max(counts.values()) == 1
+    assert not any(m.possible_duplicate for m in got)
