@@ -60,11 +60,15 @@ def retryable(error: BaseException) -> bool:
     return isinstance(error, grpc.RpcError) and error.code() in _RETRYABLE
 
 
+RECONNECT_WAIT = wait_random_exponential(multiplier=0.05, max=0.25)
+"""Between attempts: jittered, growing from 50 ms to at most 250 ms. An election takes about a
+second; a longer back-off would only add to the time without delivery after it."""
+
+
 def retry_policy(timeout_s: float) -> dict:
     """tenacity arguments: jittered exponential back-off on retryable codes, for up to
     ``timeout_s``. Safe for scheduling because every message carries an id."""
-    return {"retry": retry_if_exception(retryable),
-            "wait": wait_random_exponential(multiplier=0.05, max=2.0),
+    return {"retry": retry_if_exception(retryable), "wait": RECONNECT_WAIT,
             "stop": stop_after_delay(timeout_s), "reraise": True}
 
 
@@ -117,6 +121,8 @@ class Received:
     possible_duplicate: bool
     receipt: str
     handle: int
+    node: str
+    """The Raft address of the leader that sent it."""
     _ack: Callable[[str], None] = field(repr=False)
 
     @property
@@ -130,7 +136,7 @@ class Received:
 def received(response: pb.ReceiveResponse, ack: Callable[[str], None]) -> list[Received]:
     return [Received(m.id, m.topic, m.body, dict(m.properties), m.deliver_at_ms,
                      m.delivered_at_ms, m.attempt, m.possible_duplicate, m.receipt, m.handle,
-                     ack) for m in response.messages]
+                     m.node, ack) for m in response.messages]
 
 
 def subscribe_request(topic: str, credits: int, visibility_timeout_ms: int,

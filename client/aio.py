@@ -20,10 +20,11 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
+from tenacity import AsyncRetrying, retry_if_exception_type
 from tickwheel.client._core import (
     CHANNEL_OPTIONS,
     DEFAULT_TARGET,
+    RECONNECT_WAIT,
     Message,
     Received,
     Router,
@@ -188,9 +189,7 @@ class AsyncConsumer:
 
     async def _receive(self) -> None:
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(_Reconnect),
-                                           wait=wait_random_exponential(multiplier=0.05,
-                                                                        max=2.0),
-                                           reraise=True):
+                                           wait=RECONNECT_WAIT, reraise=True):
             with attempt:
                 if self._call is None:
                     self._connect()

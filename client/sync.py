@@ -22,10 +22,11 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import grpc
-from tenacity import Retrying, retry_if_exception_type, wait_random_exponential
+from tenacity import Retrying, retry_if_exception_type
 from tickwheel.client._core import (
     CHANNEL_OPTIONS,
     DEFAULT_TARGET,
+    RECONNECT_WAIT,
     Message,
     Received,
     Router,
@@ -212,8 +213,7 @@ class Consumer:
     def _receive(self) -> None:
         """Wait for the next batch, (re)connecting as needed."""
         for attempt in Retrying(retry=retry_if_exception_type(_Reconnect),
-                                wait=wait_random_exponential(multiplier=0.05, max=2.0),
-                                reraise=True):
+                                wait=RECONNECT_WAIT, reraise=True):
             with attempt:
                 if self._stream is None:
                     self._connect()

@@ -134,7 +134,7 @@ class Hub:
         self._loop.call_soon_threadsafe(self._enqueue, deliveries)
 
     def dispatch_stopped(self, epoch: int) -> None:
-        self._loop.call_soon_threadsafe(self._stop, epoch)
+        self._loop.call_soon_threadsafe(self._stop)
 
     # -- on the loop ----------------------------------------------------------------------
 
@@ -144,8 +144,9 @@ class Hub:
 
     def subscribe(self, topic: str, name: str, credits: int,
                   visibility_timeout_ms: int) -> Consumer:
-        """A new consumer of ``topic``; raises `NotLeader` on a node that does not dispatch."""
-        if self._epoch is None:
+        """A new consumer of ``topic``; raises `NotLeader` unless this node leads. A new leader
+        takes consumers before it starts dispatching, so they are ready when it does."""
+        if self._epoch is None and not self._replica.is_leader():
             raise NotLeader(self._replica.leader_hint())
         consumer = Consumer(topic, name, visibility_timeout_ms, credits)
         state = self._topics.setdefault(topic, _Topic())
@@ -208,21 +209,18 @@ class Hub:
 
     def close(self) -> None:
         self._expiry_task.cancel()
-        self._stop(self._epoch)
+        self._stop()
 
     # -- internals ------------------------------------------------------------------------
 
     def _start(self, term: int, epoch: int, cursor: Cursor, takeover_ms: int) -> None:
-        self._stop(self._epoch)
         self._epoch, self._term = epoch, term
         self._journal.dispatch_started(term, epoch, cursor, takeover_ms)
 
-    def _stop(self, epoch: int | None) -> None:
+    def _stop(self) -> None:
         """Leadership ended: drop every message and close every consumer (they reconnect to
         the new leader)."""
-        if epoch is None or epoch != self._epoch:
-            return
-        self._epoch = None
+        epoch, self._epoch = self._epoch, None
         self._pending.clear()
         self._expiries.clear()
         reason = NotLeader(self._replica.leader_hint())
@@ -231,7 +229,7 @@ class Hub:
                 consumer.close(reason)
                 self._metrics.consumers.labels(topic).dec()
         self._topics.clear()
-        log.info("event=delivery_stopped epoch=%d", epoch)
+        log.info("event=delivery_stopped epoch=%s", epoch)
 
     def _enqueue(self, deliveries: list[Delivery]) -> None:
         touched = {}

@@ -125,7 +125,8 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                     return
                 except TickwheelError as error:
                     await self._abort(context, error)
-                yield pb.ReceiveResponse(messages=[_delivered(p) for p in batch])
+                yield pb.ReceiveResponse(messages=[_delivered(p, node.replica.address)
+                                                   for p in batch])
         finally:
             reader.cancel()
             node.hub.unsubscribe(consumer)
@@ -252,14 +253,14 @@ async def _committed(future: Future) -> list:
     return results
 
 
-def _delivered(pending: Pending) -> pb.Delivered:
+def _delivered(pending: Pending, node: str) -> pb.Delivered:
     delivery = pending.delivery
     message = delivery.message
     return pb.Delivered(id=message.id, topic=message.topic, body=message.body,
                         properties=message.properties, deliver_at_ms=message.deliver_at_ms,
                         delivered_at_ms=pending.delivered_at_ms, attempt=pending.attempt,
                         possible_duplicate=delivery.possible_duplicate,
-                        receipt=pending.receipt, handle=message.handle)
+                        receipt=pending.receipt, handle=message.handle, node=node)
 
 
 def cluster_info(node: NodeContext) -> pb.ClusterInfoResponse:

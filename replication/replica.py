@@ -364,8 +364,12 @@ class Replica:
     # -- helpers ----------------------------------------------------------------------------
 
     def _require_leader(self) -> None:
-        if not self._raft._isLeader():
+        if not self.is_leader():
             raise NotLeader(self.leader_hint())
+
+    def is_leader(self) -> bool:
+        """Whether this node is the Raft leader now (any thread)."""
+        return self._raft._isLeader()
 
     def leader_hint(self) -> str | None:
         """The leader's Raft address, if known (any thread)."""

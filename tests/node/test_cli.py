@@ -1,0 +1,113 @@
+"""The ``tickwheel`` command and the demo, run as a user runs them: separate processes."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from tickwheel.node.cli import duration_ms
+from tickwheel.node.config import load
+from tickwheel.replication.local_cluster import LocalCluster, wait_for
+
+TICKWHEEL = [sys.executable, "-m", "tickwheel.node"]
+
+
+def tickwheel(*args: str, timeout_s: float = 60, env: dict | None = None,
+              cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*TICKWHEEL, *args], check=False, capture_output=True, text=True,
+                          timeout=timeout_s, cwd=cwd,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+def test_schedule_consume_cancel_and_status_against_a_cluster(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "cluster") as cluster:
+        target = ",".join(n.grpc_address for n in cluster.nodes)
+        cluster.leader()
+        later = tickwheel("schedule", "--target", target, "--topic", "cli", "--in", "1d",
+                          "--body", "later", "--property", "k=v")
+        assert later.returncode == 0, later.stdout + later.stderr
+        handle = re.search(r"handle=(\d+)", later.stdout).group(1)
+        lines = tmp_path / "bulk.jsonl"
+        lines.write_text('{"id": "bulk-1", "body": "one"}\nplain two\n')
+        bulk = tickwheel("schedule", "--target", target, "--topic", "cli", "--in", "0s",
+                         "--file", str(lines))
+        assert "scheduled 2 messages" in bulk.stdout, bulk.stdout + bulk.stderr
+        consumed = tickwheel("consume", "--target", target, "--topic", "cli", "--count", "2")
+        assert consumed.returncode == 0
+        assert "id=bulk-1 attempt=1" in consumed.stdout and "b'plain two'" in consumed.stdout
+        cancelled = tickwheel("cancel", "--target", target, handle, handle)
+        assert f"{handle}: cancelled" in cancelled.stdout
+        status = tickwheel("status", "--target", target)
+        assert status.returncode == 0
+        assert status.stdout.count("follower") == 2 and "leader" in status.stdout
+        bad = tickwheel("schedule", "--target", target, "--topic", "no spaces", "--in", "1s")
+        assert bad.returncode == 1 and "messages[0].topic" in bad.stdout
+
+
+def test_serve_with_no_configuration_runs_a_single_node_cluster_in_dot_data(
+        tmp_path: Path) -> None:
+    node = subprocess.Popen([*TICKWHEEL, "serve"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        def answered() -> bool:
+            run = tickwheel("schedule", "--topic", "solo", "--in", "0s", "--body", "hi",
+                            cwd=tmp_path)
+            return run.returncode == 0
+        wait_for(answered, 30, "the default node to take a schedule", poll_s=0.5)
+        consumed = tickwheel("consume", "--topic", "solo", "--count", "1", cwd=tmp_path)
+        assert "body=b'hi'" in consumed.stdout
+    finally:
+        node.send_signal(signal.SIGTERM)
+        output, _ = node.communicate(timeout=30)
+    assert node.returncode == 0, output
+    assert (tmp_path / "data" / "deliveries.jsonl").exists()
+    assert "event=node_stopping" in output
+
+
+def test_flags_override_the_environment_which_overrides_the_toml_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text('raft_address = "10.0.0.1:7500"\n'
+                      'members = ["10.0.0.1:7500=10.0.0.1:7400", "10.0.0.2:7500=10.0.0.2:7400"]\n'
+                      'max_body_bytes = 1000\nvisibility_timeout_ms = 5000\n')
+    monkeypatch.setenv("TICKWHEEL_MAX_BODY_BYTES", "2000")
+    monkeypatch.setenv("TICKWHEEL_DATA", "/srv/tw")
+    settings = load(config, {"visibility_timeout_ms": 7000})
+    assert settings.max_body_bytes == 2000
+    assert settings.visibility_timeout_ms == 7000
+    assert str(settings.data) == "/srv/tw"
+    assert settings.member_map()["10.0.0.2:7500"] == "10.0.0.2:7400"
+    assert settings.listen() == "10.0.0.1:7400"
+    monkeypatch.setenv("TICKWHEEL_MEMBERS", "10.0.0.9:7500=10.0.0.9:7400")
+    with pytest.raises(ValidationError, match="not among members"):
+        load(config, {})
+
+
+def test_bad_configuration_names_the_setting(tmp_path: Path) -> None:
+    run = tickwheel("serve", "--max-body-bytes", "0", "--data", str(tmp_path))
+    assert run.returncode == 2 and "max_body_bytes" in run.stdout
+
+
+def test_durations() -> None:
+    assert duration_ms("10s") == 10_000
+    assert duration_ms("1h30m") == 5_400_000
+    assert duration_ms("250ms") == 250
+    with pytest.raises(Exception, match="not a duration"):
+        duration_ms("10 parsecs")
+
+
+def test_the_demo_kills_the_leader_and_every_message_still_arrives(tmp_path: Path) -> None:
+    demo = subprocess.run([sys.executable, "-m", "tickwheel.node.demo", "--messages", "30",
+                           "--span-s", "3", "--data", str(tmp_path / "demo")],
+                          check=False, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "SIGKILL leader" in demo.stdout
+    assert "every message arrived" in demo.stdout
+    assert len(re.findall(r"demo-\d+ +late", demo.stdout)) >= 30
