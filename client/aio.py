@@ -191,6 +191,8 @@ class AsyncConsumer:
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(_Reconnect),
                                            wait=RECONNECT_WAIT, reraise=True):
             with attempt:
+                if self._closed:
+                    return
                 if self._call is None:
                     self._connect()
                 await self._read_one()

@@ -171,6 +171,7 @@ class Consumer:
         self._buffer: deque[Received] = deque()
         self._requests: queue.Queue = queue.Queue()
         self._stream: grpc.Call | None = None
+        self._read_lock = threading.Lock()
         self._closed = False
 
     def __enter__(self) -> Consumer:
@@ -192,20 +193,26 @@ class Consumer:
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (acks), end the stream, and wait up to ``timeout_s`` for the
-        node to close it; messages still on their way are redelivered to other consumers."""
+        node to close it; messages still on their way are redelivered to other consumers.
+        Safe to call from another thread while one iterates."""
         self._closed = True
         self._requests.put(None)
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            deadline = threading.Timer(timeout_s, stream.cancel)
-            deadline.start()
-            try:
+        stream = self._stream
+        if stream is None:
+            return
+        deadline = threading.Timer(timeout_s, stream.cancel)
+        deadline.start()
+        try:
+            # One reader at a time: a thread blocked in next() sees the end (or the cancel)
+            # first; then whatever is left is drained here.
+            with self._read_lock:
+                self._stream = None
                 for _ in stream:
                     pass
-            except grpc.RpcError:
-                pass
-            finally:
-                deadline.cancel()
+        except grpc.RpcError:
+            pass
+        finally:
+            deadline.cancel()
 
     def _ack(self, receipt: str) -> None:
         self._requests.put(("ack", receipt))
@@ -214,7 +221,9 @@ class Consumer:
         """Wait for the next batch, (re)connecting as needed."""
         for attempt in Retrying(retry=retry_if_exception_type(_Reconnect),
                                 wait=RECONNECT_WAIT, reraise=True):
-            with attempt:
+            with attempt, self._read_lock:
+                if self._closed:
+                    return
                 if self._stream is None:
                     self._connect()
                 self._read_one()
@@ -222,6 +231,8 @@ class Consumer:
     def _connect(self) -> None:
         self._requests.put(None)  # ends the request generator of the previous stream
         self._requests = queue.Queue()
+        if self._closed:  # closed from another thread since the check: end the new stream too
+            self._requests.put(None)
         self._address, self._stream = self._client._open_stream(self._outgoing(self._requests))
 
     def _read_one(self) -> None:

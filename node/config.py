@@ -73,6 +73,7 @@ class NodeSettings(BaseSettings):
     max_properties: int = Limits().max_properties
     max_properties_bytes: int = Limits().max_properties_bytes
     max_batch_msgs: int = Limits().max_batch_msgs
+    max_stream_msgs: int = Limits().max_stream_msgs
     max_credits: int = Limits().max_credits
     visibility_timeout_ms: int = HubConfig().default_visibility_timeout_ms
     max_inflight_msgs: int = DispatchConfig().max_inflight_msgs
@@ -101,7 +102,8 @@ class NodeSettings(BaseSettings):
             _address(grpc_address)
         return value
 
-    @field_validator("max_body_bytes", "max_delay_ms", "max_batch_msgs", "max_credits",
+    @field_validator("max_body_bytes", "max_delay_ms", "max_batch_msgs", "max_stream_msgs",
+                     "max_credits",
                      "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
                      "max_queued_msgs", "snapshot_min_entries")
     @classmethod
@@ -131,7 +133,8 @@ class NodeSettings(BaseSettings):
         return Limits(max_body_bytes=self.max_body_bytes, max_delay_ms=self.max_delay_ms,
                       max_properties=self.max_properties,
                       max_properties_bytes=self.max_properties_bytes,
-                      max_batch_msgs=self.max_batch_msgs, max_credits=self.max_credits)
+                      max_batch_msgs=self.max_batch_msgs,
+                      max_stream_msgs=self.max_stream_msgs, max_credits=self.max_credits)
 
     def replica_config(self) -> ReplicaConfig:
         return ReplicaConfig(

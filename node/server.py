@@ -9,6 +9,7 @@ leader (`tickwheel.node.forward`); every answer carries the leader's gRPC addres
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ _STATUS: list[tuple[type[TickwheelError], grpc.StatusCode]] = [
     (TickwheelError, grpc.StatusCode.INTERNAL),
 ]
 WRITE_TIMEOUT_S = 10.0
+STREAM_WINDOW = 64
+"""`ScheduleStream` requests proposed and not yet answered, per stream."""
 CHUNK_BYTES = 1 << 20
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Tickwheel"].full_name
 
@@ -82,10 +85,29 @@ class TickwheelService(pb_grpc.TickwheelServicer):
 
     async def ScheduleStream(self, request_iterator: AsyncIterator[pb.ScheduleRequest],
                              context: grpc.aio.ServicerContext) -> pb.ScheduleResponse:
-        results = []
-        async for request in request_iterator:
-            response = await self._unary(context, "Schedule", request, self._schedule_here)
-            results.extend(response.results)
+        """Each request is proposed as it arrives, up to ``STREAM_WINDOW`` of them uncommitted,
+        so small requests on one stream share Raft entries as concurrent calls do; the answer
+        lists every result in request order. An error fails the stream; what was committed
+        before it stays (a retry with the same ids returns those results)."""
+        limit = self._node.limits.max_stream_msgs
+        pending: deque[asyncio.Future] = deque()
+        results: list[pb.ScheduleResult] = []
+        streamed = 0
+        try:
+            async for request in request_iterator:
+                streamed += len(request.messages)
+                if streamed > limit:
+                    await self._abort(context, InvalidMessage(
+                        "messages", f"a stream carries at most {limit} messages; open another"))
+                pending.append(asyncio.ensure_future(
+                    self._unary(context, "Schedule", request, self._schedule_here)))
+                while pending and (len(pending) > STREAM_WINDOW or pending[0].done()):
+                    results.extend((await pending.popleft()).results)
+            while pending:
+                results.extend((await pending.popleft()).results)
+        finally:
+            for future in pending:
+                future.cancel()
         return pb.ScheduleResponse(results=results)
 
     async def Cancel(self, request: pb.CancelRequest,

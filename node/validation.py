@@ -33,6 +33,8 @@ class Limits:
     """Keys and values of one message together, UTF-8."""
     max_batch_msgs: int = 10_000
     """Messages in one `Schedule` request."""
+    max_stream_msgs: int = 100_000
+    """Messages in one `ScheduleStream` call (its answer holds a result for each)."""
     max_credits: int = 10_000
     """Credits one consumer may hold."""
     min_visibility_timeout_ms: int = 100

@@ -5,13 +5,11 @@ Also the fixtures that cluster tests share.
 """
 
 import os
-import threading
 from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
-from tickwheel.client import Client, Consumer
-from tickwheel.replication.local_cluster import LocalCluster
+from tickwheel.replication.local_cluster import AckingConsumer, LocalCluster
 
 settings.register_profile("ci", max_examples=150, stateful_step_count=40, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -21,26 +19,16 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture
-def acking_consumer() -> Iterator[Callable[..., Consumer]]:
-    """``acking_consumer(cluster, topic)`` starts a client-library consumer (in a thread) that
-    acknowledges everything of ``topic``, following the leader across failovers; every one is
-    closed at teardown."""
-    started: list[tuple[Client, Consumer, threading.Thread]] = []
+def acking_consumer() -> Iterator[Callable[..., AckingConsumer]]:
+    """``acking_consumer(cluster, topic)`` starts an `AckingConsumer` of ``topic``; every one
+    is closed at teardown."""
+    started: list[AckingConsumer] = []
 
-    def start(cluster: LocalCluster, topic: str = "orders", prefetch: int = 1_000) -> Consumer:
-        client = Client([node.grpc_address for node in cluster.nodes], timeout_s=60)
-        consumer = client.consume(topic, prefetch=prefetch, name=f"test-{topic}")
-
-        def run() -> None:
-            for message in consumer:
-                message.ack()
-        thread = threading.Thread(target=run, name=f"consumer-{topic}", daemon=True)
-        thread.start()
-        started.append((client, consumer, thread))
-        return consumer
+    def start(cluster: LocalCluster, topic: str = "orders", prefetch: int = 1_000
+              ) -> AckingConsumer:
+        started.append(AckingConsumer(cluster, topic, prefetch=prefetch))
+        return started[-1]
 
     yield start
-    for client, consumer, thread in started:
-        consumer.close(timeout_s=0.5)
-        thread.join(10)
-        client.close()
+    for consumer in started:
+        consumer.close()

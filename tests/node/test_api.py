@@ -240,6 +240,20 @@ def test_overload_is_resource_exhausted_and_writes_nothing(tmp_path: Path) -> No
         assert not any(r.duplicate for r in again.results)
 
 
+def test_a_schedule_stream_answers_in_order_and_refuses_past_its_cap(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, size=1, extra_args=("--max-stream-msgs", "300")) as single:
+        stub = single.leader().stub
+        requests = [pb.ScheduleRequest(messages=[pb.Message(
+            id=f"st-{i}", topic="st", body=b"x", delay_ms=DAY_MS)]) for i in range(300)]
+        response = stub.ScheduleStream(iter(requests), timeout=30)
+        assert [r.id for r in response.results] == [f"st-{i}" for i in range(300)]
+        assert len({r.handle for r in response.results}) == 300
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ScheduleStream(iter(requests + requests[:1]), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details().startswith("messages: a stream carries at most 300")
+
+
 def test_health_serves_once_there_is_a_leader_and_reflection_lists_the_api(
         cluster: LocalCluster) -> None:
     node = follower(cluster)

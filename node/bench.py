@@ -1,0 +1,194 @@
+"""``python -m tickwheel.node.bench --json``: the service as users see it, via the client.
+
+A 3-node cluster of real processes on 127.0.0.1, 100-byte bodies. Figures:
+
+- ``grpc_schedule_msgs_per_s``: ``--producers`` processes of ``--threads`` threads, each sending
+  batches of ``--batch`` messages with `Client.schedule_many`, saturating the cluster.
+- ``grpc_schedule_single_per_s``: ``--single-threads`` threads calling `Client.schedule` with one
+  message per call (group commit packs concurrent calls into one Raft entry).
+- ``lateness_p50_ms`` / ``lateness_p99_ms`` / ``lateness_max_ms`` at 1,000, 5,000 and 20,000 due
+  messages per second: a producer schedules at that rate, each message due ``LEAD_S`` after it is
+  sent (so scheduling and delivery run together, as in steady state), and ``--consumers``
+  consumer processes receive and acknowledge. Lateness is the consumer's wall clock on receipt
+  minus ``deliver_at_ms``: what a user's handler sees, network and client included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tickwheel.client import Client, Message
+from tickwheel.replication.local_cluster import LocalCluster, wait_for
+
+BODY = b"x" * 100
+HOUR_MS = 3_600_000
+LEAD_S = 2.0
+"""How long before its due time each message of the lateness runs is scheduled."""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _targets(cluster: LocalCluster) -> list[str]:
+    return [node.grpc_address for node in cluster.nodes]
+
+
+# -- schedule throughput ----------------------------------------------------------------------
+
+def _produce(targets: list[str], prefix: str, requests: int, batch: int, threads: int,
+             due_ms: int, start: multiprocessing.Event) -> None:
+    """One producer process: ``threads`` threads sharing ``requests`` batches."""
+    batches = [[Message("bench", BODY, deliver_at_ms=due_ms + (r * batch + i) % HOUR_MS,
+                        id=f"{prefix}-{r}-{i}") for i in range(batch)] for r in range(requests)]
+    with Client(targets, timeout_s=120) as client:
+        client.cluster_info()  # connected, before the clock starts
+        start.wait()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(client.schedule_many, batches))
+
+
+def schedule_batched(cluster: LocalCluster, total: int, producers: int, threads: int,
+                     batch: int) -> float:
+    context = multiprocessing.get_context("spawn")
+    start = context.Event()
+    due_ms = now_ms() + 2 * HOUR_MS
+    per_producer = total // batch // producers
+    processes = [context.Process(target=_produce, args=(
+        _targets(cluster), f"b{p}", per_producer, batch, threads, due_ms, start))
+        for p in range(producers)]
+    for process in processes:
+        process.start()
+    time.sleep(3)  # let them build their batches and connect; the clock starts below
+    began = time.perf_counter()
+    start.set()
+    for process in processes:
+        process.join()
+        if process.exitcode != 0:
+            raise RuntimeError(f"a producer exited with {process.exitcode}")
+    return per_producer * producers * batch / (time.perf_counter() - began)
+
+
+def schedule_single(cluster: LocalCluster, seconds: float, threads: int) -> float:
+    due_ms = now_ms() + 3 * HOUR_MS
+    counts = [0] * threads
+    deadline = time.perf_counter() + seconds
+    with Client(_targets(cluster), timeout_s=60) as client:
+        client.cluster_info()
+
+        def run(thread: int) -> None:
+            while time.perf_counter() < deadline:
+                client.schedule("bench", BODY, deliver_at_ms=due_ms + counts[thread],
+                                id=f"s{thread}-{counts[thread]}")
+                counts[thread] += 1
+        began = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(run, range(threads)))
+        return sum(counts) / (time.perf_counter() - began)
+
+
+# -- lateness at a due rate -------------------------------------------------------------------
+
+def _consume(targets: list[str], topic: str, received: multiprocessing.Value,
+             stop: multiprocessing.Event, results: multiprocessing.Queue) -> None:
+    """One consumer process: receive and ack, noting each message's lateness on receipt."""
+    lateness: list[float] = []
+    with Client(targets, timeout_s=120) as client:
+        consumer = client.consume(topic, prefetch=2_000, name=f"bench-{topic}")
+        threading.Thread(target=lambda: (stop.wait(), consumer.close(0.5)), daemon=True).start()
+        for message in consumer:
+            lateness.append(time.time_ns() / 1e6 - message.deliver_at_ms)
+            message.ack()
+            with received.get_lock():
+                received.value += 1
+    results.put(lateness)
+
+
+def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int) -> dict:
+    context = multiprocessing.get_context("spawn")
+    topic = f"due-{rate}"
+    received, stop, results = context.Value("q", 0), context.Event(), context.Queue()
+    processes = [context.Process(target=_consume, args=(_targets(cluster), topic, received,
+                                                         stop, results))
+                 for _ in range(consumers)]
+    for process in processes:
+        process.start()
+    wait_for(lambda: sum(t.consumers for t in cluster.leader().info().topics
+                         if t.topic == topic) == consumers, 30, "the consumers to subscribe")
+    total = int(rate * seconds)
+    tick_s = 0.01
+    with Client(_targets(cluster), timeout_s=60) as client:
+        began = time.monotonic()
+        first_due_ms = now_ms() + int(LEAD_S * 1000)
+        sent = 0
+        while sent < total:
+            due_now = min(total, int((time.monotonic() - began) * rate) + 1)
+            if due_now > sent:
+                client.schedule_many(
+                    Message(topic, BODY, deliver_at_ms=first_due_ms + k * 1000 // rate,
+                            id=f"{topic}-{k}") for k in range(sent, due_now))
+                sent = due_now
+            else:
+                time.sleep(tick_s)
+        behind_s = time.monotonic() - began - seconds
+    wait_for(lambda: received.value >= total, LEAD_S + 60, f"{total} messages to arrive",
+             poll_s=0.1)
+    stop.set()
+    lateness = sorted(value for _ in processes for value in results.get(timeout=30))
+    for process in processes:
+        process.join(10)
+    return {"p50": round(statistics.median(lateness), 2),
+            "p99": round(lateness[int(0.99 * (len(lateness) - 1))], 2),
+            "max": round(lateness[-1], 2), "messages": len(lateness),
+            "producer_behind_s": round(max(0.0, behind_s), 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="a small run, to check it works")
+    parser.add_argument("--producers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--single-threads", type=int, default=16)
+    parser.add_argument("--consumers", type=int, default=2)
+    parser.add_argument("--rates", default="1000,5000,20000")
+    args = parser.parse_args(argv)
+    batched_total = 40_000 if args.quick else 400_000
+    single_s = 2.0 if args.quick else 10.0
+    due_s = 2.0 if args.quick else 10.0
+    figures: dict = {}
+    with tempfile.TemporaryDirectory(prefix="tickwheel-node-bench-") as root:
+        with LocalCluster(Path(root) / "schedule") as cluster:
+            cluster.leader(30)
+            figures["grpc_schedule_msgs_per_s"] = round(schedule_batched(
+                cluster, batched_total, args.producers, args.threads, args.batch))
+            figures["grpc_schedule_single_per_s"] = round(schedule_single(
+                cluster, single_s, args.single_threads))
+        for rate in (int(r) for r in args.rates.split(",")):
+            # A fresh cluster per rate: nothing left over from the previous load.
+            with LocalCluster(Path(root) / f"due{rate}") as cluster:
+                cluster.leader(30)
+                run = lateness_at(cluster, rate, due_s, args.consumers)
+            for key in ("p50", "p99", "max"):
+                figures[f"lateness_{key}_ms_at_{rate}"] = run[key]
+            figures[f"producer_behind_s_at_{rate}"] = run["producer_behind_s"]
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        for key, value in figures.items():
+            print(f"{key:34} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
