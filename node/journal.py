@@ -30,13 +30,18 @@ class DeliveryJournal:
 
     def delivered(self, attempts: list[tuple[Delivery, int]], term: int,
                   delivered_at_ms: int) -> None:
-        self._write([{
-            "event": "delivered", "node": self._node, "term": term, "epoch": d.epoch,
-            "id": d.message.id, "topic": d.message.topic, "handle": d.message.handle,
-            "deliver_at_ms": d.message.deliver_at_ms, "delivered_at_ms": delivered_at_ms,
-            "position": list(d.message.position), "possible_duplicate": d.possible_duplicate,
-            "attempt": attempt,
-        } for d, attempt in attempts])
+        # The hottest line a leader writes (one per message sent): formatted by hand, since
+        # json.dumps of a dict per message took a fifth of the event loop at 20,000 msg/s.
+        # Only the id needs escaping: topics are [A-Za-z0-9._-] (validation.TOPIC_PATTERN).
+        head = f'{{"event":"delivered","node":{json.dumps(self._node)},"term":{term},"epoch":'
+        self._file.write("".join(
+            f'{head}{d.epoch},"id":{json.dumps(d.message.id)},"topic":"{d.message.topic}",'
+            f'"handle":{d.message.handle},"deliver_at_ms":{d.message.deliver_at_ms},'
+            f'"delivered_at_ms":{delivered_at_ms},"position":[{d.message.position[0]},'
+            f'{d.message.position[1]}],"possible_duplicate":'
+            f'{"true" if d.possible_duplicate else "false"},"attempt":{attempt}}}\n'
+            for d, attempt in attempts))
+        self._file.flush()
 
     def close(self) -> None:
         self._file.close()

@@ -1,0 +1,33 @@
+"""The delivery journal is formatted by hand for speed; every line must still be the JSON the
+audit expects, whatever the id holds."""
+
+import json
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+from tickwheel.node.journal import DeliveryJournal
+from tickwheel.replication.dispatcher import Delivery
+from tickwheel.wheel import Cursor
+from tickwheel.wheel.types import DueMessage
+
+
+@given(ids=st.lists(st.text(max_size=40), min_size=1, max_size=5),
+       duplicate=st.booleans(), attempt=st.integers(1, 1_000))
+def test_delivered_lines_are_the_json_of_each_event(tmp_path_factory, ids: list[str],
+                                                    duplicate: bool, attempt: int) -> None:
+    path: Path = tmp_path_factory.mktemp("journal") / "deliveries.jsonl"
+    journal = DeliveryJournal(path, 'node "a"')
+    messages = [DueMessage(id_, "orders.eu-1", b"x", {}, 1_700_000_000_000 + i, 40 + i,
+                           1_700_000_000 + i, i) for i, id_ in enumerate(ids)]
+    journal.delivered([(Delivery(m, duplicate, 5, 3), attempt) for m in messages], 7,
+                      1_700_000_000_123)
+    journal.dispatch_started(8, 4, Cursor(1_700_000_001, 2), 1_700_000_001_000)
+    journal.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[:-1] == [{
+        "event": "delivered", "node": 'node "a"', "term": 7, "epoch": 3, "id": m.id,
+        "topic": "orders.eu-1", "handle": m.handle, "deliver_at_ms": m.deliver_at_ms,
+        "delivered_at_ms": 1_700_000_000_123, "position": [m.slot_second, m.local_index],
+        "possible_duplicate": duplicate, "attempt": attempt} for m in messages]
+    assert lines[-1]["event"] == "dispatch_started"
