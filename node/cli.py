@@ -278,6 +278,7 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
     """Flags mirror `NodeSettings` fields; a flag not given leaves env, file or default."""
     serve.add_argument("--config", type=Path, help="a TOML file")
     serve.add_argument("--raft-address")
+    serve.add_argument("--raft-listen", help="where to bind Raft (default: --raft-address)")
     serve.add_argument("--member", dest="members", action="append",
                        metavar="RAFT_ADDRESS=GRPC_ADDRESS")
     serve.add_argument("--grpc-listen")

@@ -11,6 +11,12 @@ A TOML file uses the same names as the flags, with underscores::
     max_body_bytes = 1048576
 
 In the environment, lists are comma-separated: ``TICKWHEEL_MEMBERS=a:7500=a:7400,b:7500=...``.
+
+In a Kubernetes StatefulSet a node is given its pod name, the replica count, the headless
+Service and its namespace (``TICKWHEEL_POD_NAME``, ``TICKWHEEL_REPLICAS``,
+``TICKWHEEL_PEER_SERVICE``, ``TICKWHEEL_NAMESPACE``) and derives ``raft_address``, ``members``,
+``raft_listen`` and ``grpc_listen`` from them (`tickwheel.node.statefulset`); any of those four
+given explicitly still wins.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+from tickwheel.node import statefulset
 from tickwheel.node.delivery import HubConfig
 from tickwheel.node.validation import Limits
 from tickwheel.replication.dispatcher import DispatchConfig
@@ -36,6 +43,8 @@ from tickwheel.wheel.types import DAY_MS, WheelConfig
 
 DEFAULT_RAFT = "127.0.0.1:7500"
 DEFAULT_GRPC = "127.0.0.1:7400"
+_POD_FIELDS = ("pod_name", "replicas", "peer_service", "namespace")
+_DERIVED_FIELDS = ("raft_address", "members", "raft_listen", "grpc_listen")
 
 
 def _address(value: str) -> str:
@@ -53,6 +62,9 @@ class NodeSettings(BaseSettings):
 
     raft_address: str = DEFAULT_RAFT
     """This node's Raft address, as the other members reach it; its identity."""
+    raft_listen: str | None = None
+    """Where to bind Raft; default: ``raft_address``. Set it when the identity is a name the
+    node cannot bind (a Kubernetes DNS name: bind ``0.0.0.0:7500``) or a proxy fronts it."""
     members: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """``RAFT=GRPC`` for every member, this one included; empty: a cluster of this node alone
     (at ``raft_address`` and ``grpc_listen``)."""
@@ -80,16 +92,37 @@ class NodeSettings(BaseSettings):
     max_inflight_bytes: int = DispatchConfig().max_inflight_bytes
     max_queued_msgs: int = ReplicaConfig().max_queued_msgs
 
+    pod_name: str | None = None
+    """This pod's name in a StatefulSet (``tickwheel-2``; downward API ``metadata.name``). With
+    ``replicas``, ``peer_service`` and ``namespace`` it derives ``raft_address``, ``members``,
+    ``raft_listen`` and ``grpc_listen`` unless those are given (`tickwheel.node.statefulset`)."""
+    replicas: int | None = None
+    """The StatefulSet's ``spec.replicas``: every ordinal below it is a member."""
+    peer_service: str | None = None
+    """The headless Service that gives each pod its DNS name."""
+    namespace: str | None = None
+    """The pod's namespace (downward API ``metadata.namespace``)."""
+    cluster_domain: str = statefulset.CLUSTER_DOMAIN
+    peer_host_template: str = statefulset.HOST_TEMPLATE
+    """How a pod name becomes a host; tests map every pod to ``127.0.0.1``."""
+    raft_port: int = statefulset.RAFT_PORT
+    grpc_port: int = statefulset.GRPC_PORT
+    port_stride: int = 0
+    """Tests only: pod ``i`` uses ``raft_port + i * port_stride`` (and the same for gRPC), so
+    pods on one host do not collide."""
+    listen_host: str = statefulset.LISTEN_HOST
+    """Where a StatefulSet pod binds Raft and gRPC; tests bind ``127.0.0.1``."""
+
     @field_validator("members", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         return [part.strip() for part in value.split(",") if part.strip()] if isinstance(
             value, str) else value
 
-    @field_validator("raft_address")
+    @field_validator("raft_address", "raft_listen", "grpc_listen")
     @classmethod
-    def _check_address(cls, value: str) -> str:
-        return _address(value)
+    def _check_address(cls, value: str | None) -> str | None:
+        return value if value is None else _address(value)
 
     @field_validator("members")
     @classmethod
@@ -111,6 +144,27 @@ class NodeSettings(BaseSettings):
         if value <= 0:
             raise ValueError("must be positive")
         return value
+
+    @model_validator(mode="after")
+    def _derive_from_statefulset(self) -> NodeSettings:
+        """Fill the address settings not given from the pod's place in its StatefulSet."""
+        given = [name for name in _POD_FIELDS if getattr(self, name) is not None]
+        if not given:
+            return self
+        if len(given) < len(_POD_FIELDS):
+            missing = ", ".join(name for name in _POD_FIELDS if name not in given)
+            raise ValueError(f"{', '.join(given)} given without {missing}: a StatefulSet pod "
+                             f"needs all of {', '.join(_POD_FIELDS)}")
+        derived = statefulset.addresses(statefulset.StatefulSetPod(
+            pod_name=self.pod_name, replicas=self.replicas, service=self.peer_service,
+            namespace=self.namespace, domain=self.cluster_domain,
+            host_template=self.peer_host_template, raft_port=self.raft_port,
+            grpc_port=self.grpc_port, port_stride=self.port_stride,
+            listen_host=self.listen_host))
+        for name in _DERIVED_FIELDS:
+            if name not in self.model_fields_set:
+                setattr(self, name, getattr(derived, name))
+        return self
 
     @model_validator(mode="after")
     def _self_is_a_member(self) -> NodeSettings:
@@ -139,6 +193,7 @@ class NodeSettings(BaseSettings):
     def replica_config(self) -> ReplicaConfig:
         return ReplicaConfig(
             raft=RaftConfig(fsync=self.fsync, password=self.password,
+                            bind_address=self.raft_listen,
                             snapshot_min_entries=self.snapshot_min_entries),
             dispatch=DispatchConfig(max_inflight_msgs=self.max_inflight_msgs,
                                     max_inflight_bytes=self.max_inflight_bytes),

@@ -63,6 +63,9 @@ class RaftConfig:
     """Encrypts and authenticates Raft traffic (which is pickle): always set it outside tests."""
     fsync: bool = False
     """msync the journal on every entry and fsync state files at snapshots (slower)."""
+    bind_address: str | None = None
+    """Where to listen for peers when it is not the node's own address (its identity): a
+    container binding ``0.0.0.0``, or a proxy standing in front of the node."""
 
     @property
     def lease_ms(self) -> int:
@@ -105,6 +108,7 @@ class RaftNode(SyncObj):
             serializer=snapshot[0],
             deserializer=snapshot[1],
             password=config.password,
+            bindAddress=config.bind_address,
             commandsWaitLeader=False,
         )
         raft_dir.mkdir(parents=True, exist_ok=True)
