@@ -151,6 +151,13 @@ class AsyncConsumer:
         return self
 
     async def __anext__(self) -> Received:
+        if self._buffer and self._call is not None and self._call.done():
+            # As in the sync consumer: what a finished stream sent can no longer be
+            # acknowledged, and the new leader sends it again, flagged.
+            log.info("event=consumer_dropped_buffered messages=%d target=%s",
+                     len(self._buffer), self._address)
+            self._buffer.clear()
+            self._drop_stream()
         while not self._buffer:
             if self._closed:
                 raise StopAsyncIteration

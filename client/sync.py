@@ -184,12 +184,25 @@ class Consumer:
         return self
 
     def __next__(self) -> Received:
+        stream = self._stream
+        if self._buffer and stream is not None and stream.done():
+            self._drop_buffered()
         while not self._buffer:
             if self._closed:
                 raise StopIteration
             self._receive()
         self._requests.put(("credit", 1))
         return self._buffer.popleft()
+
+    def _drop_buffered(self) -> None:
+        """The stream ended (its leader stepped down or died) while messages it sent wait
+        here: they can no longer be acknowledged, and the new leader sends them again
+        (flagged), so handing these out too would make an unflagged duplicate."""
+        log.info("event=consumer_dropped_buffered messages=%d target=%s", len(self._buffer),
+                 self._address)
+        self._buffer.clear()
+        with self._read_lock:
+            self._stream = None
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (acks), end the stream, and wait up to ``timeout_s`` for the
