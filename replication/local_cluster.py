@@ -123,7 +123,8 @@ class LocalCluster:
     def start(self, node: LocalNode, clock_skew_ms: int | None = None) -> None:
         if clock_skew_ms is not None:
             node.clock_skew_ms = clock_skew_ms
-        members = [arg for n in self.nodes for arg in ("--member", f"{n.raft}={n.grpc_address}")]
+        members = [arg for raft, grpc_address in self.members_of(node)
+                   for arg in ("--member", f"{raft}={grpc_address}")]
         command = [sys.executable, "-m", "tickwheel.node", "serve", "--raft-address", node.raft,
                    *members, "--data", str(node.data), "--clock-skew-ms",
                    str(node.clock_skew_ms), "--metrics-listen", node.metrics_address or "",
@@ -131,6 +132,11 @@ class LocalCluster:
         node.data.mkdir(parents=True, exist_ok=True)
         with open(node.log_path, "ab") as log:
             node.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+    def members_of(self, node: LocalNode) -> list[tuple[str, str]]:
+        """``(raft, grpc)`` of every member as ``node`` is told them (the same for every node
+        here; the chaos harness puts proxies in between)."""
+        return [(n.raft, n.grpc_address) for n in self.nodes]
 
     def signal(self, node: LocalNode, signum: int) -> None:
         os.kill(node.pid, signum)
@@ -175,7 +181,7 @@ class LocalCluster:
             for node in candidates:
                 info = infos[node.raft]
                 if (info is not None and info.role == "leader" and info.dispatching and all(
-                        other is not None and other.leader == node.raft
+                        other is not None and other.leader_grpc == node.grpc_address
                         for other in infos.values())):
                     return node
             return None

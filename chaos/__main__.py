@@ -1,0 +1,77 @@
+"""``python -m tickwheel.chaos run``: break a real cluster on purpose and log what it cost.
+
+::
+
+    python -m tickwheel.chaos run --out chaos-out --duration 120 --rate 200 --seed 7 \\
+        --faults kill,pause,partition [--nodes 5]
+    python -m tickwheel.chaos.audit chaos-out          # the verdict, from the logs alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from tickwheel.chaos.harness import RunConfig, run
+from tickwheel.chaos.nemesis import FAULTS, NemesisConfig
+from tickwheel.chaos.workload import Mix
+
+
+def _faults(text: str) -> tuple[str, ...]:
+    faults = tuple(FAULTS) if text == "all" else tuple(f.strip() for f in text.split(","))
+    try:
+        NemesisConfig(faults=faults)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return faults
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tickwheel.chaos", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="one scenario")
+    run_parser.add_argument("--out", type=Path, required=True, help="where the logs go")
+    run_parser.add_argument("--nodes", type=int, default=3)
+    run_parser.add_argument("--duration", type=float, default=120.0, help="seconds producing")
+    run_parser.add_argument("--rate", type=float, default=200.0, help="messages per second")
+    run_parser.add_argument("--seed", type=int, default=1)
+    run_parser.add_argument("--faults", type=_faults, default=("kill", "pause", "partition"),
+                            help=f"comma-separated, of {', '.join(FAULTS)}; or 'all'")
+    run_parser.add_argument("--warmup", type=float, default=8.0, help="seconds before faults")
+    run_parser.add_argument("--interval", type=float, default=10.0,
+                            help="recovery seconds after each fault")
+    run_parser.add_argument("--max-skew-ms", type=int, default=5_000)
+    run_parser.add_argument("--near-max-ms", type=int, default=60_000,
+                            help="longest delay of the ordinary messages")
+    run_parser.add_argument("--grace-ms", type=int, default=5_000)
+    run_parser.add_argument("--keep-data", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for noisy in ("tickwheel.client",):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.nodes < 3:
+        parser.error("--nodes must be at least 3: the faults need a majority to survive")
+    config = RunConfig(
+        out=args.out, nodes=args.nodes, duration_s=args.duration, rate=args.rate,
+        seed=args.seed, grace_ms=args.grace_ms, keep_data=args.keep_data,
+        mix=Mix(near_max_ms=args.near_max_ms),
+        nemesis=NemesisConfig(faults=args.faults, warmup_s=args.warmup,
+                              interval_s=args.interval, max_skew_ms=args.max_skew_ms))
+    record = run(config)
+    summary = record["summary"]
+    print(f"faults inflicted: {', '.join(summary['inflicted']) or 'none'}; leader changes seen: "
+          f"{summary['leader_changes']}; lines: {summary['lines']}")
+    print(f"next: python -m tickwheel.chaos.audit {args.out}")
+    missing = set(args.faults) - set(summary["inflicted"])
+    if missing:
+        print(f"not inflicted (run too short): {', '.join(sorted(missing))}", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

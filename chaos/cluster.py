@@ -1,0 +1,90 @@
+"""The cluster under test: real ``tickwheel serve`` processes whose Raft links run through the
+harness's proxies (`RaftMesh`), with the faults the nemeses need.
+
+Each node keeps its delivery journal in its data folder; before a node's data is wiped, and at
+the end of the run, the journal is copied to ``OUT/journals/<name>.<generation>.jsonl``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from pathlib import Path
+
+from tickwheel.chaos.proxy import RaftMesh
+from tickwheel.replication.local_cluster import LocalCluster, LocalNode, free_ports
+
+
+class ChaosCluster(LocalCluster):
+    """``size`` nodes under ``root`` behind a `RaftMesh`; journals are collected in
+    ``journals``. A context manager: it stops every process it started, then the proxies."""
+
+    def __init__(self, root: Path, size: int, journals: Path,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        super().__init__(root, size, extra_args)
+        ports = free_ports(size + size * (size - 1) // 2)
+        self.mesh = RaftMesh(ports[:size], ports[size:])
+        for index, node in enumerate(self.nodes):
+            node.raft = self.mesh.address(index)
+        self.names = {node.raft: f"node{i}" for i, node in enumerate(self.nodes)}
+        self.journals = journals
+        self._generation = dict.fromkeys(self.names.values(), 0)
+
+    def __enter__(self) -> ChaosCluster:
+        self.mesh.start()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self.mesh.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.stop_all()
+            self.collect_journals()
+        finally:
+            self.mesh.stop()
+
+    def members_of(self, node: LocalNode) -> list[tuple[str, str]]:
+        seen = self.mesh.members_of(self.nodes.index(node))
+        return [(raft, other.grpc_address) for raft, other in zip(seen, self.nodes, strict=True)]
+
+    def name(self, node: LocalNode) -> str:
+        return self.names[node.raft]
+
+    def by_name(self, name: str) -> LocalNode:
+        return self.nodes[int(name.removeprefix("node"))]
+
+    # -- faults -----------------------------------------------------------------------------
+
+    def kill(self, node: LocalNode) -> None:
+        self.signal(node, signal.SIGKILL)
+
+    def pause(self, node: LocalNode) -> None:
+        self.signal(node, signal.SIGSTOP)
+
+    def resume(self, node: LocalNode) -> None:
+        self.signal(node, signal.SIGCONT)
+
+    def isolate(self, node: LocalNode) -> None:
+        self.mesh.isolate(self.nodes.index(node))
+
+    def heal(self) -> None:
+        self.mesh.heal()
+
+    def wipe(self, node: LocalNode) -> None:
+        """Delete a stopped node's data (its journal is kept: the next generation starts)."""
+        self.collect_journal(node)
+        self._generation[self.name(node)] += 1
+        shutil.rmtree(node.data)
+
+    def collect_journals(self) -> None:
+        for node in self.nodes:
+            self.collect_journal(node)
+
+    def collect_journal(self, node: LocalNode) -> None:
+        source = node.data / "deliveries.jsonl"
+        if source.exists():
+            name = self.name(node)
+            self.journals.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, self.journals / f"{name}.{self._generation[name]}.jsonl")

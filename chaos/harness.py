@@ -1,0 +1,196 @@
+"""One chaos run: a real cluster, a workload, faults, and the logs the audit reads.
+
+`run` starts ``nodes`` ``tickwheel serve`` processes behind Raft proxies, subscribes consumers,
+then produces for ``duration_s`` while the `Nemesis` inflicts faults. When production stops it
+lets delivery drain (until every accepted, uncancelled message due by then has arrived, or
+``drain_max_s``), stops everything it started, and writes ``OUT/run.json`` beside the event
+logs. Verdicts are the audit's job (``python -m tickwheel.chaos.audit OUT``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from tickwheel.chaos.cluster import ChaosCluster
+from tickwheel.chaos.nemesis import Nemesis, NemesisConfig
+from tickwheel.chaos.workload import (
+    CONSUMERS,
+    TOPICS,
+    Canceller,
+    ConsumerWorker,
+    EventLog,
+    LeaderMonitor,
+    Mix,
+    Producer,
+    now_ms,
+)
+from tickwheel.replication.local_cluster import wait_for
+
+log = logging.getLogger("tickwheel.chaos")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    out: Path
+    nodes: int = 3
+    duration_s: float = 120.0
+    rate: float = 200.0
+    """Messages scheduled per second, all producers together."""
+    seed: int = 1
+    producers: int = 2
+    cancel_fraction: float = 0.03
+    grace_ms: int = 5_000
+    """The audit counts a message lost only if it was due this long before the run ended."""
+    drain_max_s: float = 60.0
+    keep_data: bool = False
+    """Keep the nodes' data folders (``OUT/cluster``) after the run."""
+    mix: Mix = field(default_factory=Mix)
+    nemesis: NemesisConfig = field(default_factory=NemesisConfig)
+
+
+class _Expected:
+    """Which accepted messages are still owed a delivery; read to know when to stop
+    draining. Fed by wrapping the event logs' writers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._due: dict[str, int] = {}
+        self._gone: set[str] = set()
+
+    def scheduled(self, event: dict) -> None:
+        if event["acked"]:
+            with self._lock:
+                self._due[event["id"]] = event["deliver_at_ms"]
+
+    def cancelled(self, event: dict) -> None:
+        if event["outcome"] != "not_pending":
+            with self._lock:
+                self._gone.add(event["id"])
+
+    def received(self, event: dict) -> None:
+        with self._lock:
+            self._gone.add(event["id"])
+
+    def missing(self, due_by_ms: int) -> int:
+        with self._lock:
+            return sum(1 for message_id, due_ms in self._due.items()
+                       if due_ms <= due_by_ms and message_id not in self._gone)
+
+
+class _TappedLog(EventLog):
+    """An `EventLog` that also shows each event to ``tap``."""
+
+    def __init__(self, path: Path, tap: object) -> None:
+        super().__init__(path)
+        self._tap = tap
+
+    def write(self, event: dict) -> None:
+        super().write(event)
+        self._tap(event)
+
+
+def run(config: RunConfig, console: Console | None = None) -> dict:
+    """Run one scenario; returns what ``run.json`` holds."""
+    console = console or Console(stderr=True)
+    out = config.out
+    out.mkdir(parents=True, exist_ok=True)
+    expected = _Expected()
+    logs = {"scheduled": _TappedLog(out / "scheduled.jsonl", expected.scheduled),
+            "cancels": _TappedLog(out / "cancels.jsonl", expected.cancelled),
+            "received": _TappedLog(out / "received.jsonl", expected.received),
+            "leaders": EventLog(out / "leaders.jsonl"),
+            "faults": EventLog(out / "faults.jsonl")}
+    started_ms = now_ms()
+    try:
+        with ChaosCluster(out / "cluster", config.nodes, out / "journals") as cluster:
+            summary = _scenario(config, cluster, logs, expected, console)
+            nodes = [{"name": cluster.name(n), "raft": n.raft, "grpc": n.grpc_address}
+                     for n in cluster.nodes]
+    finally:
+        for event_log in logs.values():
+            event_log.close()
+    if not config.keep_data:
+        shutil.rmtree(out / "cluster", ignore_errors=True)
+    record = {"started_ms": started_ms, "ended_ms": summary.pop("ended_ms"),
+              "seed": config.seed, "nodes": nodes, "faults": list(config.nemesis.faults),
+              "grace_ms": config.grace_ms, "max_skew_ms": summary["max_skew_ms"],
+              "allowed_early_ms": summary["max_skew_ms"] + 5,
+              "config": {key: value for key, value in asdict(config).items() if key != "out"}
+              | {"out": str(out)}, "summary": summary}
+    (out / "run.json").write_text(json.dumps(record, indent=2, default=str))
+    return record
+
+
+def _scenario(config: RunConfig, cluster: ChaosCluster, logs: dict[str, EventLog],
+              expected: _Expected, console: Console) -> dict:
+    targets = [node.grpc_address for node in cluster.nodes]
+    cluster.leader(30)
+    stop_all, stop_producing = threading.Event(), threading.Event()
+    monitor = LeaderMonitor({cluster.name(n): n.grpc_address for n in cluster.nodes},
+                            logs["leaders"], stop_all)
+    consumers = [ConsumerWorker(targets, topic, behaviour, config.seed * 1_000 + i,
+                                cluster.names, logs["received"], stop_all)
+                 for i, (topic, behaviour) in enumerate(
+                     (t, b) for t in TOPICS for b in CONSUMERS)]
+    for thread in (monitor, *consumers):
+        thread.start()
+    wait_for(lambda: _subscribed(cluster) >= len(consumers), 30, "every consumer to subscribe")
+    accepted: deque = deque()
+    producers = [Producer(i, targets, config.rate / config.producers, config.mix,
+                          config.seed * 100 + i, logs["scheduled"], accepted, stop_producing)
+                 for i in range(config.producers)]
+    canceller = Canceller(targets, config.cancel_fraction, config.seed * 10 + 7,
+                          logs["cancels"], accepted, stop_producing)
+    nemesis = Nemesis(cluster, config.nemesis, config.seed, logs["faults"], stop_producing)
+    production = [*producers, canceller, nemesis]
+    for thread in production:
+        thread.start()
+    _watch(config, logs, monitor, console)
+    stop_producing.set()
+    for thread in production:
+        thread.join(120)
+    if nemesis.error is not None:
+        raise RuntimeError("the nemesis failed") from nemesis.error
+    produced_ms = now_ms()
+    try:
+        wait_for(lambda: expected.missing(produced_ms) == 0, config.drain_max_s,
+                 "every accepted message due by the end of production", poll_s=0.2)
+    except TimeoutError:
+        log.warning("event=drain_incomplete missing=%d", expected.missing(produced_ms))
+    stop_all.set()
+    for consumer in consumers:
+        consumer.close()
+    for thread in (monitor, *consumers):
+        thread.join(30)
+    return {"ended_ms": now_ms(), "inflicted": nemesis.inflicted,
+            "max_skew_ms": nemesis.max_skew_ms, "leader_changes": monitor.changes,
+            "consumer_crashes": sum(c.crashes for c in consumers),
+            "lines": {name: event_log.lines for name, event_log in logs.items()}}
+
+
+def _subscribed(cluster: ChaosCluster) -> int:
+    info = cluster.leader(10).info()
+    return 0 if info is None else sum(topic.consumers for topic in info.topics)
+
+
+def _watch(config: RunConfig, logs: dict[str, EventLog], monitor: LeaderMonitor,
+           console: Console) -> None:
+    """Show progress until the production time is up."""
+    began = time.monotonic()
+    with Progress(console=console, transient=False) as progress:
+        task = progress.add_task("chaos", total=config.duration_s)
+        while (elapsed := time.monotonic() - began) < config.duration_s:
+            progress.update(task, completed=elapsed, description=(
+                f"scheduled {logs['scheduled'].lines} received {logs['received'].lines} "
+                f"faults {logs['faults'].lines} leader {monitor.current[0]}"))
+            time.sleep(min(0.5, config.duration_s - elapsed))
+        progress.update(task, completed=config.duration_s)

@@ -1,0 +1,156 @@
+"""The faults (nemeses) the harness inflicts, one at a time, each timed and written down.
+
+| fault | what happens |
+|---|---|
+| ``kill`` | SIGKILL the leader; start it again ``down_s`` later |
+| ``pause`` | SIGSTOP the leader for ``pause_s`` (past the election timeout), then SIGCONT |
+| ``partition`` | cut the leader off from its peers at the proxies for ``partition_s``, then heal |
+| ``skew`` | restart a random node with its clock offset by 1 s to ``max_skew_ms`` either way |
+| ``restart-all`` | SIGKILL every node at once, start them all again |
+| ``follower-wipe`` | SIGKILL a follower, delete its data, start it (it catches up from a peer) |
+
+The first round inflicts every chosen fault once, in a seeded random order; later ones are
+drawn at random. Before each fault the nemesis waits for a leader that every node follows, so
+each fault hits a healthy cluster, and after each it lets the cluster recover for
+``interval_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tickwheel.chaos.cluster import ChaosCluster
+from tickwheel.chaos.workload import EventLog, now_ms
+from tickwheel.replication.local_cluster import LocalNode
+
+log = logging.getLogger("tickwheel.chaos")
+
+FAULTS = ("kill", "pause", "partition", "skew", "restart-all", "follower-wipe")
+
+
+@dataclass(frozen=True, slots=True)
+class NemesisConfig:
+    faults: tuple[str, ...] = ("kill", "pause", "partition")
+    warmup_s: float = 8.0
+    """Quiet time before the first fault."""
+    interval_s: float = 10.0
+    """Recovery time after each fault."""
+    down_s: float = 3.0
+    pause_s: float = 2.5
+    partition_s: float = 4.0
+    max_skew_ms: int = 5_000
+    leader_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.faults) - set(FAULTS)
+        if unknown or not self.faults:
+            raise ValueError(f"faults must be some of {', '.join(FAULTS)}; got "
+                             f"{', '.join(sorted(unknown)) or 'none'}")
+
+
+class Nemesis(threading.Thread):
+    """Inflicts faults on ``cluster`` until ``stop`` is set; always finishes (heals) the
+    fault in progress. ``skews_ms`` is the clock offset each node was last started with."""
+
+    def __init__(self, cluster: ChaosCluster, config: NemesisConfig, seed: int,
+                 faults_log: EventLog, stop: threading.Event) -> None:
+        super().__init__(name="nemesis", daemon=True)
+        self._cluster = cluster
+        self._config = config
+        self._random = random.Random(seed)
+        self._log = faults_log
+        self._halt = stop
+        self.inflicted: list[str] = []
+        self.max_skew_ms = 0
+        self.error: BaseException | None = None
+        self._actions: dict[str, Callable[[], tuple[LocalNode | None, str]]] = {
+            "kill": self._kill, "pause": self._pause, "partition": self._partition,
+            "skew": self._skew, "restart-all": self._restart_all,
+            "follower-wipe": self._follower_wipe}
+
+    def run(self) -> None:
+        try:
+            if self._halt.wait(self._config.warmup_s):
+                return
+            for fault in self._plan():
+                self._inflict(fault)
+                if self._halt.wait(self._config.interval_s):
+                    return
+        except BaseException as error:  # the harness reports it and fails the run
+            self.error = error
+            log.exception("event=nemesis_failed")
+
+    def _plan(self) -> object:
+        first = list(self._config.faults)
+        self._random.shuffle(first)
+        yield from first
+        while True:
+            yield self._random.choice(self._config.faults)
+
+    def _inflict(self, fault: str) -> None:
+        started_ms = now_ms()
+        node, detail = self._actions[fault]()
+        ended_ms = now_ms()
+        self.inflicted.append(fault)
+        name = None if node is None else self._cluster.name(node)
+        self._log.write({"fault": fault, "node": name, "started_ms": started_ms,
+                         "ended_ms": ended_ms, "detail": detail})
+        log.info("event=fault fault=%s node=%s took_ms=%d %s", fault, name,
+                 ended_ms - started_ms, detail)
+
+    def _leader(self) -> LocalNode:
+        return self._cluster.leader(self._config.leader_timeout_s)
+
+    def _kill(self) -> tuple[LocalNode, str]:
+        leader = self._leader()
+        self._cluster.kill(leader)
+        time.sleep(self._config.down_s)
+        self._cluster.start(leader)
+        return leader, f"SIGKILL, restarted after {self._config.down_s} s"
+
+    def _pause(self) -> tuple[LocalNode, str]:
+        leader = self._leader()
+        self._cluster.pause(leader)
+        time.sleep(self._config.pause_s)
+        self._cluster.resume(leader)
+        return leader, f"SIGSTOP for {self._config.pause_s} s, then SIGCONT"
+
+    def _partition(self) -> tuple[LocalNode, str]:
+        leader = self._leader()
+        self._cluster.isolate(leader)
+        try:
+            time.sleep(self._config.partition_s)
+        finally:
+            self._cluster.heal()
+        return leader, f"cut off from every peer for {self._config.partition_s} s"
+
+    def _skew(self) -> tuple[LocalNode, str]:
+        self._leader()
+        node = self._random.choice(self._cluster.nodes)
+        skew_ms = self._random.choice((-1, 1)) * self._random.randint(
+            min(1_000, self._config.max_skew_ms), self._config.max_skew_ms)
+        self._cluster.stop(node)
+        self._cluster.start(node, clock_skew_ms=skew_ms)
+        self.max_skew_ms = max(self.max_skew_ms, abs(skew_ms))
+        return node, f"restarted with its clock at {skew_ms:+d} ms"
+
+    def _restart_all(self) -> tuple[None, str]:
+        self._leader()
+        for node in self._cluster.nodes:
+            self._cluster.kill(node)
+        for node in self._cluster.nodes:
+            self._cluster.start(node)
+        return None, "SIGKILL every node, start them all again"
+
+    def _follower_wipe(self) -> tuple[LocalNode, str]:
+        leader = self._leader()
+        node = self._random.choice([n for n in self._cluster.nodes if n is not leader])
+        self._cluster.kill(node)
+        self._cluster.wipe(node)
+        self._cluster.start(node)
+        return node, "SIGKILL, data deleted, started empty"
