@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint demo bench bench-quick clean
+.PHONY: test lint demo bench bench-quick chaos clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tickwheel needs Python >= 3.11")'
@@ -27,10 +27,19 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m tickwheel.wheel.bench --json
 	$(PY) -m tickwheel.replication.bench --json
+	$(PY) -m tickwheel.node.bench --json
 
 bench-quick: $(STAMP)
 	$(PY) -m tickwheel.wheel.bench --json --quick
 	$(PY) -m tickwheel.replication.bench --json --quick
+	$(PY) -m tickwheel.node.bench --json --quick
+
+# The long chaos run: 10 minutes, every fault, then the audit (report in chaos-out/audit/).
+CHAOS_OUT ?= chaos-out
+chaos: $(STAMP)
+	rm -rf $(CHAOS_OUT)
+	$(PY) -m tickwheel.chaos run --out $(CHAOS_OUT) --duration 600 --rate 300 --faults all
+	$(PY) -m tickwheel.chaos.audit $(CHAOS_OUT)
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis *.egg-info chaos-out
