@@ -44,6 +44,8 @@ from tickwheel.wheel.types import DAY_MS, WheelConfig
 DEFAULT_RAFT = "127.0.0.1:7500"
 DEFAULT_GRPC = "127.0.0.1:7400"
 _POD_FIELDS = ("pod_name", "replicas", "peer_service", "namespace")
+_POD_KNOB_FIELDS = ("cluster_domain", "peer_host_template", "raft_port", "grpc_port",
+                    "port_stride", "listen_host")
 _DERIVED_FIELDS = ("raft_address", "members", "raft_listen", "grpc_listen")
 
 
@@ -150,6 +152,10 @@ class NodeSettings(BaseSettings):
         """Fill the address settings not given from the pod's place in its StatefulSet."""
         given = [name for name in _POD_FIELDS if getattr(self, name) is not None]
         if not given:
+            knobs = [name for name in _POD_KNOB_FIELDS if name in self.model_fields_set]
+            if knobs:
+                raise ValueError(f"{', '.join(knobs)} only apply to a StatefulSet pod (with "
+                                 f"{', '.join(_POD_FIELDS)})")
             return self
         if len(given) < len(_POD_FIELDS):
             missing = ", ".join(name for name in _POD_FIELDS if name not in given)

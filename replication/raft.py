@@ -63,6 +63,9 @@ class RaftConfig:
     """Encrypts and authenticates Raft traffic (which is pickle): always set it outside tests."""
     fsync: bool = False
     """msync the journal on every entry and fsync state files at snapshots (slower)."""
+    dns_cache_ms: int = 5_000
+    """How long a peer's resolved address is trusted (Kubernetes pods change IP on restart)."""
+    dns_fail_cache_ms: int = 1_000
     bind_address: str | None = None
     """Where to listen for peers when it is not the node's own address (its identity): a
     container binding ``0.0.0.0``, or a proxy standing in front of the node."""
@@ -109,6 +112,10 @@ class RaftNode(SyncObj):
             deserializer=snapshot[1],
             password=config.password,
             bindAddress=config.bind_address,
+            # pysyncobj caches a peer's address for 600 s; a restarted pod comes back with a
+            # new IP under the same name, and only one side of a link ever dials.
+            dnsCacheTime=config.dns_cache_ms / 1000,
+            dnsFailCacheTime=config.dns_fail_cache_ms / 1000,
             commandsWaitLeader=False,
         )
         raft_dir.mkdir(parents=True, exist_ok=True)

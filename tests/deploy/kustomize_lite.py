@@ -1,0 +1,112 @@
+"""A small stand-in for ``kubectl kustomize``, for machines without kubectl.
+
+It knows exactly the kustomization features that ``deploy/k8s`` uses, and refuses any other
+key, so a kustomization that starts using something new fails here loudly rather than render
+differently:
+
+- ``resources``: YAML files (one or more documents) and directories holding a kustomization;
+- ``secretGenerator`` with ``literals``, only with ``generatorOptions.disableNameSuffixHash``;
+- ``patches``: inline JSON 6902 patches (``add``, ``replace``, ``remove``) on a ``target``
+  given by ``kind`` and ``name``;
+- ``replicas``: ``spec.replicas`` of the named workload.
+
+They apply in kustomize's order: resources, generators, patches, replicas. When kubectl is on
+PATH, ``tests/deploy/test_manifests.py`` checks that both render the same objects.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+Manifest = dict[str, Any]
+KUSTOMIZATION = "kustomization.yaml"
+_SCALABLE_KINDS = ("Deployment", "ReplicaSet", "ReplicationController", "StatefulSet")
+_KNOWN_KEYS = {"apiVersion", "kind", "resources", "secretGenerator", "generatorOptions",
+               "patches", "replicas"}
+
+
+def render(directory: Path) -> list[Manifest]:
+    """The objects the kustomization in ``directory`` builds."""
+    spec = yaml.safe_load((directory / KUSTOMIZATION).read_text())
+    unknown = set(spec) - _KNOWN_KEYS
+    if unknown:
+        raise NotImplementedError(f"{directory / KUSTOMIZATION}: {sorted(unknown)}")
+    objects = [obj for resource in spec.get("resources", [])
+               for obj in _load(directory / resource)]
+    objects += _secrets(spec)
+    for patch in spec.get("patches", []):
+        _apply_patch(objects, patch)
+    for replicas in spec.get("replicas", []):
+        _find(objects, _SCALABLE_KINDS, replicas["name"])["spec"]["replicas"] = replicas["count"]
+    return objects
+
+
+def load_documents(path: Path) -> list[Manifest]:
+    """Every non-empty YAML document in ``path``."""
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def _load(path: Path) -> list[Manifest]:
+    return render(path) if path.is_dir() else load_documents(path)
+
+
+def _secrets(spec: dict[str, Any]) -> list[Manifest]:
+    generators = spec.get("secretGenerator", [])
+    if generators and not spec.get("generatorOptions", {}).get("disableNameSuffixHash"):
+        raise NotImplementedError("secretGenerator without disableNameSuffixHash (name hashes)")
+    secrets = []
+    for generator in generators:
+        if set(generator) != {"name", "literals"}:
+            raise NotImplementedError(f"secretGenerator fields {sorted(generator)}")
+        data = dict(literal.split("=", 1) for literal in generator["literals"])
+        secrets.append({"apiVersion": "v1", "kind": "Secret",
+                        "metadata": {"name": generator["name"]}, "type": "Opaque",
+                        "data": {key: base64.b64encode(value.encode()).decode()
+                                 for key, value in data.items()}})
+    return secrets
+
+
+def _find(objects: list[Manifest], kinds: tuple[str, ...], name: str) -> Manifest:
+    found = [obj for obj in objects if obj["metadata"]["name"] == name and obj["kind"] in kinds]
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} objects of kind {' or '.join(kinds)} named {name}")
+    return found[0]
+
+
+def _apply_patch(objects: list[Manifest], patch: dict[str, Any]) -> None:
+    if set(patch) != {"target", "patch"} or set(patch["target"]) != {"kind", "name"}:
+        raise NotImplementedError(f"patch fields {sorted(patch)}: only target (kind, name) "
+                                  "and an inline JSON 6902 patch")
+    target = _find(objects, (patch["target"]["kind"],), patch["target"]["name"])
+    for operation in yaml.safe_load(patch["patch"]):
+        _apply_operation(target, operation)
+
+
+def _apply_operation(document: Manifest, operation: dict[str, Any]) -> None:
+    op = operation["op"]
+    if op not in ("add", "replace", "remove"):
+        raise NotImplementedError(f"JSON 6902 operation {op!r}")
+    *parents, key = [part.replace("~1", "/").replace("~0", "~")
+                     for part in operation["path"].split("/")[1:]]
+    parent: Any = document
+    for part in parents:
+        parent = parent[int(part)] if isinstance(parent, list) else parent[part]
+    if isinstance(parent, list):
+        index = len(parent) if key == "-" else int(key)
+        if op == "add":
+            parent.insert(index, copy.deepcopy(operation["value"]))
+            return
+        if not 0 <= index < len(parent):
+            raise IndexError(f"{operation['path']}: nothing to {op}")
+        key = index
+    elif op != "add" and key not in parent:
+        raise KeyError(f"{operation['path']}: nothing to {op}")
+    if op == "remove":
+        del parent[key]
+    else:
+        parent[key] = copy.deepcopy(operation["value"])

@@ -1,0 +1,346 @@
+"""The container image and the Kubernetes manifests, checked offline.
+
+Each kustomization is rendered (``kubectl kustomize`` when kubectl is on PATH, else the
+stand-in beside this file; with kubectl, both must agree), every object is validated against
+the Kubernetes OpenAPI schemas that ``kubernetes_validate`` ships (strict: unknown fields are
+errors), and the facts the cluster's safety rests on are asserted one by one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from tickwheel.node.config import NodeSettings
+
+from . import kustomize_lite
+from .kustomize_lite import Manifest
+
+PROJECT = Path(__file__).resolve().parents[2]
+DEPLOY = PROJECT / "deploy"
+K8S = DEPLOY / "k8s"
+KUSTOMIZATIONS = {"base": 3, "overlays/dev": 1, "overlays/prod": 3}
+"""Each kustomization and the replica count it must give."""
+MIN_SCHEMA_VERSION = (1, 30)
+SCHEMA_VERSION = kubernetes_validate.latest_version()
+"""The newest Kubernetes release whose schemas the installed ``kubernetes_validate`` ships."""
+KUBECTL = shutil.which("kubectl")
+DATA_PATH = "/var/lib/tickwheel"
+GRPC_PORT = 7400
+METRICS_PORT = 9400
+PASSWORD_SECRET = ("tickwheel-raft", "password")
+
+
+def kubectl_kustomize(directory: Path) -> list[Manifest]:
+    run = subprocess.run([KUBECTL, "kustomize", str(directory)], capture_output=True,
+                         text=True, check=True, timeout=60)
+    return [doc for doc in yaml.safe_load_all(run.stdout) if doc]
+
+
+def render(directory: Path) -> list[Manifest]:
+    return kubectl_kustomize(directory) if KUBECTL else kustomize_lite.render(directory)
+
+
+def by_kind(objects: list[Manifest]) -> dict[str, list[Manifest]]:
+    kinds: dict[str, list[Manifest]] = {}
+    for obj in objects:
+        kinds.setdefault(obj["kind"], []).append(obj)
+    return kinds
+
+
+def one(objects: list[Manifest], kind: str, name: str | None = None) -> Manifest:
+    found = [obj for obj in by_kind(objects).get(kind, [])
+             if name is None or obj["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def node_container(objects: list[Manifest]) -> Manifest:
+    containers = one(objects, "StatefulSet")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[Manifest]]:
+    return {name: render(K8S / name) for name in KUSTOMIZATIONS}
+
+
+@pytest.fixture(scope="module")
+def audit_job() -> Manifest:
+    documents = kustomize_lite.load_documents(K8S / "audit-job.yaml")
+    assert len(documents) == 1
+    return documents[0]
+
+
+def test_every_object_is_valid_against_the_kubernetes_schemas(
+        rendered: dict[str, list[Manifest]], audit_job: Manifest) -> None:
+    assert tuple(int(part) for part in SCHEMA_VERSION.split(".")[:2]) >= MIN_SCHEMA_VERSION
+    for name, objects in [*rendered.items(), ("audit-job.yaml", [audit_job])]:
+        for obj in objects:
+            where = f"{name}: {obj['kind']}/{obj['metadata']['name']}"
+            try:
+                kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as error:
+                pytest.fail(f"{where} against Kubernetes {SCHEMA_VERSION}: {error.message} "
+                            f"at {list(error.absolute_path)}")
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not on PATH")
+def test_the_stand_in_renders_what_kubectl_kustomize_renders() -> None:
+    def key(obj: Manifest) -> tuple[str, str]:
+        return obj["kind"], obj["metadata"]["name"]
+
+    for name in KUSTOMIZATIONS:
+        assert sorted(kustomize_lite.render(K8S / name), key=key) == sorted(
+            kubectl_kustomize(K8S / name), key=key), name
+
+
+def test_each_overlay_gives_its_replica_count_and_tells_the_pods_the_same(
+        rendered: dict[str, list[Manifest]]) -> None:
+    for name, replicas in KUSTOMIZATIONS.items():
+        statefulset = one(rendered[name], "StatefulSet")
+        config = one(rendered[name], "ConfigMap", "tickwheel-config")["data"]
+        assert statefulset["spec"]["replicas"] == replicas, name
+        assert config["TICKWHEEL_REPLICAS"] == str(replicas), name
+        # Ordinals must be 0..replicas-1: that is what the pods derive the members from.
+        assert "ordinals" not in statefulset["spec"], name
+
+
+def test_the_statefulset_starts_pods_together_each_with_its_own_volume_on_its_own_machine(
+        rendered: dict[str, list[Manifest]]) -> None:
+    for name, objects in rendered.items():
+        spec = one(objects, "StatefulSet")["spec"]
+        assert spec["podManagementPolicy"] == "Parallel", name
+        claims = spec["volumeClaimTemplates"]
+        assert [claim["metadata"]["name"] for claim in claims] == ["data"], name
+        assert claims[0]["spec"]["accessModes"] == ["ReadWriteOnce"], name
+        assert {"name": "data", "mountPath": DATA_PATH} in node_container(objects)[
+            "volumeMounts"], name
+        anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+        [term] = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "kubernetes.io/hostname", name
+        assert term["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"], name
+
+
+def test_pods_run_as_a_non_root_user_with_bounded_resources(
+        rendered: dict[str, list[Manifest]]) -> None:
+    for name, objects in rendered.items():
+        pod = one(objects, "StatefulSet")["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["runAsUser"] > 0, name
+        container = node_container(objects)
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False, name
+        assert container["securityContext"]["capabilities"]["drop"] == ["ALL"], name
+        for kind in ("requests", "limits"):
+            assert {"cpu", "memory"} <= set(container["resources"][kind]), (name, kind)
+        # Service links would add TICKWHEEL_SERVICE_HOST etc. to the node's settings' prefix.
+        assert pod["enableServiceLinks"] is False, name
+
+
+def test_probes_use_the_grpc_health_service_and_liveness_is_patient(
+        rendered: dict[str, list[Manifest]]) -> None:
+    for name, objects in rendered.items():
+        container = node_container(objects)
+        readiness, liveness = container["readinessProbe"], container["livenessProbe"]
+        assert readiness["grpc"] == {"port": GRPC_PORT}, name
+        assert liveness["grpc"] == {"port": GRPC_PORT}, name
+        patience_s = liveness["failureThreshold"] * liveness["periodSeconds"]
+        assert patience_s >= 120, f"{name}: liveness gives up after {patience_s} s"
+        assert patience_s > readiness["failureThreshold"] * readiness["periodSeconds"], name
+
+
+def test_the_disruption_budget_keeps_a_majority_up(rendered: dict[str, list[Manifest]]) -> None:
+    for name, replicas in KUSTOMIZATIONS.items():
+        budget = one(rendered[name], "PodDisruptionBudget")["spec"]
+        pod_labels = one(rendered[name], "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+        assert budget["selector"]["matchLabels"].items() <= pod_labels.items(), name
+        assert "minAvailable" not in budget, name
+        assert budget["maxUnavailable"] == 1, name
+        if replicas >= 3:
+            assert replicas - budget["maxUnavailable"] >= replicas // 2 + 1, name
+
+
+def test_the_five_node_recipe_of_the_readme_renders_a_consistent_cluster(
+        tmp_path: Path) -> None:
+    overlay = tmp_path / "five"
+    overlay.mkdir()
+    prod = yaml.safe_load((K8S / "overlays/prod/kustomization.yaml").read_text())
+    prod["resources"] = [os.path.relpath(K8S / "base", overlay)]  # kustomize: no absolute
+    prod["replicas"][0]["count"] = 5
+    replicas_patch = prod["patches"][0]["patch"].replace('value: "3"', 'value: "5"')
+    assert replicas_patch != prod["patches"][0]["patch"]
+    prod["patches"][0]["patch"] = replicas_patch
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(prod))
+    objects = render(overlay)
+    assert one(objects, "StatefulSet")["spec"]["replicas"] == 5
+    assert one(objects, "ConfigMap")["data"]["TICKWHEEL_REPLICAS"] == "5"
+    assert 5 - one(objects, "PodDisruptionBudget")["spec"]["maxUnavailable"] >= 3
+
+
+def test_peers_find_each_other_before_they_are_ready_and_clients_reach_ready_nodes(
+        rendered: dict[str, list[Manifest]]) -> None:
+    for name, objects in rendered.items():
+        statefulset = one(objects, "StatefulSet")
+        pod_labels = statefulset["spec"]["template"]["metadata"]["labels"]
+        config = one(objects, "ConfigMap", "tickwheel-config")["data"]
+        peers = one(objects, "Service", statefulset["spec"]["serviceName"])["spec"]
+        assert config["TICKWHEEL_PEER_SERVICE"] == statefulset["spec"]["serviceName"], name
+        assert peers["clusterIP"] == "None" and peers["publishNotReadyAddresses"] is True, name
+        assert peers["selector"] == pod_labels, name
+        client = one(objects, "Service", "tickwheel")
+        assert client["spec"]["selector"] == pod_labels, name
+        assert {port["port"] for port in client["spec"]["ports"]} == {GRPC_PORT, METRICS_PORT}
+        annotations = client["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true", name
+        assert annotations["prometheus.io/port"] == str(METRICS_PORT), name
+        assert config["TICKWHEEL_METRICS_LISTEN"] == f"0.0.0.0:{METRICS_PORT}", name
+
+
+def test_settings_come_from_the_configmap_and_the_password_from_a_secret(
+        rendered: dict[str, list[Manifest]]) -> None:
+    settings = {f"TICKWHEEL_{name.upper()}" for name in NodeSettings.model_fields}
+    for name, objects in rendered.items():
+        container = node_container(objects)
+        assert container["envFrom"] == [{"configMapRef": {"name": "tickwheel-config"}}], name
+        config = one(objects, "ConfigMap", "tickwheel-config")["data"]
+        env = {variable["name"]: variable for variable in container["env"]}
+        assert set(config) | set(env) <= settings, f"{name}: not node settings"
+        assert env["TICKWHEEL_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+            "metadata.name")
+        assert env["TICKWHEEL_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+            "metadata.namespace")
+        secret_ref = env["TICKWHEEL_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert (secret_ref["name"], secret_ref["key"]) == PASSWORD_SECRET, name
+        assert "TICKWHEEL_PASSWORD" not in config, name
+    assert "Secret" not in by_kind(rendered["overlays/prod"]), "prod must not ship a password"
+    dev_secret = one(rendered["overlays/dev"], "Secret", PASSWORD_SECRET[0])
+    assert set(dev_secret["data"]) == {PASSWORD_SECRET[1]}
+
+
+# -- the image --------------------------------------------------------------------------------
+
+@dataclass
+class Stage:
+    base: str
+    name: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, keyword: str) -> list[str]:
+        return [argument for word, argument in self.instructions if word == keyword]
+
+    def last(self, keyword: str) -> str | None:
+        found = self.all(keyword)
+        return found[-1] if found else None
+
+
+def dockerfile_stages(path: Path) -> tuple[dict[str, str], list[Stage]]:
+    """The global ``ARG`` defaults and the stages, each a list of ``(KEYWORD, argument)``;
+    comments dropped and continued lines joined."""
+    text = re.sub(r"^\s*#.*\n", "", path.read_text(), flags=re.MULTILINE)
+    lines = [line.strip() for line in text.replace("\\\n", " ").splitlines() if line.strip()]
+    args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in lines:
+        keyword, _, argument = line.partition(" ")
+        keyword, argument = keyword.upper(), " ".join(argument.split())
+        if keyword == "FROM":
+            base, _, name = argument.partition(" AS ")
+            stages.append(Stage(base, name))
+        elif stages:
+            stages[-1].instructions.append((keyword, argument))
+        elif keyword == "ARG":
+            name, _, default = argument.partition("=")
+            args[name] = default
+    return args, stages
+
+
+Image = tuple[dict[str, str], dict[str, Stage], Stage]
+
+
+@pytest.fixture(scope="module")
+def image() -> Image:
+    """Global args, the stages by name, and the stage a plain ``docker build`` gives."""
+    args, stages = dockerfile_stages(DEPLOY / "Dockerfile")
+    return args, {stage.name: stage for stage in stages}, stages[-1]
+
+
+def exec_form(argument: str | None) -> list[str]:
+    assert argument is not None and argument.startswith("["), f"not exec form: {argument}"
+    return json.loads(argument)
+
+
+def test_the_image_builds_the_wheel_in_one_stage_and_runs_it_in_a_slim_one(image: Image) -> None:
+    args, stages, default = image
+    assert list(stages) == ["builder", "runtime", "audit", "node"]
+    assert re.fullmatch(r"python:3\.11-slim(-\w+)?", args["PYTHON_IMAGE"])
+    assert stages["builder"].base == stages["runtime"].base == "${PYTHON_IMAGE}"
+    assert any("pip wheel" in run for run in stages["builder"].all("RUN"))
+    assert any("from=builder" in run and "install" in run for run in stages["runtime"].all(
+        "RUN"))
+    assert default.base == "runtime" and not default.instructions
+
+
+def test_the_node_runs_tickwheel_serve_as_the_pods_user_on_the_pods_volume(
+        image: Image, rendered: dict[str, list[Manifest]]) -> None:
+    _, stages, _ = image
+    runtime = stages["runtime"]
+    user, _, group = runtime.last("USER").partition(":")
+    assert user.isdigit() and int(user) > 0 and group.isdigit()
+    assert exec_form(runtime.last("ENTRYPOINT")) == ["tickwheel", "serve"]
+    assert exec_form(runtime.last("VOLUME")) == [DATA_PATH]
+    assert f"TICKWHEEL_DATA={DATA_PATH}" in " ".join(runtime.all("ENV"))
+    pod = one(rendered["overlays/prod"], "StatefulSet")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == int(user)
+    assert pod["securityContext"]["runAsGroup"] == int(group)
+
+
+def test_java_is_only_in_the_audit_image_and_the_audit_job_runs_spark_on_it(
+        image: Image, audit_job: Manifest) -> None:
+    args, stages, _ = image
+    for name in ("builder", "runtime", "node"):
+        text = repr(stages[name].instructions).lower()
+        assert "jre" not in text and "java" not in text and "jdk" not in text, name
+    audit = stages["audit"]
+    assert audit.base == "runtime"
+    assert any("openjdk-17-jre-headless" in run for run in audit.all("RUN"))
+    assert audit.last("USER") == stages["runtime"].last("USER")
+    python = re.match(r"python:(\d+\.\d+)", args["PYTHON_IMAGE"])[1]
+    venv = re.search(r"python -m venv --without-pip (\S+)", " ".join(
+        stages["runtime"].all("RUN")))[1]
+    script = f"{venv}/lib/python{python}/site-packages/tickwheel/chaos/audit.py"
+    package_dirs = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"][
+        "setuptools"]["package-dir"]
+    assert (PROJECT / package_dirs["tickwheel.chaos"] / "audit.py").is_file()
+    assert exec_form(audit.last("CMD"))[0] == script
+    pod = audit_job["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    command = container["command"]
+    assert command[:3] == ["spark-submit", "--master", "local[*]"]
+    assert command[-3:] == [script, "/audit-data", "--json"]
+    assert {"name": "audit-data", "mountPath": "/audit-data"} in container["volumeMounts"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert all(c["image"].startswith("tickwheel-audit:") for c in pod["initContainers"] + [
+        container])
+
+
+def test_the_build_context_holds_every_folder_the_wheel_is_built_from() -> None:
+    patterns = [line.strip() for line in (PROJECT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    assert patterns[0] == "*"
+    included = {pattern[1:].rstrip("/") for pattern in patterns if pattern.startswith("!")}
+    package_dirs: dict[str, Any] = tomllib.loads((PROJECT / "pyproject.toml").read_text())[
+        "tool"]["setuptools"]["package-dir"]
+    generated = {path for path in package_dirs.values() if path.startswith("build/")}
+    assert set(package_dirs.values()) - generated <= included
+    assert {"pyproject.toml", "setup.py", "README.md", "proto"} <= included

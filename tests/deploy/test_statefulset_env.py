@@ -1,0 +1,315 @@
+"""A node finds its address and its peers from its place in a StatefulSet.
+
+Unit tests of the derivation (`tickwheel.node.statefulset`) and of how `NodeSettings` applies
+it, then three real node processes given exactly the environment the prod StatefulSet gives
+its pods (read from the rendered manifests), with the test knobs that map every pod name to
+127.0.0.1 and give each ordinal its own ports: they must form one cluster and serve.
+"""
+
+from __future__ import annotations
+
+import doctest
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pydantic import ValidationError
+from tickwheel.client import Client
+from tickwheel.node import statefulset
+from tickwheel.node.config import NodeSettings, load
+from tickwheel.node.statefulset import StatefulSetPod, addresses, split_pod_name
+from tickwheel.replication.local_cluster import free_ports, wait_for
+from tickwheel.v1 import tickwheel_pb2 as pb
+from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
+
+from . import kustomize_lite
+
+PROD = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "overlays" / "prod"
+POD_ENV = {"TICKWHEEL_POD_NAME": "tickwheel-1", "TICKWHEEL_REPLICAS": "3",
+           "TICKWHEEL_PEER_SERVICE": "tickwheel-peers", "TICKWHEEL_NAMESPACE": "prod"}
+PEERS = "tickwheel-peers.prod.svc.cluster.local"
+FORM_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+
+
+def pod(name: str = "tickwheel-1", replicas: int = 3, **knobs: object) -> StatefulSetPod:
+    return StatefulSetPod(name, replicas=replicas, service="tickwheel-peers",
+                          namespace="prod", **knobs)
+
+
+# -- the derivation ---------------------------------------------------------------------------
+
+def test_the_module_example_runs() -> None:
+    results = doctest.testmod(statefulset, raise_on_error=False, verbose=False)
+    assert results.attempted >= 6 and results.failed == 0
+
+
+def test_a_pod_derives_its_identity_every_member_and_where_to_bind() -> None:
+    found = addresses(pod("tickwheel-1"))
+    assert found.raft_address == f"tickwheel-1.{PEERS}:7500"
+    assert found.members == [f"tickwheel-{i}.{PEERS}:7500=tickwheel-{i}.{PEERS}:7400"
+                             for i in range(3)]
+    assert (found.raft_listen, found.grpc_listen) == ("0.0.0.0:7500", "0.0.0.0:7400")
+
+
+def test_the_cluster_domain_and_the_host_template_are_configurable() -> None:
+    found = addresses(pod("tickwheel-0", replicas=1, domain="corp.example"))
+    assert found.raft_address == "tickwheel-0.tickwheel-peers.prod.svc.corp.example:7500"
+    found = addresses(pod("tw-2", host_template="{service}-{ordinal}.{namespace}"))
+    assert found.members[0] == "tickwheel-peers-0.prod:7500=tickwheel-peers-0.prod:7400"
+    assert found.raft_address == "tickwheel-peers-2.prod:7500"
+
+
+def test_the_port_stride_gives_each_ordinal_its_own_ports() -> None:
+    found = addresses(pod("tickwheel-2", host_template="127.0.0.1", raft_port=20_001,
+                          grpc_port=20_000, port_stride=2, listen_host="127.0.0.1"))
+    assert found.members == ["127.0.0.1:20001=127.0.0.1:20000",
+                             "127.0.0.1:20003=127.0.0.1:20002",
+                             "127.0.0.1:20005=127.0.0.1:20004"]
+    assert found.raft_address == "127.0.0.1:20005"
+    assert (found.raft_listen, found.grpc_listen) == ("127.0.0.1:20005", "127.0.0.1:20004")
+
+
+def test_pod_names_split_into_the_set_and_the_ordinal() -> None:
+    assert split_pod_name("tickwheel-0") == ("tickwheel", 0)
+    assert split_pod_name("my-tick-wheel-12") == ("my-tick-wheel", 12)
+    for bad in ("tickwheel", "tickwheel-", "-3", "tickwheel-01", "Tickwheel-1", "tickwheel-x"):
+        with pytest.raises(ValueError, match="not a StatefulSet pod name"):
+            split_pod_name(bad)
+
+
+@pytest.mark.parametrize(("bad_pod", "message"), [
+    (pod("tickwheel"), "not a StatefulSet pod name"),
+    (pod("tickwheel-3", replicas=3), "ordinal 3, but replicas is 3"),
+    (pod("tickwheel-0", replicas=0), "replicas must be at least 1"),
+    (pod("tickwheel-0", port_stride=-1), "port_stride must not be negative"),
+    (pod("tickwheel-0", raft_port=65_535, port_stride=1), "raft_port 65535"),
+    (pod("tickwheel-0", grpc_port=0), "grpc_port 0"),
+    (pod("tickwheel-0", host_template="{pod}.{zone}"), "peer_host_template"),
+])
+def test_impossible_places_are_configuration_errors(bad_pod: StatefulSetPod,
+                                                     message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        addresses(bad_pod)
+
+
+# -- NodeSettings -----------------------------------------------------------------------------
+
+@pytest.fixture
+def pod_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """The StatefulSet's environment for pod tickwheel-1 of 3, and no other TICKWHEEL_*."""
+    for name in list(os.environ):
+        if name.startswith("TICKWHEEL_"):
+            monkeypatch.delenv(name)
+    for name, value in POD_ENV.items():
+        monkeypatch.setenv(name, value)
+    yield monkeypatch
+
+
+def test_settings_derive_the_addresses_from_the_pod_environment(
+        pod_env: pytest.MonkeyPatch) -> None:
+    settings = load(None, {})
+    assert settings.raft_address == f"tickwheel-1.{PEERS}:7500"
+    assert len(settings.member_map()) == 3
+    assert settings.member_map()[settings.raft_address] == f"tickwheel-1.{PEERS}:7400"
+    assert (settings.raft_listen, settings.listen()) == ("0.0.0.0:7500", "0.0.0.0:7400")
+    assert settings.replica_config().raft.bind_address == "0.0.0.0:7500"
+
+
+def test_explicit_settings_win_over_derived_ones(pod_env: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    pod_env.setenv("TICKWHEEL_RAFT_LISTEN", "10.1.2.3:7500")
+    settings = load(None, {"grpc_listen": "10.1.2.3:7400"})
+    assert (settings.raft_listen, settings.grpc_listen) == ("10.1.2.3:7500", "10.1.2.3:7400")
+    assert settings.raft_address == f"tickwheel-1.{PEERS}:7500"
+    config = tmp_path / "node.toml"
+    config.write_text('raft_address = "a:7500"\nmembers = ["a:7500=a:7400", "b:7500=b:7400"]\n')
+    settings = load(config, {})
+    assert settings.raft_address == "a:7500"
+    assert settings.member_map() == {"a:7500": "a:7400", "b:7500": "b:7400"}
+    assert settings.raft_listen == "10.1.2.3:7500"
+    assert settings.listen() == "0.0.0.0:7400"
+
+
+def test_an_explicit_identity_outside_the_derived_members_is_refused(
+        pod_env: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValidationError, match="is not among members"):
+        load(None, {"raft_address": "10.0.0.1:7500"})
+
+
+def test_half_a_pod_environment_is_refused(pod_env: pytest.MonkeyPatch) -> None:
+    pod_env.delenv("TICKWHEEL_NAMESPACE")
+    with pytest.raises(ValidationError, match="given without namespace"):
+        load(None, {})
+
+
+def test_without_a_pod_environment_nothing_is_derived(pod_env: pytest.MonkeyPatch) -> None:
+    for name in POD_ENV:
+        pod_env.delenv(name)
+    settings = NodeSettings()
+    assert (settings.raft_address, settings.members, settings.raft_listen) == (
+        "127.0.0.1:7500", [], None)
+    pod_env.setenv("TICKWHEEL_GRPC_PORT", "7401")
+    with pytest.raises(ValidationError, match="grpc_port only apply to a StatefulSet pod"):
+        NodeSettings()
+
+
+def test_serve_refuses_to_start_as_a_pod_outside_the_set(tmp_path: Path) -> None:
+    env = {**_clean_environment(), **POD_ENV, "TICKWHEEL_POD_NAME": "tickwheel-3",
+           "TICKWHEEL_DATA": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "tickwheel.node", "serve"], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 2
+    assert "bad configuration" in run.stdout
+    assert "ordinal 3, but replicas is 3" in " ".join(run.stdout.split())
+
+
+# -- three real pods --------------------------------------------------------------------------
+
+def _clean_environment() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items()
+            if not name.startswith("TICKWHEEL_")}
+
+
+def _statefulset_environment(ordinal: int, namespace: str,
+                             secrets: dict[tuple[str, str], str]) -> dict[str, str]:
+    """What the rendered prod StatefulSet puts in the environment of pod ``ordinal``: its
+    ConfigMap (``envFrom``) and its ``env`` (downward API fields, Secret keys, values)."""
+    objects = kustomize_lite.render(PROD)
+    [workload] = [obj for obj in objects if obj["kind"] == "StatefulSet"]
+    [container] = workload["spec"]["template"]["spec"]["containers"]
+    fields = {"metadata.name": f"{workload['metadata']['name']}-{ordinal}",
+              "metadata.namespace": namespace}
+    env: dict[str, str] = {}
+    for source in container["envFrom"]:
+        name = source["configMapRef"]["name"]
+        [config] = [obj for obj in objects
+                    if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == name]
+        env.update(config["data"])
+    for variable in container["env"]:
+        origin = variable.get("valueFrom", {})
+        if "fieldRef" in origin:
+            env[variable["name"]] = fields[origin["fieldRef"]["fieldPath"]]
+        elif "secretKeyRef" in origin:
+            ref = origin["secretKeyRef"]
+            env[variable["name"]] = secrets[ref["name"], ref["key"]]
+        else:
+            env[variable["name"]] = variable["value"]
+    return env
+
+
+def _consecutive_free_ports(count: int, tries: int = 50) -> int:
+    """The first of ``count`` consecutive ports that are free on 127.0.0.1 right now."""
+    for _ in range(tries):
+        first = free_ports(1)[0]
+        sockets = [socket.socket() for _ in range(count)]
+        try:
+            for offset, sock in enumerate(sockets):
+                sock.bind(("127.0.0.1", first + offset))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports in {tries} tries")
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _one_cluster(stubs: list[pb_grpc.TickwheelStub], processes: list[subprocess.Popen],
+                 logs: list[Path]) -> pb.ClusterInfoResponse | None:
+    """The leader's ClusterInfo once every node names the same leader, exactly one says it
+    leads, and each knows all the members; None before."""
+    for process, log in zip(processes, logs, strict=True):
+        if process.poll() is not None:
+            raise RuntimeError(f"node exited with {process.returncode}:\n{log.read_text()}")
+    try:
+        infos = [stub.ClusterInfo(pb.ClusterInfoRequest(), timeout=1) for stub in stubs]
+    except grpc.RpcError:
+        return None
+    leaders = [info for info in infos if info.role == "leader"]
+    if len(leaders) != 1 or {info.leader for info in infos} != {leaders[0].address}:
+        return None
+    if any(len(info.members) != len(stubs) for info in infos):
+        return None
+    return leaders[0]
+
+
+def _serving(channels: list[grpc.Channel]) -> bool:
+    request = health_pb2.HealthCheckRequest(service="")
+    try:
+        return all(health_pb2_grpc.HealthStub(channel).Check(request, timeout=1).status
+                   == health_pb2.HealthCheckResponse.SERVING for channel in channels)
+    except grpc.RpcError:
+        return False
+
+
+def test_three_pods_with_the_statefulset_environment_form_one_cluster_and_serve(
+        tmp_path: Path) -> None:
+    replicas = 3
+    first_port = _consecutive_free_ports(2 * replicas)
+    knobs = {"TICKWHEEL_PEER_HOST_TEMPLATE": "127.0.0.1", "TICKWHEEL_LISTEN_HOST": "127.0.0.1",
+             "TICKWHEEL_GRPC_PORT": str(first_port), "TICKWHEEL_RAFT_PORT": str(first_port + 1),
+             "TICKWHEEL_PORT_STRIDE": "2", "TICKWHEEL_METRICS_LISTEN": ""}
+    secrets = {("tickwheel-raft", "password"): "test-only-password"}
+    grpc_addresses = [f"127.0.0.1:{first_port + 2 * i}" for i in range(replicas)]
+    logs = [tmp_path / f"tickwheel-{i}.log" for i in range(replicas)]
+    processes: list[subprocess.Popen] = []
+    channels = [grpc.insecure_channel(address) for address in grpc_addresses]
+    try:
+        for ordinal in range(replicas):
+            env = {**_clean_environment(),
+                   **_statefulset_environment(ordinal, "tickwheel-test", secrets), **knobs,
+                   "TICKWHEEL_DATA": str(tmp_path / f"data-tickwheel-{ordinal}")}
+            assert env["TICKWHEEL_REPLICAS"] == str(replicas)
+            with open(logs[ordinal], "wb") as log:
+                processes.append(subprocess.Popen(
+                    [sys.executable, "-m", "tickwheel.node", "serve"], env=env, stdout=log,
+                    stderr=subprocess.STDOUT))
+        stubs = [pb_grpc.TickwheelStub(channel) for channel in channels]
+        leader = wait_for(lambda: _one_cluster(stubs, processes, logs), FORM_TIMEOUT_S,
+                          "one cluster of three")
+        assert {member.raft_address for member in leader.members} == {
+            f"127.0.0.1:{first_port + 2 * i + 1}" for i in range(replicas)}
+        wait_for(lambda: _serving(channels), FORM_TIMEOUT_S, "every node SERVING")
+        _schedule_and_consume(grpc_addresses)
+    finally:
+        for channel in channels:
+            channel.close()
+        _stop(processes)
+    assert all(process.returncode == 0 for process in processes), [
+        log.read_text()[-2_000:] for log in logs]
+
+
+def _schedule_and_consume(grpc_addresses: list[str]) -> None:
+    with Client(grpc_addresses, timeout_s=FORM_TIMEOUT_S) as client:
+        client.schedule("deploy", b"hello from a pod", delay_ms=0, id="deploy-1")
+        with client.consume("deploy", prefetch=1) as consumer:
+            deadline = threading.Timer(FORM_TIMEOUT_S, consumer.close)
+            deadline.start()
+            try:
+                message = next(consumer, None)
+            finally:
+                deadline.cancel()
+            assert message is not None, f"nothing delivered within {FORM_TIMEOUT_S} s"
+            assert (message.id, message.body) == ("deploy-1", b"hello from a pod")
+            message.ack()
