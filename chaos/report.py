@@ -1,0 +1,213 @@
+"""The audit's outputs: ``summary.json``, ``report.md``, two PNG plots, and the terminal table.
+
+Everything here is drawn from the summary `tickwheel.chaos.audit` computes (its docstring defines
+every figure) plus the ``(received_ms, lateness_ms)`` points of first receipts; nothing is
+recomputed. Times in the report are seconds since the run started.
+
+- ``lateness.png``: each first receipt's lateness (symmetric log scale, so early receipts show
+  below zero) against when it arrived, a dashed line at each failover (when the harness saw the
+  new leader) and the fault windows shaded.
+- ``duplicates.png``: duplicate receipts per failover, stacked by class.
+- ``report.md``: the verdict, the overall figures, the failover and fault tables, the plots, and
+  up to `MAX_EXAMPLES` ids for each problem class.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from rich.console import Console
+from rich.table import Table
+
+MAX_EXAMPLES = 20
+"""Ids listed per problem class in the report."""
+LATENESS_PNG = "lateness.png"
+DUPLICATES_PNG = "duplicates.png"
+CLASS_COLOURS = {"flagged": "tab:blue", "redelivery": "tab:orange", "unflagged": "tab:red"}
+FAILOVER_HEADER = ["#", "old -> new", "term", "fault", "lost at (s)", "no leader (ms)",
+                   "first delivery (ms)", "catch-up (ms)", "duplicates f / r / u"]
+def write_report(audit_dir: Path, summary: dict[str, Any],
+                 points: list[tuple[int, int]]) -> list[Path]:
+    """Write ``summary.json``, ``report.md`` and the plots into ``audit_dir``; return the paths."""
+    audit_dir.mkdir(parents=True, exist_ok=True)
+    paths = [audit_dir / "summary.json", audit_dir / "report.md",
+             audit_dir / LATENESS_PNG, audit_dir / DUPLICATES_PNG]
+    paths[0].write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    paths[1].write_text(render_markdown(summary), encoding="utf-8")
+    _save(plot_lateness(summary, points), paths[2])
+    _save(plot_duplicates(summary), paths[3])
+    return paths
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    """The whole ``report.md``."""
+    run = summary["run"]
+    lines = [f"# Delivery audit: {summary['verdict'].upper()}", "",
+             f"Seed {run['seed']}, {(run['ended_ms'] - run['started_ms']) / 1000:.1f} s run, "
+             f"grace {run['grace_ms']:,} ms, allowed early {run['allowed_early_ms']:,} ms. "
+             "Times are seconds since the run started.", "",
+             _markdown_table(["figure", "value"], [list(row) for row in overall_rows(summary)]),
+             "", "## Failovers", "",
+             _markdown_table(FAILOVER_HEADER, failover_rows(summary)) if summary["failovers"]
+             else "None.", "", "## Faults", "", _faults_markdown(summary), "",
+             f"![lateness]({LATENESS_PNG})", "", f"![duplicates per failover]({DUPLICATES_PNG})",
+             "", "## Problems", ""]
+    for heading, count, ids in _problems(summary):
+        shown = ", ".join(f"`{id_}`" for id_ in ids[:MAX_EXAMPLES]) if ids else "None."
+        more = f" (the first {MAX_EXAMPLES} ids)" if len(ids) > MAX_EXAMPLES else ""
+        lines += [f"### {heading}: {count:,}{more}", "", shown, ""]
+    return "\n".join(lines)
+
+
+def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
+    """The verdict, the overall figures and the failovers, as terminal tables."""
+    console = console or Console()
+    overall = Table("figure", "value", title=f"delivery audit: {summary['verdict']}")
+    for name, value in overall_rows(summary):
+        overall.add_row(name, value)
+    console.print(overall)
+    if summary["failovers"]:
+        failovers = Table(*FAILOVER_HEADER, title="failovers")
+        for row in failover_rows(summary):
+            failovers.add_row(*row)
+        console.print(failovers)
+
+
+def overall_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(figure, value)`` rows for the overall table."""
+    messages, duplicates = summary["messages"], summary["duplicates"]
+    lateness = summary["lateness_ms"]
+    return [
+        ("scheduled / acked", f"{messages['scheduled']:,} / {messages['acked']:,}"),
+        ("cancelled", f"{messages['cancelled']:,}"),
+        ("received (unique / receipts)",
+         f"{messages['received_unique']:,} / {messages['receipts']:,}"),
+        ("lost", f"{summary['lost']['count']:,}"),
+        ("duplicates (flagged / redelivery / unflagged)",
+         f"{duplicates['total']:,} ({_classes(duplicates)})"),
+        ("duplicates after an ack", f"{duplicates['after_ack']:,}"),
+        ("cancelled but delivered", f"{summary['cancelled_but_delivered']:,}"),
+        ("receipts delivered early", f"{summary['delivered_early']:,}"),
+        ("lateness p50 / p99 / max (ms)",
+         " / ".join(_value(lateness[key]) for key in ("p50", "p99", "max"))),
+        ("failovers", f"{len(summary['failovers']):,}"),
+    ]
+
+
+def failover_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """One row per failover, under `FAILOVER_HEADER`."""
+    started_ms = summary["run"]["started_ms"]
+    return [[str(number), f"{failover['old_leader']} -> {failover['new_leader']}",
+             _value(failover["term"]), _fault_name(failover["fault"]),
+             _seconds(failover["lost_at_ms"], started_ms), _value(failover["no_leader_ms"]),
+             _value(failover["first_delivery_ms"]), _value(failover["catch_up_ms"]),
+             _classes(failover["duplicates"])]
+            for number, failover in enumerate(summary["failovers"], start=1)]
+
+
+def plot_lateness(summary: dict[str, Any], points: list[tuple[int, int]]) -> Figure:
+    """Lateness of first receipts over the run, with failovers and fault windows marked."""
+    run = summary["run"]
+    figure = Figure(figsize=(11, 5), layout="constrained")
+    axes = figure.add_subplot()
+    received_s = [_run_s(received_ms, run) for received_ms, _ in points]
+    axes.scatter(received_s, [lateness_ms for _, lateness_ms in points], s=2, alpha=0.5,
+                 label="first receipt")
+    axes.set_yscale("symlog", linthresh=1)
+    axes.set_xlim(0, max([_run_s(run["ended_ms"], run), *received_s]))
+    for fault in summary["faults"]:
+        axes.axvspan(_run_s(fault["started_ms"], run),
+                     _run_s(fault["ended_ms"] or run["ended_ms"], run), color="tab:gray",
+                     alpha=0.15)
+        axes.text(_run_s(fault["started_ms"], run), 0.98, _fault_name(fault),
+                  transform=axes.get_xaxis_transform(), rotation=90, va="top", fontsize=7)
+    for number, failover in enumerate(summary["failovers"]):
+        axes.axvline(_run_s(failover["at_ms"], run), color="tab:red", linestyle="--",
+                     linewidth=1, label="failover" if number == 0 else None)
+    axes.set_xlabel("received (s since the run started)")
+    axes.set_ylabel("lateness (ms, symlog)")
+    axes.set_title(f"lateness of {len(points):,} first receipts; faults shaded")
+    figure.legend(loc="outside right upper")
+    return figure
+
+
+def plot_duplicates(summary: dict[str, Any]) -> Figure:
+    """Duplicate receipts per failover, stacked by class."""
+    figure = Figure(figsize=(8, 4.5), layout="constrained")
+    axes = figure.add_subplot()
+    axes.set_title("duplicates per failover (received from leadership lost to the next loss)")
+    failovers = summary["failovers"]
+    if not failovers:
+        axes.set_axis_off()
+        axes.text(0.5, 0.5, "no failovers", transform=axes.transAxes, ha="center")
+        return figure
+    labels = [f"{number}: {failover['old_leader']}->{failover['new_leader']}"
+              for number, failover in enumerate(failovers, start=1)]
+    bottoms = [0] * len(failovers)
+    for name, colour in CLASS_COLOURS.items():
+        heights = [failover["duplicates"][name] for failover in failovers]
+        axes.bar(labels, heights, bottom=bottoms, color=colour, label=name)
+        bottoms = [bottom + height for bottom, height in zip(bottoms, heights, strict=True)]
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_ylabel("duplicate receipts")
+    axes.legend()
+    return figure
+
+
+def _save(figure: Figure, path: Path) -> None:
+    FigureCanvasAgg(figure)
+    figure.savefig(path, dpi=110)
+
+
+def _problems(summary: dict[str, Any]) -> list[tuple[str, int, list[str]]]:
+    """Each problem class: its heading, its count and its example ids."""
+    examples = summary["examples"]
+    return [("Lost", summary["lost"]["count"], summary["lost"]["ids"]),
+            ("Unflagged duplicates", summary["duplicates"]["unflagged"],
+             examples["unflagged_duplicates"]),
+            ("Cancelled but delivered", summary["cancelled_but_delivered"],
+             examples["cancelled_but_delivered"]),
+            ("Receipts delivered early", summary["delivered_early"],
+             examples["delivered_early"])]
+
+
+def _faults_markdown(summary: dict[str, Any]) -> str:
+    started_ms = summary["run"]["started_ms"]
+    rows = [[_fault_name(fault), _seconds(fault["started_ms"], started_ms),
+             _seconds(fault["ended_ms"], started_ms), fault["detail"] or ""]
+            for fault in summary["faults"]]
+    return _markdown_table(["fault", "from (s)", "to (s)", "detail"], rows) if rows else "None."
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(cell.replace("|", "\\|") for cell in line) + " |"
+                     for line in lines)
+
+
+def _classes(counts: dict[str, int]) -> str:
+    return " / ".join(f"{counts[name]:,}" for name in CLASS_COLOURS)
+
+
+def _fault_name(fault: dict[str, Any] | None) -> str:
+    if fault is None:
+        return "-"
+    return fault["fault"] if fault["node"] is None else f"{fault['fault']} {fault['node']}"
+
+
+def _run_s(at_ms: int, run: dict[str, Any]) -> float:
+    """Seconds since the run started, for a plot's x axis."""
+    return (at_ms - run["started_ms"]) / 1000
+
+
+def _seconds(at_ms: int | None, started_ms: int) -> str:
+    return "-" if at_ms is None else f"{(at_ms - started_ms) / 1000:.3f}"
+
+
+def _value(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"

@@ -1,0 +1,322 @@
+"""The delivery audit on hand-made logs in which every figure is known.
+
+The dirty run (times in ms after ``T0_MS``; the run lasts 100 s, grace 5 s, so messages due by
+95,000 must have arrived; 5 ms early is allowed):
+
+- ``ok-0`` .. ``ok-9`` arrive once, 10 .. 100 ms late.
+- lost: ``lost-0`` .. ``lost-2``, ``boundary-0`` (due exactly at the cutoff) and
+  ``not-pending-0`` (its cancel found nothing pending). Not lost: ``after-cutoff-0`` (due 1 ms
+  after the cutoff), ``unknown-0`` (its schedule call failed), ``cancelled-0`` and
+  ``cancel-unknown-0`` (cancelled, or maybe).
+- duplicates: ``dup-before-0`` (a redelivery after an ack, before any failover),
+  ``dup-flagged-0`` (flagged, after an ack), ``dup-redelivery-0`` (attempt 2, never acked),
+  ``dup-unflagged-0`` (the bug: received again, unflagged, at exactly the second failover's
+  lost_at_ms), ``dup-triple-0`` (a redelivery then a flagged one, never acked in between).
+- ``cbd-0`` arrives after its cancel returned; ``cbd-race-0`` just before; ``cbd-unknown-0``'s
+  cancel outcome is unknown.
+- ``early-0`` arrives 6 ms early; ``edge-0`` exactly 5 ms early (allowed).
+- ``past-due-0`` was scheduled already due: judged from its ack (30 ms late);
+  ``unacked-received-0`` from when it was sent (40 ms).
+- failover 1: node0 -> node1 (term 2), node0 last seen at 20,000, no leader from 30,500 (node0
+  killed at 30,000), node1 seen at 32,000. Failover 2: node1 -> node2 (term 4), node1 last seen
+  at 60,000, paused at 61,000, node2 seen at 63,000. node2's journal of an older generation holds
+  a stale term 3, which must not count.
+
+The lines of every file are written in reverse, so nothing may rely on file order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from tickwheel.chaos.audit import (
+    Fault,
+    LeaderChange,
+    audit,
+    build_session,
+    find_failovers,
+    lateness_points,
+    load_logs,
+    read_run,
+)
+
+T0_MS = 1_700_000_000_000
+SENT_MS = 1_000
+ACKED_MS = 1_010
+QUICK_JVM = ("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+"""Spark's JVMs here live seconds on tiny logs: the quick JIT tier alone halves their CPU."""
+TORN = '{"event":"delivered","node":"127.0.0.1:41003","term":4,"epoch":'
+
+
+def t(ms: int) -> int:
+    """``ms`` after the run started."""
+    return T0_MS + ms
+
+
+def scheduled(id_: str, due_ms: int, *, acked: bool = True, sent_ms: int = SENT_MS,
+              acked_ms: int = ACKED_MS) -> dict[str, Any]:
+    return {"id": id_, "topic": "orders", "deliver_at_ms": t(due_ms), "sent_ms": t(sent_ms),
+            "acked": acked, "acked_ms": t(acked_ms) if acked else None,
+            "handle": 1 if acked else None, "kind": "due"}
+
+
+def receipt(id_: str, due_ms: int, received_ms: int, *, attempt: int = 1,
+            possible_duplicate: bool = False, acked: bool = True,
+            node: str = "node0") -> dict[str, Any]:
+    return {"id": id_, "topic": "orders", "deliver_at_ms": t(due_ms),
+            "delivered_at_ms": t(received_ms - 1), "received_ms": t(received_ms),
+            "attempt": attempt, "possible_duplicate": possible_duplicate, "node": node,
+            "consumer": "c0", "acked": acked}
+
+
+def cancel(id_: str, done_ms: int, outcome: str) -> dict[str, Any]:
+    return {"id": id_, "handle": 1, "sent_ms": t(done_ms - 5), "done_ms": t(done_ms),
+            "outcome": outcome}
+
+
+def journal_delivered(raft: str, term: int, due_ms: int, delivered_ms: int) -> dict[str, Any]:
+    return {"event": "delivered", "node": raft, "term": term, "epoch": term, "id": "x",
+            "topic": "orders", "handle": 1, "deliver_at_ms": t(due_ms),
+            "delivered_at_ms": t(delivered_ms), "position": [0, 0],
+            "possible_duplicate": False, "attempt": 1}
+
+
+def journal_started(raft: str, term: int, takeover_ms: int) -> dict[str, Any]:
+    return {"event": "dispatch_started", "node": raft, "term": term, "epoch": term,
+            "cursor": [0, 0], "takeover_ms": t(takeover_ms)}
+
+
+def write_run(out_dir: Path, ended_ms: int, **lines: list[Any]) -> Path:
+    """A run directory: ``run.json`` and, per keyword, a ``.jsonl`` file (``journals__node0_0``
+    is ``journals/node0.0.jsonl``) with its lines reversed; strings are written verbatim."""
+    out_dir.mkdir(parents=True)
+    (out_dir / "run.json").write_text(json.dumps({
+        "started_ms": T0_MS, "ended_ms": t(ended_ms), "seed": 7, "nodes": [],
+        "faults": ["kill", "pause"], "grace_ms": 5_000, "max_skew_ms": 0,
+        "allowed_early_ms": 5}))
+    for name, rows in lines.items():
+        path = out_dir / (name.replace("__", "/").replace("_", ".") + ".jsonl")
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n"
+                                for row in reversed(rows)))
+    return out_dir
+
+
+def dirty_run(out_dir: Path) -> Path:
+    plan = [scheduled(f"ok-{i}", 10_000 + 1_000 * i) for i in range(10)]
+    plan += [scheduled("lost-0", 50_000, acked=False), *(
+        scheduled(id_, 50_000) for id_ in ("lost-0", "lost-1", "lost-2", "cancelled-0",
+                                           "cancel-unknown-0", "not-pending-0"))]
+    plan += [scheduled("boundary-0", 95_000), scheduled("after-cutoff-0", 95_001),
+             scheduled("unknown-0", 50_000, acked=False)]
+    dues = {"dup-before-0": 12_000, "dup-flagged-0": 29_000, "dup-redelivery-0": 29_500,
+            "dup-unflagged-0": 58_000, "dup-triple-0": 60_000, "cbd-0": 25_000,
+            "cbd-race-0": 19_000, "cbd-unknown-0": 25_000, "early-0": 30_000, "edge-0": 30_100}
+    plan += [scheduled(id_, due_ms) for id_, due_ms in dues.items()]
+    plan += [scheduled("past-due-0", 5_000, sent_ms=8_000, acked_ms=8_050),
+             scheduled("unacked-received-0", 8_000, acked=False, sent_ms=9_000)]
+    got = [receipt(f"ok-{i}", 10_000 + 1_000 * i, 10_000 + 1_000 * i + 10 * (i + 1))
+           for i in range(10)]
+    got += [
+        receipt("dup-before-0", 12_000, 12_020),
+        receipt("dup-before-0", 12_000, 15_000, attempt=2),
+        receipt("dup-flagged-0", 29_000, 29_030),
+        receipt("dup-flagged-0", 29_000, 32_500, possible_duplicate=True, node="node1"),
+        receipt("dup-redelivery-0", 29_500, 29_540, acked=False),
+        receipt("dup-redelivery-0", 29_500, 40_000, attempt=2, node="node1"),
+        receipt("dup-unflagged-0", 58_000, 58_050, node="node1"),
+        receipt("dup-unflagged-0", 58_000, 61_000, node="node2"),
+        receipt("dup-triple-0", 60_000, 60_060, acked=False, node="node1"),
+        receipt("dup-triple-0", 60_000, 64_000, attempt=2, acked=False, node="node2"),
+        receipt("dup-triple-0", 60_000, 65_000, attempt=3, possible_duplicate=True,
+                node="node2"),
+        receipt("cbd-0", 25_000, 25_025), receipt("cbd-race-0", 19_000, 19_990),
+        receipt("cbd-unknown-0", 25_000, 25_070),
+        receipt("early-0", 30_000, 29_994), receipt("edge-0", 30_100, 30_095),
+        receipt("past-due-0", 5_000, 8_080), receipt("unacked-received-0", 8_000, 9_040)]
+    cancels = [cancel("cancelled-0", 5_000, "cancelled"),
+               cancel("cancel-unknown-0", 5_000, "unknown"),
+               cancel("not-pending-0", 5_000, "not_pending"),
+               cancel("cbd-0", 20_000, "cancelled"), cancel("cbd-race-0", 20_000, "cancelled"),
+               cancel("cbd-unknown-0", 20_000, "unknown")]
+    leaders = [{"at_ms": t(at_ms), "leader": leader, "term": term} for at_ms, leader, term in (
+        (0, "node0", 1), (20_000, "node0", 1), (30_500, None, 1), (32_000, "node1", 2),
+        (60_000, "node1", 2), (63_000, "node2", 4), (70_000, None, 4), (71_000, "node2", 4))]
+    faults = [{"fault": fault, "node": node, "started_ms": t(start_ms), "ended_ms": t(end_ms),
+               "detail": ""} for fault, node, start_ms, end_ms in (
+        ("kill", "node0", 30_000, 40_000), ("pause", "node1", 61_000, 66_000),
+        ("partition", "node2", 80_000, 85_000))]
+    node0, node1, node2 = "127.0.0.1:41001", "127.0.0.1:41002", "127.0.0.1:41003"
+    return write_run(
+        out_dir, 100_000, scheduled=plan, received=got, cancels=cancels, leaders=leaders,
+        faults=[*faults, '{"fault": "ki'],
+        journals__node0_0=[journal_started(node0, 1, 100),
+                           journal_delivered(node0, 1, 10_000, 10_005)],
+        journals__node1_0=[journal_started(node1, 2, 32_100),
+                           journal_delivered(node1, 2, 29_000, 32_300),
+                           journal_delivered(node1, 2, 32_000, 32_350),
+                           journal_delivered(node1, 2, 32_350, 32_400)],
+        journals__node2_0=[journal_started(node2, 3, 45_000),
+                           journal_delivered(node2, 3, 45_000, 45_010)],
+        journals__node2_1=[TORN, journal_started(node2, 4, 63_200),
+                           journal_delivered(node2, 4, 62_000, 63_500),
+                           journal_delivered(node2, 4, 63_600, 63_700)])
+
+
+def clean_run(out_dir: Path) -> Path:
+    """100 messages 1 .. 100 ms late, one failover (no fault, no journals), a flagged
+    duplicate, a redelivery, a flagged copy that overtook its plain original, an unacked
+    message never received; no cancels file, and an
+    empty faults file."""
+    plan = [scheduled(f"m-{i}", 1_000 * (i + 1)) for i in range(100)]
+    got = [receipt(f"m-{i}", 1_000 * (i + 1), 1_000 * (i + 1) + i + 1) for i in range(100)]
+    got += [receipt("m-60", 61_000, 70_000, possible_duplicate=True),
+            receipt("m-70", 71_000, 75_000, attempt=2),
+            # Overtaken: the flagged re-send is handled before the plain first copy, which
+            # sat in a slow consumer's buffer. Still one plain receipt: no bug.
+            receipt("m-80", 81_000, 81_060, possible_duplicate=True)]
+    leaders = [{"at_ms": t(0), "leader": "node0", "term": 1},
+               {"at_ms": t(50_000), "leader": "node1", "term": 2}]
+    return write_run(out_dir, 200_000, scheduled=[*plan, scheduled("gone", 9_000, acked=False)],
+                     received=got, leaders=leaders, faults=[])
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(*QUICK_JVM)
+        session = build_session("local[2]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("audit")
+    return {"dirty": dirty_run(root / "dirty"), "clean": clean_run(root / "clean")}
+
+
+@pytest.fixture(scope="module")
+def commands(dirs: dict[str, Path]) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """The command on both runs, started at once so that their JVMs start while the in-process
+    tests run."""
+    env = {**os.environ, QUICK_JVM[0]: QUICK_JVM[1]}
+    runs = {name: subprocess.Popen(
+        [sys.executable, "-m", "tickwheel.chaos.audit", str(path), "--json"], env=env,
+        cwd=path.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, path in dirs.items()}
+    yield runs
+    for run in runs.values():
+        run.kill()
+        run.communicate()
+
+
+@pytest.fixture(scope="module")
+def finished(commands: dict[str, subprocess.Popen[str]]) -> dict[str, tuple[int, str, str]]:
+    """Each command's exit code, stdout and stderr."""
+    outputs = {name: run.communicate(timeout=180) for name, run in commands.items()}
+    return {name: (commands[name].returncode, *outputs[name]) for name in commands}
+
+
+@pytest.fixture(scope="module")
+def dirty(commands: object, spark: SparkSession, dirs: dict[str, Path]) -> dict[str, Any]:
+    return audit(spark, dirs["dirty"])
+
+
+def test_message_counts_and_losses(dirty: dict[str, Any]) -> None:
+    assert dirty["verdict"] == "dirty"
+    assert dirty["messages"] == {"scheduled": 31, "acked": 29, "cancelled": 3,
+                                 "received_unique": 22, "receipts": 28}
+    assert dirty["lost"] == {"count": 5, "ids": ["boundary-0", "lost-0", "lost-1", "lost-2",
+                                                 "not-pending-0"]}
+
+
+def test_duplicates_cancels_and_early_receipts(dirty: dict[str, Any]) -> None:
+    assert dirty["duplicates"] == {"total": 6, "flagged": 2, "redelivery": 3, "unflagged": 1,
+                                   "after_ack": 3}
+    assert (dirty["cancelled_but_delivered"], dirty["delivered_early"]) == (1, 1)
+    assert dirty["examples"] == {"unflagged_duplicates": ["dup-unflagged-0"],
+                                 "cancelled_but_delivered": ["cbd-0"],
+                                 "delivered_early": ["early-0"]}
+
+
+def test_lateness_is_judged_from_acceptance(spark: SparkSession, dirs: dict[str, Path],
+                                            dirty: dict[str, Any]) -> None:
+    # First receipts, sorted: -6 -5 10 20 20 25 30 30 30 40 40 40 50 50 60 60 70 70 80 90 100 990.
+    assert dirty["lateness_ms"] == {"p50": 40, "p99": 990, "max": 990}
+    points = lateness_points(load_logs(spark, dirs["dirty"], read_run(dirs["dirty"])))
+    assert len(points) == 22
+    assert (t(8_080), 30) in points  # past-due-0, from its ack at 8,050
+    assert (t(9_040), 40) in points  # unacked-received-0, from when it was sent
+    assert points == sorted(points)
+
+
+def test_failover_figures(dirty: dict[str, Any]) -> None:
+    first, second = dirty["failovers"]
+    assert first == {
+        "old_leader": "node0", "new_leader": "node1", "term": 2, "at_ms": t(32_000),
+        "lost_at_ms": t(30_500), "no_leader_ms": 1_500, "first_delivery_ms": 1_800,
+        "catch_up_ms": 300, "fault": {"fault": "kill", "node": "node0"},
+        "duplicates": {"total": 2, "flagged": 1, "redelivery": 1, "unflagged": 0}}
+    assert second == {
+        "old_leader": "node1", "new_leader": "node2", "term": 4, "at_ms": t(63_000),
+        "lost_at_ms": t(61_000), "no_leader_ms": 2_000, "first_delivery_ms": 2_500,
+        "catch_up_ms": 500, "fault": {"fault": "pause", "node": "node1"},
+        "duplicates": {"total": 3, "flagged": 1, "redelivery": 1, "unflagged": 1}}
+    assert [fault["fault"] for fault in dirty["faults"]] == ["kill", "pause", "partition"]
+
+
+def test_overrides_of_grace_and_allowed_earliness(spark: SparkSession,
+                                                  dirs: dict[str, Path]) -> None:
+    summary = audit(spark, dirs["dirty"], grace_ms=0, allowed_early_ms=6)
+    assert summary["run"]["grace_ms"] == 0
+    assert summary["lost"]["count"] == 6  # after-cutoff-0 is due before the end
+    assert summary["delivered_early"] == 0
+
+
+def test_the_command_exits_by_verdict_and_writes_the_report(
+        finished: dict[str, tuple[int, str, str]], dirs: dict[str, Path]) -> None:
+    for name, expected_code in (("dirty", 1), ("clean", 0)):
+        code, stdout, stderr = finished[name]
+        assert code == expected_code, stderr
+        assert json.loads(stdout)["verdict"] == name
+        for file in ("summary.json", "report.md", "lateness.png", "duplicates.png"):
+            assert (dirs[name] / "audit" / file).stat().st_size > 0, file
+    report = (dirs["dirty"] / "audit" / "report.md").read_text()
+    assert "# Delivery audit: DIRTY" in report
+    assert "`not-pending-0`" in report
+    assert "`dup-unflagged-0`" in report
+
+
+def test_a_clean_run(finished: dict[str, tuple[int, str, str]]) -> None:
+    summary = json.loads(finished["clean"][1])
+    assert summary["lateness_ms"] == {"p50": 50, "p99": 99, "max": 100}
+    assert summary["messages"] == {"scheduled": 101, "acked": 100, "cancelled": 0,
+                                   "received_unique": 100, "receipts": 103}
+    (failover,) = summary["failovers"]
+    assert (failover["lost_at_ms"], failover["no_leader_ms"]) == (t(50_000), 0)
+    assert (failover["first_delivery_ms"], failover["catch_up_ms"], failover["fault"]) == (
+        None, None, None)
+    assert failover["duplicates"] == {"total": 3, "flagged": 2, "redelivery": 1, "unflagged": 0}
+
+
+def test_failovers_follow_the_named_leader() -> None:
+    def change(at_ms: int, leader: str | None, term: int) -> LeaderChange:
+        return LeaderChange(at_ms, leader, term)
+
+    changes = [change(0, None, 0), change(100, "a", 1), change(200, "a", 2),
+               change(300, "b", 3), change(400, None, 3), change(500, "b", 4),
+               change(600, "a", 5)]
+    late = Fault("skew", None, 650, None, "+200 ms")
+    failovers = find_failovers(changes, [late])
+    # a -> a (new term) and b -> none -> b are no failovers; no fault before 300 -> at_ms.
+    assert [(f.old_leader, f.new_leader, f.lost_at_ms, f.fault) for f in failovers] == [
+        ("a", "b", 300, None), ("b", "a", 600, None)]

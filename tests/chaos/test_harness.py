@@ -1,0 +1,115 @@
+"""The chaos harness: its Raft proxies on their own, then a short real scenario judged by the
+audit (the CI version of ``make chaos``)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from tickwheel.chaos.proxy import RaftMesh
+from tickwheel.replication.local_cluster import free_ports
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        while data := self.request.recv(4096):
+            self.request.sendall(data)
+
+
+def _echo_servers(ports: list[int]) -> list[socketserver.ThreadingTCPServer]:
+    servers = []
+    for port in ports:
+        server = socketserver.ThreadingTCPServer(("127.0.0.1", port), _Echo)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    return servers
+
+
+def _receive(sock: socket.socket) -> bytes:
+    """Four bytes, or b"" once the proxy has cut the connection (it resets it)."""
+    try:
+        return sock.recv(4)
+    except ConnectionResetError:
+        return b""
+
+
+def _round_trip(address: str) -> bytes:
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=2) as sock:
+        try:
+            sock.sendall(b"ping")
+        except (BrokenPipeError, ConnectionResetError):
+            return b""
+        return _receive(sock)
+
+
+def test_the_mesh_keeps_pysyncobj_dialling_order_and_cuts_and_heals_links() -> None:
+    ports = free_ports(3 + 3)
+    mesh = RaftMesh(ports[:3], ports[3:])
+    # Every node dials exactly the peers whose address sorts below its own, through a proxy.
+    for node in range(3):
+        seen = mesh.members_of(node)
+        assert seen[node] == mesh.address(node)
+        for other in range(3):
+            dials = mesh.address(node) > seen[other]
+            assert dials == (other < node), (node, other, seen)
+            assert (seen[other] != mesh.address(other)) == dials
+    servers = _echo_servers(mesh.node_ports)
+    try:
+        with mesh:
+            through = mesh.members_of(2)[0]  # node 2 reaches node 0 through this proxy
+            assert _round_trip(through) == b"ping"
+            host, port = through.rsplit(":", 1)
+            open_link = socket.create_connection((host, int(port)), timeout=2)
+            mesh.isolate(0)
+            assert mesh.blocked_links() == 2
+            assert _receive(open_link) == b""  # the open connection was cut
+            assert _round_trip(through) == b""  # and new ones are closed at once
+            assert _round_trip(mesh.members_of(2)[1]) == b"ping"  # node 1's link is untouched
+            mesh.heal()
+            assert mesh.blocked_links() == 0
+            assert _round_trip(through) == b"ping"
+            open_link.close()
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def test_a_fault_list_outside_the_known_nemeses_is_refused(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "tickwheel.chaos", "run", "--out",
+                          str(tmp_path), "--faults", "kill,flood"], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert run.returncode == 2 and "flood" in run.stderr
+
+
+@pytest.mark.timeout(600)
+def test_kill_pause_and_partition_lose_nothing_and_flag_every_duplicate(
+        tmp_path: Path) -> None:
+    out = tmp_path / "chaos"
+    harness = subprocess.run(
+        [sys.executable, "-m", "tickwheel.chaos", "run", "--out", str(out), "--nodes", "3",
+         "--duration", "75", "--rate", "150", "--seed", "11", "--faults",
+         "kill,pause,partition", "--warmup", "5", "--interval", "8", "--near-max-ms",
+         "20000"], capture_output=True, text=True, timeout=400, check=False)
+    assert harness.returncode == 0, harness.stdout + harness.stderr[-4_000:]
+    audit = subprocess.run([sys.executable, "-m", "tickwheel.chaos.audit", str(out), "--json"],
+                           capture_output=True, text=True, timeout=300, check=False)
+    summary = json.loads(audit.stdout)
+    assert summary["messages"]["acked"] > 5_000
+    assert summary["lost"]["count"] == 0, summary["lost"]
+    assert summary["duplicates"]["unflagged"] == 0, summary["duplicates"]
+    assert summary["delivered_early"] == 0
+    faults = {fault["fault"] for fault in summary["faults"]}
+    assert faults >= {"kill", "pause", "partition"}
+    assert len(summary["failovers"]) >= 3
+    assert all(f["first_delivery_ms"] is not None for f in summary["failovers"])
+    assert audit.returncode == 0, audit.stderr[-4_000:]
+    assert (out / "audit" / "report.md").exists()
