@@ -12,7 +12,8 @@ The definitions, which the chaos CI test relies on:
 
 - **lost**: scheduled and acked (``acked`` true; a message whose schedule call failed is never
   counted lost, since it may or may not exist), not cancelled (no cancel with outcome
-  ``cancelled`` or ``unknown``), ``deliver_at_ms <= ended_ms - grace_ms``, and never received.
+  ``cancelled``, ``already_cancelled`` (a retried cancel whose first try got it) or
+  ``unknown``), ``deliver_at_ms <= ended_ms - grace_ms``, and never received.
   Must be 0.
 - **duplicates**: every receipt of an id but its original: the first *plain* receipt
   (``possible_duplicate`` false and ``attempt`` 1) if there is one, else the first by
@@ -20,7 +21,8 @@ The definitions, which the chaos CI test relies on:
   (``attempt`` > 1: the consumer is told it is a retry), else ``unflagged`` (a second plain
   receipt: the consumer could not tell, a bug). ``after_ack`` counts the
   duplicates whose previous receipt had been acknowledged by the consumer.
-- **cancelled_but_delivered**: messages with a cancel of outcome ``cancelled`` and a receipt with
+- **cancelled_but_delivered**: messages with a cancel of outcome ``cancelled`` or
+  ``already_cancelled`` and a receipt with
   ``received_ms`` after that cancel's ``done_ms``.
 - **delivered_early**: receipts with ``received_ms < deliver_at_ms - allowed_early_ms``.
 - **lateness_ms** of first receipts: ``received_ms - max(deliver_at_ms, acked_ms or sent_ms)``, so
@@ -88,6 +90,8 @@ SHUFFLE_PARTITIONS = 4
 """The logs of one run fit one machine; Spark's default of 200 only adds overhead."""
 CLASSES = ("flagged", "redelivery", "unflagged")
 """The duplicate classes, in order of precedence."""
+CANCELLED_OUTCOMES = ("cancelled", "already_cancelled")
+"""Cancel outcomes that mean the message is cancelled (`tickwheel.client.CancelOutcome`)."""
 
 SCHEDULED_SCHEMA = ("id STRING, topic STRING, deliver_at_ms BIGINT, sent_ms BIGINT, "
                     "acked BOOLEAN, acked_ms BIGINT, handle BIGINT, kind STRING")
@@ -274,12 +278,13 @@ def _messages(scheduled: DataFrame) -> DataFrame:
 
 def _cancels(cancels: DataFrame) -> DataFrame:
     """One row per id cancels were sent for: ``cancelled_ms``, when the first cancel that
-    found it pending returned (None if none did), and ``maybe_cancelled``, true if any cancel
-    did or may have (outcome ``unknown``)."""
+    says it is cancelled returned (None if none did), and ``maybe_cancelled``, true if any
+    cancel did or may have (outcome ``unknown``)."""
     outcome = F.col("outcome")
+    cancelled = outcome.isin(*CANCELLED_OUTCOMES)
     return cancels.groupBy("id").agg(
-        F.min(F.when(outcome == "cancelled", F.col("done_ms"))).alias("cancelled_ms"),
-        F.bool_or(outcome.isin("cancelled", "unknown")).alias("maybe_cancelled"))
+        F.min(F.when(cancelled, F.col("done_ms"))).alias("cancelled_ms"),
+        F.bool_or(cancelled | (outcome == "unknown")).alias("maybe_cancelled"))
 
 
 def _ordered_receipts(received: DataFrame) -> DataFrame:

@@ -179,8 +179,8 @@ class Canceller(threading.Thread):
     def _cancel(self, chosen: list[tuple[str, int]]) -> None:
         sent_ms = now_ms()
         try:
-            outcomes = ["cancelled" if done else "not_pending"
-                        for done in self._client.cancel_many([h for _, h in chosen])]
+            outcomes = [outcome.value
+                        for outcome in self._client.cancel_outcomes([h for _, h in chosen])]
         except TickwheelClientError as error:
             log.warning("event=cancel_failed messages=%d error=%s", len(chosen), error)
             outcomes = ["unknown"] * len(chosen)

@@ -8,6 +8,7 @@ when you give none). Errors: `InvalidArgument` (``.field`` names what to fix), `
 """
 
 from tickwheel.client._core import (
+    CancelOutcome,
     InvalidArgument,
     Message,
     Received,
@@ -21,6 +22,7 @@ from tickwheel.client.sync import Client, Consumer
 __all__ = [
     "AsyncClient",
     "AsyncConsumer",
+    "CancelOutcome",
     "Client",
     "Consumer",
     "InvalidArgument",

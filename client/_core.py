@@ -3,6 +3,7 @@ policy, and how consumer requests are merged. No I/O here."""
 
 from __future__ import annotations
 
+import enum
 import random
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -104,6 +105,32 @@ class Scheduled:
 
 def scheduled(response: pb.ScheduleResponse) -> list[Scheduled]:
     return [Scheduled(r.id, r.handle, r.deliver_at_ms, r.duplicate) for r in response.results]
+
+
+class CancelOutcome(enum.Enum):
+    """What a cancel did to one message. Cancelling is idempotent: if the answer to a cancel was
+    lost in a leader change and the client retried it, the retry reads ``ALREADY_CANCELLED``."""
+
+    CANCELLED = "cancelled"
+    """It was pending; it will not be delivered (again)."""
+    ALREADY_CANCELLED = "already_cancelled"
+    """An earlier cancel got it."""
+    NOT_PENDING = "not_pending"
+    """Too late: delivered and acked, or its hour has passed."""
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the message is cancelled, by this call or an earlier one."""
+        return self is not CancelOutcome.NOT_PENDING
+
+
+_CANCEL_OUTCOMES = {pb.CANCEL_OUTCOME_CANCELLED: CancelOutcome.CANCELLED,
+                    pb.CANCEL_OUTCOME_ALREADY_CANCELLED: CancelOutcome.ALREADY_CANCELLED,
+                    pb.CANCEL_OUTCOME_NOT_PENDING: CancelOutcome.NOT_PENDING}
+
+
+def cancel_outcomes(response: pb.CancelResponse) -> list[CancelOutcome]:
+    return [_CANCEL_OUTCOMES[outcome] for outcome in response.outcomes]
 
 
 @dataclass(slots=True)

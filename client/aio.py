@@ -25,10 +25,12 @@ from tickwheel.client._core import (
     CHANNEL_OPTIONS,
     DEFAULT_TARGET,
     RECONNECT_WAIT,
+    CancelOutcome,
     Message,
     Received,
     Router,
     Scheduled,
+    cancel_outcomes,
     merged_requests,
     received,
     retry_policy,
@@ -83,7 +85,10 @@ class AsyncClient:
         return (await self.cancel_many([handle]))[0]
 
     async def cancel_many(self, handles: Sequence[int]) -> list[bool]:
-        return list((await self._call("Cancel", pb.CancelRequest(handles=handles))).cancelled)
+        return [outcome.cancelled for outcome in await self.cancel_outcomes(handles)]
+
+    async def cancel_outcomes(self, handles: Sequence[int]) -> list[CancelOutcome]:
+        return cancel_outcomes(await self._call("Cancel", pb.CancelRequest(handles=handles)))
 
     async def cluster_info(self) -> pb.ClusterInfoResponse:
         return await self._call("ClusterInfo", pb.ClusterInfoRequest())

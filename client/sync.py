@@ -27,10 +27,12 @@ from tickwheel.client._core import (
     CHANNEL_OPTIONS,
     DEFAULT_TARGET,
     RECONNECT_WAIT,
+    CancelOutcome,
     Message,
     Received,
     Router,
     Scheduled,
+    cancel_outcomes,
     merged_requests,
     received,
     retry_policy,
@@ -90,11 +92,16 @@ class Client:
         return scheduled(self._call("Schedule", request))
 
     def cancel(self, handle: int) -> bool:
-        """Whether the message was still pending (and now never will be delivered)."""
+        """Whether the message is cancelled (by this call or an earlier one): it will not be
+        delivered from now on. False means it was already delivered and acked."""
         return self.cancel_many([handle])[0]
 
     def cancel_many(self, handles: Sequence[int]) -> list[bool]:
-        return list(self._call("Cancel", pb.CancelRequest(handles=handles)).cancelled)
+        return [outcome.cancelled for outcome in self.cancel_outcomes(handles)]
+
+    def cancel_outcomes(self, handles: Sequence[int]) -> list[CancelOutcome]:
+        """Per handle, what the cancel did, telling a first cancel from a repeated one."""
+        return cancel_outcomes(self._call("Cancel", pb.CancelRequest(handles=handles)))
 
     def cluster_info(self, target: str | None = None) -> pb.ClusterInfoResponse:
         """What one node (``target``, else any) says about the cluster."""

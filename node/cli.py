@@ -179,9 +179,9 @@ def _consume(args: argparse.Namespace) -> int:
 
 def _cancel(args: argparse.Namespace) -> int:
     with Client(args.target) as client:
-        for handle, cancelled in zip(args.handles, client.cancel_many(args.handles),
-                                     strict=True):
-            console.print(f"{handle}: {'cancelled' if cancelled else 'not pending'}")
+        for handle, outcome in zip(args.handles, client.cancel_outcomes(args.handles),
+                                   strict=True):
+            console.print(f"{handle}: {outcome.value.replace('_', ' ')}")
     return 0
 
 

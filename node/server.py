@@ -32,6 +32,7 @@ from tickwheel.replication.replica import Replica, ReplicaStatus
 from tickwheel.replication.state import Rejected, Scheduled
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
+from tickwheel.wheel import CancelOutcome
 from tickwheel.wheel.errors import (
     ClientError,
     InvalidMessage,
@@ -184,8 +185,9 @@ class TickwheelService(pb_grpc.TickwheelServicer):
             raise InvalidMessage("handles", f"has {len(request.handles)}, at most "
                                  f"{self._node.limits.max_batch_msgs}")
         results = await _committed(self._node.replica.cancel(list(request.handles)))
-        self._node.metrics.cancelled.inc(sum(results))
-        return pb.CancelResponse(cancelled=results)
+        self._node.metrics.cancelled.inc(results.count(CancelOutcome.CANCELLED))
+        return pb.CancelResponse(cancelled=[outcome.cancelled for outcome in results],
+                                 outcomes=[int(outcome) for outcome in results])
 
     async def _forward(self, context: grpc.aio.ServicerContext, method: str, request: object,
                        error: NotLeader) -> object:

@@ -22,7 +22,7 @@ from typing import NamedTuple
 from tickwheel.replication import commands
 from tickwheel.replication.commands import Kind
 from tickwheel.replication.dedupe import DedupeWindow
-from tickwheel.wheel import Cursor, Wheel
+from tickwheel.wheel import CancelOutcome, Cursor, Wheel
 from tickwheel.wheel.errors import InvalidMessage, UnknownHandle, invariant
 from tickwheel.wheel.segment import APPEND_ONLY_FILES
 from tickwheel.wheel.types import WheelConfig
@@ -143,8 +143,8 @@ class WheelState:
             return results
         return [_filled(result, results, first_at) for result in results]
 
-    def _apply_cancel(self, command: bytes) -> list[bool | Rejected]:
-        results: list[bool | Rejected] = []
+    def _apply_cancel(self, command: bytes) -> list[CancelOutcome | Rejected]:
+        results: list[CancelOutcome | Rejected] = []
         for handle in commands.read_cancel(command):
             try:
                 results.append(self.wheel.cancel(handle))

@@ -47,8 +47,10 @@ Worked example - three messages, a cancel, and the clock moving::
     ...     NewMessage("a", "orders", b"close #1", deliver_at_ms=now_ms + 1_200),
     ...     NewMessage("c", "orders", b"close #3", deliver_at_ms=now_ms + 1_700),
     ... ], now_ms)
-    >>> wheel.cancel(gone)
-    True
+    >>> wheel.cancel(gone).name
+    'CANCELLED'
+    >>> wheel.cancel(gone).name                   # idempotent: a retry learns the truth
+    'ALREADY_CANCELLED'
     >>> wheel.next_due_ms() - now_ms             # second 7201 is the first non-empty one
     1000
     >>> wheel.take_due(now_ms + 1_000, max_msgs=10)  # nothing is due before 1_200
@@ -78,9 +80,10 @@ from tickwheel.wheel.errors import (
     TickwheelError,
     UnknownHandle,
 )
-from tickwheel.wheel.types import Cursor, DueMessage, NewMessage, WheelConfig
+from tickwheel.wheel.types import CancelOutcome, Cursor, DueMessage, NewMessage, WheelConfig
 
 __all__ = [
+    "CancelOutcome",
     "ClientError",
     "CorruptSegment",
     "Cursor",

@@ -36,7 +36,7 @@ from tickwheel.wheel.format import (
     unpack_meta,
 )
 from tickwheel.wheel.segment import FDS_PER_HOUR, HourSegment, remove_segment, segment_files
-from tickwheel.wheel.types import Cursor, DueMessage, NewMessage, WheelConfig
+from tickwheel.wheel.types import CancelOutcome, Cursor, DueMessage, NewMessage, WheelConfig
 
 log = logging.getLogger("tickwheel.wheel")
 
@@ -213,30 +213,31 @@ class Wheel:
                     slot, segment.heads[(second_of_hour << 1) + 1], self._cursor.local_index)
         return slot + 1
 
-    def cancel(self, handle: int) -> bool:
-        """Tombstone the message ``handle`` names; True if it was still pending.
+    def cancel(self, handle: int) -> CancelOutcome:
+        """Tombstone the message ``handle`` names, and say what that did (`CancelOutcome`).
 
-        False when it was already cancelled or is behind the cursor (done). A message already
-        handed out by `take_due` but not yet behind the cursor is still cancelled (True): it
-        will not be handed out again. Raises `UnknownHandle` for a handle never returned.
+        A message already handed out by `take_due` but not yet behind the cursor is still
+        cancelled: it will not be handed out again. A tombstone is checked before the cursor,
+        so a repeated cancel reads ``ALREADY_CANCELLED`` until the message's hour is deleted.
+        Raises `UnknownHandle` for a handle never returned.
         """
         if handle < 0:
             raise UnknownHandle("handle", f"{handle} was never returned by schedule")
         hour, global_index = handle >> _GLOBAL_INDEX_BITS, handle & _GLOBAL_INDEX_MASK
         if (hour + 1) * SECONDS_PER_HOUR <= self._cursor.second:
-            return False  # its hour is behind the cursor, and deleted
+            return CancelOutcome.NOT_PENDING  # its hour is behind the cursor, and deleted
         segment = self._segment(hour, create=False)
         if segment is None or global_index >= segment.units:
             raise UnknownHandle("handle", f"{handle} was never returned by schedule")
         if global_index in segment.tombstones:
-            return False
+            return CancelOutcome.ALREADY_CANCELLED
         fields = segment.read_unit(global_index)
         if Cursor(hour * SECONDS_PER_HOUR + fields[6], fields[2]) < self._cursor:
-            return False
+            return CancelOutcome.NOT_PENDING
         segment.add_tombstone(global_index)
         self._dirty.add(hour)
         self._buffered_bytes += TOMBSTONE.size
-        return True
+        return CancelOutcome.CANCELLED
 
     def next_due_ms(self) -> int | None:
         """When the next message is due, or None if nothing is pending ahead of the dispatch.

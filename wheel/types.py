@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import IntEnum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
@@ -20,6 +21,25 @@ class Cursor(NamedTuple):
 
     second: int
     local_index: int
+
+
+class CancelOutcome(IntEnum):
+    """What cancelling a handle did. Cancelling is idempotent: a repeated cancel (a client
+    retrying one whose answer was lost in a leader change) reads ``ALREADY_CANCELLED``, never
+    ``NOT_PENDING``, so the caller learns the truth either way."""
+
+    CANCELLED = 1
+    """It was pending; it is now tombstoned and will not be handed out (again)."""
+    ALREADY_CANCELLED = 2
+    """An earlier cancel tombstoned it."""
+    NOT_PENDING = 3
+    """It is done: delivered and passed by the cursor, or its whole hour is behind the cursor
+    (and deleted, so whether it was delivered or cancelled is no longer known)."""
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the message is cancelled, by this call or an earlier one."""
+        return self is not CancelOutcome.NOT_PENDING
 
 
 class NewMessage(NamedTuple):

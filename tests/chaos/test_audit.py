@@ -6,8 +6,9 @@ The dirty run (times in ms after ``T0_MS``; the run lasts 100 s, grace 5 s, so m
 - ``ok-0`` .. ``ok-9`` arrive once, 10 .. 100 ms late.
 - lost: ``lost-0`` .. ``lost-2``, ``boundary-0`` (due exactly at the cutoff) and
   ``not-pending-0`` (its cancel found nothing pending). Not lost: ``after-cutoff-0`` (due 1 ms
-  after the cutoff), ``unknown-0`` (its schedule call failed), ``cancelled-0`` and
-  ``cancel-unknown-0`` (cancelled, or maybe).
+  after the cutoff), ``unknown-0`` (its schedule call failed), ``cancelled-0``,
+  ``cancel-retried-0`` (its cancel was retried across a leader change and read
+  ``already_cancelled``) and ``cancel-unknown-0`` (cancelled, or maybe).
 - duplicates: ``dup-before-0`` (a redelivery after an ack, before any failover),
   ``dup-flagged-0`` (flagged, after an ack), ``dup-redelivery-0`` (attempt 2, never acked),
   ``dup-unflagged-0`` (the bug: received again, unflagged, at exactly the second failover's
@@ -114,7 +115,8 @@ def dirty_run(out_dir: Path) -> Path:
     plan = [scheduled(f"ok-{i}", 10_000 + 1_000 * i) for i in range(10)]
     plan += [scheduled("lost-0", 50_000, acked=False), *(
         scheduled(id_, 50_000) for id_ in ("lost-0", "lost-1", "lost-2", "cancelled-0",
-                                           "cancel-unknown-0", "not-pending-0"))]
+                                           "cancel-retried-0", "cancel-unknown-0",
+                                           "not-pending-0"))]
     plan += [scheduled("boundary-0", 95_000), scheduled("after-cutoff-0", 95_001),
              scheduled("unknown-0", 50_000, acked=False)]
     dues = {"dup-before-0": 12_000, "dup-flagged-0": 29_000, "dup-redelivery-0": 29_500,
@@ -143,6 +145,7 @@ def dirty_run(out_dir: Path) -> Path:
         receipt("early-0", 30_000, 29_994), receipt("edge-0", 30_100, 30_095),
         receipt("past-due-0", 5_000, 8_080), receipt("unacked-received-0", 8_000, 9_040)]
     cancels = [cancel("cancelled-0", 5_000, "cancelled"),
+               cancel("cancel-retried-0", 5_000, "already_cancelled"),
                cancel("cancel-unknown-0", 5_000, "unknown"),
                cancel("not-pending-0", 5_000, "not_pending"),
                cancel("cbd-0", 20_000, "cancelled"), cancel("cbd-race-0", 20_000, "cancelled"),
@@ -233,7 +236,7 @@ def dirty(commands: object, spark: SparkSession, dirs: dict[str, Path]) -> dict[
 
 def test_message_counts_and_losses(dirty: dict[str, Any]) -> None:
     assert dirty["verdict"] == "dirty"
-    assert dirty["messages"] == {"scheduled": 31, "acked": 29, "cancelled": 3,
+    assert dirty["messages"] == {"scheduled": 32, "acked": 30, "cancelled": 4,
                                  "received_unique": 22, "receipts": 28}
     assert dirty["lost"] == {"count": 5, "ids": ["boundary-0", "lost-0", "lost-1", "lost-2",
                                                  "not-pending-0"]}

@@ -91,10 +91,6 @@ def test_a_fault_list_outside_the_known_nemeses_is_refused(tmp_path: Path) -> No
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=False, reason=(
-    "known data loss under investigation: after a partition heals, schedules acknowledged by "
-    "the leader were later missing (cancel: not_pending, never delivered) once the healed "
-    "node, its term inflated by repeated campaigns, won an election; see docs/chaos.md"))
 def test_kill_pause_and_partition_lose_nothing_and_flag_every_duplicate(
         tmp_path: Path) -> None:
     out = tmp_path / "chaos"

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from tickwheel.client import AsyncClient, Client, InvalidArgument, Message
+from tickwheel.client import AsyncClient, CancelOutcome, Client, InvalidArgument, Message
 from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 
@@ -115,8 +115,10 @@ def test_a_cancelled_message_is_never_delivered(client: Client) -> None:
     due_ms = now_ms() + 1_500
     gone = client.schedule(name, b"gone", deliver_at_ms=due_ms, id="gone")
     client.schedule(name, b"marker", deliver_at_ms=due_ms + 300, id="marker")
+    assert client.cancel_outcomes([gone.handle]) == [CancelOutcome.CANCELLED]
+    # Idempotent: a repeat (a retry whose first answer was lost) says it is cancelled.
+    assert client.cancel_outcomes([gone.handle]) == [CancelOutcome.ALREADY_CANCELLED]
     assert client.cancel(gone.handle) is True
-    assert client.cancel(gone.handle) is False
     (first,) = receive(client, name, 1)
     assert first.id == "marker"
 
@@ -313,6 +315,8 @@ def test_the_client_retries_across_a_leader_kill_without_scheduling_twice(
     with LocalCluster(tmp_path) as fresh, Client(
             [n.grpc_address for n in fresh.nodes], timeout_s=60) as client:
         old = fresh.leader()
+        cancelled = client.schedule("c", b"x", delay_ms=DAY_MS, id="cancelled-before-kill")
+        assert client.cancel_outcomes([cancelled.handle]) == [CancelOutcome.CANCELLED]
         due_ms = now_ms() + 12_000  # after the takeover plus the skew allowance: no flag
         batches = [[Message("k", b"x", deliver_at_ms=due_ms + i, id=f"k-{b}-{i}")
                     for i in range(50)] for b in range(40)]
@@ -330,6 +334,8 @@ def test_the_client_retries_across_a_leader_kill_without_scheduling_twice(
         killed.set()
         producer.join(60)
         assert len(results) == 2_000
+        # The new leader knows the tombstone: a cancel retried across the kill tells the truth.
+        assert client.cancel_outcomes([cancelled.handle]) == [CancelOutcome.ALREADY_CANCELLED]
         got = receive(client, "k", 2_000, prefetch=500)
     counts = Counter(m.id for m in got)
     assert set(counts) == {m.id for batch in batches for m in batch}

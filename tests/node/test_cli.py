@@ -42,7 +42,7 @@ def test_schedule_consume_cancel_and_status_against_a_cluster(tmp_path: Path) ->
         assert consumed.returncode == 0
         assert "id=bulk-1 attempt=1" in consumed.stdout and "b'plain two'" in consumed.stdout
         cancelled = tickwheel("cancel", "--target", target, handle, handle)
-        assert f"{handle}: cancelled" in cancelled.stdout
+        assert f"{handle}: cancelled\n{handle}: already cancelled" in cancelled.stdout
         status = tickwheel("status", "--target", target)
         assert status.returncode == 0
         assert status.stdout.count("follower") == 2 and "leader" in status.stdout

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from tickwheel.wheel import (
+    CancelOutcome,
     CorruptSegment,
     Cursor,
     InvalidMessage,
@@ -136,22 +137,25 @@ def test_cancel_tombstones_once_and_never_returns_the_message(tmp_path: Path) ->
     with Wheel.open(tmp_path) as wheel:
         keep, drop = wheel.schedule([msg("keep", NOW_MS + 10), msg("drop", NOW_MS + 20)],
                                     NOW_MS)
-        assert wheel.cancel(drop) is True
-        assert wheel.cancel(drop) is False
+        assert wheel.cancel(drop) is CancelOutcome.CANCELLED
+        assert wheel.cancel(drop) is CancelOutcome.ALREADY_CANCELLED
         with pytest.raises(UnknownHandle) as error:
             wheel.cancel(drop + 1_000)
         assert error.value.field == "handle"
     with Wheel.open(tmp_path) as wheel:
         assert [m.id for m in take_all(wheel, NOW_MS + 1_000)] == ["keep"]
         wheel.advance_cursor(Cursor(NOW_MS // 1000 + 1, 0))
-        assert wheel.cancel(keep) is False  # behind the cursor: already done
+        assert wheel.cancel(keep) is CancelOutcome.NOT_PENDING  # behind the cursor: done
+        assert wheel.cancel(drop) is CancelOutcome.ALREADY_CANCELLED  # its hour is still kept
+        wheel.advance_cursor(Cursor(NOW_MS // 1000 + 2 * 3600, 0))
+        assert wheel.cancel(drop) is CancelOutcome.NOT_PENDING  # its hour is deleted
 
 
 def test_cancelling_a_message_in_flight_keeps_it_from_being_handed_out_again(
         wheel: Wheel) -> None:
     [handle] = wheel.schedule([msg("a", NOW_MS)], NOW_MS)
     assert [m.id for m in wheel.take_due(NOW_MS, 10)] == ["a"]
-    assert wheel.cancel(handle) is True
+    assert wheel.cancel(handle) is CancelOutcome.CANCELLED
     wheel.rewind()
     assert wheel.take_due(NOW_MS, 10) == []
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from tickwheel.wheel import CancelOutcome
+
 SECONDS_PER_HOUR = 3600
 
 
@@ -78,12 +80,16 @@ class Model:
         times = [e.due_ms for e in self.pending() if not e.taken]
         return min(times) if times else None
 
-    def cancel(self, handle: int) -> bool:
+    def cancel(self, handle: int) -> CancelOutcome:
         entry = self.entries[handle]
-        if entry.cancelled or entry.key < self.cursor:
-            return False
+        if (entry.slot // 3600 + 1) * 3600 <= self.cursor[0]:
+            return CancelOutcome.NOT_PENDING  # the hour is deleted with whatever it knew
+        if entry.cancelled:
+            return CancelOutcome.ALREADY_CANCELLED
+        if entry.key < self.cursor:
+            return CancelOutcome.NOT_PENDING
         entry.cancelled = True
-        return True
+        return CancelOutcome.CANCELLED
 
     def cursor_limit(self) -> tuple[int, int] | None:
         """The furthest cursor allowed: the first pending message not yet taken."""
