@@ -211,7 +211,8 @@ def _status(args: argparse.Namespace) -> int:
                 topics.add_row(topic.topic, str(topic.ready), str(topic.unacked),
                                str(topic.consumers))
             console.print(topics)
-        console.print(f"cursor lag: {leader.cursor_lag_ms} ms")
+        console.print(f"cursor lag: {leader.cursor_lag_ms} ms; done past the cursor: "
+                      f"{leader.done_past_cursor}")
     return 0
 
 

@@ -307,7 +307,7 @@ def cluster_info(node: NodeContext) -> pb.ClusterInfoResponse:
         commit_index=status.commit_index, last_applied=status.last_applied,
         cursor_second=status.cursor.second, cursor_local_index=status.cursor.local_index,
         stamp_ms=status.stamp_ms, dispatching=status.dispatching, members=members,
-        topics=topics, cursor_lag_ms=lag_ms)
+        topics=topics, cursor_lag_ms=lag_ms, done_past_cursor=status.done_past_cursor)
 
 
 def cursor_lag_ms(status: ReplicaStatus, now_ms: int) -> int:

@@ -7,7 +7,10 @@ Every write to the wheel is one of three commands. Each carries the leader's clo
   replica files the same bytes), each with its due time and the dedupe key of its id.
 - ``cancel``: handles to tombstone.
 - ``cursor``: the dispatch cursor to move to; with no message in flight it also keeps the stamp
-  moving, which is what lets the cursor pass seconds that can no longer receive messages.
+  moving, which is what lets the cursor pass seconds that can no longer receive messages. It also
+  carries the positions past the cursor that are already done (`DoneRun`s), so that a new leader
+  does not deliver again what consumers acknowledged behind one slow message. Older readers
+  ignore the runs (they read only the cursor's fixed part).
 
 An entry is pickled by pysyncobj as one ``bytes`` argument, so pickling costs a copy, not a walk
 over messages. The layout is versioned and checksummed: a replica that reads a damaged entry
@@ -36,8 +39,10 @@ _COUNT: Final = struct.Struct("<I")
 # deliver_at_ms i64, dedupe key (16 bytes of BLAKE2b of the id), record size u32; then the record
 _MESSAGE: Final = struct.Struct("<q16sI")
 _HANDLE: Final = struct.Struct("<q")
-# cursor second i64, cursor local_index u32
+# cursor second i64, cursor local_index u32; then DoneRuns to the end
 _CURSOR: Final = struct.Struct("<qI")
+# second i64, first local_index u32, how many consecutive local indexes u32
+_DONE_RUN: Final = struct.Struct("<qII")
 
 DEDUPE_KEY_BYTES: Final = 16
 SCHEDULE_OVERHEAD_BYTES: Final = _HEADER.size + _COUNT.size
@@ -48,6 +53,15 @@ class Kind(IntEnum):
     SCHEDULE = 1
     CANCEL = 2
     CURSOR = 3
+
+
+class DoneRun(NamedTuple):
+    """Done positions ``(second, first_local_index)`` .. ``(second, first_local_index + count
+    - 1)``, past the cursor."""
+
+    second: int
+    first_local_index: int
+    count: int
 
 
 class ScheduledRecord(NamedTuple):
@@ -79,8 +93,9 @@ def cancel(stamp_ms: int, handles: Sequence[int]) -> bytes:
     return _framed(Kind.CANCEL, stamp_ms, body)
 
 
-def cursor(stamp_ms: int, position: Cursor) -> bytes:
-    return _framed(Kind.CURSOR, stamp_ms, _CURSOR.pack(*position))
+def cursor(stamp_ms: int, position: Cursor, done: Sequence[DoneRun] = ()) -> bytes:
+    body = _CURSOR.pack(*position) + b"".join(_DONE_RUN.pack(*run) for run in done)
+    return _framed(Kind.CURSOR, stamp_ms, body)
 
 
 def read_header(command: bytes) -> tuple[Kind, int]:
@@ -111,8 +126,11 @@ def read_cancel(command: bytes) -> list[int]:
     return [h for (h,) in _HANDLE.iter_unpack(command[start:])]
 
 
-def read_cursor(command: bytes) -> Cursor:
-    return Cursor(*_CURSOR.unpack_from(command, _HEADER.size))
+def read_cursor(command: bytes) -> tuple[Cursor, list[DoneRun]]:
+    start = _HEADER.size + _CURSOR.size
+    invariant((len(command) - start) % _DONE_RUN.size == 0, "cursor command has a bad length")
+    return (Cursor(*_CURSOR.unpack_from(command, _HEADER.size)),
+            [DoneRun(*run) for run in _DONE_RUN.iter_unpack(command[start:])])
 
 
 def _framed(kind: Kind, stamp_ms: int, body: bytes) -> bytes:

@@ -14,6 +14,12 @@ files late arrivals at the later of their due, stamp and cursor seconds). Withou
 schedule in flight in the Raft log when the cursor is proposed could land behind the cursor and
 be lost at the next hand-over.
 
+**Done past the cursor.** One slow or crashed consumer holds the cursor at its message while
+consumers acknowledge thousands after it. So the cursor command also carries the resolved
+positions past the cursor (`done_runs`, at most ``max_synced_done_runs`` runs of consecutive
+local indexes), and a new leader starts with them resolved: it re-sends only what was in flight,
+or acknowledged within the last cursor sync, instead of everything after the slowest message.
+
 **Possible duplicates.** A new leader starts from the replicated cursor; the old one may have
 delivered messages past it before it lost its lease. It cannot have delivered a message due
 after its own clock at the time its lease ran out, which is before the new leader was elected.
@@ -23,9 +29,11 @@ takeover, plus the skew between any two clocks we tolerate) is flagged ``possibl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from tickwheel.replication.commands import DoneRun
 from tickwheel.wheel import Cursor, DueMessage, Wheel
 from tickwheel.wheel.format import MS_PER_SECOND
 
@@ -67,6 +75,9 @@ class DispatchConfig:
     """Messages taken from the wheel per dispatch step."""
     clock_skew_allowance_ms: int = 2_000
     """The largest clock difference between nodes that hand-over must tolerate."""
+    max_synced_done_runs: int = 1_024
+    """Runs of done positions past the cursor that a cursor command carries (16 bytes each);
+    beyond them, a new leader re-sends (flagged) what was done further on."""
 
 
 class Dispatcher:
@@ -94,12 +105,15 @@ class Dispatcher:
     def inflight_msgs(self) -> int:
         return self._inflight
 
-    def begin(self, wheel: Wheel, takeover_ms: int) -> None:
-        """Start a leadership: dispatch again from the replicated cursor."""
+    def begin(self, wheel: Wheel, takeover_ms: int, done: Sequence[DoneRun] = ()) -> None:
+        """Start a leadership: dispatch again from the replicated cursor, skipping the
+        positions ``done`` says are done already."""
         self._epoch += 1
         self._active = True
         self._horizon_ms = takeover_ms + self._config.clock_skew_allowance_ms
         self._resolved.clear()
+        for second, first, count in done:
+            self._resolved.setdefault(second, set()).update(range(first, first + count))
         self._inflight = 0
         self._inflight_bytes.clear()
         self._bytes_out = 0
@@ -119,7 +133,9 @@ class Dispatcher:
         room = min(self._config.max_take_msgs, self._config.max_inflight_msgs - self._inflight)
         if not self._active or room <= 0 or self._bytes_out >= self._config.max_inflight_bytes:
             return []
-        taken = wheel.take_due(now_ms, room)
+        resolved = self._resolved
+        taken = [message for message in wheel.take_due(now_ms, room)
+                 if message.local_index not in resolved.get(message.slot_second, ())]
         self._resolve(wheel.drain_skipped())
         self._inflight += len(taken)
         for message in taken:
@@ -163,6 +179,26 @@ class Dispatcher:
             second = closed_second if following is None else min(following, closed_second)
             local_index = 0
         return Cursor(second, local_index), False
+
+    def done_runs(self, cursor: Cursor) -> tuple[DoneRun, ...]:
+        """The resolved positions past ``cursor``, as runs, nearest first, at most
+        ``max_synced_done_runs`` of them."""
+        runs: list[DoneRun] = []
+        for second in sorted(s for s in self._resolved if s >= cursor.second):
+            floor = cursor.local_index if second == cursor.second else 0
+            first = count = 0
+            for local_index in sorted(i for i in self._resolved[second] if i >= floor):
+                if count and local_index == first + count:
+                    count += 1
+                    continue
+                if count:
+                    runs.append(DoneRun(second, first, count))
+                first, count = local_index, 1
+            if count:
+                runs.append(DoneRun(second, first, count))
+            if len(runs) >= self._config.max_synced_done_runs:
+                return tuple(runs[:self._config.max_synced_done_runs])
+        return tuple(runs)
 
     def _resolve(self, positions: list[Cursor]) -> None:
         for second, local_index in positions:

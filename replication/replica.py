@@ -85,6 +85,8 @@ class ReplicaStatus:
     """On the leader: the last entry each follower is known to hold."""
     leader_commit_index: int
     """The leader's commit index as this node last heard it."""
+    done_past_cursor: int
+    """Messages past the cursor known (replicated) to be done: a new leader skips them."""
 
 
 class Replica:
@@ -116,6 +118,7 @@ class Replica:
         self._next_entry_id = 0
         self._leading_term: int | None = None
         self._proposed_cursor: Cursor | None = None
+        self._proposed_done_runs: tuple[commands.DoneRun, ...] = ()
         self._last_cursor_sync = 0.0
         self._bytes_since_snapshot = 0
         self._stopping = threading.Event()
@@ -189,7 +192,8 @@ class Replica:
             stamp_ms=self._state.stamp_ms, dispatching=self._dispatcher.active,
             inflight_msgs=self._dispatcher.inflight_msgs, peers=self._peers,
             connected=connected, match_index=match_index,
-            leader_commit_index=raw["leader_commit_idx"] or 0)
+            leader_commit_index=raw["leader_commit_idx"] or 0,
+            done_past_cursor=sum(run.count for run in self._state.done_runs))
 
     # -- the loop (the Raft thread) -------------------------------------------------------
 
@@ -235,6 +239,7 @@ class Replica:
         if leading and self._leading_term is None:
             self._leading_term = term
             self._proposed_cursor = None
+            self._proposed_done_runs = self._state.done_runs
             barrier = commands.cursor(now_ms, self._state.cursor)
             self._propose(barrier, self._barrier_applied(term))
             log.info("event=leadership_won term=%d cursor_second=%d cursor_local_index=%d",
@@ -246,11 +251,12 @@ class Replica:
         def start_dispatch(done: Future) -> None:
             if done.exception() is None and self._leading_term == term:
                 takeover_ms = self._clock.now_ms()
-                self._dispatcher.begin(self._state.wheel, takeover_ms)
+                self._dispatcher.begin(self._state.wheel, takeover_ms, self._state.done_runs)
                 self._sink.dispatch_started(term, self._dispatcher.epoch, self._state.cursor,
                                             takeover_ms)
                 log.info("event=dispatch_started term=%d takeover_ms=%d cursor_second=%d "
-                         "cursor_local_index=%d", term, takeover_ms, *self._state.cursor)
+                         "cursor_local_index=%d done_past_cursor=%d", term, takeover_ms,
+                         *self._state.cursor, sum(run.count for run in self._state.done_runs))
         future.add_done_callback(start_dispatch)
         return future
 
@@ -282,10 +288,13 @@ class Replica:
             return
         cursor, stamp_only = self._dispatcher.next_cursor(self._state.wheel, now_ms)
         floor = max(self._state.cursor, self._proposed_cursor or self._state.cursor)
-        if cursor > floor or (stamp_only and self._proposed_cursor is None):
+        done_runs = self._dispatcher.done_runs(cursor)
+        if (cursor > floor or (stamp_only and self._proposed_cursor is None)
+                or done_runs != self._proposed_done_runs):
             self._last_cursor_sync = now_s
             self._proposed_cursor = cursor
-            self._propose(commands.cursor(now_ms, cursor), self._cursor_applied())
+            self._proposed_done_runs = done_runs
+            self._propose(commands.cursor(now_ms, cursor, done_runs), self._cursor_applied())
 
     def _cursor_applied(self) -> Future:
         future: Future = Future()

@@ -78,6 +78,11 @@ class WheelState:
         self._config = config
         self.wheel, self.dedupe = self._open_files()
         self._last_manifest: Manifest | None = None
+        self.done_runs: tuple[commands.DoneRun, ...] = ()
+        """Positions past the cursor already done, as the last cursor command said. Only
+        dispatch reads them (a new leader skips them), so they are kept in memory: a restart
+        replays them from the journal, and after a snapshot install the next cursor command
+        brings them; until then a new leader would only re-send more, flagged."""
 
     @classmethod
     def open(cls, root: Path, config: StateConfig, *, fresh: bool) -> WheelState:
@@ -154,9 +159,15 @@ class WheelState:
 
     def _apply_cursor(self, command: bytes, stamp_ms: int) -> Cursor:
         """Move the cursor, and the stamp. A cursor behind the current one is a stale proposal
-        (a deposed leader's, committed after its successor's): it is ignored, everywhere."""
-        position = commands.read_cursor(command)
+        (a deposed leader's, committed after its successor's): it is ignored, everywhere.
+        Done runs replace the ones kept unless the command has none (a new leader's barrier):
+        either way only what is still past the cursor is kept."""
+        position, runs = commands.read_cursor(command)
+        stale = position < self.wheel.cursor
         self.wheel.advance_cursor(max(position, self.wheel.cursor), stamp_ms)
+        if runs and not stale:
+            self.done_runs = tuple(runs)
+        self.done_runs = runs_past(self.wheel.cursor, self.done_runs)
         return self.wheel.cursor
 
     # -- snapshots --------------------------------------------------------------------------
@@ -196,6 +207,7 @@ class WheelState:
         self.wheel, self.dedupe = self._open_files()
         self.wheel.reset_to(manifest.cursor, manifest.stamp_ms)
         self._last_manifest = manifest
+        self.done_runs = runs_past(manifest.cursor, self.done_runs)
         log.info("event=snapshot_installed files=%d fetched_bytes=%d cursor_second=%d "
                  "cursor_local_index=%d", len(manifest.files), fetched, *manifest.cursor)
 
@@ -257,3 +269,16 @@ def _restore_file(path: Path, name: str, size: int, fetch: Fetch) -> int:
             have += len(chunk)
         invariant(have == size, f"{name}: fetched to {have}, wanted {size}")
     return size - start
+
+
+def runs_past(cursor: Cursor, runs: tuple[commands.DoneRun, ...]
+              ) -> tuple[commands.DoneRun, ...]:
+    """The parts of ``runs`` at or past ``cursor``."""
+    kept = []
+    for second, first, count in runs:
+        if second > cursor.second:
+            kept.append(commands.DoneRun(second, first, count))
+        elif second == cursor.second and first + count > cursor.local_index:
+            start = max(first, cursor.local_index)
+            kept.append(commands.DoneRun(second, start, first + count - start))
+    return tuple(kept)

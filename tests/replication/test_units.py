@@ -11,7 +11,7 @@ from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import GroupCommitter
 from tickwheel.replication.raft import RaftNode
 from tickwheel.replication.state import Rejected, Scheduled, StateConfig, WheelState
-from tickwheel.wheel import Cursor, NewMessage
+from tickwheel.wheel import CancelOutcome, Cursor, NewMessage
 from tickwheel.wheel.errors import InvariantViolation, NotLeader
 
 T0_MS = 1_800_000_000_000
@@ -137,7 +137,8 @@ def test_the_cursor_passes_cancelled_messages_and_waits_for_a_closed_second(
     second = T0_MS // 1000
     scheduled = state.apply(schedule_command(T0_MS, [
         NewMessage(f"m{i}", "t", b"x", T0_MS + 100 * i) for i in range(3)]))
-    assert state.apply(commands.cancel(T0_MS, [scheduled[1].handle])) == [True]
+    assert state.apply(commands.cancel(T0_MS, [scheduled[1].handle])) == [
+        CancelOutcome.CANCELLED]
     dispatcher = Dispatcher(DispatchConfig())
     dispatcher.begin(state.wheel, T0_MS)
     taken = dispatcher.take(state.wheel, T0_MS + 999)
@@ -163,6 +164,46 @@ def test_an_acknowledgement_from_an_earlier_leadership_is_ignored(tmp_path: Path
     dispatcher.begin(state.wheel, T0_MS + 10)
     dispatcher.done(delivery.epoch, delivery.message.position)
     assert dispatcher.next_cursor(state.wheel, T0_MS + 10)[0] == Cursor(T0_MS // 1000, 0)
+    state.close()
+
+
+def test_a_new_leader_skips_what_was_acknowledged_past_a_stuck_cursor(tmp_path: Path) -> None:
+    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    second = T0_MS // 1000
+    state.apply(schedule_command(T0_MS, [
+        NewMessage(f"m{i}", "t", b"x", T0_MS + i) for i in range(8)]))
+    old = Dispatcher(DispatchConfig(max_synced_done_runs=2))
+    old.begin(state.wheel, T0_MS)
+    taken = old.take(state.wheel, T0_MS + 100)
+    for delivery in taken:  # m0 stays unacknowledged (a slow consumer), m5 too
+        if delivery.message.id not in ("m0", "m5"):
+            old.done(old.epoch, delivery.message.position)
+    cursor, _ = old.next_cursor(state.wheel, T0_MS + 100)
+    assert cursor == Cursor(second, 0)
+    runs = old.done_runs(cursor)
+    assert runs == (commands.DoneRun(second, 1, 4), commands.DoneRun(second, 6, 2))
+    assert commands.read_cursor(commands.cursor(T0_MS, cursor, runs)) == (cursor, list(runs))
+    state.apply(commands.cursor(T0_MS + 100, cursor, runs))
+    state.apply(commands.cursor(T0_MS + 110, cursor))  # a new leader's barrier keeps them
+    assert state.done_runs == runs
+    new = Dispatcher(DispatchConfig())
+    new.begin(state.wheel, T0_MS + 200, state.done_runs)
+    assert [d.message.id for d in new.take(state.wheel, T0_MS + 200)] == ["m0", "m5"]
+    new.done(new.epoch, taken[0].message.position)
+    cursor, _ = new.next_cursor(state.wheel, T0_MS + 200)
+    assert cursor == Cursor(second, 5)
+    state.apply(commands.cursor(T0_MS + 210, cursor))  # runs behind the cursor are dropped
+    assert state.done_runs == (commands.DoneRun(second, 6, 2),)
+    state.close()
+
+
+def test_done_runs_are_capped_nearest_first(tmp_path: Path) -> None:
+    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    dispatcher = Dispatcher(DispatchConfig(max_synced_done_runs=2))
+    done = (commands.DoneRun(100, 2, 1), commands.DoneRun(100, 5, 3), commands.DoneRun(101, 0, 2))
+    dispatcher.begin(state.wheel, T0_MS, done)
+    assert dispatcher.done_runs(Cursor(100, 0)) == done[:2]
+    assert dispatcher.done_runs(Cursor(100, 6)) == (commands.DoneRun(100, 6, 2), done[2])
     state.close()
 
 
