@@ -201,7 +201,7 @@ class Replica:
         wait_s = 0.0
         try:
             while not self._stopping.is_set():
-                self._raft.doTick(wait_s)
+                self._raft.tick(wait_s)
                 wait_s = self._step()
         except TickwheelError as error:
             self._die(f"{type(error).__name__}: {error}")

@@ -12,8 +12,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.proxy import RaftMesh
-from tickwheel.replication.local_cluster import free_ports
+from tickwheel.replication.local_cluster import free_ports, wait_for
 
 
 class _Echo(socketserver.BaseRequestHandler):
@@ -113,3 +114,22 @@ def test_kill_pause_and_partition_lose_nothing_and_flag_every_duplicate(
     assert all(f["first_delivery_ms"] is not None for f in summary["failovers"])
     assert audit.returncode == 0, audit.stderr[-4_000:]
     assert (out / "audit" / "report.md").exists()
+
+
+def test_a_healed_partition_does_not_depose_a_healthy_leader(tmp_path: Path) -> None:
+    """PreVote: a follower cut off for several election timeouts asks before it stands, is
+    refused (or unheard), keeps its term, and rejoins without a new election."""
+    with ChaosCluster(tmp_path / "cluster", 3, tmp_path / "journals") as cluster:
+        leader = cluster.leader()
+        term = leader.info().term
+        cut = next(node for node in cluster.nodes if node is not leader)
+        cluster.isolate(cut)
+        wait_for(lambda: cut.log_path.read_text().count("event=pre_vote_started") >= 3, 20,
+                 "three PreVote rounds on the isolated follower")
+        cluster.heal()
+        wait_for(lambda: (info := cut.info()) is not None and info.role == "follower"
+                 and info.leader_grpc == leader.grpc_address
+                 and info.last_applied >= leader.info().commit_index, 20,
+                 "the healed follower following the same leader again")
+        assert cluster.leader() is leader
+        assert (leader.info().term, cut.info().term) == (term, term)
