@@ -77,8 +77,9 @@ def retry_policy(timeout_s: float) -> dict:
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """A message to schedule: give exactly one of ``deliver_at_ms`` and ``delay_ms``. Without
-    an ``id`` one is generated here, so retries stay idempotent."""
+    """A message to schedule: give exactly one of ``deliver_at_ms``, ``delay_ms`` and
+    ``delay_level`` (RocketMQ's level: 1 is the first delay of the node's table). Without an
+    ``id`` one is generated here, so retries stay idempotent."""
 
     topic: str
     body: bytes | str
@@ -86,12 +87,13 @@ class Message:
     delay_ms: int | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     properties: Mapping[str, str] = field(default_factory=dict)
+    delay_level: int | None = None
 
     def to_pb(self) -> pb.Message:
         body = self.body.encode() if isinstance(self.body, str) else self.body
         return pb.Message(id=self.id, topic=self.topic, body=body,
                           properties=dict(self.properties), deliver_at_ms=self.deliver_at_ms,
-                          delay_ms=self.delay_ms)
+                          delay_ms=self.delay_ms, delay_level=self.delay_level)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +103,13 @@ class Scheduled:
     deliver_at_ms: int
     duplicate: bool
     """The id was scheduled before (a retry); these are the first scheduling's results."""
+    clamped_delay_level: int = 0
+    """The level used when ``delay_level`` was above the node's last level; else 0."""
 
 
 def scheduled(response: pb.ScheduleResponse) -> list[Scheduled]:
-    return [Scheduled(r.id, r.handle, r.deliver_at_ms, r.duplicate) for r in response.results]
+    return [Scheduled(r.id, r.handle, r.deliver_at_ms, r.duplicate, r.clamped_delay_level)
+            for r in response.results]
 
 
 class CancelOutcome(enum.Enum):
@@ -135,8 +140,10 @@ def cancel_outcomes(response: pb.CancelResponse) -> list[CancelOutcome]:
 
 @dataclass(slots=True)
 class Received:
-    """A delivered message. Call `ack` once it is handled; unacknowledged, it comes back after
-    the visibility timeout with ``attempt + 1``."""
+    """A delivered message. Call `ack` once it is handled, or `nack` if it could not be: it
+    comes back (same id, ``attempt + 1``) after the next step of the node's retry ladder, or
+    goes to ``%DLQ%<topic>`` after the last attempt. Neither within the visibility timeout
+    counts as a nack."""
 
     id: str
     topic: str
@@ -150,20 +157,24 @@ class Received:
     handle: int
     node: str
     """The Raft address of the leader that sent it."""
-    _ack: Callable[[str], None] = field(repr=False)
+    _send: Callable[[str, str], None] = field(repr=False)
+    """``send(kind, receipt)``: queue an "ack" or a "nack" on the consumer's stream."""
 
     @property
     def lateness_ms(self) -> int:
         return self.delivered_at_ms - self.deliver_at_ms
 
     def ack(self) -> None:
-        self._ack(self.receipt)
+        self._send("ack", self.receipt)
+
+    def nack(self) -> None:
+        self._send("nack", self.receipt)
 
 
-def received(response: pb.ReceiveResponse, ack: Callable[[str], None]) -> list[Received]:
+def received(response: pb.ReceiveResponse, send: Callable[[str, str], None]) -> list[Received]:
     return [Received(m.id, m.topic, m.body, dict(m.properties), m.deliver_at_ms,
                      m.delivered_at_ms, m.attempt, m.possible_duplicate, m.receipt, m.handle,
-                     m.node, ack) for m in response.messages]
+                     m.node, send) for m in response.messages]
 
 
 def subscribe_request(topic: str, credits: int, visibility_timeout_ms: int,
@@ -174,16 +185,21 @@ def subscribe_request(topic: str, credits: int, visibility_timeout_ms: int,
 
 
 def merged_requests(items: Iterable[tuple[str, object]]) -> list[pb.ReceiveRequest]:
-    """Queued ``("credit", n)`` and ``("ack", receipt)`` items as at most two requests."""
-    credits, receipts = 0, []
+    """Queued ``("credit", n)``, ``("ack", receipt)`` and ``("nack", receipt)`` items as at most
+    three requests."""
+    credits, receipts, nacks = 0, [], []
     for kind, value in items:
         if kind == "credit":
             credits += value
+        elif kind == "nack":
+            nacks.append(value)
         else:
             receipts.append(value)
     requests = []
     if receipts:
         requests.append(pb.ReceiveRequest(ack=pb.Ack(receipts=receipts)))
+    if nacks:
+        requests.append(pb.ReceiveRequest(nack=pb.Nack(receipts=nacks)))
     if credits:
         requests.append(pb.ReceiveRequest(credit=pb.Credit(credits=credits)))
     return requests

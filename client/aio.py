@@ -71,10 +71,11 @@ class AsyncClient:
         return self._router.leader
 
     async def schedule(self, topic: str, body: bytes | str, *, deliver_at_ms: int | None = None,
-                       delay_ms: int | None = None, id: str | None = None,
+                       delay_ms: int | None = None, delay_level: int | None = None,
+                       id: str | None = None,
                        properties: Mapping[str, str] | None = None) -> Scheduled:
         message = Message(topic, body, deliver_at_ms, delay_ms, properties=properties or {},
-                          **({"id": id} if id else {}))
+                          delay_level=delay_level, **({"id": id} if id else {}))
         return (await self.schedule_many([message]))[0]
 
     async def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
@@ -185,8 +186,8 @@ class AsyncConsumer:
                 pass
         self._drop_stream()
 
-    def _ack(self, receipt: str) -> None:
-        self._queue(("ack", receipt))
+    def _send(self, kind: str, receipt: str) -> None:
+        self._queue((kind, receipt))
 
     def _queue(self, item: tuple[str, object]) -> None:
         self._pending.append(item)
@@ -250,4 +251,4 @@ class AsyncConsumer:
         if response is grpc.aio.EOF:
             self._drop_stream()
             raise _Reconnect
-        self._buffer.extend(received(response, self._ack))
+        self._buffer.extend(received(response, self._send))

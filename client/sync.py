@@ -79,11 +79,13 @@ class Client:
         return self._router.leader
 
     def schedule(self, topic: str, body: bytes | str, *, deliver_at_ms: int | None = None,
-                 delay_ms: int | None = None, id: str | None = None,
+                 delay_ms: int | None = None, delay_level: int | None = None,
+                 id: str | None = None,
                  properties: Mapping[str, str] | None = None) -> Scheduled:
-        """Schedule one message; give exactly one of ``deliver_at_ms`` and ``delay_ms``."""
+        """Schedule one message; give exactly one of ``deliver_at_ms``, ``delay_ms`` and
+        ``delay_level``."""
         message = Message(topic, body, deliver_at_ms, delay_ms, properties=properties or {},
-                          **({"id": id} if id else {}))
+                          delay_level=delay_level, **({"id": id} if id else {}))
         return self.schedule_many([message])[0]
 
     def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
@@ -234,8 +236,8 @@ class Consumer:
         finally:
             deadline.cancel()
 
-    def _ack(self, receipt: str) -> None:
-        self._requests.put(("ack", receipt))
+    def _send(self, kind: str, receipt: str) -> None:
+        self._requests.put((kind, receipt))
 
     def _receive(self) -> None:
         """Wait for the next batch, (re)connecting as needed."""
@@ -271,7 +273,7 @@ class Consumer:
             log.info("event=consumer_reconnect target=%s code=%s", self._address,
                      error.code().name)
             raise _Reconnect from error
-        self._buffer.extend(received(response, self._ack))
+        self._buffer.extend(received(response, self._send))
 
     def _outgoing(self, requests: queue.Queue) -> Iterator[pb.ReceiveRequest]:
         yield self._subscribe

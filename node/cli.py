@@ -4,8 +4,9 @@
 
     tickwheel serve [--config FILE] [flags]       one node (default: a single-node cluster)
     tickwheel cluster up --nodes 3                 a local multi-process cluster, until Ctrl-C
-    tickwheel schedule --topic T --in 10s --body "hello"     (or --at ISO8601, --file FILE)
-    tickwheel consume --topic T [--count N]
+    tickwheel schedule --topic T --in 10s --body "hello"     (or --at ISO8601, --level N;
+                                                              --file FILE)
+    tickwheel consume --topic T [--count N] [--nack]         (T may be '%DLQ%orders')
     tickwheel cancel HANDLE [HANDLE ...]
     tickwheel status
 
@@ -112,10 +113,12 @@ def _schedule(args: argparse.Namespace) -> int:
         if args.file is None:
             body = args.body if args.body is not None else ""
             result = client.schedule(args.topic, body, deliver_at_ms=args.at,
-                                     delay_ms=args.delay, id=args.id,
+                                     delay_ms=args.delay, delay_level=args.level, id=args.id,
                                      properties=dict(args.property))
+            clamped = (f" (level clamped to {result.clamped_delay_level}, the last)"
+                       if result.clamped_delay_level else "")
             console.print(f"scheduled id={result.id} handle={result.handle} "
-                          f"deliver_at={_iso(result.deliver_at_ms)}"
+                          f"deliver_at={_iso(result.deliver_at_ms)}{clamped}"
                           f"{' (duplicate id: first result)' if result.duplicate else ''}")
             return 0
         return _schedule_file(client, args)
@@ -142,8 +145,9 @@ def _file_messages(lines: list[str], args: argparse.Namespace) -> Iterator[Messa
         fields = json.loads(line) if line.lstrip().startswith("{") else {"body": line}
         if not isinstance(fields, dict):
             raise SystemExit(f"{args.file}:{number}: not a JSON object")
-        if "deliver_at_ms" not in fields and "delay_ms" not in fields:
+        if not {"deliver_at_ms", "delay_ms", "delay_level"} & set(fields):
             fields["deliver_at_ms"], fields["delay_ms"] = args.at, args.delay
+            fields["delay_level"] = args.level
         fields.setdefault("topic", args.topic)
         yield Message(**fields)
 
@@ -169,7 +173,9 @@ def _consume(args: argparse.Namespace) -> int:
             console.print(f"{_iso(message.delivered_at_ms)} id={message.id} "
                           f"attempt={message.attempt} late={message.lateness_ms}ms{flags} "
                           f"body={message.body[:200]!r}", highlight=False)
-            if not args.no_ack:
+            if args.nack:
+                message.nack()
+            elif not args.no_ack:
                 message.ack()
             received += 1
             if args.count and received >= args.count:
@@ -247,6 +253,9 @@ def _parser() -> argparse.ArgumentParser:
     when = schedule.add_mutually_exclusive_group(required=True)
     when.add_argument("--in", dest="delay", type=duration_ms, metavar="DURATION")
     when.add_argument("--at", type=instant_ms, metavar="ISO8601")
+    when.add_argument("--level", type=int, metavar="N",
+                      help="a delay level of the node's table (RocketMQ's messageDelayLevel: "
+                           "1s 5s 10s 30s 1m ... 2h by default); above the last, the last")
     what = schedule.add_mutually_exclusive_group()
     what.add_argument("--body")
     what.add_argument("--file", type=Path, help="one message per line (JSON or text)")
@@ -257,11 +266,16 @@ def _parser() -> argparse.ArgumentParser:
 
     consume = commands.add_parser("consume", help="print (and acknowledge) due messages")
     consume.add_argument("--target", default=target)
-    consume.add_argument("--topic", required=True)
+    consume.add_argument("--topic", required=True,
+                         help="a topic, or its dead letters: '%%DLQ%%TOPIC'")
     consume.add_argument("--count", type=int, default=0, help="stop after this many")
     consume.add_argument("--prefetch", type=int, default=64)
     consume.add_argument("--visibility-timeout", type=duration_ms, metavar="DURATION")
-    consume.add_argument("--no-ack", action="store_true")
+    reply = consume.add_mutually_exclusive_group()
+    reply.add_argument("--no-ack", action="store_true",
+                       help="neither ack nor nack: each comes back after the visibility timeout")
+    reply.add_argument("--nack", action="store_true",
+                       help="nack each: retried on the back-off ladder, then dead-lettered")
     consume.set_defaults(handler=_consume)
 
     cancel = commands.add_parser("cancel", help="cancel scheduled messages by handle")
@@ -288,6 +302,15 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--fsync", action="store_true", default=None)
     serve.add_argument("--password")
     serve.add_argument("--clock-skew-ms", type=int, help="fault injection only")
+    serve.add_argument("--delay-levels", metavar="TABLE",
+                       help="what delay_level 1, 2, ... mean and the retry ladder's steps "
+                            "(RocketMQ's messageDelayLevel; units s m h d; default "
+                            "'1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h')")
+    serve.add_argument("--retry-start-level", type=int,
+                       help="the level a first nack waits (default 3: 10 s)")
+    serve.add_argument("--max-attempts", type=int,
+                       help="a nack of this attempt dead-letters the message to "
+                            "'%%DLQ%%TOPIC' (default 16)")
     for name in ("snapshot_min_entries", "max_body_bytes", "max_delay_ms", "max_properties",
                  "max_properties_bytes", "max_batch_msgs", "max_stream_msgs", "max_credits",
                  "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",

@@ -34,6 +34,7 @@ from pydantic_settings import (
 )
 from tickwheel.node import statefulset
 from tickwheel.node.delivery import HubConfig
+from tickwheel.node.levels import DEFAULT_LEVELS, RetryPolicy, parse_levels
 from tickwheel.node.validation import Limits
 from tickwheel.replication.dispatcher import DispatchConfig
 from tickwheel.replication.raft import RaftConfig
@@ -90,6 +91,13 @@ class NodeSettings(BaseSettings):
     max_stream_msgs: int = Limits().max_stream_msgs
     max_credits: int = Limits().max_credits
     visibility_timeout_ms: int = HubConfig().default_visibility_timeout_ms
+    delay_levels: str = DEFAULT_LEVELS
+    """RocketMQ's ``messageDelayLevel``: what ``delay_level`` 1, 2, ... mean, and the retry
+    ladder's steps (`tickwheel.node.levels`). Units s, m, h, d."""
+    retry_start_level: int = 3
+    """The level a first nack waits (10 s by default); each further nack one level more."""
+    max_attempts: int = 16
+    """A nack of this attempt sends the message to ``%DLQ%<topic>`` instead."""
     max_inflight_msgs: int = DispatchConfig().max_inflight_msgs
     max_inflight_bytes: int = DispatchConfig().max_inflight_bytes
     max_queued_msgs: int = ReplicaConfig().max_queued_msgs
@@ -120,6 +128,12 @@ class NodeSettings(BaseSettings):
     def _split(cls, value: Any) -> Any:
         return [part.strip() for part in value.split(",") if part.strip()] if isinstance(
             value, str) else value
+
+    @field_validator("delay_levels")
+    @classmethod
+    def _check_levels(cls, value: str) -> str:
+        parse_levels(value)
+        return value
 
     @field_validator("raft_address", "raft_listen", "grpc_listen")
     @classmethod
@@ -179,6 +193,20 @@ class NodeSettings(BaseSettings):
         if self.max_delay_ms > 3660 * DAY_MS:
             raise ValueError("max_delay_ms beyond ten years")
         return self
+
+    @model_validator(mode="after")
+    def _check_retry(self) -> NodeSettings:
+        """The ladder must fit the table, and every level within ``max_delay_ms``."""
+        policy = self.retry_policy()
+        longest_ms = max(policy.levels.delays_ms)
+        if longest_ms > self.max_delay_ms:
+            raise ValueError(f"delay_levels: the longest level is {longest_ms} ms, beyond "
+                             f"max_delay_ms {self.max_delay_ms}")
+        return self
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(parse_levels(self.delay_levels), self.retry_start_level,
+                           self.max_attempts)
 
     def member_map(self) -> dict[str, str]:
         """Raft address -> gRPC address, this node included."""

@@ -3,9 +3,16 @@
 The Raft thread hands due messages over (`Hub.deliver`, a `DeliverySink`); from there the asyncio
 loop owns them. Each message waits in its topic's *ready* queue until a consumer of the topic has
 a credit; it is then sent and waits *unacked*. An acknowledgement makes it done and is passed to
-`Replica.ack`, which lets the cursor move over it. A message not acknowledged within its
-consumer's visibility timeout, or whose consumer's stream closes, goes back to the front of the
-ready queue and is sent again with ``attempt + 1``.
+`Replica.ack`, which lets the cursor move over it. A message whose consumer's stream closes goes
+back to the front of the ready queue and is sent again at once with ``attempt + 1``.
+
+A *nack*, or a visibility timeout running out, retries the message through the wheel
+(`Replica.reschedule`): a copy with the same id and ``attempt + 1`` is filed after the next
+step of the retry ladder, or in ``%DLQ%<topic>`` after the last attempt (`RetryPolicy`), in
+the same replicated command that retires the original. Until that command is applied the
+original stays in flight (not sendable, not acknowledgeable, still holding the cursor); once
+it is, the original is done and passed to `Replica.ack` like an acknowledgement. If the
+command fails, the original goes back to the ready queue.
 
 Consumers of a topic compete: messages go round-robin to those with credits, in batches of up to
 ``max_batch_msgs``. Nothing is sent without the lease (`Replica.may_deliver`): a leader paused
@@ -28,14 +35,17 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from tickwheel.node.journal import DeliveryJournal
+from tickwheel.node.levels import RetryPolicy
 from tickwheel.node.metrics import Metrics
 from tickwheel.replication.dispatcher import Delivery
 from tickwheel.replication.replica import Replica
-from tickwheel.wheel import Cursor
-from tickwheel.wheel.errors import NotLeader
+from tickwheel.replication.state import Retried
+from tickwheel.wheel import Cursor, NewMessage
+from tickwheel.wheel.errors import NotLeader, TickwheelError
 
 log = logging.getLogger("tickwheel.delivery")
 
@@ -104,9 +114,10 @@ class _Topic:
 class Hub:
     """The leader's consumer delivery. Create it on the loop that will own it."""
 
-    def __init__(self, config: HubConfig, clock_ms: Callable[[], int],
+    def __init__(self, config: HubConfig, retry: RetryPolicy, clock_ms: Callable[[], int],
                  journal: DeliveryJournal, metrics: Metrics) -> None:
         self.config = config
+        self._retry_policy = retry
         self._clock_ms = clock_ms
         self._journal = journal
         self._metrics = metrics
@@ -201,6 +212,18 @@ class Hub:
             self._metrics.acked.labels(consumer.topic).inc(len(positions))
         return len(positions)
 
+    def nack(self, consumer: Consumer, receipts: list[str]) -> int:
+        """Retry messages the consumer could not handle (see the module docstring); returns
+        how many were still waiting. Unknown, done or already retried receipts are ignored."""
+        nacked = []
+        for receipt in receipts:
+            pending = self._pending.get(receipt)
+            if pending is not None and pending.consumer is not None:
+                self._take_back(pending)
+                nacked.append(pending)
+        self._retry(nacked, "nack")
+        return len(nacked)
+
     def topics(self) -> list[tuple[str, int, int, int]]:
         """``(topic, ready, unacked, consumers)`` for every topic with anything in it."""
         return [(name, state.ready_count(), state.unacked, len(state.consumers))
@@ -238,7 +261,7 @@ class Hub:
                 continue
             message = delivery.message
             receipt = f"{delivery.epoch}.{message.slot_second}.{message.local_index}"
-            pending = Pending(delivery, receipt)
+            pending = Pending(delivery, receipt, attempt=message.attempt - 1)
             self._pending[receipt] = pending
             state = touched.get(message.topic)
             if state is None:
@@ -253,9 +276,80 @@ class Hub:
         if state is not None and not (state.ready or state.unacked or state.consumers):
             del self._topics[topic]
 
+    def _take_back(self, pending: Pending) -> None:
+        """A sent message leaves its consumer (nack, visibility timeout) for a retry copy."""
+        consumer = pending.consumer
+        consumer.unacked.pop(pending.receipt, None)
+        self._topics[consumer.topic].unacked -= 1
+        pending.consumer = None
+        del self._pending[pending.receipt]
+        self._forget_if_idle(consumer.topic)
+
+    def _retry(self, pendings: list[Pending], reason: str) -> None:
+        """Propose a retry copy of each message; `_retried` finishes when it is applied."""
+        if not pendings:
+            return
+        now_ms, epoch = self._clock_ms(), self._epoch
+        copies = []
+        for pending in pendings:
+            message = pending.delivery.message
+            topic, delay_ms = self._retry_policy.next_copy(message.topic, pending.attempt)
+            copies.append((message.handle, NewMessage(
+                message.id, topic, message.body, now_ms + delay_ms, message.properties,
+                pending.attempt + 1)))
+        try:
+            future = self._replica.reschedule(copies)
+        except TickwheelError as error:
+            self._retry_failed(pendings, error)
+            return
+        future.add_done_callback(lambda done: self._loop.call_soon_threadsafe(
+            self._retried, epoch, pendings, copies, done, reason))
+
+    def _retried(self, epoch: int, pendings: list[Pending],
+                 copies: list[tuple[int, NewMessage]], done: Future, reason: str) -> None:
+        """The reschedule command was applied (or failed): retired originals are done."""
+        if epoch != self._epoch:
+            return  # leadership ended: the next leader has the original or the copy
+        if done.exception() is not None:
+            self._retry_failed(pendings, done.exception())
+            return
+        positions, refused = [], []
+        for pending, (_, copy), result in zip(pendings, copies, done.result(), strict=True):
+            if not isinstance(result, Retried):
+                refused.append((pending, result.error))
+                continue
+            pending.done = True
+            positions.append(pending.delivery.message.position)
+            topic = pending.delivery.message.topic
+            counter = self._metrics.retried if copy.topic == topic else (
+                self._metrics.dead_lettered)
+            counter.labels(topic).inc()
+            log.info("event=message_retried reason=%s id=%s topic=%s attempt=%d to_topic=%s "
+                     "deliver_at_ms=%d handle=%s", reason, copy.id, topic, pending.attempt,
+                     copy.topic, copy.deliver_at_ms, result.handle)
+        if positions:
+            self._replica.ack(epoch, positions)
+        if refused:
+            self._retry_failed([pending for pending, _ in refused], refused[0][1])
+
+    def _retry_failed(self, pendings: list[Pending], error: BaseException) -> None:
+        """The retry copy was not filed: the original is sent again at once, as it is."""
+        log.warning("event=retry_failed messages=%d error=%r", len(pendings), error)
+        touched = {}
+        for pending in pendings:
+            self._pending[pending.receipt] = pending
+            topic = pending.delivery.message.topic
+            state = touched[topic] = self._topics.setdefault(topic, _Topic())
+            self._requeue(state, pending)
+        for state in touched.values():
+            self._pump(state)
+
     def _return(self, state: _Topic, pending: Pending) -> None:
         pending.consumer = None
         state.unacked -= 1
+        self._requeue(state, pending)
+
+    def _requeue(self, state: _Topic, pending: Pending) -> None:
         state.ready.appendleft(pending)
         self._metrics.redelivered.labels(pending.delivery.message.topic).inc()
 
@@ -311,17 +405,15 @@ class Hub:
             self._expire(time.monotonic())
 
     def _expire(self, now_s: float) -> None:
-        touched = set()
+        """A visibility timeout that runs out counts as a nack."""
+        expired = []
         while self._expiries and self._expiries[0][0] <= now_s:
             _, _, pending, attempt = heapq.heappop(self._expiries)
             if pending.done or pending.attempt != attempt or pending.consumer is None:
                 continue
-            consumer = pending.consumer
-            consumer.unacked.pop(pending.receipt, None)
-            state = self._topics[consumer.topic]
-            self._return(state, pending)
-            touched.add(consumer.topic)
             log.info("event=visibility_timeout topic=%s id=%s attempt=%d consumer=%s",
-                     consumer.topic, pending.delivery.message.id, attempt, consumer.name)
-        for topic in touched:
-            self._pump(self._topics[topic])
+                     pending.consumer.topic, pending.delivery.message.id, attempt,
+                     pending.consumer.name)
+            self._take_back(pending)
+            expired.append(pending)
+        self._retry(expired, "visibility_timeout")

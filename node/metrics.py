@@ -35,8 +35,15 @@ class Metrics:
         self.delivered = Counter("tickwheel_delivered_messages", "Deliveries to consumers, "
                                  "every attempt.", ["topic"], registry=r)
         self.redelivered = Counter("tickwheel_redelivered_messages", "Messages sent again "
-                                   "after a visibility timeout or a closed stream.", ["topic"],
+                                   "at once: their consumer's stream closed, or their retry "
+                                   "copy could not be filed.", ["topic"],
                                    registry=r)
+        self.retried = Counter("tickwheel_retried_messages", "Retry copies filed after a nack "
+                               "or a visibility timeout, by the nacked message's topic.",
+                               ["topic"], registry=r)
+        self.dead_lettered = Counter("tickwheel_dead_lettered_messages", "Messages sent to "
+                                     "their topic's %DLQ% topic after the last attempt.",
+                                     ["topic"], registry=r)
         self.acked = Counter("tickwheel_acked_messages", "Messages acknowledged.", ["topic"],
                              registry=r)
         self.lateness = Histogram("tickwheel_delivery_lateness_seconds", "First delivery time "

@@ -35,14 +35,16 @@ async def serve(settings: NodeSettings) -> None:
     clock = SystemClock(settings.clock_skew_ms)
     metrics = Metrics()
     journal = DeliveryJournal(settings.data / "deliveries.jsonl", settings.raft_address)
-    hub = Hub(HubConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms),
+    retry = settings.retry_policy()
+    hub = Hub(HubConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms), retry,
               clock.now_ms, journal, metrics)
     fetch = PeerFiles(members)
     peers = [address for address in members if address != settings.raft_address]
     replica = Replica(settings.raft_address, peers, settings.data, hub, fetch=fetch,
                       clock=clock, config=settings.replica_config())
     hub.attach(replica)
-    node = NodeContext(replica, hub, members, settings.limits(), clock, metrics, Forwarder())
+    node = NodeContext(replica, hub, members, settings.limits(), retry, clock, metrics,
+                       Forwarder())
     server, health_servicer = await start_server(node, settings.listen())
     replica.start()
     if settings.metrics_listen:

@@ -26,6 +26,7 @@ from tickwheel.node.forward import (
     Forwarder,
     was_forwarded,
 )
+from tickwheel.node.levels import RetryPolicy
 from tickwheel.node.metrics import Metrics
 from tickwheel.replication.clock import Clock
 from tickwheel.replication.replica import Replica, ReplicaStatus
@@ -64,6 +65,8 @@ class NodeContext:
     members: dict[str, str]
     """Raft address -> gRPC address, for every member."""
     limits: validation.Limits
+    retry: RetryPolicy
+    """The delay level table (``delay_level``) and the retry ladder."""
     clock: Clock
     metrics: Metrics
     forwarder: Forwarder
@@ -170,13 +173,15 @@ class TickwheelService(pb_grpc.TickwheelServicer):
 
     async def _schedule_here(self, request: pb.ScheduleRequest) -> pb.ScheduleResponse:
         node = self._node
-        messages = validation.new_messages(request.messages, node.clock.now_ms(), node.limits)
-        results = await _committed(node.replica.schedule(messages))
+        checked = validation.new_messages(request.messages, node.clock.now_ms(), node.limits,
+                                          node.retry.levels)
+        results = await _committed(node.replica.schedule(checked.messages))
         node.metrics.scheduled.inc(sum(1 for r in results if not r.duplicate))
         return pb.ScheduleResponse(results=[
             pb.ScheduleResult(id=m.id, handle=r.handle, deliver_at_ms=r.deliver_at_ms,
-                              duplicate=r.duplicate)
-            for m, r in zip(messages, results, strict=True) if isinstance(r, Scheduled)])
+                              duplicate=r.duplicate, clamped_delay_level=clamped)
+            for m, r, clamped in zip(checked.messages, results, checked.clamped_levels,
+                                     strict=True) if isinstance(r, Scheduled)])
 
     async def _cancel_here(self, request: pb.CancelRequest) -> pb.CancelResponse:
         if not request.handles:
@@ -207,7 +212,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
 
     async def _read_consumer(self, request_iterator: AsyncIterator[pb.ReceiveRequest],
                              consumer: Consumer) -> None:
-        """Credits and acks from the consumer, until it closes its side."""
+        """Credits, acks and nacks from the consumer, until it closes its side."""
         hub, limits = self._node.hub, self._node.limits
         try:
             async for request in request_iterator:
@@ -218,6 +223,8 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                     hub.grant(consumer, request.credit.credits)
                 elif kind == "ack":
                     hub.acknowledge(consumer, list(request.ack.receipts))
+                elif kind == "nack":
+                    hub.nack(consumer, list(request.nack.receipts))
                 else:
                     raise InvalidMessage("subscribe", "a stream subscribes once, first")
             consumer.close(_EndOfStream())

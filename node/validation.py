@@ -11,7 +11,9 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from tickwheel.node.levels import DLQ_PREFIX, DelayLevels, is_dead_letter_topic
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.wheel import NewMessage
 from tickwheel.wheel.errors import InvalidMessage
@@ -19,6 +21,7 @@ from tickwheel.wheel.types import DAY_MS
 
 TOPIC_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,249}")
 """Kafka's topic alphabet and length: safe in file names, metric labels and URLs."""
+_WHEN_FIELDS = ("deliver_at_ms", "delay_ms", "delay_level")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,25 +44,44 @@ class Limits:
     max_visibility_timeout_ms: int = 12 * 3_600_000
 
 
-def check_topic(topic: str, field: str) -> None:
-    if not TOPIC_PATTERN.fullmatch(topic):
+class Checked(NamedTuple):
+    """A checked `Schedule` request: wheel messages, and per message the level used when its
+    ``delay_level`` was clamped to the table's last (else 0)."""
+
+    messages: list[NewMessage]
+    clamped_levels: list[int]
+
+
+def check_topic(topic: str, field: str, *, dead_letter: bool = False) -> None:
+    """A topic producers schedule to; with ``dead_letter``, also ``%DLQ%<topic>`` (consumers
+    may read a dead-letter topic; only the node files messages there)."""
+    name = topic[len(DLQ_PREFIX):] if dead_letter and is_dead_letter_topic(topic) else topic
+    if not TOPIC_PATTERN.fullmatch(name):
         problem = "is empty" if not topic else f"{topic[:80]!r} is not 1-249 of [A-Za-z0-9._-]"
+        if is_dead_letter_topic(topic) and not dead_letter:
+            problem += f" ({DLQ_PREFIX} topics are filled by the node from nacked messages)"
         raise InvalidMessage(field, problem)
 
 
-def new_messages(messages: Sequence[pb.Message], now_ms: int, limits: Limits) -> list[NewMessage]:
+def new_messages(messages: Sequence[pb.Message], now_ms: int, limits: Limits,
+                 levels: DelayLevels) -> Checked:
     """Check a `Schedule` request and turn it into wheel messages; ``now_ms`` (the leader's
-    clock) resolves ``delay_ms``. An empty id gets a random one."""
+    clock) resolves ``delay_ms`` and ``delay_level``. An empty id gets a random one."""
     if not messages:
         raise InvalidMessage("messages", "is empty")
     if len(messages) > limits.max_batch_msgs:
         raise InvalidMessage("messages", f"has {len(messages)} messages, at most "
                              f"{limits.max_batch_msgs} per request")
-    return [_new_message(message, f"messages[{i}]", now_ms, limits)
-            for i, message in enumerate(messages)]
+    checked = Checked([], [])
+    for i, message in enumerate(messages):
+        new, clamped_level = _new_message(message, f"messages[{i}]", now_ms, limits, levels)
+        checked.messages.append(new)
+        checked.clamped_levels.append(clamped_level)
+    return checked
 
 
-def _new_message(message: pb.Message, field: str, now_ms: int, limits: Limits) -> NewMessage:
+def _new_message(message: pb.Message, field: str, now_ms: int, limits: Limits,
+                 levels: DelayLevels) -> tuple[NewMessage, int]:
     message_id = message.id or uuid.uuid4().hex
     if len(message_id.encode()) > limits.max_id_bytes:
         raise InvalidMessage(f"{field}.id", f"is {len(message_id.encode())} bytes, at most "
@@ -69,16 +91,29 @@ def _new_message(message: pb.Message, field: str, now_ms: int, limits: Limits) -
         raise InvalidMessage(f"{field}.body", f"is {len(message.body)} bytes, at most "
                              f"{limits.max_body_bytes}")
     _check_properties(message.properties, f"{field}.properties", limits)
-    return NewMessage(message_id, message.topic, message.body,
-                      _deliver_at_ms(message, field, now_ms, limits), dict(message.properties))
+    deliver_at_ms, clamped_level = _deliver_at_ms(message, field, now_ms, limits, levels)
+    return NewMessage(message_id, message.topic, message.body, deliver_at_ms,
+                      dict(message.properties)), clamped_level
 
 
-def _deliver_at_ms(message: pb.Message, field: str, now_ms: int, limits: Limits) -> int:
-    has_at, has_delay = message.HasField("deliver_at_ms"), message.HasField("delay_ms")
-    if has_at == has_delay:
-        raise InvalidMessage(f"{field}.deliver_at_ms", "give exactly one of deliver_at_ms "
-                             f"and delay_ms ({'both' if has_at else 'neither'} given)")
-    if has_delay:
+def _deliver_at_ms(message: pb.Message, field: str, now_ms: int, limits: Limits,
+                   levels: DelayLevels) -> tuple[int, int]:
+    """The due time, and the level used if ``delay_level`` was clamped (else 0)."""
+    given = [name for name in _WHEN_FIELDS if message.HasField(name)]
+    if len(given) != 1:
+        raise InvalidMessage(f"{field}.deliver_at_ms", "give exactly one of deliver_at_ms, "
+                             f"delay_ms and delay_level ({' and '.join(given) or 'none'} given)")
+    if given[0] == "delay_level":
+        if message.delay_level < 1:
+            raise InvalidMessage(f"{field}.delay_level", f"is {message.delay_level}, levels "
+                                 f"start at 1 (the table has {levels.max_level})")
+        delay_ms, used = levels.delay_ms(message.delay_level)
+        return now_ms + delay_ms, used if used != message.delay_level else 0
+    return _deliver_at_ms_given(message, field, now_ms, limits), 0
+
+
+def _deliver_at_ms_given(message: pb.Message, field: str, now_ms: int, limits: Limits) -> int:
+    if message.HasField("delay_ms"):
         if not 0 <= message.delay_ms <= limits.max_delay_ms:
             raise InvalidMessage(f"{field}.delay_ms", f"is {message.delay_ms}, must be 0 to "
                                  f"{limits.max_delay_ms} (max_delay_ms)")
@@ -106,7 +141,7 @@ def _check_properties(properties: dict[str, str], field: str, limits: Limits) ->
 def check_subscribe(subscribe: pb.Subscribe, limits: Limits, default_visibility_ms: int
                     ) -> int:
     """Check a `Receive` subscription; returns its visibility timeout in ms."""
-    check_topic(subscribe.topic, "subscribe.topic")
+    check_topic(subscribe.topic, "subscribe.topic", dead_letter=True)
     check_credits(subscribe.credits, 0, limits, "subscribe.credits")
     timeout_ms = subscribe.visibility_timeout_ms or default_visibility_ms
     if not (limits.min_visibility_timeout_ms <= timeout_ms

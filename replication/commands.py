@@ -1,10 +1,13 @@
 """The replicated commands, as bytes: what goes into a Raft entry and how a replica reads it.
 
-Every write to the wheel is one of three commands. Each carries the leader's clock
+Every write to the wheel is one of four commands. Each carries the leader's clock
 (``stamp_ms``) so that applying it is deterministic on every replica:
 
 - ``schedule``: messages already encoded as wheel records (the leader encodes once; every
   replica files the same bytes), each with its due time and the dedupe key of its id.
+- ``reschedule``: retry copies of delivered messages (nacked, or past their visibility
+  timeout), each with the handle of the message it replaces; applying one files the copy and
+  tombstones the original together (`tickwheel.replication.state`).
 - ``cancel``: handles to tombstone.
 - ``cursor``: the dispatch cursor to move to; with no message in flight it also keeps the stamp
   moving, which is what lets the cursor pass seconds that can no longer receive messages. It also
@@ -38,6 +41,9 @@ _HEADER: Final = struct.Struct("<BBqI")
 _COUNT: Final = struct.Struct("<I")
 # deliver_at_ms i64, dedupe key (16 bytes of BLAKE2b of the id), record size u32; then the record
 _MESSAGE: Final = struct.Struct("<q16sI")
+# handle of the message the copy replaces i64, the copy's deliver_at_ms i64, record size u32;
+# then the copy's record
+_RETRY: Final = struct.Struct("<qqI")
 _HANDLE: Final = struct.Struct("<q")
 # cursor second i64, cursor local_index u32; then DoneRuns to the end
 _CURSOR: Final = struct.Struct("<qI")
@@ -46,13 +52,14 @@ _DONE_RUN: Final = struct.Struct("<qII")
 
 DEDUPE_KEY_BYTES: Final = 16
 SCHEDULE_OVERHEAD_BYTES: Final = _HEADER.size + _COUNT.size
-"""What a schedule command adds around its `encoded_message` parts (for sizing entries)."""
+"""What a schedule or reschedule command adds around its parts (for sizing entries)."""
 
 
 class Kind(IntEnum):
     SCHEDULE = 1
     CANCEL = 2
     CURSOR = 3
+    RESCHEDULE = 4
 
 
 class DoneRun(NamedTuple):
@@ -72,6 +79,14 @@ class ScheduledRecord(NamedTuple):
     record: bytes
 
 
+class RetryRecord(NamedTuple):
+    """One retry copy of a reschedule command, as a replica reads it."""
+
+    replaces_handle: int
+    deliver_at_ms: int
+    record: bytes
+
+
 def dedupe_key(message_id: str) -> bytes:
     """The 128-bit key under which an id is remembered: small, and collisions negligible."""
     return hashlib.blake2b(message_id.encode(), digest_size=DEDUPE_KEY_BYTES).digest()
@@ -86,6 +101,17 @@ def encoded_message(message: NewMessage) -> bytes:
 def schedule(stamp_ms: int, parts: Sequence[bytes]) -> bytes:
     """A schedule command of the `encoded_message` parts, in order."""
     return _framed(Kind.SCHEDULE, stamp_ms, _COUNT.pack(len(parts)) + b"".join(parts))
+
+
+def encoded_retry(replaces_handle: int, copy: NewMessage) -> bytes:
+    """One retry copy's part of a reschedule command; the group committer joins these."""
+    record = encode_record(*copy)
+    return _RETRY.pack(replaces_handle, copy.deliver_at_ms, len(record)) + record
+
+
+def reschedule(stamp_ms: int, parts: Sequence[bytes]) -> bytes:
+    """A reschedule command of the `encoded_retry` parts, in order."""
+    return _framed(Kind.RESCHEDULE, stamp_ms, _COUNT.pack(len(parts)) + b"".join(parts))
 
 
 def cancel(stamp_ms: int, handles: Sequence[int]) -> bytes:
@@ -117,6 +143,18 @@ def read_schedule(command: bytes) -> Iterator[ScheduledRecord]:
         yield ScheduledRecord(deliver_at_ms, key, command[pos:pos + size])
         pos += size
     invariant(pos == len(command), f"schedule command has {len(command) - pos} trailing bytes")
+
+
+def read_reschedule(command: bytes) -> Iterator[RetryRecord]:
+    (count,) = _COUNT.unpack_from(command, _HEADER.size)
+    pos = _HEADER.size + _COUNT.size
+    for _ in range(count):
+        replaces_handle, deliver_at_ms, size = _RETRY.unpack_from(command, pos)
+        pos += _RETRY.size
+        yield RetryRecord(replaces_handle, deliver_at_ms, command[pos:pos + size])
+        pos += size
+    invariant(pos == len(command), f"reschedule command has {len(command) - pos} trailing "
+              "bytes")
 
 
 def read_cancel(command: bytes) -> list[int]:

@@ -7,6 +7,9 @@ into entries of at most ``max_entry_bytes`` (a single larger message gets an ent
 While entries are in flight, new requests gather for the next ones: under load, batching comes
 for free; when idle, a lone request is proposed at once (no linger).
 
+The replica keeps two committers: one for schedule commands and one for reschedule commands
+(retry copies of nacked messages); the parts differ, the packing does not.
+
 A request's messages may span entries; its future resolves when the last of them is applied,
 with one result per message in order. If any part fails (leadership lost), the whole request
 fails with `NotLeader`: parts already applied are kept, and a retry with the same ids returns
@@ -36,7 +39,7 @@ class _Request:
 
 @dataclass(slots=True)
 class Entry:
-    """One schedule command to propose, and which requests' messages it carries."""
+    """One (re)schedule command to propose, and which requests' messages it carries."""
 
     parts: list[bytes]
     owners: list[tuple[_Request, int, int]]  # (request, first result index, count)
@@ -59,7 +62,7 @@ class Entry:
 
 
 class GroupCommitter:
-    """Thread-safe queue of schedule requests, drained into entries by the Raft thread."""
+    """Thread-safe queue of (re)schedule requests, drained into entries by the Raft thread."""
 
     def __init__(self, max_entry_bytes: int, max_queued_msgs: int,
                  wake: Callable[[], None]) -> None:
@@ -75,7 +78,8 @@ class GroupCommitter:
         return self._queued_msgs
 
     def submit(self, parts: list[bytes]) -> Future:
-        """Queue one request of `commands.encoded_message` parts; its future gets the results.
+        """Queue one request of `commands.encoded_message` (or `commands.encoded_retry`) parts;
+        its future gets the results.
         Raises `Overloaded` when ``max_queued_msgs`` are already waiting."""
         future: Future = Future()
         if not parts:

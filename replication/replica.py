@@ -7,13 +7,14 @@ One thread (``tickwheel-raft``) owns everything stateful. Each turn of its loop:
 2. notices leadership changes. A new leader proposes a *barrier* (a cursor command that moves
    nothing); once it is applied, every entry of earlier terms is applied too, and dispatch
    starts from the replicated cursor. A node that stops leading ends dispatch at once;
-3. on the leader, packs queued schedule requests into entries (group commit) and proposes them;
+3. on the leader, packs queued schedule and reschedule requests into entries (group commit)
+   and proposes them;
 4. on the leader holding its lease, takes due messages from the wheel and hands them to the sink;
    takes in acknowledgements; every ``cursor_sync_ms`` proposes the cursor if it moved;
 5. sleeps in the poller until a socket, a request, an ack, or the next due time.
 
-Other threads talk to it only through thread-safe queues (`schedule`, `cancel`, `ack`) and a
-pipe that wakes the poller, and read `status`.
+Other threads talk to it only through thread-safe queues (`schedule`, `reschedule`, `cancel`,
+`ack`) and a pipe that wakes the poller, and read `status`.
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ class Replica:
         self._notifier = PipeNotifier(self._raft._poller)
         self._committer = GroupCommitter(self._config.raft.max_entry_bytes,
                                          self._config.max_queued_msgs, self._notifier.notify)
+        self._retries = GroupCommitter(self._config.raft.max_entry_bytes,
+                                       self._config.max_queued_msgs, self._notifier.notify)
         self._dispatcher = Dispatcher(self._config.dispatch)
         self._cancels: deque[tuple[list[int], Future]] = deque()
         self._acks: deque[tuple[int, list[Cursor]]] = deque()
@@ -144,6 +147,16 @@ class Replica:
         self._require_leader()
         self._state.wheel.check_delays([m.deliver_at_ms for m in messages], self._clock.now_ms())
         return self._committer.submit([commands.encoded_message(m) for m in messages])
+
+    def reschedule(self, retries: Sequence[tuple[int, NewMessage]]) -> Future:
+        """For each ``(handle, copy)``: retire the delivered message ``handle`` and file
+        ``copy`` (same id, new due time and attempt, maybe another topic) in one replicated
+        command. The future gets one `Retried` or `Rejected` per item, in order; until it
+        resolves, the original is still in flight (a new leader would send it again). Raises
+        `NotLeader` on a follower, `Overloaded` when full."""
+        self._require_leader()
+        return self._retries.submit([commands.encoded_retry(handle, copy)
+                                     for handle, copy in retries])
 
     def cancel(self, handles: Sequence[int]) -> Future:
         """The future gets, per handle, whether it was still pending (or `Rejected`)."""
@@ -214,8 +227,9 @@ class Replica:
         now_ms = self._clock.now_ms()
         self._follow_leadership(now_ms)
         if self._leading_term is None:
-            if self._committer.queued_msgs:
-                self._committer.fail_all(NotLeader(self.leader_hint()))
+            for committer in (self._committer, self._retries):
+                if committer.queued_msgs:
+                    committer.fail_all(NotLeader(self.leader_hint()))
             return self._config.idle_tick_ms / 1000
         self._propose_writes(now_ms)
         for _ in range(len(self._acks)):
@@ -269,6 +283,7 @@ class Replica:
         self._dispatcher.end()
         error = NotLeader(self.leader_hint())
         self._committer.fail_all(error)
+        self._retries.fail_all(error)
         while self._cancels:
             self._cancels.popleft()[1].set_exception(error)
         entries, self._inflight_entries = self._inflight_entries, {}
@@ -278,6 +293,8 @@ class Replica:
     def _propose_writes(self, now_ms: int) -> None:
         for entry in self._committer.drain():
             self._propose(commands.schedule(now_ms, entry.parts), entry)
+        for entry in self._retries.drain():
+            self._propose(commands.reschedule(now_ms, entry.parts), entry)
         while self._cancels:
             handles, future = self._cancels.popleft()
             self._propose(commands.cancel(now_ms, handles), future)

@@ -55,6 +55,15 @@ class Scheduled(NamedTuple):
     duplicate: bool
 
 
+class Retried(NamedTuple):
+    """What rescheduling one delivered message returned: the retry copy's handle and due time,
+    or ``handle`` None when the message it replaces was already retired (rescheduled before,
+    cancelled, or done): then nothing was filed."""
+
+    handle: int | None
+    deliver_at_ms: int
+
+
 class Rejected(NamedTuple):
     """A message or handle refused at apply time (the same on every replica)."""
 
@@ -109,6 +118,8 @@ class WheelState:
         kind, stamp_ms = commands.read_header(command)
         if kind is Kind.SCHEDULE:
             return self._apply_schedule(command, stamp_ms)
+        if kind is Kind.RESCHEDULE:
+            return self._apply_reschedule(command, stamp_ms)
         if kind is Kind.CANCEL:
             return self._apply_cancel(command)
         return self._apply_cursor(command, stamp_ms)
@@ -147,6 +158,43 @@ class WheelState:
         if len(keys) == len(results):
             return results
         return [_filled(result, results, first_at) for result in results]
+
+    def _apply_reschedule(self, command: bytes, stamp_ms: int) -> list[Retried | Rejected]:
+        """Retire each delivered message (a tombstone, so no pass hands it out again and the
+        cursor counts it done) and file its retry copy, together: a replica that applied this
+        holds the copy, one that did not still holds the original. Never neither.
+
+        The tombstone is also the idempotence key: only the command that retires the original
+        files a copy, so a message nacked twice (once per leader, across a failover) is copied
+        once. The dedupe window is not consulted: the copy keeps the id that window remembers,
+        and would otherwise be swallowed as a retried schedule."""
+        stamp_ms = max(stamp_ms, self.wheel.stamp_ms)
+        latest_ms = stamp_ms + self._config.wheel.max_delay_ms
+        results: list[Retried | Rejected | None] = []
+        records, due_ms, filed_at = [], [], []
+        for retry in commands.read_reschedule(command):
+            if retry.deliver_at_ms > latest_ms:
+                results.append(Rejected(InvalidMessage("deliver_at_ms", (
+                    f"{retry.deliver_at_ms} is more than {self._config.wheel.max_delay_ms} "
+                    f"ms after {stamp_ms}"))))
+                continue
+            try:
+                retired = self.wheel.cancel(retry.replaces_handle)
+            except UnknownHandle as error:
+                results.append(Rejected(error))
+                continue
+            if retired is not CancelOutcome.CANCELLED:
+                results.append(Retried(None, retry.deliver_at_ms))
+                continue
+            filed_at.append(len(results))
+            results.append(None)
+            records.append(retry.record)
+            due_ms.append(retry.deliver_at_ms)
+        handles = self.wheel.schedule_records(records, due_ms, stamp_ms)
+        for index, handle, deliver_at_ms in zip(filed_at, handles, due_ms, strict=True):
+            results[index] = Retried(handle, deliver_at_ms)
+        invariant(None not in results, "a reschedule result was never filled in")
+        return results
 
     def _apply_cancel(self, command: bytes) -> list[CancelOutcome | Rejected]:
         results: list[CancelOutcome | Rejected] = []

@@ -293,7 +293,7 @@ class Wheel:
                 self._skip_corrupt(segment, entry, error)
                 self._skip(slot, local_index)
                 continue
-            taken.append(DueMessage(*fields, handle, slot, local_index))
+            taken.append(DueMessage(*fields[:5], handle, slot, local_index, fields[5]))
         self._release_maps()
         return taken
 

@@ -39,15 +39,23 @@ RECORD_HEADER: Final = struct.Struct(
     "<I"  # payload_size_bytes
     "I"  # crc32 of the payload
 )
+RECORD_VERSION: Final = 2
+"""Version of a log record's payload (2 added ``attempt``). Version 1 records are still read,
+as attempt 1; every other format here is still at ``FORMAT_VERSION``."""
 PAYLOAD_HEADER: Final = struct.Struct(
-    "<B"  # format version
+    "<B"  # record version (RECORD_VERSION)
     "H"  # id size in bytes (UTF-8)
     "H"  # topic size in bytes (UTF-8)
     "H"  # number of properties
     "I"  # body size in bytes
-    "q"  # deliver_at_ms as requested by the producer
+    "q"  # deliver_at_ms: when this copy is due
+    "I"  # attempt: 1 when scheduled, + 1 for each retry copy filed after a nack
 )
+PAYLOAD_HEADER_V1: Final = struct.Struct(PAYLOAD_HEADER.format[:-1])  # the same without attempt
 _FRAME: Final = struct.Struct(RECORD_HEADER.format + PAYLOAD_HEADER.format[1:])  # both at once
+_FRAME_V1: Final = struct.Struct(RECORD_HEADER.format + PAYLOAD_HEADER_V1.format[1:])
+_VERSION_AT: Final = RECORD_HEADER.size  # where the record version byte is
+MAX_ATTEMPT: Final = 0xFFFF_FFFF
 PROPERTY_HEADER: Final = struct.Struct(
     "<H"  # key size in bytes (UTF-8)
     "I"  # value size in bytes (UTF-8)
@@ -118,6 +126,7 @@ def encode_record(
     body: bytes,
     deliver_at_ms: int,
     properties: Mapping[str, str],
+    attempt: int = 1,
 ) -> bytes:
     """Frame one message as a log record; raises `InvalidMessage` naming the field at fault."""
     id_bytes = message_id.encode()
@@ -130,8 +139,10 @@ def encode_record(
         raise InvalidMessage("body", f"is {len(body)} bytes, the format allows {MAX_BODY_BYTES}")
     if deliver_at_ms < 0:
         raise InvalidMessage("deliver_at_ms", f"is {deliver_at_ms}, must be >= 0")
-    payload = PAYLOAD_HEADER.pack(FORMAT_VERSION, len(id_bytes), len(topic_bytes),
-                                  len(properties), len(body), deliver_at_ms)
+    if not 1 <= attempt <= MAX_ATTEMPT:
+        raise InvalidMessage("attempt", f"is {attempt}, must be 1 to {MAX_ATTEMPT}")
+    payload = PAYLOAD_HEADER.pack(RECORD_VERSION, len(id_bytes), len(topic_bytes),
+                                  len(properties), len(body), deliver_at_ms, attempt)
     payload += id_bytes + topic_bytes
     if properties:
         payload += _encode_properties(properties)
@@ -154,22 +165,26 @@ def _encode_properties(properties: Mapping[str, str]) -> bytes:
     return b"".join(parts)
 
 
-def decode_record(record: bytes) -> tuple[str, str, bytes, Mapping[str, str], int]:
-    """Inverse of `encode_record`: ``(id, topic, body, properties, deliver_at_ms)``.
+def decode_record(record: bytes) -> tuple[str, str, bytes, Mapping[str, str], int, int]:
+    """Inverse of `encode_record`: ``(id, topic, body, properties, deliver_at_ms, attempt)``.
 
     Verifies framing and CRC; raises `CorruptSegment` on any mismatch (the caller, which knows
-    the file and offset, adds them).
+    the file and offset, adds them). A version 1 record is attempt 1.
     """
-    if len(record) < _FRAME.size:
+    version = record[_VERSION_AT] if len(record) > _VERSION_AT else None
+    frame = _FRAME_V1 if version == 1 else _FRAME
+    if len(record) < frame.size:
         raise CorruptSegment("record", f"{len(record)} bytes is shorter than its header")
-    payload_size, crc, version, id_size, topic_size, n_props, body_size, deliver_at_ms = (
-        _FRAME.unpack_from(record))
+    payload_size, crc, _, id_size, topic_size, n_props, body_size, deliver_at_ms, *rest = (
+        frame.unpack_from(record))
     if len(record) - RECORD_HEADER.size != payload_size or zlib.crc32(
             memoryview(record)[RECORD_HEADER.size:]) != crc:
         raise CorruptSegment("record", "length or CRC32 mismatch")
-    if version != FORMAT_VERSION:
-        raise CorruptSegment("record", f"format version {version}, expected {FORMAT_VERSION}")
-    pos = _FRAME.size
+    if version not in (1, RECORD_VERSION):
+        raise CorruptSegment("record", f"record version {version}, expected 1 or "
+                             f"{RECORD_VERSION}")
+    attempt = rest[0] if rest else 1
+    pos = frame.size
     message_id = record[pos:pos + id_size].decode()
     pos += id_size
     topic = record[pos:pos + topic_size].decode()
@@ -179,7 +194,7 @@ def decode_record(record: bytes) -> tuple[str, str, bytes, Mapping[str, str], in
         properties, pos = _decode_properties(record, pos, n_props)
     if pos + body_size != len(record):
         raise CorruptSegment("record", "fields do not add up to its length")
-    return message_id, topic, record[pos:], properties, deliver_at_ms
+    return message_id, topic, record[pos:], properties, deliver_at_ms, attempt
 
 
 def _decode_properties(record: bytes, pos: int, count: int) -> tuple[dict[str, str], int]:

@@ -43,7 +43,8 @@ class CancelOutcome(IntEnum):
 
 
 class NewMessage(NamedTuple):
-    """A message to schedule. ``id`` is the client's; ``deliver_at_ms`` is Unix time in ms.
+    """A message to schedule. ``id`` is the client's; ``deliver_at_ms`` is Unix time in ms;
+    ``attempt`` is 1 for a message a producer scheduled and counts up on each retry copy.
 
     The field order is `tickwheel.wheel.format.encode_record`'s argument order.
     """
@@ -53,6 +54,7 @@ class NewMessage(NamedTuple):
     body: bytes
     deliver_at_ms: int
     properties: Mapping[str, str] = _NO_PROPERTIES
+    attempt: int = 1
 
 
 class DueMessage(NamedTuple):
@@ -71,6 +73,8 @@ class DueMessage(NamedTuple):
     handle: int
     slot_second: int
     local_index: int
+    attempt: int = 1
+    """The stored attempt: 1, or the number of this retry copy (see `NewMessage`)."""
 
     @property
     def position(self) -> Cursor:

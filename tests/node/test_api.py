@@ -146,6 +146,10 @@ BAD_MESSAGES = [
     ("messages[0].properties", {"properties": {f"k{i}": "v" for i in range(65)}}),
     ("messages[0].properties", {"properties": {"k": "v" * (64 << 10)}}),
     ("messages[0].id", {"id": "i" * 257}),
+    ("messages[0].delay_level", {"delay_level": 0, "delay_ms": None}),
+    ("messages[0].delay_level", {"delay_level": -3, "delay_ms": None}),
+    ("messages[0].deliver_at_ms", {"delay_level": 3}),
+    ("messages[0].topic", {"topic": "%DLQ%orders"}),
 ]
 
 

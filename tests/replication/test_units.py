@@ -10,7 +10,7 @@ from tickwheel.replication import commands
 from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import GroupCommitter
 from tickwheel.replication.raft import RaftNode
-from tickwheel.replication.state import Rejected, Scheduled, StateConfig, WheelState
+from tickwheel.replication.state import Rejected, Retried, Scheduled, StateConfig, WheelState
 from tickwheel.wheel import CancelOutcome, Cursor, NewMessage
 from tickwheel.wheel.errors import InvariantViolation, NotLeader
 
@@ -214,3 +214,41 @@ def test_pysyncobj_still_keeps_what_the_lease_and_election_postponing_read() -> 
     assert "self.__raftElectionDeadline = monotonicTime() + self.__generateRaftTimeout()" in (
         source)
     assert hasattr(RaftNode, "lease_until_s")
+
+
+def retry_command(stamp_ms: int, retries: list[tuple[int, NewMessage]]) -> bytes:
+    return commands.reschedule(stamp_ms, [commands.encoded_retry(h, m) for h, m in retries])
+
+
+def test_a_reschedule_retires_the_original_and_files_its_copy_once(tmp_path: Path) -> None:
+    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    (original,) = state.apply(schedule_command(T0_MS, [NewMessage("a", "t", b"x", T0_MS)]))
+    copy = NewMessage("a", "t", b"x", T0_MS + 10_000, attempt=2)
+    (retried,) = state.apply(retry_command(T0_MS + 5, [(original.handle, copy)]))
+    assert retried.handle is not None and retried.deliver_at_ms == T0_MS + 10_000
+    # the same nack again (a second leader's): the original is retired, nothing more is filed
+    assert state.apply(retry_command(T0_MS + 6, [(original.handle, copy)])) == [
+        Retried(None, T0_MS + 10_000)]
+    # the copy keeps the id the dedupe window remembers, and was not swallowed by it; a
+    # producer's retry of the original still gets the original's result
+    (again,) = state.apply(schedule_command(T0_MS + 7, [NewMessage("a", "t", b"x", T0_MS)]))
+    assert again == original._replace(duplicate=True)
+    dispatcher = Dispatcher(DispatchConfig())
+    dispatcher.begin(state.wheel, T0_MS)
+    assert dispatcher.take(state.wheel, T0_MS + 9_999) == []
+    (delivery,) = dispatcher.take(state.wheel, T0_MS + 10_000)
+    assert (delivery.message.id, delivery.message.attempt, delivery.message.handle) == (
+        "a", 2, retried.handle)
+    # the retired original counts as done: the cursor moves over it
+    assert dispatcher.next_cursor(state.wheel, T0_MS + 10_000)[0] == Cursor(T0_MS // 1000, 1)
+    state.close()
+
+
+def test_a_reschedule_refused_at_apply_leaves_the_original_pending(tmp_path: Path) -> None:
+    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    (original,) = state.apply(schedule_command(T0_MS, [NewMessage("a", "t", b"x", T0_MS)]))
+    too_far = NewMessage("a", "t", b"x", T0_MS + 400 * 86_400_000, attempt=2)
+    (refused,) = state.apply(retry_command(T0_MS, [(original.handle, too_far)]))
+    assert isinstance(refused, Rejected)
+    assert state.apply(commands.cancel(T0_MS, [original.handle])) == [True]
+    state.close()

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import zlib
+
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 from tickwheel.wheel import CorruptSegment
 from tickwheel.wheel.format import (
+    PAYLOAD_HEADER_V1,
+    RECORD_HEADER,
     decode_record,
     encode_record,
     pack_heads,
@@ -19,21 +23,28 @@ from tickwheel.wheel.format import (
 
 records = st.tuples(st.text(max_size=20), st.text(max_size=20), st.binary(max_size=200),
                     st.dictionaries(st.text(max_size=10), st.text(max_size=10), max_size=4),
-                    st.integers(0, 2**62))
+                    st.integers(0, 2**62), st.integers(1, 2**32 - 1))
 
 
 @given(records)
 def test_records_round_trip(fields: tuple) -> None:
-    message_id, topic, body, properties, deliver_at_ms = fields
-    record = encode_record(message_id, topic, body, deliver_at_ms, properties)
-    assert decode_record(record) == (message_id, topic, body, properties,
-                                             deliver_at_ms)
+    message_id, topic, body, properties, deliver_at_ms, attempt = fields
+    record = encode_record(message_id, topic, body, deliver_at_ms, properties, attempt)
+    assert decode_record(record) == (message_id, topic, body, properties, deliver_at_ms,
+                                     attempt)
+
+
+def test_a_version_1_record_without_an_attempt_reads_as_attempt_1() -> None:
+    payload = PAYLOAD_HEADER_V1.pack(1, 2, 6, 0, 4, 1_800_000_000_000) + b"idorders" + b"body"
+    record = RECORD_HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+    assert decode_record(record) == ("id", "orders", b"body", {}, 1_800_000_000_000, 1)
 
 
 @given(records, st.data())
 def test_any_flipped_bit_in_a_record_is_caught(fields: tuple, data: st.DataObject) -> None:
-    message_id, topic, body, properties, deliver_at_ms = fields
-    record = bytearray(encode_record(message_id, topic, body, deliver_at_ms, properties))
+    message_id, topic, body, properties, deliver_at_ms, attempt = fields
+    record = bytearray(encode_record(message_id, topic, body, deliver_at_ms, properties,
+                                     attempt))
     position = data.draw(st.integers(0, len(record) - 1))
     record[position] ^= 1 << data.draw(st.integers(0, 7))
     with pytest.raises(CorruptSegment):
