@@ -66,8 +66,8 @@ class ChaosCluster(LocalCluster):
     def resume(self, node: LocalNode) -> None:
         self.signal(node, signal.SIGCONT)
 
-    def isolate(self, node: LocalNode) -> None:
-        self.mesh.isolate(self.nodes.index(node))
+    def isolate(self, node: LocalNode, mode: str = "reset") -> None:
+        self.mesh.isolate(self.nodes.index(node), mode)
 
     def heal(self) -> None:
         self.mesh.heal()

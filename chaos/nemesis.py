@@ -4,7 +4,7 @@
 |---|---|
 | ``kill`` | SIGKILL the leader; start it again ``down_s`` later |
 | ``pause`` | SIGSTOP the leader for ``pause_s`` (past the election timeout), then SIGCONT |
-| ``partition`` | cut the leader off from its peers at the proxies for ``partition_s``, then heal |
+| ``partition`` | cut the leader off at the proxies (reset or blackhole) for ``partition_s`` |
 | ``skew`` | restart a random node with its clock offset by 1 s to ``max_skew_ms`` either way |
 | ``restart-all`` | SIGKILL every node at once, start them all again |
 | ``follower-wipe`` | SIGKILL a follower, delete its data, start it (it catches up from a peer) |
@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tickwheel.chaos.cluster import ChaosCluster
+from tickwheel.chaos.proxy import PARTITION_MODES
 from tickwheel.chaos.workload import EventLog, now_ms
 from tickwheel.replication.local_cluster import LocalNode
 
@@ -122,12 +123,13 @@ class Nemesis(threading.Thread):
 
     def _partition(self) -> tuple[LocalNode, str]:
         leader = self._leader()
-        self._cluster.isolate(leader)
+        mode = self._random.choice(PARTITION_MODES)
+        self._cluster.isolate(leader, mode)
         try:
             time.sleep(self._config.partition_s)
         finally:
             self._cluster.heal()
-        return leader, f"cut off from every peer for {self._config.partition_s} s"
+        return leader, f"cut off from every peer ({mode}) for {self._config.partition_s} s"
 
     def _skew(self) -> tuple[LocalNode, str]:
         self._leader()

@@ -11,9 +11,16 @@ every link can be put behind a proxy of its own without the nodes noticing:
   five digits and the proxies get the lowest.
 
 Each node therefore has its own member list (`RaftMesh.members_of`). To partition node ``x``, the
-harness blocks the proxies of every link ``x`` is on: open connections are closed, new ones are
-accepted and closed at once, so pysyncobj sees its peers drop and redials them every
-``connection_retry_ms``. Healing unblocks them. The proxies run on an asyncio loop in a daemon
+harness blocks the proxies of every link ``x`` is on, in one of two ways:
+
+- ``reset``: open connections are closed, new ones are accepted and closed at once, so pysyncobj
+  sees its peers drop and redials them every ``connection_retry_ms`` (a host that is down);
+- ``blackhole``: connections stay open (new ones are accepted too) but every byte is dropped,
+  as when packets are lost; pysyncobj still counts its peers connected, so a cut-off node stands
+  for election as it would in a real network partition. Healing closes the blackholed
+  connections (a byte stream with a hole in it is no longer a valid one) and pysyncobj redials.
+
+Healing unblocks every link. The proxies run on an asyncio loop in a daemon
 thread; they bind 127.0.0.1 only.
 """
 
@@ -29,6 +36,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger("tickwheel.chaos.proxy")
 
 _CHUNK_BYTES = 64 << 10
+PARTITION_MODES = ("reset", "blackhole")
 
 
 @dataclass
@@ -40,6 +48,7 @@ class _Link:
     port: int
     target_port: int
     blocked: bool = False
+    blackhole: bool = False
     server: asyncio.AbstractServer | None = None
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
 
@@ -84,9 +93,12 @@ class RaftMesh:
         self._thread.join(5)
         self._loop.close()
 
-    def isolate(self, node: int) -> None:
-        """Cut every link of ``node``: it can reach no peer, and no peer can reach it."""
-        self._run(self._set_blocked(node, blocked=True))
+    def isolate(self, node: int, mode: str = "reset") -> None:
+        """Cut every link of ``node``: it can reach no peer, and no peer can reach it.
+        ``mode`` is ``reset`` or ``blackhole`` (see the module docstring)."""
+        if mode not in PARTITION_MODES:
+            raise ValueError(f"partition mode {mode!r} is not one of {PARTITION_MODES}")
+        self._run(self._set_blocked(node, blocked=True, blackhole=mode == "blackhole"))
 
     def heal(self) -> None:
         """Restore every link."""
@@ -119,13 +131,15 @@ class RaftMesh:
         for link in self._links.values():
             await link.server.wait_closed()
 
-    async def _set_blocked(self, node: int | None, *, blocked: bool) -> None:
+    async def _set_blocked(self, node: int | None, *, blocked: bool,
+                           blackhole: bool = False) -> None:
         for link in self._links.values():
             if node is None or node in (link.dialer, link.target):
-                link.blocked = blocked
-                if blocked:
+                if (blocked and not blackhole) or link.blackhole:
                     self._drop(link)
-        log.info("event=mesh_%s node=%s", "isolate" if blocked else "heal", node)
+                link.blocked, link.blackhole = blocked, blocked and blackhole
+        log.info("event=mesh_%s node=%s blackhole=%s", "isolate" if blocked else "heal", node,
+                 blackhole)
 
     @staticmethod
     def _drop(link: _Link) -> None:
@@ -135,7 +149,7 @@ class RaftMesh:
 
     async def _accept(self, link: _Link, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
-        if link.blocked:
+        if link.blocked and not link.blackhole:
             writer.transport.abort()
             return
         try:
@@ -147,17 +161,20 @@ class RaftMesh:
         pair = (writer, upstream_writer)
         link.writers.update(pair)
         try:
-            await asyncio.gather(self._pipe(reader, upstream_writer),
-                                 self._pipe(upstream_reader, writer))
+            await asyncio.gather(self._pipe(link, reader, upstream_writer),
+                                 self._pipe(link, upstream_reader, writer))
         finally:
             for end in pair:
                 link.writers.discard(end)
                 end.transport.abort()
 
     @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(link: _Link, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(_CHUNK_BYTES):
+                if link.blackhole:
+                    continue
                 writer.write(data)
                 await writer.drain()
         writer.transport.abort()

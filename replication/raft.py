@@ -136,7 +136,7 @@ class RaftNode(SyncObj):
         self._election_min_s = config.election_min_ms / 1000
         self._leader_heard_s = 0.0
         self._stale_leader_heard_s = -float("inf")
-        self._pre_vote = _PreVoteRound(0, set(), won=False)
+        self._pre_vote = _PreVoteRound(0, set())
         try:
             super().__init__(self_address, peers, conf)
         finally:
@@ -171,7 +171,7 @@ class RaftNode(SyncObj):
         """When the election timer has run out, run a PreVote round instead of letting
         pysyncobj campaign; a round that a majority granted lets it campaign at once."""
         if self._isLeader() or self._pre_vote.won:
-            self._pre_vote.won = False
+            self._pre_vote.won = False  # pysyncobj campaigns in this tick; the round is spent
             return
         now_s = time.monotonic()
         if (self._SyncObj__raftElectionDeadline >= now_s
@@ -182,7 +182,7 @@ class RaftNode(SyncObj):
             # alone, nobody to ask; or a leader with a lower term is alive, and ignored by this
             # node: only a real vote request (its higher term) can make that leader step down
             return
-        self._pre_vote = _PreVoteRound(self._pre_vote.number + 1, set(), won=False)
+        self._pre_vote = _PreVoteRound(self._pre_vote.number + 1, set())
         request = {"type": _PRE_VOTE, "round": self._pre_vote.number,
                    "term": self.raftCurrentTerm + 1,
                    "last_log_index": self._SyncObj__getCurrentLogIndex(),
@@ -223,12 +223,12 @@ class RaftNode(SyncObj):
         return (request["last_log_term"], request["last_log_index"]) >= ours
 
     def _count_grant(self, node: object, reply: dict) -> None:
-        if reply["round"] != self._pre_vote.number or not reply["granted"]:
+        round_ = self._pre_vote
+        if reply["round"] != round_.number or round_.spent or not reply["granted"]:
             return
-        self._pre_vote.granted.add(node)
-        if (not self._pre_vote.won and not self._isLeader()
-                and len(self._pre_vote.granted) + 1 > (len(self._peer_addresses) + 1) / 2):
-            self._pre_vote.won = True
+        round_.granted.add(node)
+        if not self._isLeader() and len(round_.granted) + 1 > (len(self._peer_addresses) + 1) / 2:
+            round_.won = round_.spent = True
             self._SyncObj__raftElectionDeadline = 0.0
             log.info("event=pre_vote_won round=%d", self._pre_vote.number)
 
@@ -248,7 +248,10 @@ _PRE_VOTE_REPLY = "tickwheel_pre_vote_reply"
 class _PreVoteRound:
     number: int
     granted: set
-    won: bool
+    won: bool = False
+    """A majority said yes: pysyncobj may campaign in the next tick."""
+    spent: bool = False
+    """Won already: later yeses of the same round must not start a second election."""
 
 
 class _MsyncJournal(FileJournal):

@@ -117,13 +117,14 @@ def test_kill_pause_and_partition_lose_nothing_and_flag_every_duplicate(
 
 
 def test_a_healed_partition_does_not_depose_a_healthy_leader(tmp_path: Path) -> None:
-    """PreVote: a follower cut off for several election timeouts asks before it stands, is
-    refused (or unheard), keeps its term, and rejoins without a new election."""
+    """PreVote: a follower cut off (blackholed: it still counts its peers connected, as in a
+    real network partition) for several election timeouts asks before it stands, goes
+    unheard, keeps its term, and rejoins without a new election."""
     with ChaosCluster(tmp_path / "cluster", 3, tmp_path / "journals") as cluster:
         leader = cluster.leader()
         term = leader.info().term
         cut = next(node for node in cluster.nodes if node is not leader)
-        cluster.isolate(cut)
+        cluster.isolate(cut, "blackhole")
         wait_for(lambda: cut.log_path.read_text().count("event=pre_vote_started") >= 3, 20,
                  "three PreVote rounds on the isolated follower")
         cluster.heal()
