@@ -47,6 +47,12 @@ class Metrics:
                            ["topic"], registry=r)
         self.unacked = Gauge("tickwheel_unacked_messages", "Delivered messages waiting for an "
                              "acknowledgement.", ["topic"], registry=r)
+        self.pending = Gauge("tickwheel_pending_messages", "Messages scheduled and not yet "
+                             "cancelled nor done, per tracked topic (replicated: any node).",
+                             ["topic"], registry=r)
+        self.pending_untracked = Gauge("tickwheel_pending_untracked_messages", "Pending "
+                                       "messages of topics beyond max_tracked_topics.",
+                                       registry=r)
         self.is_leader = Gauge("tickwheel_is_leader", "1 on the leader, else 0.", registry=r)
         self.term = Gauge("tickwheel_raft_term", "The Raft term this node is in.", registry=r)
         self.commit_index = Gauge("tickwheel_raft_commit_index", "Raft commit index.",
@@ -72,6 +78,13 @@ class Metrics:
         for topic, ready, unacked, _ in topics:
             self.ready.labels(topic).set(ready)
             self.unacked.labels(topic).set(unacked)
+
+    def set_pending(self, pending: dict[str, int], untracked: int) -> None:
+        """Publish the replicated pending counts; topics no longer tracked are removed."""
+        self.pending.clear()
+        for topic, count in pending.items():
+            self.pending.labels(topic).set(count)
+        self.pending_untracked.set(untracked)
 
     def serve(self, address: str) -> None:
         """Serve ``/metrics`` on ``host:port`` (a daemon thread)."""

@@ -305,7 +305,10 @@ def cluster_info(node: NodeContext) -> pb.ClusterInfoResponse:
         commit_index=status.commit_index, last_applied=status.last_applied,
         cursor_second=status.cursor.second, cursor_local_index=status.cursor.local_index,
         stamp_ms=status.stamp_ms, dispatching=status.dispatching, members=members,
-        topics=topics, cursor_lag_ms=lag_ms)
+        topics=topics, cursor_lag_ms=lag_ms,
+        pending=[pb.TopicPending(topic=topic, pending=count)
+                 for topic, count in sorted(status.pending.items())],
+        pending_untracked=status.pending_untracked)
 
 
 def cursor_lag_ms(status: ReplicaStatus, now_ms: int) -> int:

@@ -85,6 +85,10 @@ class ReplicaStatus:
     """On the leader: the last entry each follower is known to hold."""
     leader_commit_index: int
     """The leader's commit index as this node last heard it."""
+    pending: dict[str, int]
+    """Messages scheduled and not yet done, per tracked topic (replicated: any node)."""
+    pending_untracked: int
+    """Pending messages of topics beyond ``max_tracked_topics``."""
 
 
 class Replica:
@@ -189,7 +193,9 @@ class Replica:
             stamp_ms=self._state.stamp_ms, dispatching=self._dispatcher.active,
             inflight_msgs=self._dispatcher.inflight_msgs, peers=self._peers,
             connected=connected, match_index=match_index,
-            leader_commit_index=raw["leader_commit_idx"] or 0)
+            leader_commit_index=raw["leader_commit_idx"] or 0,
+            pending=self._state.pending.by_topic(),
+            pending_untracked=self._state.pending.untracked)
 
     # -- the loop (the Raft thread) -------------------------------------------------------
 
@@ -334,16 +340,16 @@ class Replica:
         if self._config.raft.fsync:
             state_root = self._data_dir / "state"
             fsync_files([state_root / name for name in manifest.files])
-        write_snapshot(path, (tuple(manifest.cursor), manifest.stamp_ms, manifest.files),
-                       raft_tail, self._config.raft.fsync)
+        write_snapshot(path, (tuple(manifest.cursor), manifest.stamp_ms, manifest.files,
+                              manifest.pending), raft_tail, self._config.raft.fsync)
         self._state.snapshot_written(manifest)
         log.info("event=snapshot_taken files=%d cursor_second=%d cursor_local_index=%d "
                  "duration_ms=%.1f", len(manifest.files), *manifest.cursor,
                  (time.monotonic() - started) * 1000)
 
     def _deserialize(self, path: str) -> tuple:
-        (cursor, stamp_ms, files), raft_tail = read_snapshot(path)
-        manifest = Manifest(Cursor(*cursor), stamp_ms, files)
+        (cursor, stamp_ms, files, pending), raft_tail = read_snapshot(path)
+        manifest = Manifest(Cursor(*cursor), stamp_ms, files, pending)
         started = time.monotonic()
         try:
             self._state.install(manifest, self._fetch_from_peers)

@@ -22,8 +22,11 @@ from typing import NamedTuple
 from tickwheel.replication import commands
 from tickwheel.replication.commands import Kind
 from tickwheel.replication.dedupe import DedupeWindow
+from tickwheel.replication.pending import PendingCounts
+from tickwheel.replication.pending import Snapshot as PendingSnapshot
 from tickwheel.wheel import Cursor, Wheel
 from tickwheel.wheel.errors import InvalidMessage, UnknownHandle, invariant
+from tickwheel.wheel.format import record_topic
 from tickwheel.wheel.segment import APPEND_ONLY_FILES
 from tickwheel.wheel.types import WheelConfig
 
@@ -44,6 +47,9 @@ class StateConfig:
     """How long (in leader stamp time) a scheduled id is remembered."""
     max_dedupe_ids: int = 2_000_000
     """At most this many ids are remembered (about 130 bytes each); the oldest go first."""
+    max_tracked_topics: int = 1_024
+    """Topics whose pending messages are counted by name; messages of further topics are
+    counted together as untracked (`tickwheel.replication.pending`)."""
 
 
 class Scheduled(NamedTuple):
@@ -63,11 +69,13 @@ class Rejected(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
-    """A snapshot: the lengths of every state file, the cursor and the stamp."""
+    """A snapshot: the lengths of every state file, the cursor, the stamp and the pending
+    counts."""
 
     cursor: Cursor
     stamp_ms: int
     files: dict[str, int]
+    pending: PendingSnapshot
 
 
 class WheelState:
@@ -77,6 +85,7 @@ class WheelState:
         self._root = root
         self._config = config
         self.wheel, self.dedupe = self._open_files()
+        self.pending = PendingCounts(config.max_tracked_topics)
         self._last_manifest: Manifest | None = None
 
     @classmethod
@@ -115,7 +124,7 @@ class WheelState:
         self.dedupe.forget_expired(stamp_ms)
         results: list[Scheduled | Rejected | bytes | None] = []
         first_at: dict[bytes, int] = {}
-        records, due_ms, keys = [], [], []
+        records, due_ms, keys, tags = [], [], [], []
         latest_ms = stamp_ms + self._config.wheel.max_delay_ms
         remembered = self.dedupe.get
         for message in commands.read_schedule(command):
@@ -135,7 +144,9 @@ class WheelState:
                 records.append(message.record)
                 due_ms.append(message.deliver_at_ms)
                 keys.append(key)
-        handles = self.wheel.schedule_records(records, due_ms, stamp_ms)
+                tags.append(self.pending.tag_for(record_topic(message.record)))
+        handles = self.wheel.schedule_records(records, due_ms, stamp_ms, tags)
+        self.pending.add(tags)
         self.dedupe.add_many(keys, handles, due_ms, stamp_ms)
         for key, handle, deliver_at_ms in zip(keys, handles, due_ms, strict=True):
             results[first_at[key]] = Scheduled(handle, deliver_at_ms, duplicate=False)
@@ -147,16 +158,21 @@ class WheelState:
         results: list[bool | Rejected] = []
         for handle in commands.read_cancel(command):
             try:
-                results.append(self.wheel.cancel(handle))
+                tag = self.wheel.cancel_tag(handle)
             except UnknownHandle as error:
                 results.append(Rejected(error))
+                continue
+            if tag is not None:
+                self.pending.remove({tag: 1})
+            results.append(tag is not None)
         return results
 
     def _apply_cursor(self, command: bytes, stamp_ms: int) -> Cursor:
         """Move the cursor, and the stamp. A cursor behind the current one is a stale proposal
         (a deposed leader's, committed after its successor's): it is ignored, everywhere."""
-        position = commands.read_cursor(command)
-        self.wheel.advance_cursor(max(position, self.wheel.cursor), stamp_ms)
+        position = max(commands.read_cursor(command), self.wheel.cursor)
+        self.pending.remove(self.wheel.live_tags_until(position))
+        self.wheel.advance_cursor(position, stamp_ms)
         return self.wheel.cursor
 
     # -- snapshots --------------------------------------------------------------------------
@@ -165,7 +181,7 @@ class WheelState:
         """Flush everything and list it. Cost: one ``stat`` per file, never the data."""
         files = {f"{_WHEEL}/{path}": size for path, size in self.wheel.files().items()}
         files.update({f"{_DEDUPE}/{path}": size for path, size in self.dedupe.files().items()})
-        return Manifest(self.wheel.cursor, self.wheel.stamp_ms, files)
+        return Manifest(self.wheel.cursor, self.wheel.stamp_ms, files, self.pending.snapshot())
 
     def snapshot_written(self, manifest: Manifest) -> None:
         """``manifest`` is now the Raft snapshot: delete passed hours and forgotten dedupe
@@ -195,6 +211,7 @@ class WheelState:
             fetched += _restore_file(self._root / path, path, size, fetch)
         self.wheel, self.dedupe = self._open_files()
         self.wheel.reset_to(manifest.cursor, manifest.stamp_ms)
+        self.pending.restore(manifest.pending)
         self._last_manifest = manifest
         log.info("event=snapshot_installed files=%d fetched_bytes=%d cursor_second=%d "
                  "cursor_local_index=%d", len(manifest.files), fetched, *manifest.cursor)

@@ -173,3 +173,25 @@ def test_pysyncobj_still_keeps_what_the_lease_and_election_postponing_read() -> 
     assert "self.__raftElectionDeadline = monotonicTime() + self.__generateRaftTimeout()" in (
         source)
     assert hasattr(RaftNode, "lease_until_s")
+
+
+def test_pending_counts_follow_schedules_cancels_and_the_cursor_and_come_back_from_a_manifest(
+        tmp_path: Path) -> None:
+    state = WheelState.open(tmp_path / "a", StateConfig(max_tracked_topics=2), fresh=True)
+    topics = ["a", "b", "a", "c", "b", "a"]  # "c" is over the cap of two tracked topics
+    batch = [NewMessage(f"m{i}", t, b"x", T0_MS + 1_000 * (i % 3)) for i, t in enumerate(topics)]
+    results = state.apply(schedule_command(T0_MS, batch))
+    state.apply(schedule_command(T0_MS, batch[:2]))  # retried ids count once
+    assert (state.pending.by_topic(), state.pending.untracked) == ({"a": 3, "b": 2}, 1)
+    assert state.apply(commands.cancel(T0_MS, [results[0].handle, results[0].handle])) == [
+        True, False]
+    state.apply(commands.cursor(T0_MS + 1_000, Cursor(T0_MS // 1_000 + 1, 1)))  # m0 m3 m1
+    assert (state.pending.by_topic(), state.pending.untracked) == ({"a": 2, "b": 1}, 0)
+    manifest = state.manifest()
+    state.apply(commands.cursor(T0_MS + 3_000, Cursor(T0_MS // 1_000 + 3, 0)))
+    assert (state.pending.by_topic(), state.pending.untracked) == ({}, 0)
+    state.apply(schedule_command(T0_MS + 3_000, [NewMessage("n", "c", b"x", T0_MS + 9_000)]))
+    assert state.pending.by_topic() == {"c": 1}  # a tag came free: "c" is tracked now
+    state.pending.restore(manifest.pending)
+    assert (state.pending.by_topic(), state.pending.untracked) == ({"a": 2, "b": 1}, 0)
+    state.close()
