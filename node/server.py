@@ -252,7 +252,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
     # -- helpers ----------------------------------------------------------------------------
 
     def _set_leader(self, context: grpc.aio.ServicerContext) -> None:
-        leader = self._node.leader_grpc(self._node.replica.status().leader)
+        leader = self._node.leader_grpc(self._node.replica.leader_hint())
         if leader:
             context.set_trailing_metadata(((LEADER_KEY, leader),))
 
@@ -278,11 +278,14 @@ async def _committed(future: Future) -> list:
 def _delivered(pending: Pending, node: str) -> pb.Delivered:
     delivery = pending.delivery
     message = delivery.message
-    return pb.Delivered(id=message.id, topic=message.topic, body=message.body,
-                        properties=message.properties, deliver_at_ms=message.deliver_at_ms,
-                        delivered_at_ms=pending.delivered_at_ms, attempt=pending.attempt,
-                        possible_duplicate=delivery.possible_duplicate,
-                        receipt=pending.receipt, handle=message.handle, node=node)
+    delivered = pb.Delivered(id=message.id, topic=message.topic, body=message.body,
+                             deliver_at_ms=message.deliver_at_ms,
+                             delivered_at_ms=pending.delivered_at_ms, attempt=pending.attempt,
+                             possible_duplicate=delivery.possible_duplicate,
+                             receipt=pending.receipt, handle=message.handle, node=node)
+    if message.properties:  # an empty map still costs a conversion per message
+        delivered.properties.update(message.properties)
+    return delivered
 
 
 def cluster_info(node: NodeContext) -> pb.ClusterInfoResponse:
