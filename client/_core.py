@@ -60,6 +60,11 @@ def retryable(error: BaseException) -> bool:
     return isinstance(error, grpc.RpcError) and error.code() in _RETRYABLE
 
 
+REQUEST_LINGER_S = 0.002
+"""A consumer stream's credits and acks wait this long for others before they are sent, so
+one request carries many: a request per message made the leader spend more on gRPC reads
+and tiny delivery batches than on the messages themselves."""
+
 RECONNECT_WAIT = wait_random_exponential(multiplier=0.05, max=0.25)
 """Between attempts: jittered, growing from 50 ms to at most 250 ms. An election takes about a
 second; a longer back-off would only add to the time without delivery after it."""
@@ -88,9 +93,14 @@ class Message:
 
     def to_pb(self) -> pb.Message:
         body = self.body.encode() if isinstance(self.body, str) else self.body
-        return pb.Message(id=self.id, topic=self.topic, body=body,
-                          properties=dict(self.properties), deliver_at_ms=self.deliver_at_ms,
-                          delay_ms=self.delay_ms)
+        message = pb.Message(id=self.id, topic=self.topic, body=body)
+        if self.properties:  # an empty map still costs a conversion per message
+            message.properties.update(self.properties)
+        if self.deliver_at_ms is not None:
+            message.deliver_at_ms = self.deliver_at_ms
+        if self.delay_ms is not None:
+            message.delay_ms = self.delay_ms
+        return message
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
@@ -27,6 +28,7 @@ from tickwheel.client._core import (
     CHANNEL_OPTIONS,
     DEFAULT_TARGET,
     RECONNECT_WAIT,
+    REQUEST_LINGER_S,
     Message,
     Received,
     Router,
@@ -272,6 +274,7 @@ class Consumer:
             item = requests.get()
             if item is None:
                 return
+            time.sleep(REQUEST_LINGER_S)  # let more credits and acks join this request
             items = [item]
             while True:
                 try:
