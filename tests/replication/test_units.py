@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import zlib
 from pathlib import Path
 
 import pytest
 from tickwheel.replication import commands
 from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import GroupCommitter
-from tickwheel.replication.raft import RaftNode
+from tickwheel.replication.raft import RaftNode, _WireZlib
 from tickwheel.replication.state import Rejected, Scheduled, StateConfig, WheelState
 from tickwheel.wheel import Cursor, NewMessage
 from tickwheel.wheel.errors import InvariantViolation, NotLeader
@@ -195,3 +196,11 @@ def test_pending_counts_follow_schedules_cancels_and_the_cursor_and_come_back_fr
     state.pending.restore(manifest.pending)
     assert (state.pending.by_topic(), state.pending.untracked) == ({"a": 2, "b": 1}, 0)
     state.close()
+
+
+def test_the_wire_compression_seam_still_exists_and_what_it_writes_reads_back() -> None:
+    # pysyncobj 0.3.17 compresses each message with the module-level zlib it imported.
+    source = Path(__import__("pysyncobj.tcp_connection").tcp_connection.__file__).read_text()
+    assert "data = zlib.compress(pickle.dumps(message), 3)" in source
+    data = b"x" * 1_000
+    assert zlib.decompress(_WireZlib(0).compress(data, 3)) == data
