@@ -369,9 +369,9 @@ def test_pending_per_topic_is_replicated_falls_with_cancels_and_acks_and_survive
         wait_pending(fresh.nodes, {"pa": 35, "pb": 22}, "cancelled")
         assert len(receive(client, "pa", 10)) == 10 and len(receive(client, "pb", 5)) == 5
         wait_pending(fresh.nodes, {"pa": 25, "pb": 17}, "delivered and acknowledged")
-        metrics = urllib.request.urlopen(
-            f"http://{follower(fresh).metrics_address}/metrics", timeout=5).read().decode()
-        assert 'tickwheel_pending_messages{topic="pa"} 25.0' in metrics
+        url = f"http://{follower(fresh).metrics_address}/metrics"
+        wait_for(lambda: 'tickwheel_pending_messages{topic="pa"} 25.0' in urllib.request.urlopen(
+            url, timeout=5).read().decode(), 5, "the pending gauge on a follower")
 
         wait_for(lambda: all((n.data / "raft" / "snapshot").exists() for n in fresh.nodes),
                  15, "a snapshot on every node")
