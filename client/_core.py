@@ -60,6 +60,8 @@ def retryable(error: BaseException) -> bool:
     return isinstance(error, grpc.RpcError) and error.code() in _RETRYABLE
 
 
+CREDIT_BATCH_DIVISOR = 8
+"""A consumer returns credits in batches of ``prefetch // CREDIT_BATCH_DIVISOR`` (at least 1)."""
 REQUEST_LINGER_S = 0.002
 """A consumer stream's credits and acks wait this long for others before they are sent, so
 one request carries many: a request per message made the leader spend more on gRPC reads
@@ -144,7 +146,8 @@ class Received:
 
 
 def received(response: pb.ReceiveResponse, ack: Callable[[str], None]) -> list[Received]:
-    return [Received(m.id, m.topic, m.body, dict(m.properties), m.deliver_at_ms,
+    return [Received(m.id, m.topic, m.body, dict(m.properties) if m.properties else {},
+                     m.deliver_at_ms,
                      m.delivered_at_ms, m.attempt, m.possible_duplicate, m.receipt, m.handle,
                      m.node, ack) for m in response.messages]
 

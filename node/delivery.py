@@ -185,6 +185,7 @@ class Hub:
         done is done."""
         positions = []
         epoch = self._epoch
+        held_by: set[Consumer] = set()
         for receipt in receipts:
             pending = self._pending.pop(receipt, None)
             if pending is None:
@@ -194,8 +195,11 @@ class Hub:
             if holder is not None:
                 holder.unacked.pop(receipt, None)
                 self._topics[holder.topic].unacked -= 1
-                self._forget_if_idle(holder.topic)
-            positions.append(pending.delivery.message.position)
+                held_by.add(holder)
+            message = pending.delivery.message
+            positions.append(Cursor(message.slot_second, message.local_index))
+        for holder in held_by:
+            self._forget_if_idle(holder.topic)
         if positions and epoch is not None:
             self._replica.ack(epoch, positions)
             self._metrics.acked.labels(consumer.topic).inc(len(positions))
