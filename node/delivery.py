@@ -114,7 +114,8 @@ class Hub:
         self._loop = asyncio.get_running_loop()
         self._topics: dict[str, _Topic] = {}
         self._pending: dict[str, Pending] = {}
-        self._expiries: list[tuple[float, int, Pending, int]] = []
+        self._expiries: list[tuple[float, int, list[tuple[Pending, int]]]] = []
+        """One entry per batch sent: (deadline, sequence, [(message, attempt sent)])."""
         self._sequence = itertools.count()
         self._epoch: int | None = None
         self._term = 0
@@ -293,11 +294,11 @@ class Hub:
             pending.delivered_at_ms = now_ms
             pending.consumer = consumer
             consumer.unacked[pending.receipt] = pending
-            heapq.heappush(self._expiries, (deadline_s, next(self._sequence), pending,
-                                            pending.attempt))
             batch.append(pending)
         if not batch:
             return
+        heapq.heappush(self._expiries, (deadline_s, next(self._sequence),
+                                        [(pending, pending.attempt) for pending in batch]))
         consumer.credits -= len(batch)
         state.unacked += len(batch)
         consumer.outbox.put_nowait(batch)
@@ -317,15 +318,15 @@ class Hub:
     def _expire(self, now_s: float) -> None:
         touched = set()
         while self._expiries and self._expiries[0][0] <= now_s:
-            _, _, pending, attempt = heapq.heappop(self._expiries)
-            if pending.done or pending.attempt != attempt or pending.consumer is None:
-                continue
-            consumer = pending.consumer
-            consumer.unacked.pop(pending.receipt, None)
-            state = self._topics[consumer.topic]
-            self._return(state, pending)
-            touched.add(consumer.topic)
-            log.info("event=visibility_timeout topic=%s id=%s attempt=%d consumer=%s",
-                     consumer.topic, pending.delivery.message.id, attempt, consumer.name)
+            for pending, attempt in heapq.heappop(self._expiries)[2]:
+                if pending.done or pending.attempt != attempt or pending.consumer is None:
+                    continue
+                consumer = pending.consumer
+                consumer.unacked.pop(pending.receipt, None)
+                state = self._topics[consumer.topic]
+                self._return(state, pending)
+                touched.add(consumer.topic)
+                log.info("event=visibility_timeout topic=%s id=%s attempt=%d consumer=%s",
+                         consumer.topic, pending.delivery.message.id, attempt, consumer.name)
         for topic in touched:
             self._pump(self._topics[topic])
