@@ -238,11 +238,12 @@ class Hub:
 
     def _enqueue(self, deliveries: list[Delivery]) -> None:
         touched = {}
+        epoch = self._epoch
         for delivery in deliveries:
-            if delivery.epoch != self._epoch:
+            if delivery.epoch != epoch:
                 continue
             message = delivery.message
-            receipt = f"{delivery.epoch}.{message.slot_second}.{message.local_index}"
+            receipt = f"{epoch}.{message.slot_second}.{message.local_index}"
             pending = Pending(delivery, receipt)
             self._pending[receipt] = pending
             state = touched.get(message.topic)
