@@ -33,6 +33,7 @@ import pysyncobj.syncobj
 import pysyncobj.tcp_connection
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.journal import FileJournal
+from pysyncobj.monotonic import monotonic as raft_clock_s
 
 MAX_MESSAGE_ENTRY_BYTES = 5 << 20
 """The largest entry one message can make (a 4 MiB body plus properties and framing)."""
@@ -147,8 +148,16 @@ class RaftNode(SyncObj):
         return self._apply_command(data)
 
     def lease_until_s(self, lease_ms: int) -> float:
-        """The monotonic time until which this leader holds its lease: ``lease_ms`` after the
-        latest time by which a majority (counting itself) had answered; 0 if not leader."""
+        """The ``time.monotonic()`` time until which this leader holds its lease: ``lease_ms``
+        after the latest time by which a majority (counting itself) had answered; 0 if not
+        leader.
+
+        pysyncobj stamps answers with its own clock, CLOCK_MONOTONIC_RAW, not
+        ``time.monotonic()`` (CLOCK_MONOTONIC, which NTP slews). The two drift apart: on the
+        benchmark VM they were 248 ms apart an hour after boot, which left a 250 ms lease
+        about 2 ms long (dispatch stalled until the next answer: the ~55 ms p99 at 1,000 and
+        5,000 msg/s); drift the other way would stretch the lease past the election timeout.
+        So the lease is measured on pysyncobj's clock and only then moved to ours."""
         if not self._isLeader():
             return 0.0
         # The time each peer last answered the leader; pysyncobj keeps it but does not expose it
@@ -159,13 +168,14 @@ class RaftNode(SyncObj):
             return float("inf")
         if len(answered) < peers_needed:
             return 0.0
-        return answered[peers_needed - 1] + lease_ms / 1000
+        remaining_s = answered[peers_needed - 1] + lease_ms / 1000 - raft_clock_s()
+        return time.monotonic() + remaining_s
 
     def postpone_election(self) -> None:
         """Restart the election timer: after a long snapshot install the follower has heard
         nothing for a while, through no fault of the leader's; standing for election then
         would depose a healthy leader."""
-        self._SyncObj__raftElectionDeadline = (time.monotonic()
+        self._SyncObj__raftElectionDeadline = (raft_clock_s()  # pysyncobj's clock
                                                + self._SyncObj__generateRaftTimeout())
 
 
