@@ -187,7 +187,8 @@ class HourSegment:
     def read_unit(self, global_index: int) -> tuple[int, ...]:
         """``(offset, size, local_index, global_index, pre_global_index, deliver_at_ms,
         second_of_hour, tag)`` of a unit; raises `CorruptSegment` if it fails its CRC."""
-        invariant(0 <= global_index < self.units, f"unit {global_index} of {self.units}")
+        if not 0 <= global_index < self.units:  # the message is formatted only on failure
+            invariant(False, f"unit {global_index} of {self.units}")
         pos = global_index * UNIT_SIZE
         if global_index >= self._flushed_units:
             data, pos = self._pending_index, pos - self._flushed_units * UNIT_SIZE
