@@ -64,6 +64,12 @@ class ReplicaConfig:
     max_queued_msgs: int = 200_000
     """Schedule requests waiting for an entry; beyond it `schedule` raises `Overloaded`."""
     idle_tick_ms: int = 50
+    dispatch_interval_ms: int = 4
+    """After a dispatch step that handed messages over, the next waits this long unless a full
+    step (``max_take_msgs``) was taken: a step costs about the same whether it carries one
+    message or fifty (the Raft loop, the hand-over to the event loop, a journal write, a gRPC
+    write per consumer), and with 1 ms steps those costs outweighed the messages. The first
+    message after a quiet spell still goes out at its due time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +127,7 @@ class Replica:
         self._leading_term: int | None = None
         self._proposed_cursor: Cursor | None = None
         self._last_cursor_sync = 0.0
+        self._next_dispatch_s = 0.0
         self._bytes_since_snapshot = 0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tickwheel-raft", daemon=True)
@@ -227,11 +234,22 @@ class Replica:
         self._lease_until_s = self._raft.lease_until_s(self._config.raft.lease_ms)
         if not self._dispatcher.active or time.monotonic() >= self._lease_until_s:
             return self._config.raft.heartbeat_ms / 1000
-        deliveries = self._dispatcher.take(self._state.wheel, now_ms)
+        deliveries = self._take_due(now_ms)
         if deliveries:
             self._sink.deliver(deliveries)
         self._sync_cursor(now_ms)
-        return self._sleep_s(now_ms, busy=bool(deliveries))
+        return self._sleep_s(now_ms, len(deliveries))
+
+    def _take_due(self, now_ms: int) -> list:
+        """Due messages, at most once per ``dispatch_interval_ms`` unless a backlog fills
+        whole steps."""
+        now_s = time.monotonic()
+        if now_s < self._next_dispatch_s:
+            return []
+        deliveries = self._dispatcher.take(self._state.wheel, now_ms)
+        if deliveries and len(deliveries) < self._config.dispatch.max_take_msgs:
+            self._next_dispatch_s = now_s + self._config.dispatch_interval_ms / 1000
+        return deliveries
 
     def _follow_leadership(self, now_ms: int) -> None:
         leading = self._raft._isLeader()
@@ -302,14 +320,16 @@ class Replica:
         future.add_done_callback(clear)
         return future
 
-    def _sleep_s(self, now_ms: int, busy: bool) -> float:
-        if busy and self._dispatcher.inflight_msgs < self._config.dispatch.max_inflight_msgs:
-            return 0.0
-        wait_ms = self._config.cursor_sync_ms
+    def _sleep_s(self, now_ms: int, delivered: int) -> float:
+        dispatch = self._config.dispatch
+        if (delivered >= dispatch.max_take_msgs
+                and self._dispatcher.inflight_msgs < dispatch.max_inflight_msgs):
+            return 0.0  # a backlog: take the next step at once
+        wait_s = self._config.cursor_sync_ms / 1000
         due_ms = self._state.wheel.next_due_ms()
         if due_ms is not None:
-            wait_ms = min(wait_ms, max(0, due_ms - now_ms))
-        return wait_ms / 1000
+            wait_s = min(wait_s, max(0, due_ms - now_ms) / 1000)
+        return max(wait_s, self._next_dispatch_s - time.monotonic())
 
     def _propose(self, command: bytes, target: Entry | Future) -> None:
         entry_id = self._next_entry_id
