@@ -61,6 +61,13 @@ def retryable(error: BaseException) -> bool:
     return isinstance(error, grpc.RpcError) and error.code() in _RETRYABLE
 
 
+CREDIT_BATCH_DIVISOR = 8
+"""A consumer returns credits in batches of ``prefetch // CREDIT_BATCH_DIVISOR`` (at least 1)."""
+REQUEST_LINGER_S = 0.002
+"""A consumer stream's credits and acks wait this long for others before they are sent, so
+one request carries many: a request per message made the leader spend more on gRPC reads
+and tiny delivery batches than on the messages themselves."""
+
 RECONNECT_WAIT = wait_random_exponential(multiplier=0.05, max=0.25)
 """Between attempts: jittered, growing from 50 ms to at most 250 ms. An election takes about a
 second; a longer back-off would only add to the time without delivery after it."""
@@ -91,9 +98,16 @@ class Message:
 
     def to_pb(self) -> pb.Message:
         body = self.body.encode() if isinstance(self.body, str) else self.body
-        return pb.Message(id=self.id, topic=self.topic, body=body,
-                          properties=dict(self.properties), deliver_at_ms=self.deliver_at_ms,
-                          delay_ms=self.delay_ms, delay_level=self.delay_level)
+        message = pb.Message(id=self.id, topic=self.topic, body=body)
+        if self.properties:  # an empty map still costs a conversion per message
+            message.properties.update(self.properties)
+        if self.deliver_at_ms is not None:
+            message.deliver_at_ms = self.deliver_at_ms
+        if self.delay_ms is not None:
+            message.delay_ms = self.delay_ms
+        if self.delay_level is not None:
+            message.delay_level = self.delay_level
+        return message
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +186,8 @@ class Received:
 
 
 def received(response: pb.ReceiveResponse, send: Callable[[str, str], None]) -> list[Received]:
-    return [Received(m.id, m.topic, m.body, dict(m.properties), m.deliver_at_ms,
+    return [Received(m.id, m.topic, m.body, dict(m.properties) if m.properties else {},
+                     m.deliver_at_ms,
                      m.delivered_at_ms, m.attempt, m.possible_duplicate, m.receipt, m.handle,
                      m.node, send) for m in response.messages]
 

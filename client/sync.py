@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
@@ -25,8 +26,10 @@ import grpc
 from tenacity import Retrying, retry_if_exception_type
 from tickwheel.client._core import (
     CHANNEL_OPTIONS,
+    CREDIT_BATCH_DIVISOR,
     DEFAULT_TARGET,
     RECONNECT_WAIT,
+    REQUEST_LINGER_S,
     CancelOutcome,
     Message,
     Received,
@@ -177,6 +180,8 @@ class Consumer:
                  name: str) -> None:
         self._client = client
         self._subscribe = subscribe_request(topic, prefetch, visibility_timeout_ms, name)
+        self._credit_batch = max(1, prefetch // CREDIT_BATCH_DIVISOR)
+        self._uncredited = 0
         self._buffer: deque[Received] = deque()
         self._requests: queue.Queue = queue.Queue()
         self._stream: grpc.Call | None = None
@@ -200,8 +205,18 @@ class Consumer:
             if self._closed:
                 raise StopIteration
             self._receive()
-        self._requests.put(("credit", 1))
-        return self._buffer.popleft()
+        message = self._buffer.popleft()
+        self._credit_one()
+        return message
+
+    def _credit_one(self) -> None:
+        """Give the node back a credit for a message handed out: in batches of a fraction of
+        the prefetch, and at once when nothing is buffered, so the node never waits on credits
+        held back here (it holds at least ``prefetch - credit_batch`` while this waits)."""
+        self._uncredited += 1
+        if self._uncredited >= self._credit_batch or not self._buffer:
+            self._requests.put(("credit", self._uncredited))
+            self._uncredited = 0
 
     def _drop_buffered(self) -> None:
         """The stream ended (its leader stepped down or died) while messages it sent wait
@@ -253,6 +268,7 @@ class Consumer:
     def _connect(self) -> None:
         self._requests.put(None)  # ends the request generator of the previous stream
         self._requests = queue.Queue()
+        self._uncredited = 0  # the new stream starts with the whole prefetch
         if self._closed:  # closed from another thread since the check: end the new stream too
             self._requests.put(None)
         self._address, self._stream = self._client._open_stream(self._outgoing(self._requests))
@@ -281,6 +297,7 @@ class Consumer:
             item = requests.get()
             if item is None:
                 return
+            time.sleep(REQUEST_LINGER_S)  # let more credits and acks join this request
             items = [item]
             while True:
                 try:

@@ -33,6 +33,9 @@ BODY = b"x" * 100
 HOUR_MS = 3_600_000
 LEAD_S = 2.0
 """How long before its due time each message of the lateness runs is scheduled."""
+MAX_REQUEST_MSGS = 5_000
+"""The lateness producer's largest request: after a stall it catches up in several, each
+under the node's ``max_batch_msgs`` (10,000)."""
 
 
 def now_ms() -> int:
@@ -131,7 +134,8 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
         first_due_ms = now_ms() + int(LEAD_S * 1000)
         sent = 0
         while sent < total:
-            due_now = min(total, int((time.monotonic() - began) * rate) + 1)
+            due_now = min(total, int((time.monotonic() - began) * rate) + 1,
+                          sent + MAX_REQUEST_MSGS)
             if due_now > sent:
                 client.schedule_many(
                     Message(topic, BODY, deliver_at_ms=first_due_ms + k * 1000 // rate,

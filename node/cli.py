@@ -35,6 +35,7 @@ from tickwheel.client import Client, Message, TickwheelClientError
 from tickwheel.node import config as node_config
 from tickwheel.node.serve import run
 from tickwheel.replication.local_cluster import LocalCluster
+from tickwheel.v1 import tickwheel_pb2 as pb
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -209,17 +210,28 @@ def _status(args: argparse.Namespace) -> int:
                           f"{_iso(seen.cursor_second * 1000)} #{seen.cursor_local_index}")
         console.print(table)
         leader = client.cluster_info(info.leader_grpc) if info.leader_grpc else info
-        if leader.topics:
-            topics = Table(title="due messages per topic (on the leader)")
-            for column in ("topic", "ready", "unacked", "consumers"):
-                topics.add_column(column)
-            for topic in leader.topics:
-                topics.add_row(topic.topic, str(topic.ready), str(topic.unacked),
-                               str(topic.consumers))
-            console.print(topics)
+        if leader.topics or leader.pending or leader.pending_untracked:
+            console.print(_topics_table(leader))
         console.print(f"cursor lag: {leader.cursor_lag_ms} ms; done past the cursor: "
                       f"{leader.done_past_cursor}")
     return 0
+
+
+def _topics_table(info: pb.ClusterInfoResponse) -> Table:
+    """Per topic: pending (replicated), and due on the leader (ready, unacked, consumers)."""
+    table = Table(title="messages per topic (pending: not yet done; ready, unacked: due)")
+    for column in ("topic", "pending", "ready", "unacked", "consumers"):
+        table.add_column(column)
+    due = {topic.topic: topic for topic in info.topics}
+    pending = {topic.topic: topic.pending for topic in info.pending}
+    for name in sorted(due.keys() | pending.keys()):
+        topic = due.get(name)
+        table.add_row(name, str(pending.get(name, 0)), *(
+            ("", "", "") if topic is None else
+            (str(topic.ready), str(topic.unacked), str(topic.consumers))))
+    if info.pending_untracked:
+        table.add_row("(untracked topics)", str(info.pending_untracked), "", "", "")
+    return table
 
 
 def _iso(ms: int) -> str:

@@ -125,7 +125,8 @@ class Hub:
         self._loop = asyncio.get_running_loop()
         self._topics: dict[str, _Topic] = {}
         self._pending: dict[str, Pending] = {}
-        self._expiries: list[tuple[float, int, Pending, int]] = []
+        self._expiries: list[tuple[float, int, list[tuple[Pending, int]]]] = []
+        """One entry per batch sent: (deadline, sequence, [(message, attempt sent)])."""
         self._sequence = itertools.count()
         self._epoch: int | None = None
         self._term = 0
@@ -196,6 +197,7 @@ class Hub:
         done is done."""
         positions = []
         epoch = self._epoch
+        held_by: set[Consumer] = set()
         for receipt in receipts:
             pending = self._pending.pop(receipt, None)
             if pending is None:
@@ -205,8 +207,11 @@ class Hub:
             if holder is not None:
                 holder.unacked.pop(receipt, None)
                 self._topics[holder.topic].unacked -= 1
-                self._forget_if_idle(holder.topic)
-            positions.append(pending.delivery.message.position)
+                held_by.add(holder)
+            message = pending.delivery.message
+            positions.append(Cursor(message.slot_second, message.local_index))
+        for holder in held_by:
+            self._forget_if_idle(holder.topic)
         if positions and epoch is not None:
             self._replica.ack(epoch, positions)
             self._metrics.acked.labels(consumer.topic).inc(len(positions))
@@ -256,11 +261,12 @@ class Hub:
 
     def _enqueue(self, deliveries: list[Delivery]) -> None:
         touched = {}
+        epoch = self._epoch
         for delivery in deliveries:
-            if delivery.epoch != self._epoch:
+            if delivery.epoch != epoch:
                 continue
             message = delivery.message
-            receipt = f"{delivery.epoch}.{message.slot_second}.{message.local_index}"
+            receipt = f"{epoch}.{message.slot_second}.{message.local_index}"
             pending = Pending(delivery, receipt, attempt=message.attempt - 1)
             self._pending[receipt] = pending
             state = touched.get(message.topic)
@@ -383,11 +389,11 @@ class Hub:
             pending.delivered_at_ms = now_ms
             pending.consumer = consumer
             consumer.unacked[pending.receipt] = pending
-            heapq.heappush(self._expiries, (deadline_s, next(self._sequence), pending,
-                                            pending.attempt))
             batch.append(pending)
         if not batch:
             return
+        heapq.heappush(self._expiries, (deadline_s, next(self._sequence),
+                                        [(pending, pending.attempt) for pending in batch]))
         consumer.credits -= len(batch)
         state.unacked += len(batch)
         consumer.outbox.put_nowait(batch)
@@ -408,12 +414,12 @@ class Hub:
         """A visibility timeout that runs out counts as a nack."""
         expired = []
         while self._expiries and self._expiries[0][0] <= now_s:
-            _, _, pending, attempt = heapq.heappop(self._expiries)
-            if pending.done or pending.attempt != attempt or pending.consumer is None:
-                continue
-            log.info("event=visibility_timeout topic=%s id=%s attempt=%d consumer=%s",
-                     pending.consumer.topic, pending.delivery.message.id, attempt,
-                     pending.consumer.name)
-            self._take_back(pending)
-            expired.append(pending)
+            for pending, attempt in heapq.heappop(self._expiries)[2]:
+                if pending.done or pending.attempt != attempt or pending.consumer is None:
+                    continue
+                log.info("event=visibility_timeout topic=%s id=%s attempt=%d consumer=%s",
+                         pending.consumer.topic, pending.delivery.message.id, attempt,
+                         pending.consumer.name)
+                self._take_back(pending)
+                expired.append(pending)
         self._retry(expired, "visibility_timeout")

@@ -8,16 +8,55 @@ topics a deployment uses); no label ever carries a message id.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from tickwheel.node.delivery import Pending
 
 LATENESS_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                       10.0, 30.0, 60.0)
+_LATENESS_BUCKETS_MS = tuple(round(bound * 1000, 1) for bound in LATENESS_BUCKETS_S)
+
+
+class BatchHistogram(Collector):
+    """A histogram observed a batch at a time: one lock and one bisect per value, where
+    prometheus-client's `Histogram.observe` costs a call, a lock and a scan of the buckets per
+    value (a tenth of the delivery path at 20,000 msg/s). Values are observed in milliseconds
+    and exported in seconds."""
+
+    def __init__(self, name: str, documentation: str, bounds_ms: tuple[float, ...]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds_ms = bounds_ms
+        self._counts = [0] * (len(bounds_ms) + 1)
+        self._sum_ms = 0
+        self._lock = threading.Lock()
+
+    def observe_ms(self, values_ms: list[int]) -> None:
+        where = bisect.bisect_left
+        bounds, counts = self._bounds_ms, self._counts
+        with self._lock:
+            for value_ms in values_ms:
+                counts[where(bounds, value_ms)] += 1
+            self._sum_ms += sum(values_ms)
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            counts, sum_ms = list(self._counts), self._sum_ms
+        cumulative, buckets = 0, []
+        for bound_ms, count in zip((*self._bounds_ms, float("inf")), counts, strict=True):
+            cumulative += count
+            buckets.append((str(bound_ms / 1000) if bound_ms != float("inf") else "+Inf",
+                            cumulative))
+        yield HistogramMetricFamily(self._name, self._documentation, buckets=buckets,
+                                    sum_value=sum_ms / 1000)
 
 
 class Metrics:
@@ -46,14 +85,21 @@ class Metrics:
                                      ["topic"], registry=r)
         self.acked = Counter("tickwheel_acked_messages", "Messages acknowledged.", ["topic"],
                              registry=r)
-        self.lateness = Histogram("tickwheel_delivery_lateness_seconds", "First delivery time "
-                                  "minus due time.", buckets=LATENESS_BUCKETS_S, registry=r)
+        self.lateness = BatchHistogram("tickwheel_delivery_lateness_seconds", "First delivery "
+                                       "time minus due time.", _LATENESS_BUCKETS_MS)
+        r.register(self.lateness)
         self.consumers = Gauge("tickwheel_consumers", "Open consumer streams.", ["topic"],
                                registry=r)
         self.ready = Gauge("tickwheel_ready_messages", "Due messages waiting for a consumer.",
                            ["topic"], registry=r)
         self.unacked = Gauge("tickwheel_unacked_messages", "Delivered messages waiting for an "
                              "acknowledgement.", ["topic"], registry=r)
+        self.pending = Gauge("tickwheel_pending_messages", "Messages scheduled and not yet "
+                             "cancelled nor done, per tracked topic (replicated: any node).",
+                             ["topic"], registry=r)
+        self.pending_untracked = Gauge("tickwheel_pending_untracked_messages", "Pending "
+                                       "messages of topics beyond max_tracked_topics.",
+                                       registry=r)
         self.is_leader = Gauge("tickwheel_is_leader", "1 on the leader, else 0.", registry=r)
         self.term = Gauge("tickwheel_raft_term", "The Raft term this node is in.", registry=r)
         self.commit_index = Gauge("tickwheel_raft_commit_index", "Raft commit index.",
@@ -63,14 +109,10 @@ class Metrics:
         self.leader_changes = Counter("tickwheel_leader_changes", "Times this node saw the "
                                       "leader change.", registry=r)
 
-    def observe_delivered(self, topic: str, batch: Iterable[Pending], now_ms: int) -> None:
-        sent = 0
-        for pending in batch:
-            sent += 1
-            if pending.attempt == 1:
-                self.lateness.observe(max(0, now_ms - pending.delivery.message.deliver_at_ms)
-                                      / 1000)
-        self.delivered.labels(topic).inc(sent)
+    def observe_delivered(self, topic: str, batch: list[Pending], now_ms: int) -> None:
+        self.lateness.observe_ms([max(0, now_ms - pending.delivery.message.deliver_at_ms)
+                                  for pending in batch if pending.attempt == 1])
+        self.delivered.labels(topic).inc(len(batch))
 
     def set_topics(self, topics: list[tuple[str, int, int, int]]) -> None:
         """Publish the hub's per-topic figures; topics no longer listed are removed."""
@@ -79,6 +121,13 @@ class Metrics:
         for topic, ready, unacked, _ in topics:
             self.ready.labels(topic).set(ready)
             self.unacked.labels(topic).set(unacked)
+
+    def set_pending(self, pending: dict[str, int], untracked: int) -> None:
+        """Publish the replicated pending counts; topics no longer tracked are removed."""
+        self.pending.clear()
+        for topic, count in pending.items():
+            self.pending.labels(topic).set(count)
+        self.pending_untracked.set(untracked)
 
     def serve(self, address: str) -> None:
         """Serve ``/metrics`` on ``host:port`` (a daemon thread)."""

@@ -8,6 +8,7 @@ housekeeping task that keeps health, gauges and the leader-change log current.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 
@@ -25,6 +26,8 @@ from tickwheel.replication.replica import Replica
 log = logging.getLogger("tickwheel.node")
 
 HOUSEKEEPING_S = 0.2
+GC_YOUNG_THRESHOLD = 10_000
+"""Allocations between collections of the youngest generation (Python's default is 700)."""
 HEALTH_MAX_LAG_ENTRIES = 1_000
 """A node serves (health) when it knows a leader and has applied to within this many entries
 of the leader's commit index."""
@@ -57,6 +60,7 @@ async def serve(settings: NodeSettings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     keeper = asyncio.create_task(_housekeeping(node, health_servicer))
+    _settle_gc()
     await stop.wait()
     log.info("event=node_stopping")
     keeper.cancel()
@@ -67,6 +71,18 @@ async def serve(settings: NodeSettings) -> None:
     await asyncio.to_thread(replica.stop)
     journal.close()
     fetch.close()
+
+
+def _settle_gc() -> None:
+    """Keep the cyclic garbage collector from stalling delivery. Everything allocated by the
+    start (modules, grpc, protobuf, pysyncobj: a few hundred thousand objects) is moved out of
+    its reach, so a full collection walks only what was made since; and young collections run
+    less often. Measured at 5,000 msg/s before this: full collections of 57-213 ms on the
+    leader, 57-68 ms on followers, each one a delivery stall."""
+    gc.collect()
+    gc.freeze()
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, oldest)
 
 
 async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthServicer) -> None:
@@ -96,6 +112,7 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
         metrics.commit_index.set(status.commit_index)
         metrics.cursor_lag.set(cursor_lag_ms(status, node.clock.now_ms()) / 1000)
         metrics.set_topics(node.hub.topics())
+        metrics.set_pending(status.pending, status.pending_untracked)
         await asyncio.sleep(HOUSEKEEPING_S)
 
 

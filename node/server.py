@@ -151,8 +151,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                     return
                 except TickwheelError as error:
                     await self._abort(context, error)
-                yield pb.ReceiveResponse(messages=[_delivered(p, node.replica.address)
-                                                   for p in batch])
+                yield _receive_response(batch, node.replica.address)
         finally:
             reader.cancel()
             node.hub.unsubscribe(consumer)
@@ -177,11 +176,14 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                                           node.retry.levels)
         results = await _committed(node.replica.schedule(checked.messages))
         node.metrics.scheduled.inc(sum(1 for r in results if not r.duplicate))
-        return pb.ScheduleResponse(results=[
-            pb.ScheduleResult(id=m.id, handle=r.handle, deliver_at_ms=r.deliver_at_ms,
-                              duplicate=r.duplicate, clamped_delay_level=clamped)
-            for m, r, clamped in zip(checked.messages, results, checked.clamped_levels,
-                                     strict=True) if isinstance(r, Scheduled)])
+        response = pb.ScheduleResponse()
+        add = response.results.add  # in place: a ScheduleResult built apart is copied in
+        for m, r, clamped in zip(checked.messages, results, checked.clamped_levels,
+                                 strict=True):
+            if isinstance(r, Scheduled):
+                add(id=m.id, handle=r.handle, deliver_at_ms=r.deliver_at_ms,
+                    duplicate=r.duplicate, clamped_delay_level=clamped)
+        return response
 
     async def _cancel_here(self, request: pb.CancelRequest) -> pb.CancelResponse:
         if not request.handles:
@@ -261,7 +263,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
     # -- helpers ----------------------------------------------------------------------------
 
     def _set_leader(self, context: grpc.aio.ServicerContext) -> None:
-        leader = self._node.leader_grpc(self._node.replica.status().leader)
+        leader = self._node.leader_grpc(self._node.replica.leader_hint())
         if leader:
             context.set_trailing_metadata(((LEADER_KEY, leader),))
 
@@ -284,14 +286,22 @@ async def _committed(future: Future) -> list:
     return results
 
 
-def _delivered(pending: Pending, node: str) -> pb.Delivered:
-    delivery = pending.delivery
-    message = delivery.message
-    return pb.Delivered(id=message.id, topic=message.topic, body=message.body,
-                        properties=message.properties, deliver_at_ms=message.deliver_at_ms,
+def _receive_response(batch: list[Pending], node: str) -> pb.ReceiveResponse:
+    """Messages are added in place (a Delivered built apart is copied in: 1.6 times slower),
+    and an empty properties map is not converted per message."""
+    response = pb.ReceiveResponse()
+    add = response.messages.add
+    for pending in batch:
+        delivery = pending.delivery
+        message = delivery.message
+        delivered = add(id=message.id, topic=message.topic, body=message.body,
+                        deliver_at_ms=message.deliver_at_ms,
                         delivered_at_ms=pending.delivered_at_ms, attempt=pending.attempt,
                         possible_duplicate=delivery.possible_duplicate,
                         receipt=pending.receipt, handle=message.handle, node=node)
+        if message.properties:
+            delivered.properties.update(message.properties)
+    return response
 
 
 def cluster_info(node: NodeContext) -> pb.ClusterInfoResponse:
@@ -314,7 +324,10 @@ def cluster_info(node: NodeContext) -> pb.ClusterInfoResponse:
         commit_index=status.commit_index, last_applied=status.last_applied,
         cursor_second=status.cursor.second, cursor_local_index=status.cursor.local_index,
         stamp_ms=status.stamp_ms, dispatching=status.dispatching, members=members,
-        topics=topics, cursor_lag_ms=lag_ms, done_past_cursor=status.done_past_cursor)
+        topics=topics, cursor_lag_ms=lag_ms, done_past_cursor=status.done_past_cursor,
+        pending=[pb.TopicPending(topic=topic, pending=count)
+                 for topic, count in sorted(status.pending.items())],
+        pending_untracked=status.pending_untracked)
 
 
 def cursor_lag_ms(status: ReplicaStatus, now_ms: int) -> int:

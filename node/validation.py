@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import NamedTuple
 
 from tickwheel.node.levels import DLQ_PREFIX, DelayLevels, is_dead_letter_topic
@@ -19,6 +20,7 @@ from tickwheel.wheel import NewMessage
 from tickwheel.wheel.errors import InvalidMessage
 from tickwheel.wheel.types import DAY_MS
 
+_NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 TOPIC_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,249}")
 """Kafka's topic alphabet and length: safe in file names, metric labels and URLs."""
 _WHEN_FIELDS = ("deliver_at_ms", "delay_ms", "delay_level")
@@ -73,32 +75,49 @@ def new_messages(messages: Sequence[pb.Message], now_ms: int, limits: Limits,
         raise InvalidMessage("messages", f"has {len(messages)} messages, at most "
                              f"{limits.max_batch_msgs} per request")
     checked = Checked([], [])
+    checked_topics: set[str] = set()
     for i, message in enumerate(messages):
-        new, clamped_level = _new_message(message, f"messages[{i}]", now_ms, limits, levels)
+        new, clamped_level = _new_message(message, i, now_ms, limits, levels, checked_topics)
         checked.messages.append(new)
         checked.clamped_levels.append(clamped_level)
     return checked
 
 
-def _new_message(message: pb.Message, field: str, now_ms: int, limits: Limits,
-                 levels: DelayLevels) -> tuple[NewMessage, int]:
+def _new_message(message: pb.Message, index: int, now_ms: int, limits: Limits,
+                 levels: DelayLevels, checked_topics: set[str]) -> tuple[NewMessage, int]:
+    """One message of a request; ``checked_topics`` are topics of earlier messages of the
+    request that passed. The field name is made only for an error: this runs per message."""
     message_id = message.id or uuid.uuid4().hex
-    if len(message_id.encode()) > limits.max_id_bytes:
-        raise InvalidMessage(f"{field}.id", f"is {len(message_id.encode())} bytes, at most "
-                             f"{limits.max_id_bytes}")
-    check_topic(message.topic, f"{field}.topic")
-    if len(message.body) > limits.max_body_bytes:
-        raise InvalidMessage(f"{field}.body", f"is {len(message.body)} bytes, at most "
+    if len(message_id) * 4 > limits.max_id_bytes and (
+            len(message_id.encode()) > limits.max_id_bytes):  # UTF-8: at most 4 bytes a char
+        raise InvalidMessage(f"messages[{index}].id", f"is {len(message_id.encode())} bytes, "
+                             f"at most {limits.max_id_bytes}")
+    topic = message.topic
+    if topic not in checked_topics:
+        check_topic(topic, f"messages[{index}].topic")
+        checked_topics.add(topic)
+    body = message.body
+    if len(body) > limits.max_body_bytes:
+        raise InvalidMessage(f"messages[{index}].body", f"is {len(body)} bytes, at most "
                              f"{limits.max_body_bytes}")
-    _check_properties(message.properties, f"{field}.properties", limits)
-    deliver_at_ms, clamped_level = _deliver_at_ms(message, field, now_ms, limits, levels)
-    return NewMessage(message_id, message.topic, message.body, deliver_at_ms,
-                      dict(message.properties)), clamped_level
+    properties = message.properties
+    if properties:
+        _check_properties(properties, f"messages[{index}].properties", limits)
+        properties = dict(properties)
+    else:
+        properties = _NO_PROPERTIES
+    deliver_at_ms, clamped_level = _deliver_at_ms(message, index, now_ms, limits, levels)
+    return NewMessage(message_id, topic, body, deliver_at_ms, properties), clamped_level
 
 
-def _deliver_at_ms(message: pb.Message, field: str, now_ms: int, limits: Limits,
+def _deliver_at_ms(message: pb.Message, index: int, now_ms: int, limits: Limits,
                    levels: DelayLevels) -> tuple[int, int]:
     """The due time, and the level used if ``delay_level`` was clamped (else 0)."""
+    if (message.HasField("deliver_at_ms") and not message.HasField("delay_ms")
+            and not message.HasField("delay_level")
+            and 0 <= message.deliver_at_ms <= now_ms + limits.max_delay_ms):
+        return message.deliver_at_ms, 0  # the usual case, checked in one step
+    field = f"messages[{index}]"
     given = [name for name in _WHEN_FIELDS if message.HasField(name)]
     if len(given) != 1:
         raise InvalidMessage(f"{field}.deliver_at_ms", "give exactly one of deliver_at_ms, "

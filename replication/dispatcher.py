@@ -90,7 +90,7 @@ class Dispatcher:
         self._horizon_ms = 0
         self._resolved: dict[int, set[int]] = {}
         self._inflight = 0
-        self._inflight_bytes: dict[Cursor, int] = {}
+        self._inflight_bytes: dict[tuple[int, int], int] = {}
         self._bytes_out = 0
 
     @property
@@ -138,8 +138,8 @@ class Dispatcher:
                  if message.local_index not in resolved.get(message.slot_second, ())]
         self._resolve(wheel.drain_skipped())
         self._inflight += len(taken)
-        for message in taken:
-            self._inflight_bytes[message.position] = len(message.body)
+        for message in taken:  # keyed by plain tuples: equal to the Cursor that done() gets
+            self._inflight_bytes[message.slot_second, message.local_index] = len(message.body)
             self._bytes_out += len(message.body)
         horizon_ms = self._horizon_ms
         return [Delivery(message, max(message.deliver_at_ms,

@@ -22,8 +22,11 @@ from typing import NamedTuple
 from tickwheel.replication import commands
 from tickwheel.replication.commands import Kind
 from tickwheel.replication.dedupe import DedupeWindow
+from tickwheel.replication.pending import PendingCounts
+from tickwheel.replication.pending import Snapshot as PendingSnapshot
 from tickwheel.wheel import CancelOutcome, Cursor, Wheel
 from tickwheel.wheel.errors import InvalidMessage, UnknownHandle, invariant
+from tickwheel.wheel.format import record_topic
 from tickwheel.wheel.segment import APPEND_ONLY_FILES
 from tickwheel.wheel.types import WheelConfig
 
@@ -44,6 +47,9 @@ class StateConfig:
     """How long (in leader stamp time) a scheduled id is remembered."""
     max_dedupe_ids: int = 2_000_000
     """At most this many ids are remembered (about 130 bytes each); the oldest go first."""
+    max_tracked_topics: int = 1_024
+    """Topics whose pending messages are counted by name; messages of further topics are
+    counted together as untracked (`tickwheel.replication.pending`)."""
 
 
 class Scheduled(NamedTuple):
@@ -72,11 +78,13 @@ class Rejected(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
-    """A snapshot: the lengths of every state file, the cursor and the stamp."""
+    """A snapshot: the lengths of every state file, the cursor, the stamp and the pending
+    counts."""
 
     cursor: Cursor
     stamp_ms: int
     files: dict[str, int]
+    pending: PendingSnapshot
 
 
 class WheelState:
@@ -86,6 +94,7 @@ class WheelState:
         self._root = root
         self._config = config
         self.wheel, self.dedupe = self._open_files()
+        self.pending = PendingCounts(config.max_tracked_topics)
         self._last_manifest: Manifest | None = None
         self.done_runs: tuple[commands.DoneRun, ...] = ()
         """Positions past the cursor already done, as the last cursor command said. Only
@@ -131,7 +140,7 @@ class WheelState:
         self.dedupe.forget_expired(stamp_ms)
         results: list[Scheduled | Rejected | bytes | None] = []
         first_at: dict[bytes, int] = {}
-        records, due_ms, keys = [], [], []
+        records, due_ms, keys, tags = [], [], [], []
         latest_ms = stamp_ms + self._config.wheel.max_delay_ms
         remembered = self.dedupe.get
         for message in commands.read_schedule(command):
@@ -151,7 +160,9 @@ class WheelState:
                 records.append(message.record)
                 due_ms.append(message.deliver_at_ms)
                 keys.append(key)
-        handles = self.wheel.schedule_records(records, due_ms, stamp_ms)
+                tags.append(self.pending.tag_for(record_topic(message.record)))
+        handles = self.wheel.schedule_records(records, due_ms, stamp_ms, tags)
+        self.pending.add(tags)
         self.dedupe.add_many(keys, handles, due_ms, stamp_ms)
         for key, handle, deliver_at_ms in zip(keys, handles, due_ms, strict=True):
             results[first_at[key]] = Scheduled(handle, deliver_at_ms, duplicate=False)
@@ -171,7 +182,7 @@ class WheelState:
         stamp_ms = max(stamp_ms, self.wheel.stamp_ms)
         latest_ms = stamp_ms + self._config.wheel.max_delay_ms
         results: list[Retried | Rejected | None] = []
-        records, due_ms, filed_at = [], [], []
+        records, due_ms, filed_at, tags = [], [], [], []
         for retry in commands.read_reschedule(command):
             if retry.deliver_at_ms > latest_ms:
                 results.append(Rejected(InvalidMessage("deliver_at_ms", (
@@ -179,18 +190,21 @@ class WheelState:
                     f"ms after {stamp_ms}"))))
                 continue
             try:
-                retired = self.wheel.cancel(retry.replaces_handle)
+                retired, tag = self.wheel.cancel_tag(retry.replaces_handle)
             except UnknownHandle as error:
                 results.append(Rejected(error))
                 continue
             if retired is not CancelOutcome.CANCELLED:
                 results.append(Retried(None, retry.deliver_at_ms))
                 continue
+            self.pending.remove({tag: 1})
             filed_at.append(len(results))
             results.append(None)
             records.append(retry.record)
             due_ms.append(retry.deliver_at_ms)
-        handles = self.wheel.schedule_records(records, due_ms, stamp_ms)
+            tags.append(self.pending.tag_for(record_topic(retry.record)))
+        handles = self.wheel.schedule_records(records, due_ms, stamp_ms, tags)
+        self.pending.add(tags)
         for index, handle, deliver_at_ms in zip(filed_at, handles, due_ms, strict=True):
             results[index] = Retried(handle, deliver_at_ms)
         invariant(None not in results, "a reschedule result was never filled in")
@@ -200,19 +214,26 @@ class WheelState:
         results: list[CancelOutcome | Rejected] = []
         for handle in commands.read_cancel(command):
             try:
-                results.append(self.wheel.cancel(handle))
+                outcome, tag = self.wheel.cancel_tag(handle)
             except UnknownHandle as error:
                 results.append(Rejected(error))
+                continue
+            if outcome is CancelOutcome.CANCELLED:
+                self.pending.remove({tag: 1})
+            results.append(outcome)
         return results
 
     def _apply_cursor(self, command: bytes, stamp_ms: int) -> Cursor:
         """Move the cursor, and the stamp. A cursor behind the current one is a stale proposal
         (a deposed leader's, committed after its successor's): it is ignored, everywhere.
-        Done runs replace the ones kept unless the command has none (a new leader's barrier):
-        either way only what is still past the cursor is kept."""
-        position, runs = commands.read_cursor(command)
-        stale = position < self.wheel.cursor
-        self.wheel.advance_cursor(max(position, self.wheel.cursor), stamp_ms)
+        The messages it passes are no longer pending. Done runs replace the ones kept unless
+        the command has none (a new leader's barrier): either way only what is still past the
+        cursor is kept."""
+        proposed, runs = commands.read_cursor(command)
+        stale = proposed < self.wheel.cursor
+        position = max(proposed, self.wheel.cursor)
+        self.pending.remove(self.wheel.live_tags_until(position))
+        self.wheel.advance_cursor(position, stamp_ms)
         if runs and not stale:
             self.done_runs = tuple(runs)
         self.done_runs = runs_past(self.wheel.cursor, self.done_runs)
@@ -224,7 +245,7 @@ class WheelState:
         """Flush everything and list it. Cost: one ``stat`` per file, never the data."""
         files = {f"{_WHEEL}/{path}": size for path, size in self.wheel.files().items()}
         files.update({f"{_DEDUPE}/{path}": size for path, size in self.dedupe.files().items()})
-        return Manifest(self.wheel.cursor, self.wheel.stamp_ms, files)
+        return Manifest(self.wheel.cursor, self.wheel.stamp_ms, files, self.pending.snapshot())
 
     def snapshot_written(self, manifest: Manifest) -> None:
         """``manifest`` is now the Raft snapshot: delete passed hours and forgotten dedupe
@@ -254,6 +275,7 @@ class WheelState:
             fetched += _restore_file(self._root / path, path, size, fetch)
         self.wheel, self.dedupe = self._open_files()
         self.wheel.reset_to(manifest.cursor, manifest.stamp_ms)
+        self.pending.restore(manifest.pending)
         self._last_manifest = manifest
         self.done_runs = runs_past(manifest.cursor, self.done_runs)
         log.info("event=snapshot_installed files=%d fetched_bytes=%d cursor_second=%d "

@@ -77,6 +77,7 @@ class Wheel:
         self._scan_second = self._cursor.second
         self._replicated = replicated
         self._skipped: list[Cursor] = []
+        self._passing: tuple[int, list[tuple[int, int]]] = (-1, [])
         self.corrupt_records_skipped = 0
 
     @classmethod
@@ -160,11 +161,13 @@ class Wheel:
                                      f"{self._config.max_delay_ms} ms after {stamp_ms}")
 
     def schedule_records(self, records: Sequence[bytes], deliver_at_ms: Sequence[int],
-                         now_ms: int) -> list[int]:
+                         now_ms: int, tags: Sequence[int] | None = None) -> list[int]:
         """`schedule` for records already encoded by `tickwheel.wheel.format.encode_record`.
 
         Replication encodes once on the leader and every replica files the same bytes. The
         caller has validated the delays (`check_delays`); they are checked again here.
+        ``tags`` (16 bits each, 0 when absent) are stored with the messages and come back from
+        `live_tags_until` and `cancel_tag`.
         """
         self.check_delays(deliver_at_ms, now_ms)
         stamp_ms = max(now_ms, self._stamp_ms)
@@ -174,7 +177,9 @@ class Wheel:
         scan_second, window = self._scan_second, self._window
         handles = []
         segment, segment_hour = None, -1
-        for due_ms, record in zip(deliver_at_ms, records, strict=True):
+        if tags is None:
+            tags = [0] * len(records)
+        for due_ms, record, tag in zip(deliver_at_ms, records, tags, strict=True):
             slot = max(due_ms // MS_PER_SECOND, floor_second)
             if slot == cursor_second:
                 slot = self._past_cursor(slot)
@@ -184,7 +189,7 @@ class Wheel:
                 self._dirty.add(hour)
             offset = segment.log_size_bytes
             global_index, local_index = segment.append(record, due_ms,
-                                                       slot - hour * SECONDS_PER_HOUR)
+                                                       slot - hour * SECONDS_PER_HOUR, tag)
             if slot == cursor_second:
                 invariant(local_index >= cursor_local_index,
                           f"message filed behind the cursor at ({slot}, {local_index})")
@@ -221,23 +226,27 @@ class Wheel:
         so a repeated cancel reads ``ALREADY_CANCELLED`` until the message's hour is deleted.
         Raises `UnknownHandle` for a handle never returned.
         """
+        return self.cancel_tag(handle)[0]
+
+    def cancel_tag(self, handle: int) -> tuple[CancelOutcome, int]:
+        """`cancel`, and the tag of the message when this call cancelled it (else 0)."""
         if handle < 0:
             raise UnknownHandle("handle", f"{handle} was never returned by schedule")
         hour, global_index = handle >> _GLOBAL_INDEX_BITS, handle & _GLOBAL_INDEX_MASK
         if (hour + 1) * SECONDS_PER_HOUR <= self._cursor.second:
-            return CancelOutcome.NOT_PENDING  # its hour is behind the cursor, and deleted
+            return CancelOutcome.NOT_PENDING, 0  # its hour is behind the cursor, and deleted
         segment = self._segment(hour, create=False)
         if segment is None or global_index >= segment.units:
             raise UnknownHandle("handle", f"{handle} was never returned by schedule")
         if global_index in segment.tombstones:
-            return CancelOutcome.ALREADY_CANCELLED
+            return CancelOutcome.ALREADY_CANCELLED, 0
         fields = segment.read_unit(global_index)
         if Cursor(hour * SECONDS_PER_HOUR + fields[6], fields[2]) < self._cursor:
-            return CancelOutcome.NOT_PENDING
+            return CancelOutcome.NOT_PENDING, 0
         segment.add_tombstone(global_index)
         self._dirty.add(hour)
         self._buffered_bytes += TOMBSTONE.size
-        return CancelOutcome.CANCELLED
+        return CancelOutcome.CANCELLED, fields[7]
 
     def next_due_ms(self) -> int | None:
         """When the next message is due, or None if nothing is pending ahead of the dispatch.
@@ -342,6 +351,55 @@ class Wheel:
         its dispatcher counts them as done when it works out how far the cursor may move."""
         skipped, self._skipped = self._skipped, []
         return skipped
+
+    def live_tags_until(self, cursor: Cursor) -> dict[int, int]:
+        """How many messages of each tag the cursor passes moving to ``cursor``: those at or
+        after the cursor and before ``cursor`` that are not cancelled. A replicated state
+        machine keeps per-tag pending counts with it, the same on every replica.
+
+        Cost: one unit read per message passed; a second the cursor crosses in several steps
+        is read once (its units are kept until the cursor leaves it), never per step.
+        """
+        counts: dict[int, int] = {}
+        second, local_index = self._cursor
+        while (second, local_index) < cursor:
+            hour = second // SECONDS_PER_HOUR
+            segment = self._segment(hour, create=False)
+            units = self._units_of(segment, second)
+            stop = cursor.local_index if second == cursor.second else len(units)
+            tombstones = segment.tombstones if segment is not None else frozenset()
+            for global_index, tag in units[local_index:stop]:
+                if global_index not in tombstones:
+                    counts[tag] = counts.get(tag, 0) + 1
+            following = self._next_occupied_second(second + 1)
+            if following is None:
+                break
+            second, local_index = following, 0
+        return counts
+
+    def _units_of(self, segment: HourSegment | None, second: int) -> list[tuple[int, int]]:
+        """``(global_index, tag)`` of the messages filed under ``second``, by local index;
+        the last second asked for is kept and extended by what was filed since."""
+        if segment is None:
+            return []
+        known_second, units = self._passing
+        if known_second != second:
+            units = []
+            self._passing = (second, units)
+        count = segment.heads[((second % SECONDS_PER_HOUR) << 1) + 1]
+        if len(units) < count:
+            if segment.hour not in self._mapped:
+                segment.map_for_reading()
+                self._mapped.add(segment.hour)
+            newer = []
+            for fields in segment.chain(second % SECONDS_PER_HOUR):
+                if fields[2] < len(units):
+                    break
+                newer.append((fields[3], fields[7]))
+            invariant(len(units) + len(newer) == count,
+                      f"second {second} chains {len(units) + len(newer)} units of {count}")
+            units.extend(reversed(newer))
+        return units
 
     def count_at(self, second: int) -> int:
         """How many messages are filed under ``second`` (cancelled ones included)."""
@@ -508,7 +566,7 @@ class Wheel:
         tombstones = segment.tombstones
         base = segment.hour << _GLOBAL_INDEX_BITS
         window = self._window
-        for offset, size, local_index, global_index, _, deliver_at_ms, _ in segment.chain(
+        for offset, size, local_index, global_index, _, deliver_at_ms, _, _ in segment.chain(
                 slot % SECONDS_PER_HOUR):
             if local_index < done_below:
                 break
@@ -525,7 +583,7 @@ class Wheel:
         base = segment.hour << _GLOBAL_INDEX_BITS
         loaded = [
             (slot, deliver_at_ms, local_index, base | global_index, offset, size)
-            for offset, size, local_index, global_index, _, deliver_at_ms, second_of_hour
+            for offset, size, local_index, global_index, _, deliver_at_ms, second_of_hour, _
             in segment.scan()
             if first_second <= (slot := base_second + second_of_hour) <= last_second
             and (slot, local_index) >= cursor

@@ -70,7 +70,7 @@ UNIT: Final = struct.Struct(
     "i"  # pre_global_index: previous message of the same second, -1 for the first
     "q"  # deliver_at_ms as requested (may be earlier than the slot for late filings)
     "H"  # second_of_hour the message is filed under (its slot)
-    "H"  # reserved, zero
+    "H"  # tag: a 16-bit label the caller chose (replication: its topic's number), 0 if none
 )
 UNIT_CRC: Final = struct.Struct("<I")  # follows each unit: crc32 of the unit's bytes
 UNIT_SIZE: Final = UNIT.size + UNIT_CRC.size
@@ -211,11 +211,11 @@ def _decode_properties(record: bytes, pos: int, count: int) -> tuple[dict[str, s
 
 def pack_unit(
     offset: int, size: int, local_index: int, global_index: int, pre_global_index: int,
-    deliver_at_ms: int, second_of_hour: int,
+    deliver_at_ms: int, second_of_hour: int, tag: int = 0,
 ) -> bytes:
     """One index unit with its CRC."""
     body = UNIT.pack(offset, size, local_index, global_index, pre_global_index, deliver_at_ms,
-                     second_of_hour, 0)
+                     second_of_hour, tag)
     return body + UNIT_CRC.pack(zlib.crc32(body))
 
 
@@ -224,7 +224,16 @@ def unpack_unit(data: bytes | memoryview, pos: int = 0) -> tuple[int, ...] | Non
     fields = _UNIT_AND_CRC.unpack_from(data, pos)
     if zlib.crc32(data[pos:pos + UNIT.size]) != fields[8]:
         return None
-    return fields[:7]
+    return fields[:8]
+
+
+def record_topic(record: bytes) -> str:
+    """The topic of an `encode_record` record, without decoding the rest (no CRC check: the
+    caller holds bytes it framed or already checked)."""
+    frame = _FRAME_V1 if record[_VERSION_AT] == 1 else _FRAME
+    id_size, topic_size = frame.unpack_from(record)[3:5]
+    start = frame.size + id_size
+    return record[start:start + topic_size].decode()
 
 
 def pack_tombstone(hour: int, global_index: int) -> bytes:

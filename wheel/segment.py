@@ -109,7 +109,8 @@ class HourSegment:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def append(self, record: bytes, deliver_at_ms: int, second_of_hour: int) -> tuple[int, int]:
+    def append(self, record: bytes, deliver_at_ms: int, second_of_hour: int,
+               tag: int = 0) -> tuple[int, int]:
         """Append one message filed under ``second_of_hour``; returns ``(global_index,
         local_index)``. O(1): one unit pointing at the old chain head, then the head moves."""
         heads = self.heads
@@ -119,7 +120,7 @@ class HourSegment:
         global_index = self.units
         self._pending_index += pack_unit(self.log_size_bytes, len(record), local_index,
                                          global_index, pre_global_index, deliver_at_ms,
-                                         second_of_hour)
+                                         second_of_hour, tag)
         self._pending_log += record
         heads[slot] = global_index
         heads[slot + 1] = local_index + 1
@@ -185,8 +186,9 @@ class HourSegment:
 
     def read_unit(self, global_index: int) -> tuple[int, ...]:
         """``(offset, size, local_index, global_index, pre_global_index, deliver_at_ms,
-        second_of_hour)`` of a unit; raises `CorruptSegment` if it fails its CRC."""
-        invariant(0 <= global_index < self.units, f"unit {global_index} of {self.units}")
+        second_of_hour, tag)`` of a unit; raises `CorruptSegment` if it fails its CRC."""
+        if not 0 <= global_index < self.units:  # the message is formatted only on failure
+            invariant(False, f"unit {global_index} of {self.units}")
         pos = global_index * UNIT_SIZE
         if global_index >= self._flushed_units:
             data, pos = self._pending_index, pos - self._flushed_units * UNIT_SIZE

@@ -5,9 +5,11 @@ itself is under test."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import threading
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -370,3 +372,54 @@ def test_a_new_leader_resends_only_what_was_not_acknowledged(tmp_path: Path) -> 
     # (the marker is flagged too: it is due within the clock-skew horizon of the takeover)
     assert [m.id for m in again] == ["h-0", "marker"]
     assert again[0].possible_duplicate
+
+
+def pending_of(node: LocalNode) -> dict[str, int] | None:
+    info = node.info()
+    return None if info is None else {p.topic: p.pending for p in info.pending}
+
+
+def wait_pending(nodes: list[LocalNode], expected: dict[str, int], what: str) -> None:
+    wait_for(lambda: all(pending_of(node) == expected for node in nodes), 20,
+             f"every node to count {expected} pending ({what})")
+
+
+def test_pending_per_topic_is_replicated_falls_with_cancels_and_acks_and_survives_restarts(
+        tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, extra_args=("--snapshot-min-entries", "20"),
+                      metrics=True) as fresh, Client(
+            [n.grpc_address for n in fresh.nodes], timeout_s=30) as client:
+        fresh.leader()
+        soon_ms, later_ms = now_ms() + 1_500, now_ms() + DAY_MS
+        handles = {}
+        for name, soon, later in (("pa", 10, 30), ("pb", 5, 20)):
+            client.schedule_many([Message(name, b"x", deliver_at_ms=soon_ms + i,
+                                          id=f"{name}-soon-{i}") for i in range(soon)])
+            handles[name] = [client.schedule(name, b"y", deliver_at_ms=later_ms + i,
+                                             id=f"{name}-later-{i}").handle
+                             for i in range(later)]
+        wait_pending(fresh.nodes, {"pa": 40, "pb": 25}, "scheduled")
+        for handle in handles["pa"][:5] + handles["pb"][:3]:
+            assert client.cancel(handle) is True
+        wait_pending(fresh.nodes, {"pa": 35, "pb": 22}, "cancelled")
+        assert len(receive(client, "pa", 10)) == 10 and len(receive(client, "pb", 5)) == 5
+        wait_pending(fresh.nodes, {"pa": 25, "pb": 17}, "delivered and acknowledged")
+        url = f"http://{follower(fresh).metrics_address}/metrics"
+        wait_for(lambda: 'tickwheel_pending_messages{topic="pa"} 25.0' in urllib.request.urlopen(
+            url, timeout=5).read().decode(), 5, "the pending gauge on a follower")
+
+        wait_for(lambda: all((n.data / "raft" / "snapshot").exists() for n in fresh.nodes),
+                 15, "a snapshot on every node")
+        assert client.cancel(handles["pa"][5]) is True  # after the snapshot: journal replay
+        wait_pending(fresh.nodes, {"pa": 24, "pb": 17}, "one more cancel")
+        fresh.stop_all()
+        for node in fresh.nodes:
+            fresh.start(node)
+        fresh.leader(30)
+        wait_pending(fresh.nodes, {"pa": 24, "pb": 17}, "after a restart of every node")
+
+        wiped = follower(fresh)
+        fresh.stop(wiped)
+        shutil.rmtree(wiped.data)
+        fresh.start(wiped)
+        wait_pending(fresh.nodes, {"pa": 24, "pb": 17}, "on a wiped follower, from a snapshot")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import time
+import zlib
 from pathlib import Path
 
 import pytest
+from pysyncobj.monotonic import monotonic as raft_clock_s
 from tickwheel.replication import commands
 from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import GroupCommitter
-from tickwheel.replication.raft import RaftNode
+from tickwheel.replication.raft import RaftNode, _WireZlib
 from tickwheel.replication.state import Rejected, Retried, Scheduled, StateConfig, WheelState
 from tickwheel.wheel import CancelOutcome, Cursor, NewMessage
 from tickwheel.wheel.errors import InvariantViolation, NotLeader
@@ -71,7 +74,7 @@ def test_replicas_applying_the_same_commands_hold_identical_files(tmp_path: Path
     for state, applied in zip(states, results, strict=True):
         applied += [state.apply(command) for command in log]
     assert repr(results[0]) == repr(results[1])
-    assert results[0][-2][:2] == [True, True]
+    assert results[0][-2][:2] == [CancelOutcome.CANCELLED, CancelOutcome.CANCELLED]
     assert isinstance(results[0][-2][2], Rejected)  # a handle no schedule returned
     manifests = [state.manifest() for state in states]
     for state in states:
@@ -226,6 +229,7 @@ def test_a_reschedule_retires_the_original_and_files_its_copy_once(tmp_path: Pat
     copy = NewMessage("a", "t", b"x", T0_MS + 10_000, attempt=2)
     (retried,) = state.apply(retry_command(T0_MS + 5, [(original.handle, copy)]))
     assert retried.handle is not None and retried.deliver_at_ms == T0_MS + 10_000
+    assert state.pending.by_topic() == {"t": 1}  # the copy replaces the original
     # the same nack again (a second leader's): the original is retired, nothing more is filed
     assert state.apply(retry_command(T0_MS + 6, [(original.handle, copy)])) == [
         Retried(None, T0_MS + 10_000)]
@@ -250,5 +254,46 @@ def test_a_reschedule_refused_at_apply_leaves_the_original_pending(tmp_path: Pat
     too_far = NewMessage("a", "t", b"x", T0_MS + 400 * 86_400_000, attempt=2)
     (refused,) = state.apply(retry_command(T0_MS, [(original.handle, too_far)]))
     assert isinstance(refused, Rejected)
-    assert state.apply(commands.cancel(T0_MS, [original.handle])) == [True]
+    assert state.apply(commands.cancel(T0_MS, [original.handle])) == [CancelOutcome.CANCELLED]
     state.close()
+
+
+def test_pending_counts_follow_schedules_cancels_and_the_cursor_and_come_back_from_a_manifest(
+        tmp_path: Path) -> None:
+    state = WheelState.open(tmp_path / "a", StateConfig(max_tracked_topics=2), fresh=True)
+    topics = ["a", "b", "a", "c", "b", "a"]  # "c" is over the cap of two tracked topics
+    batch = [NewMessage(f"m{i}", t, b"x", T0_MS + 1_000 * (i % 3)) for i, t in enumerate(topics)]
+    results = state.apply(schedule_command(T0_MS, batch))
+    state.apply(schedule_command(T0_MS, batch[:2]))  # retried ids count once
+    assert (state.pending.by_topic(), state.pending.untracked) == ({"a": 3, "b": 2}, 1)
+    assert state.apply(commands.cancel(T0_MS, [results[0].handle, results[0].handle])) == [
+        CancelOutcome.CANCELLED, CancelOutcome.ALREADY_CANCELLED]
+    state.apply(commands.cursor(T0_MS + 1_000, Cursor(T0_MS // 1_000 + 1, 1)))  # m0 m3 m1
+    assert (state.pending.by_topic(), state.pending.untracked) == ({"a": 2, "b": 1}, 0)
+    manifest = state.manifest()
+    state.apply(commands.cursor(T0_MS + 3_000, Cursor(T0_MS // 1_000 + 3, 0)))
+    assert (state.pending.by_topic(), state.pending.untracked) == ({}, 0)
+    state.apply(schedule_command(T0_MS + 3_000, [NewMessage("n", "c", b"x", T0_MS + 9_000)]))
+    assert state.pending.by_topic() == {"c": 1}  # a tag came free: "c" is tracked now
+    state.pending.restore(manifest.pending)
+    assert (state.pending.by_topic(), state.pending.untracked) == ({"a": 2, "b": 1}, 0)
+    state.close()
+
+
+def test_the_wire_compression_seam_still_exists_and_what_it_writes_reads_back() -> None:
+    # pysyncobj 0.3.17 compresses each message with the module-level zlib it imported.
+    source = Path(__import__("pysyncobj.tcp_connection").tcp_connection.__file__).read_text()
+    assert "data = zlib.compress(pickle.dumps(message), 3)" in source
+    data = b"x" * 1_000
+    assert zlib.decompress(_WireZlib(0).compress(data, 3)) == data
+
+
+def test_the_lease_is_measured_on_the_clock_pysyncobj_stamps_answers_with() -> None:
+    # pysyncobj stamps answers with CLOCK_MONOTONIC_RAW; time.monotonic() may be far from it
+    # (248 ms on the benchmark VM an hour after boot), so mixing them shrank the lease to ~2 ms.
+    node = RaftNode.__new__(RaftNode)
+    node._peer_addresses = ["a", "b"]
+    node._isLeader = lambda: True
+    node._SyncObj__lastResponseTime = {"a": raft_clock_s() - 0.1, "b": raft_clock_s() - 5}
+    remaining_s = node.lease_until_s(250) - time.monotonic()
+    assert 0.1 < remaining_s <= 0.15

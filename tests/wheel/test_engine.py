@@ -19,7 +19,7 @@ from tickwheel.wheel import (
     WheelConfig,
 )
 from tickwheel.wheel import segment as segment_module
-from tickwheel.wheel.format import UNIT, UNIT_SIZE
+from tickwheel.wheel.format import UNIT, UNIT_SIZE, encode_record
 from tickwheel.wheel.types import DAY_MS
 
 HOUR_MS = 3_600_000
@@ -275,3 +275,20 @@ def test_the_preload_window_stays_bounded(tmp_path: Path) -> None:
             seen += len(batch)
             assert wheel.window_msgs <= 50 + 100  # the cap plus one second loaded whole
         assert seen == 2_000
+
+
+def test_live_tags_until_counts_each_passed_uncancelled_message_once(tmp_path: Path) -> None:
+    wheel = Wheel.open(tmp_path, replicated=True)
+    second = NOW_MS // 1_000
+    batch = [msg(f"m{i}", NOW_MS + 1_000 * (i % 2)) for i in range(6)]
+    handles = wheel.schedule_records([encode_record(*m) for m in batch],
+                                     [m.deliver_at_ms for m in batch], NOW_MS, [1, 2, 3, 1, 2, 3])
+    assert wheel.cancel_tag(handles[2]) == (CancelOutcome.CANCELLED, 3)
+    assert wheel.cancel_tag(handles[2]) == (CancelOutcome.ALREADY_CANCELLED, 0)
+    assert wheel.live_tags_until(Cursor(second, 2)) == {1: 1}  # m0, m2 (cancelled)
+    wheel.advance_cursor(Cursor(second, 2))
+    late = wheel.schedule_records([encode_record(*msg("late", 0))], [0], NOW_MS, [7])
+    assert late  # filed under the cursor's second, after what the cursor passed
+    assert wheel.live_tags_until(Cursor(second + 1, 1)) == {2: 2, 7: 1}  # m4 late m1
+    assert wheel.live_tags_until(Cursor(second + 5, 0)) == {2: 2, 7: 1, 1: 1, 3: 1}
+    wheel.close()

@@ -53,8 +53,8 @@ def test_any_flipped_bit_in_a_record_is_caught(fields: tuple, data: st.DataObjec
 
 @given(st.data())
 def test_any_flipped_bit_in_a_unit_is_caught(data: st.DataObject) -> None:
-    unit = bytearray(pack_unit(123, 45, 6, 7, 5, 1_800_000_000_000, 3_599))
-    assert unpack_unit(bytes(unit)) == (123, 45, 6, 7, 5, 1_800_000_000_000, 3_599)
+    unit = bytearray(pack_unit(123, 45, 6, 7, 5, 1_800_000_000_000, 3_599, 9))
+    assert unpack_unit(bytes(unit)) == (123, 45, 6, 7, 5, 1_800_000_000_000, 3_599, 9)
     unit[data.draw(st.integers(0, len(unit) - 1))] ^= 1 << data.draw(st.integers(0, 7))
     assert unpack_unit(bytes(unit)) is None
 
