@@ -289,12 +289,21 @@ class LeaderMonitor(threading.Thread):
         self._client.close()
 
     def poll(self) -> tuple[str | None, int]:
-        best: tuple[str | None, int] = (None, 0)
+        """The node that says it leads and that most answering nodes name as leader (a paused
+        leader, resumed, can answer "leader" in its successor's term for a moment: the term is
+        updated before the role); ``(None, 0)`` without a majority of answering nodes."""
+        infos = {}
         for name, address in self._nodes.items():
             try:
-                info = self._client.cluster_info(address)
+                infos[name] = self._client.cluster_info(address)
             except TickwheelClientError:
                 continue
-            if info.role == "leader" and info.term >= best[1]:
-                best = (name, info.term)
+        best: tuple[str | None, int] = (None, 0)
+        best_key = (0, 0)
+        for name, info in infos.items():
+            if info.role != "leader":
+                continue
+            named_by = sum(other.leader_grpc == self._nodes[name] for other in infos.values())
+            if named_by * 2 > len(infos) and (info.term, named_by) > best_key:
+                best, best_key = (name, info.term), (info.term, named_by)
         return best
