@@ -314,6 +314,9 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--fsync", action="store_true", default=None)
     serve.add_argument("--password")
     serve.add_argument("--clock-skew-ms", type=int, help="fault injection only")
+    serve.add_argument("--clock-skew-allowance-ms", type=int,
+                       help="the largest clock difference between members a hand-over "
+                            "tolerates (default 2000)")
     serve.add_argument("--delay-levels", metavar="TABLE",
                        help="what delay_level 1, 2, ... mean and the retry ladder's steps "
                             "(RocketMQ's messageDelayLevel; units s m h d; default "

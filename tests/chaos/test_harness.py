@@ -147,6 +147,9 @@ def test_with_the_skew_fault_every_node_tolerates_twice_the_largest_skew(
                                                            max_skew_ms=5_000))
     assert _node_args(skewing) == ("--clock-skew-allowance-ms", "10000")
     assert _node_args(RunConfig(Path("out"))) == ()
+    serve = subprocess.run([sys.executable, "-m", "tickwheel.node", "serve", "--help"],
+                           capture_output=True, text=True, timeout=60, check=True)
+    assert "--clock-skew-allowance-ms" in serve.stdout  # the flag the harness passes
     monkeypatch.setenv("TICKWHEEL_CLOCK_SKEW_ALLOWANCE_MS", "10000")
     dispatch = load(None, {}).replica_config().dispatch
     assert dispatch.clock_skew_allowance_ms == 10_000
