@@ -18,10 +18,11 @@ their original results (the dedupe window).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
 from tickwheel.replication import commands
@@ -53,12 +54,12 @@ class Entry:
                 continue
             if error is not None or results is None:
                 request.failed = True
-                request.future.set_exception(error)
+                resolve(request.future, error=error)
                 continue
             request.results[start:start + count] = results[offset - count:offset]
             request.missing -= count
             if request.missing == 0:
-                request.future.set_result(request.results)
+                resolve(request.future, request.results)
 
 
 class GroupCommitter:
@@ -125,4 +126,14 @@ class GroupCommitter:
             requests, self._queue = list(self._queue), deque()
             self._queued_msgs = 0
         for request in requests:
-            request.future.set_exception(error)
+            resolve(request.future, error=error)
+
+
+def resolve(future: Future, result: object = None, error: BaseException | None = None) -> None:
+    """Give ``future`` its result or error, unless its caller gave up on it: a gRPC call that
+    is cancelled cancels the future it awaits, from the event loop's thread, at any moment."""
+    with contextlib.suppress(InvalidStateError):
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)

@@ -34,7 +34,7 @@ from pysyncobj.pipe_notifier import PipeNotifier
 from tickwheel.replication import commands
 from tickwheel.replication.clock import Clock, SystemClock
 from tickwheel.replication.dispatcher import DeliverySink, DispatchConfig, Dispatcher
-from tickwheel.replication.group_commit import Entry, GroupCommitter
+from tickwheel.replication.group_commit import Entry, GroupCommitter, resolve
 from tickwheel.replication.raft import (
     RaftConfig,
     RaftNode,
@@ -309,7 +309,7 @@ class Replica:
         self._committer.fail_all(error)
         self._retries.fail_all(error)
         while self._cancels:
-            self._cancels.popleft()[1].set_exception(error)
+            resolve(self._cancels.popleft()[1], error=error)
         entries, self._inflight_entries = self._inflight_entries, {}
         for target in entries.values():
             _settle(target, None, error)
@@ -439,8 +439,5 @@ class Replica:
 def _settle(target: Entry | Future, result: object, error: BaseException | None) -> None:
     if isinstance(target, Entry):
         target.settle(result, error)
-    elif not target.done():
-        if error is not None:
-            target.set_exception(error)
-        else:
-            target.set_result(result)
+    else:
+        resolve(target, result, error)

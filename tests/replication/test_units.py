@@ -61,6 +61,28 @@ def test_group_commit_fails_a_whole_request_when_any_of_its_entries_fails() -> N
         future.result(0)
 
 
+def test_a_request_whose_caller_gave_up_is_settled_without_an_error() -> None:
+    """A cancelled gRPC call cancels the future it awaits; settling it later (leadership lost,
+    or the entry applied) must not raise on the Raft thread, which would stop the node."""
+    committer = GroupCommitter(max_entry_bytes=1 << 20, max_queued_msgs=100, wake=lambda: None)
+    part = commands.encoded_message(NewMessage("m", "t", b"x", T0_MS))
+    abandoned, kept = committer.submit([part]), committer.submit([part])
+    assert abandoned.cancel()
+    (entry,) = committer.drain()
+    entry.settle(None, NotLeader("127.0.0.1:1"))
+    assert abandoned.cancelled()
+    with pytest.raises(NotLeader):
+        kept.result(0)
+    applied = committer.submit([part])
+    applied.cancel()
+    (entry,) = committer.drain()
+    entry.settle(["scheduled"], None)  # committed, but nobody waits for the answer
+    queued = committer.submit([part])
+    queued.cancel()
+    committer.fail_all(NotLeader(None))
+    assert applied.cancelled() and queued.cancelled()
+
+
 def test_replicas_applying_the_same_commands_hold_identical_files(tmp_path: Path) -> None:
     log = [schedule_command(T0_MS + i, [NewMessage(f"m{i}-{j}", "t", bytes([i, j]) * 50,
                                                    T0_MS + 1_000 * (i * 7 % 13) + j)
