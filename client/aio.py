@@ -35,6 +35,7 @@ from tickwheel.client._core import (
     received,
     retry_policy,
     retryable,
+    schedule_request,
     scheduled,
     subscribe_request,
     translate,
@@ -79,7 +80,7 @@ class AsyncClient:
         return (await self.schedule_many([message]))[0]
 
     async def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
-        request = pb.ScheduleRequest(messages=[message.to_pb() for message in messages])
+        request = schedule_request(messages)
         return scheduled(await self._call("Schedule", request))
 
     async def cancel(self, handle: int) -> bool:

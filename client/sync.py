@@ -40,6 +40,7 @@ from tickwheel.client._core import (
     received,
     retry_policy,
     retryable,
+    schedule_request,
     scheduled,
     subscribe_request,
     trailers,
@@ -93,7 +94,7 @@ class Client:
 
     def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
         """Schedule a batch in one request (one Raft entry, usually)."""
-        request = pb.ScheduleRequest(messages=[message.to_pb() for message in messages])
+        request = schedule_request(messages)
         return scheduled(self._call("Schedule", request))
 
     def cancel(self, handle: int) -> bool:
