@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -160,8 +161,17 @@ class Client:
 
     def _open_stream(self, requests: Iterator[pb.ReceiveRequest]
                      ) -> tuple[str, grpc.Call]:
+        if self._router.leader is None:
+            self._learn_leader()
         address = self._router.choose()
         return address, self._stub(address).Receive(requests)
+
+    def _learn_leader(self) -> None:
+        """Ask a node who leads, once, before a stream opens while no answer has named the
+        leader: a stream opened on a follower is proxied, a hop and the follower's CPU for every
+        message. Best effort: if no node answers, the stream opens where the router says."""
+        with contextlib.suppress(grpc.RpcError):
+            self._attempt("ClusterInfo", pb.ClusterInfoRequest())
 
     def _route_failed(self, address: str, error: grpc.RpcError) -> None:
         self._router.observe(trailers(error))
