@@ -97,8 +97,13 @@ class Message:
     delay_level: int | None = None
 
     def to_pb(self) -> pb.Message:
+        return self.fill_pb(pb.Message())
+
+    def fill_pb(self, message: pb.Message) -> pb.Message:
+        """Set this message's fields on an empty ``message`` (one of a request's, added in
+        place: see `schedule_request`); returns it."""
         body = self.body.encode() if isinstance(self.body, str) else self.body
-        message = pb.Message(id=self.id, topic=self.topic, body=body)
+        message.id, message.topic, message.body = self.id, self.topic, body
         if self.properties:  # an empty map still costs a conversion per message
             message.properties.update(self.properties)
         if self.deliver_at_ms is not None:
@@ -108,6 +113,16 @@ class Message:
         if self.delay_level is not None:
             message.delay_level = self.delay_level
         return message
+
+
+def schedule_request(messages: Iterable[Message]) -> pb.ScheduleRequest:
+    """A `Schedule` request of ``messages``, each built in place: a ``pb.Message`` built apart
+    is copied into the request, which took a third of the client's time per message."""
+    request = pb.ScheduleRequest()
+    add = request.messages.add
+    for message in messages:
+        message.fill_pb(add())
+    return request
 
 
 @dataclass(frozen=True, slots=True)

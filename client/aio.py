@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,6 +36,7 @@ from tickwheel.client._core import (
     received,
     retry_policy,
     retryable,
+    schedule_request,
     scheduled,
     subscribe_request,
     translate,
@@ -79,7 +81,7 @@ class AsyncClient:
         return (await self.schedule_many([message]))[0]
 
     async def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
-        request = pb.ScheduleRequest(messages=[message.to_pb() for message in messages])
+        request = schedule_request(messages)
         return scheduled(await self._call("Schedule", request))
 
     async def cancel(self, handle: int) -> bool:
@@ -114,6 +116,13 @@ class AsyncClient:
                     return await self._attempt(method, request)
         except grpc.RpcError as error:
             raise translate(error) from None
+
+    async def _learn_leader(self) -> None:
+        """Ask a node who leads, once, before a stream opens while no answer has named the
+        leader: a stream opened on a follower is proxied, a hop and the follower's CPU for every
+        message. Best effort: if no node answers, the stream opens where the router says."""
+        with contextlib.suppress(grpc.RpcError):
+            await self._attempt("ClusterInfo", pb.ClusterInfoRequest())
 
     async def _attempt(self, method: str, request: object) -> object:
         address = self._router.choose()
@@ -207,6 +216,8 @@ class AsyncConsumer:
                 if self._closed:
                     return
                 if self._call is None:
+                    if self._client._router.leader is None:
+                        await self._client._learn_leader()
                     self._connect()
                 await self._read_one()
 

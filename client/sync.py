@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -40,6 +41,7 @@ from tickwheel.client._core import (
     received,
     retry_policy,
     retryable,
+    schedule_request,
     scheduled,
     subscribe_request,
     trailers,
@@ -93,7 +95,7 @@ class Client:
 
     def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
         """Schedule a batch in one request (one Raft entry, usually)."""
-        request = pb.ScheduleRequest(messages=[message.to_pb() for message in messages])
+        request = schedule_request(messages)
         return scheduled(self._call("Schedule", request))
 
     def cancel(self, handle: int) -> bool:
@@ -159,8 +161,17 @@ class Client:
 
     def _open_stream(self, requests: Iterator[pb.ReceiveRequest]
                      ) -> tuple[str, grpc.Call]:
+        if self._router.leader is None:
+            self._learn_leader()
         address = self._router.choose()
         return address, self._stub(address).Receive(requests)
+
+    def _learn_leader(self) -> None:
+        """Ask a node who leads, once, before a stream opens while no answer has named the
+        leader: a stream opened on a follower is proxied, a hop and the follower's CPU for every
+        message. Best effort: if no node answers, the stream opens where the router says."""
+        with contextlib.suppress(grpc.RpcError):
+            self._attempt("ClusterInfo", pb.ClusterInfoRequest())
 
     def _route_failed(self, address: str, error: grpc.RpcError) -> None:
         self._router.observe(trailers(error))

@@ -33,6 +33,8 @@ BODY = b"x" * 100
 HOUR_MS = 3_600_000
 LEAD_S = 2.0
 """How long before its due time each message of the lateness runs is scheduled."""
+PHASES = ("schedule", "lateness")
+"""What ``--only`` may pick: the two scheduling figures, or the lateness runs."""
 MAX_REQUEST_MSGS = 5_000
 """The lateness producer's largest request: after a stall it catches up in several, each
 under the node's ``max_batch_msgs`` (10,000)."""
@@ -166,19 +168,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--single-threads", type=int, default=16)
     parser.add_argument("--consumers", type=int, default=2)
     parser.add_argument("--rates", default="1000,5000,20000")
+    parser.add_argument("--only", choices=PHASES, help="run one phase (figures keep their keys)")
     args = parser.parse_args(argv)
     batched_total = 40_000 if args.quick else 400_000
     single_s = 2.0 if args.quick else 10.0
     due_s = 2.0 if args.quick else 10.0
     figures: dict = {}
     with tempfile.TemporaryDirectory(prefix="tickwheel-node-bench-") as root:
-        with LocalCluster(Path(root) / "schedule") as cluster:
-            cluster.leader(30)
-            figures["grpc_schedule_msgs_per_s"] = round(schedule_batched(
-                cluster, batched_total, args.producers, args.threads, args.batch))
-            figures["grpc_schedule_single_per_s"] = round(schedule_single(
-                cluster, single_s, args.single_threads))
-        for rate in (int(r) for r in args.rates.split(",")):
+        if args.only in (None, "schedule"):
+            with LocalCluster(Path(root) / "schedule") as cluster:
+                cluster.leader(30)
+                figures["grpc_schedule_msgs_per_s"] = round(schedule_batched(
+                    cluster, batched_total, args.producers, args.threads, args.batch))
+                figures["grpc_schedule_single_per_s"] = round(schedule_single(
+                    cluster, single_s, args.single_threads))
+        rates = [] if args.only == "schedule" else [int(r) for r in args.rates.split(",")]
+        for rate in rates:
             # A fresh cluster per rate: nothing left over from the previous load.
             with LocalCluster(Path(root) / f"due{rate}") as cluster:
                 cluster.leader(30)

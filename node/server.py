@@ -181,8 +181,10 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         for m, r, clamped in zip(checked.messages, results, checked.clamped_levels,
                                  strict=True):
             if isinstance(r, Scheduled):
-                add(id=m.id, handle=r.handle, deliver_at_ms=r.deliver_at_ms,
-                    duplicate=r.duplicate, clamped_delay_level=clamped)
+                result = add(id=m.id, handle=r.handle, deliver_at_ms=r.deliver_at_ms)
+                if r.duplicate or clamped:  # rare: default fields passed cost 0.3 us a message
+                    result.duplicate = r.duplicate
+                    result.clamped_delay_level = clamped
         return response
 
     async def _cancel_here(self, request: pb.CancelRequest) -> pb.CancelResponse:

@@ -71,14 +71,6 @@ class DoneRun(NamedTuple):
     count: int
 
 
-class ScheduledRecord(NamedTuple):
-    """One message of a schedule command, as a replica reads it."""
-
-    deliver_at_ms: int
-    dedupe_key: bytes
-    record: bytes
-
-
 class RetryRecord(NamedTuple):
     """One retry copy of a reschedule command, as a replica reads it."""
 
@@ -134,9 +126,19 @@ def read_header(command: bytes) -> tuple[Kind, int]:
     return Kind(kind), stamp_ms
 
 
-def read_schedule(command: bytes) -> Iterator[ScheduledRecord]:
-    for (deliver_at_ms, key), record in _read_parts(command, _MESSAGE, "schedule"):
-        yield ScheduledRecord(deliver_at_ms, key, record)
+def read_schedule(command: bytes) -> Iterator[tuple[int, bytes, bytes]]:
+    """``(deliver_at_ms, dedupe_key, record)`` per message: plain tuples, not
+    named tuples, because every replica reads every message of every entry and a named
+    tuple costs a Python-level constructor call each (~10% of a follower's apply)."""
+    (count,) = _COUNT.unpack_from(command, _HEADER.size)
+    pos = _HEADER.size + _COUNT.size
+    unpack_from, head_bytes = _MESSAGE.unpack_from, _MESSAGE.size
+    for _ in range(count):
+        deliver_at_ms, key, size = unpack_from(command, pos)
+        pos += head_bytes
+        yield deliver_at_ms, key, command[pos:pos + size]
+        pos += size
+    invariant(pos == len(command), f"schedule command has {len(command) - pos} trailing bytes")
 
 
 def read_reschedule(command: bytes) -> Iterator[RetryRecord]:

@@ -25,12 +25,14 @@ from tickwheel.replication.commands import DEDUPE_KEY_BYTES
 log = logging.getLogger("tickwheel.replication.dedupe")
 
 BUCKETS_PER_WINDOW: Final = 10
-# dedupe key (16 bytes), handle i64, deliver_at_ms i64, crc32 of the preceding fields u32, pad u32
-_ENTRY: Final = struct.Struct(f"<{DEDUPE_KEY_BYTES}sqqII")
-_CRC_SPAN: Final = DEDUPE_KEY_BYTES + 16
+# dedupe key (16 bytes), handle i64, deliver_at_ms i64
+_ENTRY_HEAD: Final = struct.Struct(f"<{DEDUPE_KEY_BYTES}sqq")
+# crc32 of the head u32, pad u32
+_ENTRY_TAIL: Final = struct.Struct("<II")
+_ENTRY: Final = struct.Struct(_ENTRY_HEAD.format + _ENTRY_TAIL.format[1:])  # one unpack for both
+_CRC_SPAN: Final = _ENTRY_HEAD.size
 _MAX_BUFFERED_BYTES: Final = 1 << 20
 _HANDLE_MASK: Final = (1 << 64) - 1
-_HEAD: Final = struct.Struct("<qq")
 
 
 class DedupeWindow:
@@ -76,11 +78,12 @@ class DedupeWindow:
         if bucket is None:
             bucket = self._buckets[number] = {}
         pending = self._pending.setdefault(number, bytearray())
-        pack, crc32 = _ENTRY.pack, zlib.crc32
+        pack_head, pack_tail, crc32 = _ENTRY_HEAD.pack, _ENTRY_TAIL.pack, zlib.crc32
         for key, handle, due_ms in zip(keys, handles, deliver_at_ms, strict=True):
             bucket[key] = due_ms << 64 | handle
-            head = key + _HEAD.pack(handle, due_ms)
-            pending += pack(key, handle, due_ms, crc32(head), 0)
+            head = pack_head(key, handle, due_ms)
+            pending += head
+            pending += pack_tail(crc32(head), 0)
         self._ids += len(keys)
         if len(pending) >= _MAX_BUFFERED_BYTES:
             self._flush_bucket(number)

@@ -16,6 +16,7 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import NamedTuple
 
@@ -26,7 +27,7 @@ from tickwheel.replication.pending import PendingCounts
 from tickwheel.replication.pending import Snapshot as PendingSnapshot
 from tickwheel.wheel import CancelOutcome, Cursor, Wheel
 from tickwheel.wheel.errors import InvalidMessage, UnknownHandle, invariant
-from tickwheel.wheel.format import record_topic
+from tickwheel.wheel.format import record_topic, record_topic_bytes
 from tickwheel.wheel.segment import APPEND_ONLY_FILES
 from tickwheel.wheel.types import WheelConfig
 
@@ -143,32 +144,46 @@ class WheelState:
         records, due_ms, keys, tags = [], [], [], []
         latest_ms = stamp_ms + self._config.wheel.max_delay_ms
         remembered = self.dedupe.get
-        for message in commands.read_schedule(command):
-            key = message.dedupe_key
+        tag_of = self._tagger()
+        for deliver_at_ms, key, record in commands.read_schedule(command):
             earlier = remembered(key)
             if earlier is not None:
                 results.append(Scheduled(*earlier, duplicate=True))
             elif key in first_at:
                 results.append(key)  # the first one's result, once it is filed
-            elif message.deliver_at_ms > latest_ms:
+            elif deliver_at_ms > latest_ms:
                 results.append(Rejected(InvalidMessage("deliver_at_ms", (
-                    f"{message.deliver_at_ms} is more than {self._config.wheel.max_delay_ms} "
+                    f"{deliver_at_ms} is more than {self._config.wheel.max_delay_ms} "
                     f"ms after {stamp_ms}"))))
             else:
                 first_at[key] = len(results)
                 results.append(None)
-                records.append(message.record)
-                due_ms.append(message.deliver_at_ms)
+                records.append(record)
+                due_ms.append(deliver_at_ms)
                 keys.append(key)
-                tags.append(self.pending.tag_for(record_topic(message.record)))
+                tags.append(tag_of(record))
         handles = self.wheel.schedule_records(records, due_ms, stamp_ms, tags)
         self.pending.add(tags)
         self.dedupe.add_many(keys, handles, due_ms, stamp_ms)
+        if len(keys) == len(results):  # every message new: the usual entry
+            return list(map(Scheduled, handles, due_ms, repeat(False)))
         for key, handle, deliver_at_ms in zip(keys, handles, due_ms, strict=True):
             results[first_at[key]] = Scheduled(handle, deliver_at_ms, duplicate=False)
-        if len(keys) == len(results):
-            return results
         return [_filled(result, results, first_at) for result in results]
+
+    def _tagger(self) -> Callable[[bytes], int]:
+        """``tag_of(record)``: the pending tag of a record's topic, remembered by the topic's
+        bytes. For one command only: a tag is stable until counts are removed, and decoding
+        the topic of each of a batch's records (mostly one topic) was ~8% of an apply."""
+        tags: dict[bytes, int] = {}
+
+        def tag_of(record: bytes) -> int:
+            topic = record_topic_bytes(record)
+            tag = tags.get(topic)
+            if tag is None:
+                tag = tags[topic] = self.pending.tag_for(topic.decode())
+            return tag
+        return tag_of
 
     def _apply_reschedule(self, command: bytes, stamp_ms: int) -> list[Retried | Rejected]:
         """Retire each delivered message (a tombstone, so no pass hands it out again and the

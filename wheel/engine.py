@@ -155,6 +155,8 @@ class Wheel:
         """Raise `InvalidMessage` if any due time is beyond ``max_delay_ms`` of the stamp."""
         stamp_ms = max(now_ms, self._stamp_ms)
         latest_ms = stamp_ms + self._config.max_delay_ms
+        if max(deliver_at_ms, default=latest_ms) <= latest_ms:
+            return  # the usual case, in one C-level pass
         for due_ms in deliver_at_ms:
             if due_ms > latest_ms:
                 raise InvalidMessage("deliver_at_ms", f"{due_ms} is more than "

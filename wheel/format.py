@@ -55,6 +55,8 @@ PAYLOAD_HEADER_V1: Final = struct.Struct(PAYLOAD_HEADER.format[:-1])  # the same
 _FRAME: Final = struct.Struct(RECORD_HEADER.format + PAYLOAD_HEADER.format[1:])  # both at once
 _FRAME_V1: Final = struct.Struct(RECORD_HEADER.format + PAYLOAD_HEADER_V1.format[1:])
 _VERSION_AT: Final = RECORD_HEADER.size  # where the record version byte is
+_ID_SIZE_AT: Final = _VERSION_AT + 1  # the id and topic sizes follow it, in both versions
+_ID_AND_TOPIC_SIZES: Final = struct.Struct("<HH")
 MAX_ATTEMPT: Final = 0xFFFF_FFFF
 PROPERTY_HEADER: Final = struct.Struct(
     "<H"  # key size in bytes (UTF-8)
@@ -230,10 +232,14 @@ def unpack_unit(data: bytes | memoryview, pos: int = 0) -> tuple[int, ...] | Non
 def record_topic(record: bytes) -> str:
     """The topic of an `encode_record` record, without decoding the rest (no CRC check: the
     caller holds bytes it framed or already checked)."""
-    frame = _FRAME_V1 if record[_VERSION_AT] == 1 else _FRAME
-    id_size, topic_size = frame.unpack_from(record)[3:5]
-    start = frame.size + id_size
-    return record[start:start + topic_size].decode()
+    return record_topic_bytes(record).decode()
+
+
+def record_topic_bytes(record: bytes) -> bytes:
+    """`record_topic`, still UTF-8: a cheap key for callers that look topics up per record."""
+    id_size, topic_size = _ID_AND_TOPIC_SIZES.unpack_from(record, _ID_SIZE_AT)
+    start = (_FRAME_V1.size if record[_VERSION_AT] == 1 else _FRAME.size) + id_size
+    return record[start:start + topic_size]
 
 
 def pack_tombstone(hour: int, global_index: int) -> bytes:
