@@ -27,7 +27,7 @@ from tickwheel.replication.pending import PendingCounts
 from tickwheel.replication.pending import Snapshot as PendingSnapshot
 from tickwheel.wheel import CancelOutcome, Cursor, Wheel
 from tickwheel.wheel.errors import InvalidMessage, UnknownHandle, invariant
-from tickwheel.wheel.format import record_topic, record_topic_bytes
+from tickwheel.wheel.format import record_topic_bytes
 from tickwheel.wheel.segment import APPEND_ONLY_FILES
 from tickwheel.wheel.types import WheelConfig
 
@@ -152,9 +152,7 @@ class WheelState:
             elif key in first_at:
                 results.append(key)  # the first one's result, once it is filed
             elif deliver_at_ms > latest_ms:
-                results.append(Rejected(InvalidMessage("deliver_at_ms", (
-                    f"{deliver_at_ms} is more than {self._config.wheel.max_delay_ms} "
-                    f"ms after {stamp_ms}"))))
+                results.append(self._too_late(deliver_at_ms, stamp_ms))
             else:
                 first_at[key] = len(results)
                 results.append(None)
@@ -173,8 +171,9 @@ class WheelState:
 
     def _tagger(self) -> Callable[[bytes], int]:
         """``tag_of(record)``: the pending tag of a record's topic, remembered by the topic's
-        bytes. For one command only: a tag is stable until counts are removed, and decoding
-        the topic of each of a batch's records (mostly one topic) was ~8% of an apply."""
+        bytes. For one command only, and each tag handed out must be counted before any count
+        is removed (a count at zero frees its tag); decoding the topic of each of a batch's
+        records (mostly one topic) was ~8% of an apply."""
         tags: dict[bytes, int] = {}
 
         def tag_of(record: bytes) -> int:
@@ -198,11 +197,10 @@ class WheelState:
         latest_ms = stamp_ms + self._config.wheel.max_delay_ms
         results: list[Retried | Rejected | None] = []
         records, due_ms, filed_at, tags = [], [], [], []
+        tag_of = self._tagger()
         for retry in commands.read_reschedule(command):
             if retry.deliver_at_ms > latest_ms:
-                results.append(Rejected(InvalidMessage("deliver_at_ms", (
-                    f"{retry.deliver_at_ms} is more than {self._config.wheel.max_delay_ms} "
-                    f"ms after {stamp_ms}"))))
+                results.append(self._too_late(retry.deliver_at_ms, stamp_ms))
                 continue
             try:
                 retired, tag = self.wheel.cancel_tag(retry.replaces_handle)
@@ -212,18 +210,25 @@ class WheelState:
             if retired is not CancelOutcome.CANCELLED:
                 results.append(Retried(None, retry.deliver_at_ms))
                 continue
+            # The copy is counted at once: a later original of the loop may take its topic's
+            # count to zero and free the tag, which another topic would then get.
             self.pending.remove({tag: 1})
+            tags.append(tag_of(retry.record))
+            self.pending.add(tags[-1:])
             filed_at.append(len(results))
             results.append(None)
             records.append(retry.record)
             due_ms.append(retry.deliver_at_ms)
-            tags.append(self.pending.tag_for(record_topic(retry.record)))
         handles = self.wheel.schedule_records(records, due_ms, stamp_ms, tags)
-        self.pending.add(tags)
         for index, handle, deliver_at_ms in zip(filed_at, handles, due_ms, strict=True):
             results[index] = Retried(handle, deliver_at_ms)
         invariant(None not in results, "a reschedule result was never filled in")
         return results
+
+    def _too_late(self, deliver_at_ms: int, stamp_ms: int) -> Rejected:
+        return Rejected(InvalidMessage("deliver_at_ms", (
+            f"{deliver_at_ms} is more than {self._config.wheel.max_delay_ms} ms after "
+            f"{stamp_ms}")))
 
     def _apply_cancel(self, command: bytes) -> list[CancelOutcome | Rejected]:
         results: list[CancelOutcome | Rejected] = []

@@ -229,14 +229,10 @@ def unpack_unit(data: bytes | memoryview, pos: int = 0) -> tuple[int, ...] | Non
     return fields[:8]
 
 
-def record_topic(record: bytes) -> str:
-    """The topic of an `encode_record` record, without decoding the rest (no CRC check: the
-    caller holds bytes it framed or already checked)."""
-    return record_topic_bytes(record).decode()
-
-
 def record_topic_bytes(record: bytes) -> bytes:
-    """`record_topic`, still UTF-8: a cheap key for callers that look topics up per record."""
+    """The topic of an `encode_record` record, still UTF-8 (a cheap key for callers that look
+    topics up per record), without decoding the rest (no CRC check: the caller holds bytes it
+    framed or already checked)."""
     id_size, topic_size = _ID_AND_TOPIC_SIZES.unpack_from(record, _ID_SIZE_AT)
     start = (_FRAME_V1.size if record[_VERSION_AT] == 1 else _FRAME.size) + id_size
     return record[start:start + topic_size]

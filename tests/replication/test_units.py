@@ -270,6 +270,21 @@ def test_a_reschedule_retires_the_original_and_files_its_copy_once(tmp_path: Pat
     state.close()
 
 
+def test_a_reschedule_that_frees_a_topic_tag_keeps_every_copy_counted_under_its_topic(
+        tmp_path: Path) -> None:
+    """Two retries of topic ``a``: the second original takes ``a``'s count to zero and frees
+    its tag, which the second copy's topic ``b`` then gets; the first copy, of ``a``, must
+    not end up counted as ``b``."""
+    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    originals = state.apply(schedule_command(T0_MS, [
+        NewMessage(f"a{i}", "a", b"x", T0_MS) for i in range(2)]))
+    state.apply(retry_command(T0_MS + 5, [
+        (originals[0].handle, NewMessage("a0", "a", b"x", T0_MS + 10_000, attempt=2)),
+        (originals[1].handle, NewMessage("a1", "b", b"x", T0_MS + 10_000, attempt=2))]))
+    assert state.pending.by_topic() == {"a": 1, "b": 1}
+    state.close()
+
+
 def test_a_reschedule_refused_at_apply_leaves_the_original_pending(tmp_path: Path) -> None:
     state = WheelState.open(tmp_path, StateConfig(), fresh=True)
     (original,) = state.apply(schedule_command(T0_MS, [NewMessage("a", "t", b"x", T0_MS)]))
