@@ -217,7 +217,7 @@ class Replica:
             inflight_msgs=self._dispatcher.inflight_msgs, peers=self._peers,
             connected=connected, match_index=match_index,
             leader_commit_index=raw["leader_commit_idx"] or 0,
-            done_past_cursor=sum(run.count for run in self._state.done_runs),
+            done_past_cursor=self._state.done_past_cursor,
             pending=self._state.pending.by_topic(),
             pending_untracked=self._state.pending.untracked)
 
@@ -294,7 +294,7 @@ class Replica:
                                             takeover_ms)
                 log.info("event=dispatch_started term=%d takeover_ms=%d cursor_second=%d "
                          "cursor_local_index=%d done_past_cursor=%d", term, takeover_ms,
-                         *self._state.cursor, sum(run.count for run in self._state.done_runs))
+                         *self._state.cursor, self._state.done_past_cursor)
         future.add_done_callback(start_dispatch)
         return future
 

@@ -121,6 +121,11 @@ class WheelState:
     def stamp_ms(self) -> int:
         return self.wheel.stamp_ms
 
+    @property
+    def done_past_cursor(self) -> int:
+        """How many messages past the cursor `done_runs` names."""
+        return sum(run.count for run in self.done_runs)
+
     # -- applying commands ----------------------------------------------------------------
 
     def apply(self, command: bytes) -> object:
