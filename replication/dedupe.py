@@ -17,6 +17,7 @@ import logging
 import os
 import struct
 import zlib
+from itertools import repeat
 from pathlib import Path
 from typing import Final
 
@@ -62,13 +63,15 @@ class DedupeWindow:
     def ids(self) -> int:
         return self._ids
 
-    def get(self, key: bytes) -> tuple[int, int] | None:
-        """``(handle, deliver_at_ms)`` first returned for ``key``, if still remembered."""
+    def remembered(self, keys: set[bytes]) -> dict[bytes, tuple[int, int]]:
+        """``{key: (handle, deliver_at_ms)}`` first returned, for those of ``keys`` still
+        remembered: a C-level set intersection per bucket, not a lookup per key and bucket."""
+        found: dict[bytes, tuple[int, int]] = {}
         for bucket in self._buckets.values():
-            found = bucket.get(key)
-            if found is not None:
-                return found & _HANDLE_MASK, found >> 64
-        return None
+            for key in bucket.keys() & keys:
+                value = bucket[key]
+                found[key] = value & _HANDLE_MASK, value >> 64
+        return found
 
     def add_many(self, keys: list[bytes], handles: list[int], deliver_at_ms: list[int],
                  stamp_ms: int) -> None:
@@ -77,13 +80,11 @@ class DedupeWindow:
         bucket = self._buckets.get(number)
         if bucket is None:
             bucket = self._buckets[number] = {}
+        bucket.update(zip(keys, [due_ms << 64 | handle for handle, due_ms
+                                 in zip(handles, deliver_at_ms, strict=True)], strict=True))
+        crcs = map(zlib.crc32, map(_ENTRY_HEAD.pack, keys, handles, deliver_at_ms))
         pending = self._pending.setdefault(number, bytearray())
-        pack_head, pack_tail, crc32 = _ENTRY_HEAD.pack, _ENTRY_TAIL.pack, zlib.crc32
-        for key, handle, due_ms in zip(keys, handles, deliver_at_ms, strict=True):
-            bucket[key] = due_ms << 64 | handle
-            head = pack_head(key, handle, due_ms)
-            pending += head
-            pending += pack_tail(crc32(head), 0)
+        pending += b"".join(map(_ENTRY.pack, keys, handles, deliver_at_ms, crcs, repeat(0)))
         self._ids += len(keys)
         if len(pending) >= _MAX_BUFFERED_BYTES:
             self._flush_bucket(number)
@@ -157,3 +158,4 @@ class DedupeWindow:
             os.truncate(path, good)
         self._buckets[number] = bucket
         self._ids += len(bucket)
+

@@ -27,7 +27,7 @@ from tickwheel.replication.pending import PendingCounts
 from tickwheel.replication.pending import Snapshot as PendingSnapshot
 from tickwheel.wheel import CancelOutcome, Cursor, Wheel
 from tickwheel.wheel.errors import InvalidMessage, UnknownHandle, invariant
-from tickwheel.wheel.format import record_topic_bytes
+from tickwheel.wheel.format import record_topics
 from tickwheel.wheel.segment import APPEND_ONLY_FILES
 from tickwheel.wheel.types import WheelConfig
 
@@ -144,14 +144,32 @@ class WheelState:
         entry) returns its first result, flagged ``duplicate``."""
         stamp_ms = max(stamp_ms, self.wheel.stamp_ms)
         self.dedupe.forget_expired(stamp_ms)
+        due_ms, keys, records = commands.read_schedule(command)
+        unique_keys = set(keys)
+        remembered = self.dedupe.remembered(unique_keys)
+        latest_ms = stamp_ms + self._config.wheel.max_delay_ms
+        if (remembered or len(unique_keys) != len(keys)
+                or max(due_ms, default=latest_ms) > latest_ms):
+            return self._apply_schedule_mixed(due_ms, keys, records, stamp_ms, remembered)
+        # The usual entry, every message new and in time: filed column by column.
+        tags = self._tags(records)
+        handles = self.wheel.schedule_records(records, due_ms, stamp_ms, tags)
+        self.pending.add(tags)
+        self.dedupe.add_many(keys, handles, due_ms, stamp_ms)
+        return list(map(Scheduled, handles, due_ms, repeat(False)))
+
+    def _apply_schedule_mixed(self, due_ms: list[int], keys: list[bytes],
+                              records: list[bytes], stamp_ms: int,
+                              remembered: dict[bytes, tuple[int, int]],
+                              ) -> list[Scheduled | Rejected]:
+        """`_apply_schedule` of an entry with retried ids or messages due too late, message by
+        message."""
         results: list[Scheduled | Rejected | bytes | None] = []
         first_at: dict[bytes, int] = {}
-        records, due_ms, keys, tags = [], [], [], []
+        new_records, new_due_ms, new_keys = [], [], []
         latest_ms = stamp_ms + self._config.wheel.max_delay_ms
-        remembered = self.dedupe.get
-        tag_of = self._tagger()
-        for deliver_at_ms, key, record in commands.read_schedule(command):
-            earlier = remembered(key)
+        for deliver_at_ms, key, record in zip(due_ms, keys, records, strict=True):
+            earlier = remembered.get(key)
             if earlier is not None:
                 results.append(Scheduled(*earlier, duplicate=True))
             elif key in first_at:
@@ -161,33 +179,24 @@ class WheelState:
             else:
                 first_at[key] = len(results)
                 results.append(None)
-                records.append(record)
-                due_ms.append(deliver_at_ms)
-                keys.append(key)
-                tags.append(tag_of(record))
-        handles = self.wheel.schedule_records(records, due_ms, stamp_ms, tags)
+                new_records.append(record)
+                new_due_ms.append(deliver_at_ms)
+                new_keys.append(key)
+        tags = self._tags(new_records)
+        handles = self.wheel.schedule_records(new_records, new_due_ms, stamp_ms, tags)
         self.pending.add(tags)
-        self.dedupe.add_many(keys, handles, due_ms, stamp_ms)
-        if len(keys) == len(results):  # every message new: the usual entry
-            return list(map(Scheduled, handles, due_ms, repeat(False)))
-        for key, handle, deliver_at_ms in zip(keys, handles, due_ms, strict=True):
+        self.dedupe.add_many(new_keys, handles, new_due_ms, stamp_ms)
+        for key, handle, deliver_at_ms in zip(new_keys, handles, new_due_ms, strict=True):
             results[first_at[key]] = Scheduled(handle, deliver_at_ms, duplicate=False)
         return [_filled(result, results, first_at) for result in results]
 
-    def _tagger(self) -> Callable[[bytes], int]:
-        """``tag_of(record)``: the pending tag of a record's topic, remembered by the topic's
-        bytes. For one command only, and each tag handed out must be counted before any count
-        is removed (a count at zero frees its tag); decoding the topic of each of a batch's
-        records (mostly one topic) was ~8% of an apply."""
-        tags: dict[bytes, int] = {}
-
-        def tag_of(record: bytes) -> int:
-            topic = record_topic_bytes(record)
-            tag = tags.get(topic)
-            if tag is None:
-                tag = tags[topic] = self.pending.tag_for(topic.decode())
-            return tag
-        return tag_of
+    def _tags(self, records: list[bytes]) -> list[int]:
+        """The pending tag of each record's topic. Each tag handed out must be counted before
+        any count is removed (a count at zero frees its tag). Topics get their tags in order of
+        first appearance, the same on every replica."""
+        topics = record_topics(records)
+        tag_of = {topic: self.pending.tag_for(topic.decode()) for topic in dict.fromkeys(topics)}
+        return list(map(tag_of.__getitem__, topics))
 
     def _apply_reschedule(self, command: bytes, stamp_ms: int) -> list[Retried | Rejected]:
         """Retire each delivered message (a tombstone, so no pass hands it out again and the
@@ -202,7 +211,6 @@ class WheelState:
         latest_ms = stamp_ms + self._config.wheel.max_delay_ms
         results: list[Retried | Rejected | None] = []
         records, due_ms, filed_at, tags = [], [], [], []
-        tag_of = self._tagger()
         for retry in commands.read_reschedule(command):
             if retry.deliver_at_ms > latest_ms:
                 results.append(self._too_late(retry.deliver_at_ms, stamp_ms))
@@ -218,7 +226,7 @@ class WheelState:
             # The copy is counted at once: a later original of the loop may take its topic's
             # count to zero and free the tag, which another topic would then get.
             self.pending.remove({tag: 1})
-            tags.append(tag_of(retry.record))
+            tags += self._tags([retry.record])
             self.pending.add(tags[-1:])
             filed_at.append(len(results))
             results.append(None)

@@ -12,7 +12,7 @@ import logging
 import os
 import resource
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
@@ -174,36 +174,54 @@ class Wheel:
         self.check_delays(deliver_at_ms, now_ms)
         stamp_ms = max(now_ms, self._stamp_ms)
         self._stamp_ms = stamp_ms
-        cursor_second, cursor_local_index = self._cursor
+        cursor_second = self._cursor.second
         floor_second = max(stamp_ms // MS_PER_SECOND, cursor_second)
-        scan_second, window = self._scan_second, self._window
-        handles = []
-        segment, segment_hour = None, -1
+        slots = [second if (second := due_ms // MS_PER_SECOND) > floor_second else floor_second
+                 for due_ms in deliver_at_ms]
+        at_cursor = cursor_second in slots
+        if at_cursor:  # rare: every message of the batch filed there moves, or none does
+            moved = self._past_cursor(cursor_second)
+            slots = [moved if slot == cursor_second else slot for slot in slots]
         if tags is None:
             tags = [0] * len(records)
-        for due_ms, record, tag in zip(deliver_at_ms, records, tags, strict=True):
-            slot = max(due_ms // MS_PER_SECOND, floor_second)
-            if slot == cursor_second:
-                slot = self._past_cursor(slot)
-            hour = slot // SECONDS_PER_HOUR
-            if hour != segment_hour:
-                segment, segment_hour = self._segment(hour, create=True), hour
-                self._dirty.add(hour)
-            offset = segment.log_size_bytes
-            global_index, local_index = segment.append(record, due_ms,
-                                                       slot - hour * SECONDS_PER_HOUR, tag)
-            if slot == cursor_second:
-                invariant(local_index >= cursor_local_index,
-                          f"message filed behind the cursor at ({slot}, {local_index})")
-            handle = hour << _GLOBAL_INDEX_BITS | global_index
-            handles.append(handle)
-            if slot < scan_second:
-                heapq.heappush(window, (slot, due_ms, local_index, handle, offset,
-                                        len(record)))
+        handles: list[int] = []
+        for hour, start, end in _hour_runs(slots):
+            segment = self._segment(hour, create=True)
+            self._dirty.add(hour)
+            run_slots = slots[start:end]
+            first_offset = segment.log_size_bytes
+            hour_second = hour * SECONDS_PER_HOUR
+            first_global_index, local_indexes = segment.append_many(
+                records[start:end], deliver_at_ms[start:end],
+                [slot - hour_second for slot in run_slots], tags[start:end])
+            first_handle = hour << _GLOBAL_INDEX_BITS | first_global_index
+            handles.extend(range(first_handle, first_handle + end - start))
+            if at_cursor:
+                invariant(all(local >= self._cursor.local_index for slot, local
+                              in zip(run_slots, local_indexes, strict=True)
+                              if slot == cursor_second),
+                          f"a message filed behind the cursor in second {cursor_second}")
+            if min(run_slots) < self._scan_second:
+                self._add_to_window(run_slots, deliver_at_ms[start:end],
+                                    records[start:end], local_indexes, first_handle,
+                                    first_offset)
         self._buffered_bytes += sum(map(len, records))
         if self._buffered_bytes > self._config.max_buffered_bytes:
             self.flush()
         return handles
+
+    def _add_to_window(self, slots: list[int], deliver_at_ms: Sequence[int],
+                       records: Sequence[bytes], local_indexes: list[int], first_handle: int,
+                       offset: int) -> None:
+        """Put the messages just filed in one hour that are due before the scan second into
+        the preload window: the scan has passed their seconds already."""
+        scan_second, window = self._scan_second, self._window
+        for i, (slot, due_ms, record) in enumerate(zip(slots, deliver_at_ms, records,
+                                                       strict=True)):
+            if slot < scan_second:
+                heapq.heappush(window, (slot, due_ms, local_indexes[i], first_handle + i,
+                                        offset, len(record)))
+            offset += len(record)
 
     def _past_cursor(self, slot: int) -> int:
         """``slot`` if a message filed there lands at or after the cursor, else the next second.
@@ -679,3 +697,21 @@ def _open_hours_within_fd_limit(max_open_hours: int) -> int:
     log.warning("event=open_hours_capped max_open_hours=%d fitting=%d nofile_soft=%d",
                 max_open_hours, fitting, soft)
     return fitting
+
+
+def _hour_runs(slots: list[int]) -> Iterator[tuple[int, int, int]]:
+    """``(hour, start, end)`` for each run of consecutive ``slots`` in the same hour; one run
+    for the usual batch, found in two C-level passes."""
+    if not slots:
+        return
+    hour = min(slots) // SECONDS_PER_HOUR
+    if max(slots) // SECONDS_PER_HOUR == hour:
+        yield hour, 0, len(slots)
+        return
+    start = 0
+    hour = slots[0] // SECONDS_PER_HOUR
+    for index, slot in enumerate(slots):
+        if slot // SECONDS_PER_HOUR != hour:
+            yield hour, start, index
+            start, hour = index, slot // SECONDS_PER_HOUR
+    yield hour, start, len(slots)

@@ -12,6 +12,7 @@ import contextlib
 import mmap
 import os
 import sys
+import zlib
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +21,11 @@ from tickwheel.wheel.errors import CorruptSegment, invariant
 from tickwheel.wheel.format import (
     HEAD,
     SECONDS_PER_HOUR,
+    UNIT,
+    UNIT_CRC,
     UNIT_SIZE,
     pack_heads,
     pack_tombstone,
-    pack_unit,
     unpack_heads,
     unpack_tombstones,
     unpack_unit,
@@ -109,27 +111,44 @@ class HourSegment:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def append(self, record: bytes, deliver_at_ms: int, second_of_hour: int,
-               tag: int = 0) -> tuple[int, int]:
-        """Append one message filed under ``second_of_hour``; returns ``(global_index,
-        local_index)``. O(1): one unit pointing at the old chain head, then the head moves."""
+    def append_many(self, records: list[bytes], deliver_at_ms: list[int],
+                    seconds_of_hour: list[int], tags: list[int]) -> tuple[int, list[int]]:
+        """Append messages, each filed under its ``second_of_hour``; returns the global index
+        of the first (the rest follow it one by one) and each message's local index. O(1) a
+        message: one unit pointing at the old chain head, then the head moves.
+
+        One loop over the batch, not a call per message: every replica files every message,
+        and the two calls a message (append, `pack_unit`) were a fifth of a follower's apply."""
         heads = self.heads
-        slot = second_of_hour << 1
-        pre_global_index = heads[slot]
-        local_index = heads[slot + 1]
-        global_index = self.units
-        self._pending_index += pack_unit(self.log_size_bytes, len(record), local_index,
-                                         global_index, pre_global_index, deliver_at_ms,
-                                         second_of_hour, tag)
-        self._pending_log += record
-        heads[slot] = global_index
-        heads[slot + 1] = local_index + 1
-        if not local_index:
-            self.occupied |= 1 << second_of_hour
-        self.units = global_index + 1
-        self.log_size_bytes += len(record)
+        first_global_index = global_index = self.units
+        offset = self.log_size_bytes
+        occupied = self.occupied
+        index = self._pending_index
+        pack, pack_crc, crc32 = UNIT.pack, UNIT_CRC.pack, zlib.crc32
+        local_indexes = []
+        add_local = local_indexes.append
+        for record, due_ms, second, tag in zip(records, deliver_at_ms, seconds_of_hour, tags,
+                                               strict=True):
+            slot = second << 1
+            local_index = heads[slot + 1]
+            size = len(record)
+            body = pack(offset, size, local_index, global_index, heads[slot], due_ms, second,
+                        tag)
+            index += body
+            index += pack_crc(crc32(body))
+            heads[slot] = global_index
+            heads[slot + 1] = local_index + 1
+            if not local_index:
+                occupied |= 1 << second
+            add_local(local_index)
+            offset += size
+            global_index += 1
+        self._pending_log += b"".join(records)
+        self.occupied = occupied
+        self.units = global_index
+        self.log_size_bytes = offset
         self._heads_dirty = True
-        return global_index, local_index
+        return first_global_index, local_indexes
 
     def add_tombstone(self, global_index: int) -> None:
         invariant(global_index < self.units, f"tombstone for unit {global_index} of {self.units}")

@@ -19,7 +19,7 @@ from tickwheel.wheel import (
     WheelConfig,
 )
 from tickwheel.wheel import segment as segment_module
-from tickwheel.wheel.format import UNIT, UNIT_SIZE, encode_record
+from tickwheel.wheel.format import UNIT, UNIT_SIZE, encode_record, pack_unit
 from tickwheel.wheel.types import DAY_MS
 
 HOUR_MS = 3_600_000
@@ -292,3 +292,27 @@ def test_live_tags_until_counts_each_passed_uncancelled_message_once(tmp_path: P
     assert wheel.live_tags_until(Cursor(second + 1, 1)) == {2: 2, 7: 1}  # m4 late m1
     assert wheel.live_tags_until(Cursor(second + 5, 0)) == {2: 2, 7: 1, 1: 1, 3: 1}
     wheel.close()
+
+
+def test_a_batch_across_hours_writes_the_units_pack_unit_makes(tmp_path: Path) -> None:
+    # The batch path packs units in one loop; the reference encoder says what they must be.
+    due_ms = [NOW_MS + 5_000, NOW_MS + 5_500, NOW_MS + HOUR_MS + 1_000, NOW_MS + 6_000,
+              NOW_MS + 5_900]
+    records = [encode_record(*msg(f"m{i}", due)) for i, due in enumerate(due_ms)]
+    tags = [11, 12, 13, 14, 15]
+    with Wheel.open(tmp_path) as wheel:
+        handles = wheel.schedule_records(records, due_ms, NOW_MS, tags)
+        assert [wheel.cancel_tag(handle) for handle in handles] == [
+            (CancelOutcome.CANCELLED, tag) for tag in tags]
+    sizes = [len(record) for record in records]
+    # hour 1000 holds m0, m1, m3, m4 (seconds 5, 5, 6, 5); hour 1001 holds m2 (second 1)
+    expected = {"00001000": [pack_unit(0, sizes[0], 0, 0, -1, due_ms[0], 5, 11),
+                             pack_unit(sizes[0], sizes[1], 1, 1, 0, due_ms[1], 5, 12),
+                             pack_unit(sum(sizes[:2]), sizes[3], 0, 2, -1, due_ms[3], 6, 14),
+                             pack_unit(sum(sizes[:2]) + sizes[3], sizes[4], 2, 3, 1, due_ms[4],
+                                       5, 15)],
+                "00001001": [pack_unit(0, sizes[2], 0, 0, -1, due_ms[2], 1, 13)]}
+    for hour, units in expected.items():
+        assert (tmp_path / "hours" / hour / "index").read_bytes() == b"".join(units)
+    assert (tmp_path / "hours" / "00001000" / "log").read_bytes() == b"".join(
+        records[i] for i in (0, 1, 3, 4))
