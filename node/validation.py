@@ -75,11 +75,26 @@ def new_messages(messages: Sequence[pb.Message], now_ms: int, limits: Limits,
         raise InvalidMessage("messages", f"has {len(messages)} messages, at most "
                              f"{limits.max_batch_msgs} per request")
     checked = Checked([], [])
+    add_message, add_level = checked.messages.append, checked.clamped_levels.append
     checked_topics: set[str] = set()
+    max_id_chars = limits.max_id_bytes // 4  # UTF-8: at most 4 bytes a character
+    max_body_bytes, latest_ms = limits.max_body_bytes, now_ms + limits.max_delay_ms
     for i, message in enumerate(messages):
+        # The usual message, checked inline (a call per message was a tenth of the leader's
+        # time): an id short enough in any encoding, a topic already checked, no properties,
+        # only deliver_at_ms and within the limits. Anything else takes the full check.
+        message_id, topic, body = message.id, message.topic, message.body
+        if (message_id and len(message_id) <= max_id_chars and topic in checked_topics
+                and len(body) <= max_body_bytes and not message.properties
+                and message.HasField("deliver_at_ms") and not message.HasField("delay_ms")
+                and not message.HasField("delay_level")
+                and 0 <= (deliver_at_ms := message.deliver_at_ms) <= latest_ms):
+            add_message(NewMessage(message_id, topic, body, deliver_at_ms, _NO_PROPERTIES))
+            add_level(0)
+            continue
         new, clamped_level = _new_message(message, i, now_ms, limits, levels, checked_topics)
-        checked.messages.append(new)
-        checked.clamped_levels.append(clamped_level)
+        add_message(new)
+        add_level(clamped_level)
     return checked
 
 
