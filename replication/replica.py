@@ -53,6 +53,10 @@ PeerFetch = Callable[[list[str], str, int, int], bytes]
 addresses, leader first) that has them. The node provides it (over gRPC)."""
 
 _FATAL_EXIT_CODE = 70
+WALK_AHEAD_UNITS = 4_000
+"""Index units of the next second the cursor will pass read per Raft thread turn, ahead of
+the cursor command that needs them (~2 ms): a second of 20,000 messages is read in 5 turns
+instead of in one 12 ms stall."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +233,7 @@ class Replica:
             while not self._stopping.is_set():
                 self._raft.tick(wait_s)
                 wait_s = self._step()
+                self._state.wheel.walk_ahead(WALK_AHEAD_UNITS)
         except TickwheelError as error:
             self._die(f"{type(error).__name__}: {error}")
         except Exception as error:

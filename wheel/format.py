@@ -76,7 +76,7 @@ UNIT: Final = struct.Struct(
 )
 UNIT_CRC: Final = struct.Struct("<I")  # follows each unit: crc32 of the unit's bytes
 UNIT_SIZE: Final = UNIT.size + UNIT_CRC.size
-_UNIT_AND_CRC: Final = struct.Struct(UNIT.format + UNIT_CRC.format[1:])  # one unpack for both
+UNIT_AND_CRC: Final = struct.Struct(UNIT.format + UNIT_CRC.format[1:])  # one unpack for both
 
 HEADS_HEADER: Final = struct.Struct(
     "<4s"  # magic b"TWHD"
@@ -223,7 +223,7 @@ def pack_unit(
 
 def unpack_unit(data: bytes | memoryview, pos: int = 0) -> tuple[int, ...] | None:
     """The fields of the unit at ``pos`` (CRC excluded), or None if its CRC does not match."""
-    fields = _UNIT_AND_CRC.unpack_from(data, pos)
+    fields = UNIT_AND_CRC.unpack_from(data, pos)
     if zlib.crc32(data[pos:pos + UNIT.size]) != fields[8]:
         return None
     return fields[:8]

@@ -22,6 +22,7 @@ from tickwheel.wheel.format import (
     HEAD,
     SECONDS_PER_HOUR,
     UNIT,
+    UNIT_AND_CRC,
     UNIT_CRC,
     UNIT_SIZE,
     pack_heads,
@@ -245,6 +246,39 @@ class HourSegment:
             for pos in range(0, len(view), UNIT_SIZE):
                 yield _checked_unit(view, pos, global_index, self.path)
                 global_index += 1
+
+    def walk_chain(self, global_index: int, stop_local_index: int, max_units: int,
+                   global_indexes: array, tags: array) -> int:
+        """Walk a chain from unit ``global_index`` down (newest first) to local index
+        ``stop_local_index``, appending each unit's global index and tag, for at most
+        ``max_units`` units; returns the unit to go on from, or -1 when the walk is done.
+        `chain` in one loop, for the cursor, which reads every unit it passes on every
+        replica (a second of 20,000 messages took 17 ms through `chain`). `CorruptSegment`
+        if a unit fails its CRC or does not point to an older one."""
+        invariant(global_index < self.units, f"chain walk from unit {global_index} of "
+                  f"{self.units}")
+        if self._flushed_units and (not self._mapped or self._index_map is None
+                                    or len(self._index_map) < self._flushed_units * UNIT_SIZE):
+            self.map_for_reading()
+        mapped, pending, flushed = self._index_map, self._pending_index, self._flushed_units
+        unpack, crc32, body_size = UNIT_AND_CRC.unpack_from, zlib.crc32, UNIT.size
+        add_global, add_tag = global_indexes.append, tags.append
+        while global_index >= 0 and max_units > 0:
+            if global_index >= flushed:
+                data, pos = pending, (global_index - flushed) * UNIT_SIZE
+            else:
+                data, pos = mapped, global_index * UNIT_SIZE
+            fields = unpack(data, pos)
+            if (fields[3] != global_index or fields[4] >= global_index
+                    or crc32(data[pos:pos + body_size]) != fields[8]):
+                raise CorruptSegment(str(self.path / _INDEX), f"unit {global_index} is damaged")
+            if fields[2] < stop_local_index:
+                return -1
+            add_global(global_index)
+            add_tag(fields[7])
+            global_index = fields[4]
+            max_units -= 1
+        return global_index
 
     def chain(self, second_of_hour: int) -> Iterator[tuple[int, ...]]:
         """The units filed under ``second_of_hour``, newest first (the chain of seed 003)."""

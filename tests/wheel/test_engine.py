@@ -316,3 +316,51 @@ def test_a_batch_across_hours_writes_the_units_pack_unit_makes(tmp_path: Path) -
         assert (tmp_path / "hours" / hour / "index").read_bytes() == b"".join(units)
     assert (tmp_path / "hours" / "00001000" / "log").read_bytes() == b"".join(
         records[i] for i in (0, 1, 3, 4))
+
+
+def test_walking_ahead_in_steps_changes_no_count_the_cursor_takes(tmp_path: Path) -> None:
+    # walk_ahead reads the next second's chain a few units at a time, while messages are
+    # still filed there and some are cancelled; the counts must be those of a wheel that
+    # read nothing ahead.
+    second = NOW_MS // 1_000 + 5
+    walked, direct = (Wheel.open(tmp_path / name, replicated=True) for name in ("a", "b"))
+    tags: list[int] = []
+    handles: list[list[int]] = [[], []]
+
+    def file(count: int, tag: int) -> None:
+        batch = [msg(f"m{len(tags) + i}", second * 1_000 + i) for i in range(count)]
+        for wheel, filed in zip((walked, direct), handles, strict=True):
+            filed.extend(wheel.schedule_records([encode_record(*m) for m in batch],
+                                                [m.deliver_at_ms for m in batch], NOW_MS,
+                                                [tag] * count))
+        tags.extend([tag] * count)
+
+    def cancel(local_index: int) -> None:
+        for wheel, filed in zip((walked, direct), handles, strict=True):
+            assert wheel.cancel_tag(filed[local_index])[0] is CancelOutcome.CANCELLED
+        tags[local_index] = 0
+
+    file(50, 1)
+    walked.walk_ahead(7)
+    file(10, 2)  # filed under the second while it is being read
+    cancel(3)  # in the part read so far
+    walked.walk_ahead(7)
+    walked.walk_ahead(1_000)  # the rest of what was there when the walk began
+    file(5, 3)  # filed after the walk
+    cancel(55)
+    cancel(62)
+
+    def expected(start: int, stop: int) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for tag in tags[start:stop]:
+            if tag:
+                counts[tag] = counts.get(tag, 0) + 1
+        return counts
+
+    for cursor, start in ((Cursor(second, 30), 0), (Cursor(second + 1, 0), 30)):
+        assert walked.live_tags_until(cursor) == direct.live_tags_until(cursor) == expected(
+            start, cursor.local_index if cursor.second == second else len(tags))
+        for wheel in (walked, direct):
+            wheel.advance_cursor(cursor)
+    walked.close()
+    direct.close()
