@@ -11,6 +11,7 @@ import asyncio
 import gc
 import logging
 import signal
+import sys
 
 from grpc_health.v1 import health, health_pb2
 from tickwheel.node.config import NodeSettings
@@ -28,6 +29,12 @@ log = logging.getLogger("tickwheel.node")
 HOUSEKEEPING_S = 0.2
 GC_YOUNG_THRESHOLD = 10_000
 """Allocations between collections of the youngest generation (Python's default is 700)."""
+GIL_SWITCH_INTERVAL_S = 0.001
+"""How long a thread holding the GIL keeps it while another waits (Python's default is 5 ms).
+The Raft thread (commits, dispatch) and the event loop (validating a 5,000-message request
+takes ~15 ms) each wait on the other; at 20,000 due msg/s 1 ms cut the lateness p99 by a
+fifth in three alternating pairs of runs (53-71 -> 44-54 ms), for ~2% of batched
+scheduling (within its noise)."""
 HEALTH_MAX_LAG_ENTRIES = 1_000
 """A node serves (health) when it knows a leader and has applied to within this many entries
 of the leader's commit index."""
@@ -61,6 +68,7 @@ async def serve(settings: NodeSettings) -> None:
         loop.add_signal_handler(signum, stop.set)
     keeper = asyncio.create_task(_housekeeping(node, health_servicer))
     _settle_gc()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     await stop.wait()
     log.info("event=node_stopping")
     keeper.cancel()
