@@ -13,7 +13,10 @@ The definitions, which the chaos CI test relies on:
 - **lost**: scheduled and acked (``acked`` true; a message whose schedule call failed is never
   counted lost, since it may or may not exist), not cancelled (no cancel with outcome
   ``cancelled``, ``already_cancelled`` (a retried cancel whose first try got it) or
-  ``unknown``), ``deliver_at_ms <= ended_ms - grace_ms``, and never received.
+  ``unknown``), due by the cutoff, and never received. The cutoff is ``ended_ms - grace_ms``,
+  and no later than ``drained_due_ms`` when ``run.json`` has it: the harness drains delivery
+  until every message due by the end of production has arrived, and a message due after that
+  may still sit, delivered, in a slow consumer's queue when the run ends.
   Must be 0.
 - **duplicates**: every receipt of an id but its original: the first *plain* receipt
   (``possible_duplicate`` false and ``attempt`` 1) if there is one, else the first by
@@ -119,6 +122,15 @@ class Run:
     seed: int | None
     grace_ms: int
     allowed_early_ms: int
+    drained_due_ms: int | None = None
+    """What the harness drained for: every message due by then had arrived (or the drain
+    timed out). None in runs recorded before the harness wrote it."""
+
+    @property
+    def lost_cutoff_ms(self) -> int:
+        """Messages due by then must have arrived."""
+        cutoff = self.ended_ms - self.grace_ms
+        return cutoff if self.drained_due_ms is None else min(cutoff, self.drained_due_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +205,8 @@ def read_run(out_dir: Path, grace_ms: int | None = None,
     return Run(started_ms=raw["started_ms"], ended_ms=raw["ended_ms"], seed=raw.get("seed"),
                grace_ms=raw["grace_ms"] if grace_ms is None else grace_ms,
                allowed_early_ms=(raw["allowed_early_ms"] if allowed_early_ms is None
-                                 else allowed_early_ms))
+                                 else allowed_early_ms),
+               drained_due_ms=raw.get("drained_due_ms"))
 
 
 def load_logs(spark: SparkSession, out_dir: Path, run: Run) -> Logs:
@@ -326,9 +339,8 @@ def _message_counts(messages: DataFrame, cancels: DataFrame,
 
 
 def _lost(run: Run, messages: DataFrame, cancels: DataFrame, received: DataFrame) -> DataFrame:
-    """Ids acked, due by ``ended_ms - grace_ms``, not (maybe) cancelled, never received."""
-    due = messages.filter(F.col("acked")
-                          & (F.col("deliver_at_ms") <= run.ended_ms - run.grace_ms))
+    """Ids acked, due by the cutoff, not (maybe) cancelled, never received."""
+    due = messages.filter(F.col("acked") & (F.col("deliver_at_ms") <= run.lost_cutoff_ms))
     return (due.join(cancels.filter("maybe_cancelled"), "id", "left_anti")
             .join(received, "id", "left_anti").select("id"))
 

@@ -123,6 +123,7 @@ def run(config: RunConfig, console: Console | None = None) -> dict:
     if not config.keep_data:
         shutil.rmtree(out / "cluster", ignore_errors=True)
     record = {"started_ms": started_ms, "ended_ms": summary.pop("ended_ms"),
+              "drained_due_ms": summary.pop("drained_due_ms"),
               "seed": config.seed, "nodes": nodes, "faults": list(config.nemesis.faults),
               "grace_ms": config.grace_ms, "max_skew_ms": summary["max_skew_ms"],
               "allowed_early_ms": summary["max_skew_ms"] + 5,
@@ -182,7 +183,7 @@ def _scenario(config: RunConfig, cluster: ChaosCluster, logs: dict[str, EventLog
         consumer.close()
     for thread in (monitor, *consumers):
         thread.join(30)
-    return {"ended_ms": now_ms(), "inflicted": nemesis.inflicted,
+    return {"ended_ms": now_ms(), "drained_due_ms": produced_ms, "inflicted": nemesis.inflicted,
             "max_skew_ms": nemesis.max_skew_ms, "leader_changes": monitor.changes,
             "consumer_crashes": sum(c.crashes for c in consumers),
             "lines": {name: event_log.lines for name, event_log in logs.items()}}

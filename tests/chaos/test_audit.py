@@ -95,14 +95,16 @@ def journal_started(raft: str, term: int, takeover_ms: int) -> dict[str, Any]:
             "cursor": [0, 0], "takeover_ms": t(takeover_ms)}
 
 
-def write_run(out_dir: Path, ended_ms: int, **lines: list[Any]) -> Path:
+def write_run(out_dir: Path, ended_ms: int, *, drained_due_ms: int | None = None,
+              **lines: list[Any]) -> Path:
     """A run directory: ``run.json`` and, per keyword, a ``.jsonl`` file (``journals__node0_0``
     is ``journals/node0.0.jsonl``) with its lines reversed; strings are written verbatim."""
     out_dir.mkdir(parents=True)
+    drained = {} if drained_due_ms is None else {"drained_due_ms": t(drained_due_ms)}
     (out_dir / "run.json").write_text(json.dumps({
         "started_ms": T0_MS, "ended_ms": t(ended_ms), "seed": 7, "nodes": [],
         "faults": ["kill", "pause"], "grace_ms": 5_000, "max_skew_ms": 0,
-        "allowed_early_ms": 5}))
+        "allowed_early_ms": 5} | drained))
     for name, rows in lines.items():
         path = out_dir / (name.replace("__", "/").replace("_", ".") + ".jsonl")
         path.parent.mkdir(exist_ok=True)
@@ -283,6 +285,16 @@ def test_overrides_of_grace_and_allowed_earliness(spark: SparkSession,
     assert summary["run"]["grace_ms"] == 0
     assert summary["lost"]["count"] == 6  # after-cutoff-0 is due before the end
     assert summary["delivered_early"] == 0
+
+
+def test_only_what_the_drain_waited_for_can_be_lost(spark: SparkSession,
+                                                   tmp_path: Path) -> None:
+    # The harness drains until every message due by the end of production (here 90 s) has
+    # arrived; a long drain ends the run late (100 s), and a message due between the two may
+    # still sit, delivered, in a slow consumer's queue. A 10-minute run flagged 25 such.
+    out = write_run(tmp_path / "drained", 100_000, drained_due_ms=90_000,
+                    scheduled=[scheduled("waited-0", 90_000), scheduled("in-flight-0", 90_001)])
+    assert audit(spark, out)["lost"] == {"count": 1, "ids": ["waited-0"]}
 
 
 def test_the_command_exits_by_verdict_and_writes_the_report(
