@@ -21,7 +21,12 @@ CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 64 << 20),
                    ("grpc.keepalive_time_ms", 2_000), ("grpc.keepalive_timeout_ms", 2_000))
 DEFAULT_TARGET = "127.0.0.1:7400"
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                        grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED})
+                        grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
+                        grpc.StatusCode.CANCELLED})
+"""Codes a call is tried again on (every call this library makes is safe to repeat: ids make
+scheduling idempotent, cancels are). ``CANCELLED`` is among them: this library never cancels
+a call it still waits on, so one is a node that stopped (SIGTERM, a rolling restart) with the
+call open, or an older node passing that on from its leader."""
 
 
 # -- errors -----------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tickwheel.client import AsyncClient, CancelOutcome, Client, InvalidArgument, Message
 from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
+from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
 DAY_MS = 86_400_000
 
@@ -372,6 +373,55 @@ def test_a_new_leader_resends_only_what_was_not_acknowledged(tmp_path: Path) -> 
     # (the marker is flagged too: it is due within the clock-skew horizon of the takeover)
     assert [m.id for m in again] == ["h-0", "marker"]
     assert again[0].possible_duplicate
+
+
+def test_a_consumer_survives_its_node_stopping_gracefully(tmp_path: Path) -> None:
+    """SIGTERM (a rolling restart) stops the node's server with a grace period, after which
+    the streams still open are cut (gRPC says UNAVAILABLE here): the consumer reconnects to
+    the new leader and goes on."""
+    with LocalCluster(tmp_path) as fresh, Client(
+            [n.grpc_address for n in fresh.nodes], timeout_s=60) as client:
+        old = fresh.leader()
+        client.schedule("g", b"x", delay_ms=0, id="before")
+        with client.consume("g", prefetch=8) as consumer:
+            messages = iter(consumer)
+            first = next(messages)
+            first.ack()
+            fresh.signal(old, signal.SIGTERM)
+            wait_for(lambda: old.process.poll() is not None, 30, "the leader to stop")
+            client.schedule("g", b"x", delay_ms=0, id="after")
+            second = next(messages)
+    assert (first.id, second.id) == ("before", "after")
+
+
+def test_a_consumer_reconnects_when_a_node_cancels_its_stream() -> None:
+    """A 10-minute chaos run ended both of its steady consumers with CANCELLED at a node's
+    graceful restart: the library retried only UNAVAILABLE and its like. A real gRPC server
+    here cancels the first stream and serves the second."""
+    class Cancelling(pb_grpc.TickwheelServicer):
+        streams = 0
+
+        def Receive(self, request_iterator: Iterator[pb.ReceiveRequest],
+                    context: grpc.ServicerContext) -> Iterator[pb.ReceiveResponse]:
+            next(request_iterator)  # the subscription
+            self.streams += 1
+            if self.streams == 1:
+                context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")
+            yield pb.ReceiveResponse(messages=[pb.Delivered(id="after", topic="t", receipt="r")])
+            for _ in request_iterator:  # until the consumer closes its side
+                pass
+
+    servicer, server = Cancelling(), grpc.server(ThreadPoolExecutor(4))
+    pb_grpc.add_TickwheelServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with Client(f"127.0.0.1:{port}", timeout_s=10) as client, client.consume(
+                "t") as consumer:
+            assert next(iter(consumer)).id == "after"
+        assert servicer.streams == 2
+    finally:
+        server.stop(None)
 
 
 def pending_of(node: LocalNode) -> dict[str, int] | None:
