@@ -149,22 +149,15 @@ def read_schedule(command: bytes) -> tuple[list[int], list[bytes], list[bytes]]:
 
 
 def read_reschedule(command: bytes) -> Iterator[RetryRecord]:
-    for (replaces_handle, deliver_at_ms), record in _read_parts(command, _RETRY, "reschedule"):
-        yield RetryRecord(replaces_handle, deliver_at_ms, record)
-
-
-def _read_parts(command: bytes, head: struct.Struct, kind: str
-                ) -> Iterator[tuple[tuple, bytes]]:
-    """The parts of a schedule or reschedule command: each a ``head`` whose last field is the
-    size of the wheel record that follows it; yields ``(head fields but the size, record)``."""
     (count,) = _COUNT.unpack_from(command, _HEADER.size)
     pos = _HEADER.size + _COUNT.size
     for _ in range(count):
-        *fields, size = head.unpack_from(command, pos)
-        pos += head.size
-        yield tuple(fields), command[pos:pos + size]
+        replaces_handle, deliver_at_ms, size = _RETRY.unpack_from(command, pos)
+        pos += _RETRY.size
+        yield RetryRecord(replaces_handle, deliver_at_ms, command[pos:pos + size])
         pos += size
-    invariant(pos == len(command), f"{kind} command has {len(command) - pos} trailing bytes")
+    invariant(pos == len(command), f"reschedule command has {len(command) - pos} trailing "
+              "bytes")
 
 
 def read_cancel(command: bytes) -> list[int]:

@@ -158,4 +158,3 @@ class DedupeWindow:
             os.truncate(path, good)
         self._buckets[number] = bucket
         self._ids += len(bucket)
-

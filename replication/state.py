@@ -152,10 +152,7 @@ class WheelState:
                 or max(due_ms, default=latest_ms) > latest_ms):
             return self._apply_schedule_mixed(due_ms, keys, records, stamp_ms, remembered)
         # The usual entry, every message new and in time: filed column by column.
-        tags = self._tags(records)
-        handles = self.wheel.schedule_records(records, due_ms, stamp_ms, tags)
-        self.pending.add(tags)
-        self.dedupe.add_many(keys, handles, due_ms, stamp_ms)
+        handles = self._file(records, due_ms, keys, stamp_ms)
         return list(map(Scheduled, handles, due_ms, repeat(False)))
 
     def _apply_schedule_mixed(self, due_ms: list[int], keys: list[bytes],
@@ -182,13 +179,20 @@ class WheelState:
                 new_records.append(record)
                 new_due_ms.append(deliver_at_ms)
                 new_keys.append(key)
-        tags = self._tags(new_records)
-        handles = self.wheel.schedule_records(new_records, new_due_ms, stamp_ms, tags)
-        self.pending.add(tags)
-        self.dedupe.add_many(new_keys, handles, new_due_ms, stamp_ms)
+        handles = self._file(new_records, new_due_ms, new_keys, stamp_ms)
         for key, handle, deliver_at_ms in zip(new_keys, handles, new_due_ms, strict=True):
             results[first_at[key]] = Scheduled(handle, deliver_at_ms, duplicate=False)
         return [_filled(result, results, first_at) for result in results]
+
+    def _file(self, records: list[bytes], due_ms: list[int], keys: list[bytes],
+              stamp_ms: int) -> list[int]:
+        """File new messages: in the wheel under their topics' tags, counted pending, and
+        remembered by id. Returns their handles."""
+        tags = self._tags(records)
+        handles = self.wheel.schedule_records(records, due_ms, stamp_ms, tags)
+        self.pending.add(tags)
+        self.dedupe.add_many(keys, handles, due_ms, stamp_ms)
+        return handles
 
     def _tags(self, records: list[bytes]) -> list[int]:
         """The pending tag of each record's topic. Each tag handed out must be counted before

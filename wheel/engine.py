@@ -418,9 +418,7 @@ class Wheel:
             hour = second // SECONDS_PER_HOUR
             segment = self._segment(hour, create=False)
             if segment is not None and segment.heads[((second % SECONDS_PER_HOUR) << 1) + 1]:
-                units = self._passing.get(second)
-                if units is None:
-                    units = self._passing[second] = _SecondUnits()
+                units = self._passing_units(second)
                 if units.resume != _WALKED:
                     self._walk(segment, second, units, max_units)
                     return
@@ -432,9 +430,7 @@ class Wheel:
     def _units_of(self, segment: HourSegment, second: int) -> _SecondUnits:
         """The global index and tag of each message filed under ``second``, by local index:
         read to the end now if `walk_ahead` has not, and extended by what was filed since."""
-        units = self._passing.get(second)
-        if units is None:
-            units = self._passing[second] = _SecondUnits()
+        units = self._passing_units(second)
         self._walk(segment, second, units, max_units=segment.units)
         second_of_hour = second % SECONDS_PER_HOUR
         count = segment.heads[(second_of_hour << 1) + 1]
@@ -456,9 +452,7 @@ class Wheel:
         end, the units are put in local index order."""
         if units.resume == _WALKED:
             return
-        if segment.hour not in self._mapped:
-            segment.map_for_reading()
-            self._mapped.add(segment.hour)
+        self._map_for_reading(segment)
         start = (segment.heads[(second % SECONDS_PER_HOUR) << 1] if units.resume is None
                  else units.resume)
         resume = segment.walk_chain(start, 0, max_units, units.global_indexes, units.tags)
@@ -468,6 +462,18 @@ class Wheel:
             units.resume = _WALKED
         else:
             units.resume = resume
+
+    def _passing_units(self, second: int) -> _SecondUnits:
+        units = self._passing.get(second)
+        if units is None:
+            units = self._passing[second] = _SecondUnits()
+        return units
+
+    def _map_for_reading(self, segment: HourSegment) -> None:
+        """Map ``segment`` for reading, once; `_release_maps` unmaps it when passed."""
+        if segment.hour not in self._mapped:
+            segment.map_for_reading()
+            self._mapped.add(segment.hour)
 
     def count_at(self, second: int) -> int:
         """How many messages are filed under ``second`` (cancelled ones included)."""
@@ -603,9 +609,7 @@ class Wheel:
         span holds most of the hour's units and fits under ``max_window_msgs``."""
         hour = first_second // SECONDS_PER_HOUR
         segment = self._segment(hour, create=False)
-        if hour not in self._mapped:
-            segment.map_for_reading()
-            self._mapped.add(hour)
+        self._map_for_reading(segment)
         last_second = min(limit_second, (hour + 1) * SECONDS_PER_HOUR - 1)
         base_second = hour * SECONDS_PER_HOUR
         window = self._window
@@ -747,7 +751,6 @@ def _open_hours_within_fd_limit(max_open_hours: int) -> int:
     return fitting
 
 
-
 _WALKED = -1
 """`_SecondUnits.resume` once the whole chain is read."""
 
@@ -762,6 +765,7 @@ class _SecondUnits:
     global_indexes: array = field(default_factory=lambda: array("I"))
     tags: array = field(default_factory=lambda: array("H"))
     resume: int | None = None
+
 
 def _hour_runs(slots: list[int]) -> Iterator[tuple[int, int, int]]:
     """``(hour, start, end)`` for each run of consecutive ``slots`` in the same hour; one run

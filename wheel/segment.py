@@ -238,8 +238,7 @@ class HourSegment:
     def scan(self) -> Iterator[tuple[int, ...]]:
         """Every unit of the hour in index order (the same fields as `read_unit`): one
         sequential read instead of a chain walk per second, for loading most of an hour."""
-        if not self._mapped or len(self._index_map or b"") < self._flushed_units * UNIT_SIZE:
-            self.map_for_reading()
+        self._map_flushed_index()
         global_index = 0
         for data in (self._index_map or b"", self._pending_index):
             view = memoryview(data)
@@ -257,9 +256,7 @@ class HourSegment:
         if a unit fails its CRC or does not point to an older one."""
         invariant(global_index < self.units, f"chain walk from unit {global_index} of "
                   f"{self.units}")
-        if self._flushed_units and (not self._mapped or self._index_map is None
-                                    or len(self._index_map) < self._flushed_units * UNIT_SIZE):
-            self.map_for_reading()
+        self._map_flushed_index()
         mapped, pending, flushed = self._index_map, self._pending_index, self._flushed_units
         unpack, crc32, body_size = UNIT_AND_CRC.unpack_from, zlib.crc32, UNIT.size
         add_global, add_tag = global_indexes.append, tags.append
@@ -279,6 +276,11 @@ class HourSegment:
             global_index = fields[4]
             max_units -= 1
         return global_index
+
+    def _map_flushed_index(self) -> None:
+        """Map (again) unless the index map covers every flushed unit."""
+        if not self._mapped or len(self._index_map or b"") < self._flushed_units * UNIT_SIZE:
+            self.map_for_reading()
 
     def chain(self, second_of_hour: int) -> Iterator[tuple[int, ...]]:
         """The units filed under ``second_of_hour``, newest first (the chain of seed 003)."""
