@@ -169,14 +169,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--consumers", type=int, default=2)
     parser.add_argument("--rates", default="1000,5000,20000")
     parser.add_argument("--only", choices=PHASES, help="run one phase (figures keep their keys)")
+    parser.add_argument("--insecure-raft", action="store_true",
+                        help="Raft links in the clear, to measure what their encryption costs")
     args = parser.parse_args(argv)
     batched_total = 40_000 if args.quick else 400_000
     single_s = 2.0 if args.quick else 10.0
     due_s = 2.0 if args.quick else 10.0
-    figures: dict = {}
+    figures: dict = {"raft_links": "insecure" if args.insecure_raft else "secret"}
     with tempfile.TemporaryDirectory(prefix="tickwheel-node-bench-") as root:
         if args.only in (None, "schedule"):
-            with LocalCluster(Path(root) / "schedule") as cluster:
+            with LocalCluster(Path(root) / "schedule", insecure_raft=args.insecure_raft
+                              ) as cluster:
                 cluster.leader(30)
                 figures["grpc_schedule_msgs_per_s"] = round(schedule_batched(
                     cluster, batched_total, args.producers, args.threads, args.batch))
@@ -185,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         rates = [] if args.only == "schedule" else [int(r) for r in args.rates.split(",")]
         for rate in rates:
             # A fresh cluster per rate: nothing left over from the previous load.
-            with LocalCluster(Path(root) / f"due{rate}") as cluster:
+            with LocalCluster(Path(root) / f"due{rate}", insecure_raft=args.insecure_raft
+                              ) as cluster:
                 cluster.leader(30)
                 run = lateness_at(cluster, rate, due_s, args.consumers)
             for key in ("p50", "p99", "max"):

@@ -312,7 +312,12 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--metrics-listen", help="HOST:PORT, or '' for none")
     serve.add_argument("--data", type=Path)
     serve.add_argument("--fsync", action="store_true", default=None)
-    serve.add_argument("--password")
+    serve.add_argument("--raft-secret-file", type=Path,
+                       help="the cluster's shared Raft secret, from this file (or "
+                            "TICKWHEEL_RAFT_SECRET; never on the command line)")
+    serve.add_argument("--insecure-raft", action="store_true", default=None,
+                       help="run a cluster's Raft links without a secret: anyone who can "
+                            "reach the port can join it")
     serve.add_argument("--clock-skew-ms", type=int, help="fault injection only")
     serve.add_argument("--clock-skew-allowance-ms", type=int,
                        help="the largest clock difference between members a hand-over "

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -48,6 +48,9 @@ _POD_FIELDS = ("pod_name", "replicas", "peer_service", "namespace")
 _POD_KNOB_FIELDS = ("cluster_domain", "peer_host_template", "raft_port", "grpc_port",
                     "port_stride", "listen_host")
 _DERIVED_FIELDS = ("raft_address", "members", "raft_listen", "grpc_listen")
+MIN_SECRET_BYTES = 16
+"""The shortest Raft secret a node accepts: it keys every link, and a short one can be
+guessed from one recorded handshake."""
 
 
 def _address(value: str) -> str:
@@ -77,8 +80,20 @@ class NodeSettings(BaseSettings):
     """Where to serve Prometheus ``/metrics``; empty to serve none."""
     data: Path = Path("data")
     fsync: bool = False
-    password: str | None = None
-    """Shared secret that encrypts Raft traffic (pysyncobj); the same on every member."""
+    raft_secret: SecretStr | None = None
+    """The cluster's shared Raft secret, the same on every member (at least
+    ``MIN_SECRET_BYTES``; ``openssl rand -base64 32`` makes a good one). Only from the
+    environment (``TICKWHEEL_RAFT_SECRET``) or the TOML file: there is no flag, because a
+    process's arguments are visible to every user of the machine (``ps``). Secrets are
+    separated by white space: during a rotation give two, the one to dial with first; links
+    are accepted with either (docs/security.md)."""
+    raft_secret_file: Path | None = None
+    """A file holding the Raft secret(s), as ``raft_secret``: a Kubernetes Secret's mount, or
+    what ``tickwheel cluster up`` writes."""
+    insecure_raft: bool = False
+    """Run a cluster's Raft links without a secret, in the clear: anyone who can reach the
+    Raft port can join, read every message and rewrite the log. Logged loudly; never needed by
+    a single node, which locks its port with a random secret of its own."""
     clock_skew_ms: int = 0
     """Fault injection only: offsets this node's clock."""
     clock_skew_allowance_ms: int = DispatchConfig().clock_skew_allowance_ms
@@ -208,6 +223,41 @@ class NodeSettings(BaseSettings):
                              f"max_delay_ms {self.max_delay_ms}")
         return self
 
+    @model_validator(mode="after")
+    def _check_raft_secret(self) -> NodeSettings:
+        """A cluster of more than one member runs with a secret of at least
+        ``MIN_SECRET_BYTES``, unless ``insecure_raft`` says otherwise on purpose."""
+        if self.raft_secret is not None and self.raft_secret_file is not None:
+            raise ValueError("raft_secret and raft_secret_file both given: give one")
+        secrets = self.raft_secrets()
+        if secrets and self.insecure_raft:
+            raise ValueError("insecure_raft with a Raft secret: drop one of them")
+        for secret in secrets:
+            if len(secret) < MIN_SECRET_BYTES:
+                raise ValueError(f"a Raft secret has {len(secret)} bytes, fewer than "
+                                 f"{MIN_SECRET_BYTES} (make one with: openssl rand -base64 32)")
+        if (self.raft_secret is not None or self.raft_secret_file is not None) and not secrets:
+            raise ValueError("the Raft secret is empty")
+        if not secrets and len(self.member_map()) > 1 and not self.insecure_raft:
+            raise ValueError(
+                f"a cluster of {len(self.member_map())} members needs a Raft secret, the "
+                "same on every member: --raft-secret-file FILE or TICKWHEEL_RAFT_SECRET "
+                "(make one with: openssl rand -base64 32); --insecure-raft runs the cluster "
+                "open to anyone who can reach its Raft port")
+        return self
+
+    def raft_secrets(self) -> tuple[bytes, ...]:
+        """The Raft secrets as given, the one to dial with first; none if none is given."""
+        if self.raft_secret is not None:
+            return tuple(self.raft_secret.get_secret_value().encode().split())
+        if self.raft_secret_file is None:
+            return ()
+        try:
+            return tuple(self.raft_secret_file.read_bytes().split())
+        except OSError as error:
+            raise ValueError(f"raft_secret_file {self.raft_secret_file}: "
+                             f"{error.strerror}") from None
+
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(parse_levels(self.delay_levels), self.retry_start_level,
                            self.max_attempts)
@@ -230,7 +280,8 @@ class NodeSettings(BaseSettings):
 
     def replica_config(self) -> ReplicaConfig:
         return ReplicaConfig(
-            raft=RaftConfig(fsync=self.fsync, password=self.password,
+            raft=RaftConfig(fsync=self.fsync, secrets=self.raft_secrets(),
+                            insecure=self.insecure_raft,
                             bind_address=self.raft_listen,
                             snapshot_min_entries=self.snapshot_min_entries),
             dispatch=DispatchConfig(max_inflight_msgs=self.max_inflight_msgs,

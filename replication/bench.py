@@ -140,13 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--pending", type=int, default=1_000_000)
+    parser.add_argument("--insecure-raft", action="store_true",
+                        help="Raft links in the clear, to measure what their encryption costs")
     args = parser.parse_args(argv)
     saturated_total = 20_000 if args.quick else 200_000
     latency_s = 2.0 if args.quick else 10.0
     kills = 1 if args.quick else args.kills
     pending = 20_000 if args.quick else args.pending
     with tempfile.TemporaryDirectory(prefix="tickwheel-bench-") as root:
-        with LocalCluster(Path(root) / "rates") as cluster:
+        with LocalCluster(Path(root) / "rates", insecure_raft=args.insecure_raft) as cluster:
             figures = {"schedule_msgs_per_s": round(saturated(cluster, saturated_total,
                                                               args.clients, args.batch))}
             p50, p99 = commit_latency(cluster, latency_s)
@@ -155,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
                 times = failover(cluster, kills)
             figures |= {"failover_to_first_delivery_s": round(statistics.median(times), 3),
                         "failover_runs_s": [round(t, 3) for t in times]}
-        with LocalCluster(Path(root) / "pending") as cluster:
+        with LocalCluster(Path(root) / "pending", insecure_raft=args.insecure_raft) as cluster:
             figures |= pending_figures(cluster, pending, args.clients)
     figures["pending_msgs"] = pending
+    figures["raft_links"] = "insecure" if args.insecure_raft else "secret"
     if args.json:
         print(json.dumps(figures, indent=2))
     else:

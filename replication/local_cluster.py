@@ -3,12 +3,17 @@
 Each node is ``python -m tickwheel.node serve`` (the ``tickwheel serve`` command) in its own
 process with its own data folder, as a user would start it; this module only starts, signals and
 stops those processes (by PID) and talks to them over their public gRPC API.
+
+The nodes share a random Raft secret, kept in ``ROOT/raft.secret`` (readable by its owner only;
+an existing one is reused, so a cluster restarted on the same folder finds its members again)
+and handed to each node as a file, never on its command line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -48,6 +53,16 @@ def wait_for(condition: Callable[[], object], timeout_s: float, what: str,
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(poll_s)
+
+
+def ensure_secret(path: Path) -> Path:
+    """A file holding a random Raft secret, readable by its owner only; kept if it exists."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(secrets.token_urlsafe(32) + "\n")
+    return path
 
 
 @dataclass
@@ -96,7 +111,8 @@ class LocalCluster:
     """
 
     def __init__(self, root: Path, size: int = 3, extra_args: tuple[str, ...] = (), *,
-                 base_port: int | None = None, metrics: bool = False) -> None:
+                 base_port: int | None = None, metrics: bool = False,
+                 insecure_raft: bool = False) -> None:
         if base_port is None:
             ports = free_ports(3 * size)
             grpc_ports, raft_ports, metrics_ports = (ports[:size], ports[size:2 * size],
@@ -106,7 +122,9 @@ class LocalCluster:
             raft_ports = [base_port + 100 + i for i in range(size)]
             metrics_ports = [base_port + 2000 + i for i in range(size)]
         self.root = root
-        self.extra_args = extra_args
+        self.extra_args = (("--insecure-raft",) if insecure_raft
+                           else ("--raft-secret-file", str(ensure_secret(root / "raft.secret")))
+                           ) + tuple(extra_args)
         self.nodes = [LocalNode(f"127.0.0.1:{raft_ports[i]}", f"127.0.0.1:{grpc_ports[i]}",
                                 root / f"node{i}", root / f"node{i}.log",
                                 f"127.0.0.1:{metrics_ports[i]}" if metrics else None)

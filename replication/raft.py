@@ -21,6 +21,15 @@ What pysyncobj 0.3.17 does, and what this module does about it (see ``docs/repli
   with a majority of yes does pysyncobj's real election (and the term increment) go ahead. A
   peer says no while it has heard from a leader within ``election_min_ms`` or when the asker's
   log is behind its own.
+- *Its wire is pickle, open to anyone who can reach the port* (code execution, 2 GiB frame
+  announcements buffered before any check, a ``status`` answer for strangers, binding
+  ``0.0.0.0`` whatever the address). Its TCP connection and server are replaced by
+  `tickwheel.replication.wire`'s: a handshake on the cluster's shared secret, AES-GCM frames
+  of bounded size, and an unpickler that builds plain data only; the transport answers members
+  only (no utility commands, no read-only nodes) and listens on exactly the node's address (or
+  ``bind_address``). A cluster of more than one node needs the secret or an explicit
+  ``insecure``; a node alone gets a random one, so nobody can join it. PreVote messages are
+  checked field by field before use.
 - *Nothing is fsynced.* The ``fsync`` option makes the journal ``msync`` every entry before it is
   acknowledged and makes snapshots ``fsync`` the state files they name; see the docs for what
   survives power loss with and without it.
@@ -28,21 +37,25 @@ What pysyncobj 0.3.17 does, and what this module does about it (see ``docs/repli
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pysyncobj.pickle
+import pysyncobj.poller
 import pysyncobj.syncobj
 import pysyncobj.tcp_connection
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.journal import FileJournal
 from pysyncobj.monotonic import monotonic as raft_clock_s
+from pysyncobj.transport import TCPTransport
+from tickwheel.replication import link_protocol, wire
+from tickwheel.wheel.errors import invariant
 
 log = logging.getLogger("tickwheel.replication")
 
@@ -55,6 +68,13 @@ proposed, once per follower in each AppendEntries, and again when each replica a
 (~1 us a 140-byte message on the leader, 100 times protocol 5's cost). Any node reads any
 protocol, so nodes that differ here still understand each other."""
 setattr(pysyncobj.pickle, "__protocol", PICKLE_PROTOCOL)  # process-wide, as pysyncobj's is
+# Everything pysyncobj unpickles (commands as it applies them, snapshot chunks) is plain data:
+# its own loader would build any class a pickle names, and falls back to an unrestricted
+# pure-Python one on error. Process-wide, through the module pysyncobj calls.
+pysyncobj.pickle.loads = lambda data: link_protocol.safe_loads(pysyncobj.pickle.to_bytes(data))
+pysyncobj.pickle.load = lambda file: link_protocol.safe_load(file, frozenset())
+_SNAPSHOT_CLASSES = frozenset({("pysyncobj.node", "TCPNode")})
+"""What a snapshot file names besides plain data: pysyncobj's member list."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +100,17 @@ class RaftConfig:
     """...or this long after the last one, whichever comes first."""
     max_entry_bytes: int = 256 << 10
     """Group commit packs messages into entries of at most this size."""
-    password: str | None = None
-    """Encrypts and authenticates Raft traffic (which is pickle): always set it outside tests."""
+    secrets: tuple[bytes, ...] = ()
+    """The cluster's shared secret: only nodes that know it can join, and it keys the
+    encryption of every link (`tickwheel.replication.wire`). Required with peers unless
+    ``insecure``. During a rotation, more than one: links are dialled with the first and
+    accepted with any."""
+    insecure: bool = False
+    """Run the links without a secret, in the clear: anyone who reaches the port can join."""
+    handshake_timeout_ms: int = 5_000
+    """A link that has not proven it knows the secret within this long is dropped."""
+    max_unauthenticated_links: int = 16
+    """Links accepted but not yet authenticated; a new one pushes out the oldest."""
     fsync: bool = False
     """msync the journal on every entry and fsync state files at snapshots (slower)."""
     dns_cache_ms: int = 5_000
@@ -91,13 +120,22 @@ class RaftConfig:
     """Kernel send and receive buffers of each Raft link (and pysyncobj's read size).
     pysyncobj's 64 KiB took a 256 KiB entry in several partial sends, and each one copied the
     rest of its write buffer: that copying was a third of a busy leader's Raft thread."""
-    wire_compression_level: int = 0
-    """zlib level of every message to a peer. pysyncobj compresses at level 3, twice per
-    entry on a leader of three: 1.4 us per 100-byte message and follower, 4.5 us when bodies do
-    not compress, on a loaded core; 0 stores the bytes (any pysyncobj peer still reads them)."""
     bind_address: str | None = None
     """Where to listen for peers when it is not the node's own address (its identity): a
-    container binding ``0.0.0.0``, or a proxy standing in front of the node."""
+    container binding ``0.0.0.0``, or a proxy standing in front of the node. Without it the
+    node listens on exactly its own address."""
+
+    @property
+    def append_batch_bytes(self) -> int:
+        """The most entry bytes one append message carries (pysyncobj may add one entry more);
+        above the largest entry one message can make, so nothing is ever split."""
+        return max(MAX_MESSAGE_ENTRY_BYTES, 2 * self.max_entry_bytes)
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame a member may send: a full append message (twice the batch, at
+        worst) with pickling's overhead on small entries."""
+        return 4 * self.append_batch_bytes
 
     @property
     def lease_ms(self) -> int:
@@ -109,6 +147,27 @@ class RaftConfig:
         if not 3 * self.heartbeat_ms < self.election_min_ms < self.election_max_ms:
             raise ValueError("RaftConfig needs 3 * heartbeat_ms < election_min_ms < "
                              "election_max_ms")
+        if self.insecure and self.secrets:
+            raise ValueError("RaftConfig: insecure and a secret exclude each other")
+
+    def link_settings(self, has_peers: bool) -> link_protocol.LinkSettings:
+        """The links' settings: with peers, the secret (or none, insecure, only when asked);
+        alone, a random secret nobody else has."""
+        if has_peers and not self.secrets and not self.insecure:
+            raise InsecureCluster("a cluster with peers needs a Raft secret, or insecure "
+                                  "set on purpose")
+        secrets = (b"",) if self.insecure else (self.secrets or (os.urandom(32),))
+        return link_protocol.LinkSettings(
+            secrets=secrets, insecure=self.insecure, max_frame_bytes=self.max_frame_bytes,
+            handshake_timeout_ms=self.handshake_timeout_ms,
+            max_unauthenticated=self.max_unauthenticated_links,
+            idle_timeout_ms=max(self.connection_timeout_ms, self.election_max_ms),
+            send_buffer_bytes=self.socket_buffer_bytes,
+            recv_buffer_bytes=self.socket_buffer_bytes)
+
+
+class InsecureCluster(ValueError):
+    """Peers without a secret, and insecure not asked for."""
 
 
 Serializer = Callable[[str, tuple], None]
@@ -123,11 +182,17 @@ class RaftNode(SyncObj):
                  ) -> None:
         self._apply_command = apply
         self._peer_addresses = list(peers)
+        links = config.link_settings(has_peers=bool(peers))
+        if config.insecure:
+            log.warning("event=raft_insecure peers=%d: Raft links run without a secret, in "
+                        "the clear: anyone who can reach %s can join this cluster, read "
+                        "every message and rewrite its log", len(peers),
+                        config.bind_address or self_address)
         conf = SyncObjConf(
             autoTick=False,
             appendEntriesUseBatch=False,
             appendEntriesPeriod=config.heartbeat_ms / 1000,
-            appendEntriesBatchSizeBytes=max(MAX_MESSAGE_ENTRY_BYTES, 2 * config.max_entry_bytes),
+            appendEntriesBatchSizeBytes=config.append_batch_bytes,
             sendBufferSize=config.socket_buffer_bytes,
             recvBufferSize=config.socket_buffer_bytes,
             raftMinTimeout=config.election_min_ms / 1000,
@@ -141,7 +206,6 @@ class RaftNode(SyncObj):
             fullDumpFile=str(raft_dir / "snapshot"),
             serializer=snapshot[0],
             deserializer=snapshot[1],
-            password=config.password,
             bindAddress=config.bind_address,
             # pysyncobj caches a peer's address for 600 s; a restarted pod comes back with a
             # new IP under the same name, and only one side of a link ever dials.
@@ -150,8 +214,6 @@ class RaftNode(SyncObj):
             commandsWaitLeader=False,
         )
         raft_dir.mkdir(parents=True, exist_ok=True)
-        # pysyncobj has no compression option; the module it calls is the only seam.
-        pysyncobj.tcp_connection.zlib = _WireZlib(config.wire_compression_level)
         # pysyncobj has no journal option; its module-level factory is the only seam.
         original, pysyncobj.syncobj.createJournal = (pysyncobj.syncobj.createJournal,
                                                      _MsyncJournal if config.fsync
@@ -161,7 +223,8 @@ class RaftNode(SyncObj):
         self._stale_leader_heard_s = -float("inf")
         self._pre_vote = _PreVoteRound(0, set())
         try:
-            super().__init__(self_address, peers, conf)
+            super().__init__(self_address, peers, conf,
+                             transportClass=functools.partial(_LinkTransport, links=links))
         finally:
             pysyncobj.syncobj.createJournal = original
         self._SyncObj__transport.setOnMessageReceivedCallback(self._on_message)
@@ -225,9 +288,15 @@ class RaftNode(SyncObj):
         log.info("event=pre_vote_started round=%d term=%d", self._pre_vote.number,
                  self.raftCurrentTerm + 1)
 
-    def _on_message(self, node: object, message: dict) -> None:
-        """Every Raft message comes here first: PreVote's own, and what it must notice."""
-        kind = message.get("type")
+    def _on_message(self, node: object, message: object) -> None:
+        """Every Raft message comes here first: PreVote's own, and what it must notice.
+        PreVote's messages are checked field by field first (a malformed one is dropped and
+        logged); pysyncobj's own come from authenticated members only."""
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind in _SHAPES and not _well_formed(message, _SHAPES[kind]):
+            log.warning("event=raft_message_malformed type=%s peer=%s fields=%r", kind, node,
+                        sorted(map(repr, message))[:8])
+            return
         if kind == _PRE_VOTE:
             self._SyncObj__transport.send(node, {"type": _PRE_VOTE_REPLY,
                                                  "round": message["round"],
@@ -274,6 +343,70 @@ class RaftNode(SyncObj):
 
 _PRE_VOTE = "tickwheel_pre_vote"
 _PRE_VOTE_REPLY = "tickwheel_pre_vote_reply"
+_SHAPES: dict[str, dict[str, type]] = {
+    _PRE_VOTE: {"round": int, "term": int, "last_log_index": int, "last_log_term": int},
+    _PRE_VOTE_REPLY: {"round": int, "granted": bool},
+    "append_entries": {"term": int},
+}
+"""The fields `RaftNode._on_message` reads, and their exact types."""
+
+
+def _well_formed(message: dict, shape: dict[str, type]) -> bool:
+    return all(type(message.get(name)) is kind for name, kind in shape.items())
+
+
+class _LinkTransport(TCPTransport):
+    """pysyncobj's TCP transport on `wire.Link`s: it listens on exactly its address, and a
+    link counts only once it has proven the secret and named a member. pysyncobj's utility
+    commands (``status``, ``add``, ...) and read-only nodes are not offered."""
+
+    def __init__(self, syncObj: SyncObj, selfNode: object, otherNodes: object, *,
+                 links: link_protocol.LinkSettings) -> None:
+        self._links = links
+        super().__init__(syncObj, selfNode, otherNodes)
+
+    def _createServer(self) -> None:
+        address = self._syncObj.conf.bindAddress or self._selfNode.address
+        host, port = address.rsplit(":", 1)
+        self._server = wire.LinkServer(self._syncObj._poller, host, int(port),
+                                       self._onNewIncomingConnection, self._links)
+
+    def addNode(self, node: object) -> None:
+        self._nodes.add(node)
+        self._nodeAddrToNode[node.address] = node
+        if self._shouldConnect(node):
+            link = wire.Link(self._syncObj._poller, self._links)
+            link.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, link))
+            link.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+            link.setOnDisconnectedCallback(functools.partial(self._onDisconnected, link))
+            self._connections[node] = link
+
+    def _onIncomingMessageReceived(self, conn: wire.Link, message: object) -> None:
+        """The first message of an accepted, authenticated link: the member it comes from."""
+        self._unknownConnections.discard(conn)
+        node = self._nodeAddrToNode.get(message) if isinstance(message, str) else None
+        if node is None:
+            conn.refuse("not_a_member", claimed=repr(message)[:100])
+            return
+        self._connections[node] = conn
+        conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+        self._onNodeConnected(node)
+
+    def _onTick(self) -> None:
+        super()._onTick()
+        now_s = time.monotonic()
+        for link in [*self._connections.values(), *self._unknownConnections]:
+            link.check_deadlines(now_s)
+
+
+invariant((wire.DISCONNECTED, wire.CONNECTING, wire.CONNECTED) == (
+    pysyncobj.tcp_connection.CONNECTION_STATE.DISCONNECTED,
+    pysyncobj.tcp_connection.CONNECTION_STATE.CONNECTING,
+    pysyncobj.tcp_connection.CONNECTION_STATE.CONNECTED),
+    "the link layer speaks pysyncobj's connection states by value")
+invariant((wire.READ, wire.WRITE, wire.ERROR) == (
+    pysyncobj.poller.POLL_EVENT_TYPE.READ, pysyncobj.poller.POLL_EVENT_TYPE.WRITE,
+    pysyncobj.poller.POLL_EVENT_TYPE.ERROR), "the link layer speaks pysyncobj's poller events")
 
 
 @dataclass(slots=True)
@@ -284,17 +417,6 @@ class _PreVoteRound:
     """A majority said yes: pysyncobj may campaign in the next tick."""
     spent: bool = False
     """Won already: later yeses of the same round must not start a second election."""
-
-
-class _WireZlib:
-    """What pysyncobj's connections use as ``zlib``: compress at our level, not theirs."""
-
-    def __init__(self, level: int) -> None:
-        self._level = level
-        self.decompress = zlib.decompress
-
-    def compress(self, data: bytes, _level: int) -> bytes:
-        return zlib.compress(data, self._level)
 
 
 class _MsyncJournal(FileJournal):
@@ -320,8 +442,10 @@ def write_snapshot(path: str, manifest: object, raft_tail: tuple, fsync: bool) -
 
 
 def read_snapshot(path: str) -> tuple[object, tuple]:
+    """Plain data and pysyncobj's member list; any other class named in the file is refused
+    (the file comes from the leader)."""
     with open(path, "rb") as file:
-        return pickle.load(file)
+        return link_protocol.safe_load(file, _SNAPSHOT_CLASSES)
 
 
 def fsync_files(paths: list[Path]) -> None:

@@ -12,6 +12,7 @@ ratios are steadier than the absolute figures.
 from __future__ import annotations
 
 import argparse
+import gc
 import heapq
 import json
 import random
@@ -50,6 +51,7 @@ def _bytes_named(root: Path, name: str) -> int:
 
 def run(count: int, days: int, root: Path) -> dict[str, float | None]:
     span_ms = days * 86_400_000
+    gc.collect()  # garbage left by earlier work must not be freed inside the measurement
     rss_before_kib = _rss_kib()
     wheel = Wheel.open(root)
     insert_s = 0.0

@@ -38,7 +38,7 @@ KUBECTL = shutil.which("kubectl")
 DATA_PATH = "/var/lib/tickwheel"
 GRPC_PORT = 7400
 METRICS_PORT = 9400
-PASSWORD_SECRET = ("tickwheel-raft", "password")
+RAFT_SECRET = ("tickwheel-raft", "secret")
 
 
 def kubectl_kustomize(directory: Path) -> list[Manifest]:
@@ -207,7 +207,7 @@ def test_peers_find_each_other_before_they_are_ready_and_clients_reach_ready_nod
         assert config["TICKWHEEL_METRICS_LISTEN"] == f"0.0.0.0:{METRICS_PORT}", name
 
 
-def test_settings_come_from_the_configmap_and_the_password_from_a_secret(
+def test_settings_come_from_the_configmap_and_the_raft_secret_from_a_secret(
         rendered: dict[str, list[Manifest]]) -> None:
     settings = {f"TICKWHEEL_{name.upper()}" for name in NodeSettings.model_fields}
     for name, objects in rendered.items():
@@ -220,12 +220,10 @@ def test_settings_come_from_the_configmap_and_the_password_from_a_secret(
             "metadata.name")
         assert env["TICKWHEEL_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == (
             "metadata.namespace")
-        secret_ref = env["TICKWHEEL_PASSWORD"]["valueFrom"]["secretKeyRef"]
-        assert (secret_ref["name"], secret_ref["key"]) == PASSWORD_SECRET, name
-        assert "TICKWHEEL_PASSWORD" not in config, name
-    assert "Secret" not in by_kind(rendered["overlays/prod"]), "prod must not ship a password"
-    dev_secret = one(rendered["overlays/dev"], "Secret", PASSWORD_SECRET[0])
-    assert set(dev_secret["data"]) == {PASSWORD_SECRET[1]}
+        secret_ref = env["TICKWHEEL_RAFT_SECRET"]["valueFrom"]["secretKeyRef"]
+        assert (secret_ref["name"], secret_ref["key"]) == RAFT_SECRET, name
+        assert "TICKWHEEL_RAFT_SECRET" not in config, name
+        assert "Secret" not in by_kind(objects), f"{name} must not ship a Raft secret"
 
 
 # -- the image --------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import doctest
 import os
+import secrets as secrets_module
 import signal
 import socket
 import subprocess
@@ -34,7 +35,8 @@ from . import kustomize_lite
 
 PROD = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "overlays" / "prod"
 POD_ENV = {"TICKWHEEL_POD_NAME": "tickwheel-1", "TICKWHEEL_REPLICAS": "3",
-           "TICKWHEEL_PEER_SERVICE": "tickwheel-peers", "TICKWHEEL_NAMESPACE": "prod"}
+           "TICKWHEEL_PEER_SERVICE": "tickwheel-peers", "TICKWHEEL_NAMESPACE": "prod",
+           "TICKWHEEL_RAFT_SECRET": "a-secret-for-settings-tests-only"}
 PEERS = "tickwheel-peers.prod.svc.cluster.local"
 FORM_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -270,7 +272,7 @@ def test_three_pods_with_the_statefulset_environment_form_one_cluster_and_serve(
     knobs = {"TICKWHEEL_PEER_HOST_TEMPLATE": "127.0.0.1", "TICKWHEEL_LISTEN_HOST": "127.0.0.1",
              "TICKWHEEL_GRPC_PORT": str(first_port), "TICKWHEEL_RAFT_PORT": str(first_port + 1),
              "TICKWHEEL_PORT_STRIDE": "2", "TICKWHEEL_METRICS_LISTEN": ""}
-    secrets = {("tickwheel-raft", "password"): "test-only-password"}
+    secrets = {("tickwheel-raft", "secret"): secrets_module.token_urlsafe(32)}
     grpc_addresses = [f"127.0.0.1:{first_port + 2 * i}" for i in range(replicas)]
     logs = [tmp_path / f"tickwheel-{i}.log" for i in range(replicas)]
     processes: list[subprocess.Popen] = []

@@ -73,8 +73,11 @@ def test_serve_with_no_configuration_runs_a_single_node_cluster_in_dot_data(
 def test_flags_override_the_environment_which_overrides_the_toml_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "node.toml"
+    secret = tmp_path / "raft.secret"
+    secret.write_text("a-secret-for-settings-tests-only\n")
     config.write_text('raft_address = "10.0.0.1:7500"\n'
                       'members = ["10.0.0.1:7500=10.0.0.1:7400", "10.0.0.2:7500=10.0.0.2:7400"]\n'
+                      f'raft_secret_file = "{secret}"\n'
                       'max_body_bytes = 1000\nvisibility_timeout_ms = 5000\n')
     monkeypatch.setenv("TICKWHEEL_MAX_BODY_BYTES", "2000")
     monkeypatch.setenv("TICKWHEEL_DATA", "/srv/tw")
@@ -84,6 +87,7 @@ def test_flags_override_the_environment_which_overrides_the_toml_file(
     assert str(settings.data) == "/srv/tw"
     assert settings.member_map()["10.0.0.2:7500"] == "10.0.0.2:7400"
     assert settings.listen() == "10.0.0.1:7400"
+    assert settings.raft_secrets() == (b"a-secret-for-settings-tests-only",)
     monkeypatch.setenv("TICKWHEEL_MEMBERS", "10.0.0.9:7500=10.0.0.9:7400")
     with pytest.raises(ValidationError, match="not among members"):
         load(config, {})

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 import time
-import zlib
 from pathlib import Path
 
 import pysyncobj.pickle
+import pysyncobj.syncobj
 import pytest
 from pysyncobj.monotonic import monotonic as raft_clock_s
 from tickwheel.replication import commands
 from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import GroupCommitter
-from tickwheel.replication.raft import PICKLE_PROTOCOL, RaftNode, _WireZlib
+from tickwheel.replication.raft import PICKLE_PROTOCOL, RaftNode
 from tickwheel.replication.state import Rejected, Retried, Scheduled, StateConfig, WheelState
 from tickwheel.wheel import CancelOutcome, Cursor, NewMessage
 from tickwheel.wheel.errors import InvariantViolation, NotLeader
@@ -344,12 +345,25 @@ def test_pending_counts_follow_schedules_cancels_and_the_cursor_and_come_back_fr
     state.close()
 
 
-def test_the_wire_compression_seam_still_exists_and_what_it_writes_reads_back() -> None:
-    # pysyncobj 0.3.17 compresses each message with the module-level zlib it imported.
-    source = Path(__import__("pysyncobj.tcp_connection").tcp_connection.__file__).read_text()
-    assert "data = zlib.compress(pickle.dumps(message), 3)" in source
-    data = b"x" * 1_000
-    assert zlib.decompress(_WireZlib(0).compress(data, 3)) == data
+class _Marker:
+    """Unpickling this would call ``os.system``: what an attacker's pickle does."""
+
+    def __reduce__(self) -> tuple:
+        return (os.system, ("touch /tmp/tickwheel-should-never-exist",))
+
+
+def test_what_pysyncobj_unpickles_is_plain_data_only() -> None:
+    # pysyncobj applies commands and loads snapshot chunks through its pickle module's loads,
+    # which would build any class (and fall back to an unrestricted loader on error).
+    source = Path(pysyncobj.syncobj.__file__).read_text()
+    assert "import pysyncobj.pickle as pickle" in source
+    assert "command = pickle.loads(command[1:])" in source
+    plain = (7, (b"command", "text", 1.5, None, True, {1, 2}), {"key": [1, 2]})
+    assert pysyncobj.pickle.loads(pickle.dumps(plain, protocol=5)) == plain
+    for protocol in (2, 5):
+        with pytest.raises(pickle.UnpicklingError, match=r"posix\.system"):
+            pysyncobj.pickle.loads(pickle.dumps(_Marker(), protocol=protocol))
+    assert not Path("/tmp/tickwheel-should-never-exist").exists()
 
 
 def test_pysyncobj_pickles_with_a_protocol_that_carries_bytes_as_bytes() -> None:

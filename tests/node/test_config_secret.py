@@ -1,0 +1,73 @@
+"""Where a node's Raft secret may come from, and what it refuses (no processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from tickwheel.node.config import NodeSettings
+
+THREE = ["127.0.0.1:7500=127.0.0.1:7400", "127.0.0.1:7501=127.0.0.1:7401",
+         "127.0.0.1:7502=127.0.0.1:7402"]
+SECRET = "Zm9yLXRlc3RzLW9ubHktMzItYnl0ZXMtb2YtcmFuZG9t"
+
+
+@pytest.fixture(autouse=True)
+def no_tickwheel_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TICKWHEEL_RAFT_SECRET", "TICKWHEEL_RAFT_SECRET_FILE",
+                 "TICKWHEEL_INSECURE_RAFT", "TICKWHEEL_MEMBERS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_secret_file_s_white_space_is_not_part_of_the_secret(tmp_path: Path) -> None:
+    path = tmp_path / "raft.secret"
+    path.write_text(f"  {SECRET}\n")
+    settings = NodeSettings(members=THREE, raft_secret_file=path)
+    assert settings.raft_secrets() == (SECRET.encode(),)
+    assert settings.replica_config().raft.secrets == (SECRET.encode(),)
+
+
+def test_during_a_rotation_two_secrets_are_given_the_one_to_dial_with_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TICKWHEEL_RAFT_SECRET", f"{SECRET}-new {SECRET}")
+    settings = NodeSettings(members=THREE)
+    assert settings.raft_secrets() == (f"{SECRET}-new".encode(), SECRET.encode())
+
+
+def test_a_cluster_without_a_secret_is_refused_and_told_how_to_fix_it() -> None:
+    with pytest.raises(ValidationError, match="needs a Raft secret") as raised:
+        NodeSettings(members=THREE)
+    assert "--raft-secret-file" in str(raised.value)
+    assert "--insecure-raft" in str(raised.value)
+
+
+def test_a_node_alone_needs_no_secret_and_insecure_must_be_asked_for() -> None:
+    assert NodeSettings().raft_secrets() == ()
+    assert NodeSettings().replica_config().raft.insecure is False
+    assert NodeSettings(members=THREE, insecure_raft=True).replica_config().raft.insecure
+
+
+@pytest.mark.parametrize(("given", "error"), [
+    ({"raft_secret": "short"}, "fewer than 16"),
+    ({"raft_secret": f"{SECRET} short"}, "fewer than 16"),
+    ({"raft_secret": "   "}, "is empty"),
+    ({"raft_secret": SECRET, "insecure_raft": True}, "insecure_raft with a Raft secret"),
+    ({"raft_secret_file": Path("/nonexistent/raft.secret")}, "No such file"),
+])
+def test_bad_secrets_are_refused_naming_what_is_wrong(given: dict, error: str) -> None:
+    with pytest.raises(ValidationError, match=error):
+        NodeSettings(members=THREE, **given)
+
+
+def test_a_secret_and_a_secret_file_together_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "raft.secret"
+    path.write_text(SECRET)
+    with pytest.raises(ValidationError, match="both given"):
+        NodeSettings(members=THREE, raft_secret=SECRET, raft_secret_file=path)
+
+
+def test_the_secret_never_shows_in_the_settings_repr() -> None:
+    settings = NodeSettings(members=THREE, raft_secret=SECRET)
+    assert SECRET not in repr(settings)
+    assert SECRET not in str(settings.model_dump())
