@@ -1,7 +1,10 @@
-"""The injected wall clock. Nothing in tickwheel reads the time of day any other way.
+"""The injected clock. Nothing in the replica reads the time any other way, so a simulation can
+drive it (`tickwheel.replication.Replica` takes one).
 
-Intervals (leases, timeouts, linger) use `time.monotonic`, which is not the time of day and
-cannot be skewed; what a message's due time is compared with comes from a `Clock`.
+Two readings: the time of day (``now_ms``), which due times are compared with and which may be
+skewed between nodes; and a monotonic one (``monotonic_s``) for intervals (leases, timeouts,
+pacing), which is not the time of day and cannot be skewed. The Raft port's lease
+(`RaftPort.lease_until_s`) is on the same monotonic scale.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ class Clock(Protocol):
         """Unix time in milliseconds."""
         ...
 
+    def monotonic_s(self) -> float:
+        """Seconds on a clock that never goes back (``time.monotonic``'s scale)."""
+        ...
+
 
 class SystemClock:
     """The machine's clock, offset by ``skew_ms`` (only ever non-zero for fault injection)."""
@@ -24,3 +31,6 @@ class SystemClock:
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000 + self.skew_ms
+
+    def monotonic_s(self) -> float:
+        return time.monotonic()

@@ -2,7 +2,7 @@
 
 One thread (``tickwheel-raft``) owns everything stateful. Each turn of its loop:
 
-1. ``doTick``: pysyncobj sends and receives, commits, applies committed commands to the
+1. `RaftPort.tick`: Raft sends and receives, commits, applies committed commands to the
    `WheelState`, takes snapshots and installs them;
 2. notices leadership changes. A new leader proposes a *barrier* (a cursor command that moves
    nothing); once it is applied, every entry of earlier terms is applied too, and dispatch
@@ -22,15 +22,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pysyncobj import FAIL_REASON
-from pysyncobj.pipe_notifier import PipeNotifier
 from tickwheel.replication import commands
 from tickwheel.replication.clock import Clock, SystemClock
 from tickwheel.replication.dispatcher import DeliverySink, DispatchConfig, Dispatcher
@@ -38,6 +35,8 @@ from tickwheel.replication.group_commit import Entry, GroupCommitter, resolve
 from tickwheel.replication.raft import (
     RaftConfig,
     RaftNode,
+    RaftPort,
+    Role,
     fsync_files,
     read_snapshot,
     write_snapshot,
@@ -48,11 +47,15 @@ from tickwheel.wheel.errors import NotLeader, Overloaded, TickwheelError
 
 log = logging.getLogger("tickwheel.replication")
 
+RaftFactory = Callable[..., RaftPort]
+"""``factory(address, peers, raft_dir, config, apply, (serialize, deserialize))``: `RaftNode`,
+or a stand-in that drives the replica without sockets."""
 PeerFetch = Callable[[list[str], str, int, int], bytes]
 """``fetch(peers, path, offset, size)``: bytes of a state file from the first of ``peers`` (Raft
 addresses, leader first) that has them. The node provides it (over gRPC)."""
 
 _FATAL_EXIT_CODE = 70
+_ROLE_NAMES = {Role.FOLLOWER: "follower", Role.CANDIDATE: "candidate", Role.LEADER: "leader"}
 WALK_AHEAD_UNITS = 4_000
 """Index units of the next second the cursor will pass read per Raft thread turn, ahead of
 the cursor command that needs them (~2 ms): a second of 20,000 messages is read in 5 turns
@@ -109,7 +112,7 @@ class Replica:
 
     def __init__(self, address: str, peers: Sequence[str], data_dir: Path | str,
                  sink: DeliverySink, *, fetch: PeerFetch, clock: Clock | None = None,
-                 config: ReplicaConfig | None = None) -> None:
+                 config: ReplicaConfig | None = None, raft: RaftFactory = RaftNode) -> None:
         self.address = address
         self._peers = tuple(peers)
         self._data_dir = Path(data_dir)
@@ -120,13 +123,12 @@ class Replica:
         raft_dir = self._data_dir / "raft"
         fresh = not (raft_dir / "snapshot").exists()
         self._state = WheelState.open(self._data_dir / "state", self._config.state, fresh=fresh)
-        self._raft = RaftNode(address, list(peers), raft_dir, self._config.raft,
-                              self._apply, (self._serialize, self._deserialize))
-        self._notifier = PipeNotifier(self._raft._poller)
+        self._raft = raft(address, list(peers), raft_dir, self._config.raft,
+                          self._apply, (self._serialize, self._deserialize))
         self._committer = GroupCommitter(self._config.raft.max_entry_bytes,
-                                         self._config.max_queued_msgs, self._notifier.notify)
+                                         self._config.max_queued_msgs, self._raft.wake)
         self._retries = GroupCommitter(self._config.raft.max_entry_bytes,
-                                       self._config.max_queued_msgs, self._notifier.notify)
+                                       self._config.max_queued_msgs, self._raft.wake)
         self._dispatcher = Dispatcher(self._config.dispatch)
         self._cancels: deque[tuple[list[int], Future]] = deque()
         self._acks: deque[tuple[int, list[Cursor]]] = deque()
@@ -150,9 +152,10 @@ class Replica:
     def stop(self) -> None:
         """Stop the loop, close Raft, flush the wheel."""
         self._stopping.set()
-        self._notifier.notify()
-        self._thread.join()
-        self._raft.destroy()
+        self._raft.wake()
+        if self._thread.ident is not None:  # a simulation turns it without the thread
+            self._thread.join()
+        self._raft.close()
         self._state.close()
         log.info("event=replica_stopped address=%s", self.address)
 
@@ -180,19 +183,19 @@ class Replica:
         if len(self._cancels) >= self._config.max_queued_msgs:
             raise Overloaded("max_queued_msgs")
         self._cancels.append((list(handles), future))
-        self._notifier.notify()
+        self._raft.wake()
         return future
 
     def ack(self, epoch: int, positions: list[Cursor]) -> None:
         """The sink reports delivered messages done (from any thread)."""
         self._acks.append((epoch, positions))
-        self._notifier.notify()
+        self._raft.wake()
 
     def may_deliver(self) -> bool:
         """Whether this node still holds its lease (any thread). A sink that hands messages
         out later than `DeliverySink.deliver` checks it first: after a pause, the lease has run
         out before the Raft thread has noticed that another node leads."""
-        return time.monotonic() < self._lease_until_s
+        return self._clock.monotonic_s() < self._lease_until_s
 
     def read_state_file(self, path: str, offset: int, size: int) -> bytes:
         """Bytes of a state file, for a peer installing a snapshot (any thread). State files
@@ -205,22 +208,15 @@ class Replica:
             return os.pread(file.fileno(), size, offset)
 
     def status(self) -> ReplicaStatus:
-        raw = self._raft.getStatus()
-        leader = raw["leader"]
-        connected = tuple(peer for peer in self._peers
-                          if raw.get(f"partner_node_status_server_{peer}") == 2)
-        match_index = {peer: raw[f"match_idx_server_{peer}"] for peer in self._peers
-                       if f"match_idx_server_{peer}" in raw}
+        raft = self._raft.status()
         return ReplicaStatus(
-            address=self.address,
-            role={0: "follower", 1: "candidate", 2: "leader"}[raw["state"]],
-            leader=None if leader is None else leader.address,
-            term=raw["raft_term"], commit_index=raw["commit_idx"],
-            last_applied=raw["last_applied"], cursor=self._state.cursor,
+            address=self.address, role=_ROLE_NAMES[raft.role], leader=raft.leader,
+            term=raft.term, commit_index=raft.commit_index,
+            last_applied=raft.last_applied, cursor=self._state.cursor,
             stamp_ms=self._state.stamp_ms, dispatching=self._dispatcher.active,
             inflight_msgs=self._dispatcher.inflight_msgs, peers=self._peers,
-            connected=connected, match_index=match_index,
-            leader_commit_index=raw["leader_commit_idx"] or 0,
+            connected=raft.connected, match_index=raft.match_index,
+            leader_commit_index=raft.leader_commit_index,
             done_past_cursor=self._state.done_past_cursor,
             pending=self._state.pending.by_topic(),
             pending_untracked=self._state.pending.untracked)
@@ -231,17 +227,24 @@ class Replica:
         wait_s = 0.0
         try:
             while not self._stopping.is_set():
-                self._raft.tick(wait_s)
-                wait_s = self._step()
-                self._state.wheel.walk_ahead(WALK_AHEAD_UNITS)
+                wait_s = self.turn(wait_s)
         except TickwheelError as error:
             self._die(f"{type(error).__name__}: {error}")
         except Exception as error:
             log.exception("event=raft_thread_crashed")
             self._die(repr(error))
 
+    def turn(self, wait_s: float) -> float:
+        """One turn of the loop (the Raft thread's, or a simulation's that never starts the
+        thread): Raft's tick, waiting at most ``wait_s``, then the replica's step. Returns how
+        long the next tick may wait."""
+        self._raft.tick(wait_s)
+        wait_s = self._step()
+        self._state.wheel.walk_ahead(WALK_AHEAD_UNITS)
+        return wait_s
+
     def _step(self) -> float:
-        """One turn after ``doTick``; returns how long the poller may sleep."""
+        """One turn after Raft's tick; returns how long the poller may sleep."""
         now_ms = self._clock.now_ms()
         self._follow_leadership(now_ms)
         if self._leading_term is None:
@@ -255,7 +258,7 @@ class Replica:
             for position in positions:
                 self._dispatcher.done(epoch, position)
         self._lease_until_s = self._raft.lease_until_s(self._config.raft.lease_ms)
-        if not self._dispatcher.active or time.monotonic() >= self._lease_until_s:
+        if not self._dispatcher.active or self._clock.monotonic_s() >= self._lease_until_s:
             return self._config.raft.heartbeat_ms / 1000
         deliveries = self._take_due(now_ms)
         if deliveries:
@@ -266,7 +269,7 @@ class Replica:
     def _take_due(self, now_ms: int) -> list:
         """Due messages, at most once per ``dispatch_interval_ms`` unless a backlog fills
         whole steps."""
-        now_s = time.monotonic()
+        now_s = self._clock.monotonic_s()
         if now_s < self._next_dispatch_s:
             return []
         deliveries = self._dispatcher.take(self._state.wheel, now_ms)
@@ -275,8 +278,8 @@ class Replica:
         return deliveries
 
     def _follow_leadership(self, now_ms: int) -> None:
-        leading = self._raft._isLeader()
-        term = self._raft.raftCurrentTerm
+        leading = self._raft.is_leader()
+        term = self._raft.term()
         if self._leading_term is not None and (not leading or term != self._leading_term):
             self._end_leadership()
         if leading and self._leading_term is None:
@@ -329,7 +332,7 @@ class Replica:
             self._propose(commands.cancel(now_ms, handles), future)
 
     def _sync_cursor(self, now_ms: int) -> None:
-        now_s = time.monotonic()
+        now_s = self._clock.monotonic_s()
         if now_s - self._last_cursor_sync < self._config.cursor_sync_ms / 1000:
             return
         cursor, stamp_only = self._dispatcher.next_cursor(self._state.wheel, now_ms)
@@ -360,32 +363,32 @@ class Replica:
         due_ms = self._state.wheel.next_due_ms()
         if due_ms is not None:
             wait_s = min(wait_s, max(0, due_ms - now_ms) / 1000)
-        return max(wait_s, self._next_dispatch_s - time.monotonic())
+        return max(wait_s, self._next_dispatch_s - self._clock.monotonic_s())
 
     def _propose(self, command: bytes, target: Entry | Future) -> None:
         entry_id = self._next_entry_id
         self._next_entry_id += 1
         self._inflight_entries[entry_id] = target
 
-        def on_result(result: object, reason: int) -> None:
+        def on_result(result: object, committed: bool) -> None:
             if self._inflight_entries.pop(entry_id, None) is None:
                 return  # already failed when leadership ended
-            if reason == FAIL_REASON.SUCCESS:
+            if committed:
                 _settle(target, result, None)
             else:
                 _settle(target, None, NotLeader(self.leader_hint()))
-        self._raft.command(command, callback=on_result)
+        self._raft.propose(command, on_result)
 
     # -- the state machine's side of Raft (also on the Raft thread) ------------------------
 
     def _apply(self, command: bytes) -> object:
         self._bytes_since_snapshot += len(command)
         if self._bytes_since_snapshot >= self._config.raft.snapshot_min_bytes:
-            self._raft.forceLogCompaction()
+            self._raft.compact()
         return self._state.apply(command)
 
     def _serialize(self, path: str, raft_tail: tuple) -> None:
-        started = time.monotonic()
+        started = self._clock.monotonic_s()
         self._bytes_since_snapshot = 0
         manifest = self._state.manifest()
         if self._config.raft.fsync:
@@ -396,18 +399,18 @@ class Replica:
         self._state.snapshot_written(manifest)
         log.info("event=snapshot_taken files=%d cursor_second=%d cursor_local_index=%d "
                  "duration_ms=%.1f", len(manifest.files), *manifest.cursor,
-                 (time.monotonic() - started) * 1000)
+                 (self._clock.monotonic_s() - started) * 1000)
 
     def _deserialize(self, path: str) -> tuple:
         (cursor, stamp_ms, files, pending), raft_tail = read_snapshot(path)
         manifest = Manifest(Cursor(*cursor), stamp_ms, files, pending)
-        started = time.monotonic()
+        started = self._clock.monotonic_s()
         try:
             self._state.install(manifest, self._fetch_from_peers)
         except Exception as error:
             log.exception("event=snapshot_install_failed")
             self._die(f"snapshot install failed: {error!r}")
-        if time.monotonic() - started > self._config.raft.election_min_ms / 2000:
+        if self._clock.monotonic_s() - started > self._config.raft.election_min_ms / 2000:
             self._raft.postpone_election()
         if self._leading_term is not None:
             self._end_leadership()
@@ -426,12 +429,11 @@ class Replica:
 
     def is_leader(self) -> bool:
         """Whether this node is the Raft leader now (any thread)."""
-        return self._raft._isLeader()
+        return self._raft.is_leader()
 
     def leader_hint(self) -> str | None:
         """The leader's Raft address, if known (any thread)."""
-        leader = self._raft._getLeader()
-        return None if leader is None else leader.address
+        return self._raft.leader()
 
     def _die(self, reason: str) -> None:
         """Stop the process loudly: the state may no longer match the log, and a restart

@@ -1,5 +1,6 @@
 """The install maps folders into tickwheel.* and never shadows the packaging tool's `wheel`."""
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -27,3 +28,19 @@ def test_no_top_level_module_shadows_a_folder_name() -> None:
         assert _import_from_outside(name).stdout.strip() == "absent"
     origin = _import_from_outside("wheel").stdout.strip()
     assert origin == "absent" or not origin.startswith(str(PROJECT))
+
+
+def test_only_the_raft_port_imports_pysyncobj() -> None:
+    """pysyncobj is sealed behind ``tickwheel.replication.raft`` (issue 20): an upgrade or a
+    replacement touches that package only."""
+    offenders = []
+    for folder in ("wheel", "replication", "node", "chaos", "client"):
+        for path in (PROJECT / folder).rglob("*.py"):
+            if (PROJECT / "replication" / "raft") in path.parents:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                offenders += [f"{path.relative_to(PROJECT)}: {name}" for name in names
+                              if name.split(".")[0] == "pysyncobj"]
+    assert offenders == []

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import pickle
-import time
 from pathlib import Path
 
-import pysyncobj.pickle
-import pysyncobj.syncobj
 import pytest
-from pysyncobj.monotonic import monotonic as raft_clock_s
+
 from tickwheel.replication import commands
 from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import GroupCommitter
-from tickwheel.replication.raft import PICKLE_PROTOCOL, RaftNode
 from tickwheel.replication.state import Rejected, Retried, Scheduled, StateConfig, WheelState
 from tickwheel.wheel import CancelOutcome, Cursor, NewMessage
 from tickwheel.wheel.errors import InvariantViolation, NotLeader
@@ -260,15 +254,6 @@ def test_done_runs_are_capped_nearest_first(tmp_path: Path) -> None:
     state.close()
 
 
-def test_pysyncobj_still_keeps_what_the_lease_and_election_postponing_read() -> None:
-    # RaftNode reads two private pysyncobj attributes; pinned 0.3.17 must still have them.
-    source = Path(__import__("pysyncobj.syncobj").syncobj.__file__).read_text()
-    assert "self.__lastResponseTime[node] = monotonicTime()" in source
-    assert "self.__raftElectionDeadline = monotonicTime() + self.__generateRaftTimeout()" in (
-        source)
-    assert hasattr(RaftNode, "lease_until_s")
-
-
 def retry_command(stamp_ms: int, retries: list[tuple[int, NewMessage]]) -> bytes:
     return commands.reschedule(stamp_ms, [commands.encoded_retry(h, m) for h, m in retries])
 
@@ -345,43 +330,3 @@ def test_pending_counts_follow_schedules_cancels_and_the_cursor_and_come_back_fr
     state.close()
 
 
-class _Marker:
-    """Unpickling this would call ``os.system``: what an attacker's pickle does."""
-
-    def __reduce__(self) -> tuple:
-        return (os.system, ("touch /tmp/tickwheel-should-never-exist",))
-
-
-def test_what_pysyncobj_unpickles_is_plain_data_only() -> None:
-    # pysyncobj applies commands and loads snapshot chunks through its pickle module's loads,
-    # which would build any class (and fall back to an unrestricted loader on error).
-    source = Path(pysyncobj.syncobj.__file__).read_text()
-    assert "import pysyncobj.pickle as pickle" in source
-    assert "command = pickle.loads(command[1:])" in source
-    plain = (7, (b"command", "text", 1.5, None, True, {1, 2}), {"key": [1, 2]})
-    assert pysyncobj.pickle.loads(pickle.dumps(plain, protocol=5)) == plain
-    for protocol in (2, 5):
-        with pytest.raises(pickle.UnpicklingError, match=r"posix\.system"):
-            pysyncobj.pickle.loads(pickle.dumps(_Marker(), protocol=protocol))
-    assert not Path("/tmp/tickwheel-should-never-exist").exists()
-
-
-def test_pysyncobj_pickles_with_a_protocol_that_carries_bytes_as_bytes() -> None:
-    # Protocol 2 (pysyncobj's own choice) has no bytes type: a command went through a latin-1
-    # string on every pickling, ~1 us a message on the leader. Importing the node sets it.
-    source = Path(pysyncobj.pickle.__file__).read_text()
-    assert "return pickle.dumps(obj, __protocol)" in source  # the seam raft.py sets
-    command = bytes(range(256))
-    assert pysyncobj.pickle.dumps(command)[:2] == bytes([pickle.PROTO[0], PICKLE_PROTOCOL])
-    assert pysyncobj.pickle.loads(pysyncobj.pickle.dumps(command)) == command
-
-
-def test_the_lease_is_measured_on_the_clock_pysyncobj_stamps_answers_with() -> None:
-    # pysyncobj stamps answers with CLOCK_MONOTONIC_RAW; time.monotonic() may be far from it
-    # (248 ms on the benchmark VM an hour after boot), so mixing them shrank the lease to ~2 ms.
-    node = RaftNode.__new__(RaftNode)
-    node._peer_addresses = ["a", "b"]
-    node._isLeader = lambda: True
-    node._SyncObj__lastResponseTime = {"a": raft_clock_s() - 0.1, "b": raft_clock_s() - 5}
-    remaining_s = node.lease_until_s(250) - time.monotonic()
-    assert 0.1 < remaining_s <= 0.15

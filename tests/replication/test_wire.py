@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from tickwheel.replication import link_protocol, wire
-from tickwheel.replication.link_protocol import LinkSettings
-from tickwheel.replication.wire import CONNECTED, DISCONNECTED, Link, LinkServer
+
+from tickwheel.replication.raft import link_protocol, wire
+from tickwheel.replication.raft.link_protocol import LinkSettings
+from tickwheel.replication.raft.wire import CONNECTED, DISCONNECTED, Link, LinkServer
 
 SECRET = b"a-test-secret-of-enough-bytes-0123"
 SETTINGS = LinkSettings(secrets=(SECRET,), max_frame_bytes=16 << 20)

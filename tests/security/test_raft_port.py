@@ -25,13 +25,14 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from tickwheel.replication import link_protocol as protocol
+
 from tickwheel.replication.local_cluster import (
     AckingConsumer,
     LocalCluster,
     free_ports,
     wait_for,
 )
+from tickwheel.replication.raft import link_protocol as protocol
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 RAFT_TIMEOUT_S = 20.0

@@ -1,6 +1,6 @@
 """Raft links over TCP (pysyncobj's ``TcpConnection`` and ``TcpServer`` replaced): the protocol
-of `tickwheel.replication.link_protocol` on non-blocking sockets, driven by pysyncobj's poller
-on the Raft thread; `tickwheel.replication.raft` plugs them into pysyncobj's transport.
+of `tickwheel.replication.raft.link_protocol` on non-blocking sockets, driven by pysyncobj's poller
+on the Raft thread; `tickwheel.replication.raft.transport` plugs them into pysyncobj's transport.
 
 pysyncobj's own connection unpickles whatever arrives on the Raft port, buffers announced frames
 of up to 2 GiB (quadratically) before any check, and answers ``status`` to anyone; its
@@ -13,7 +13,7 @@ does a frame that fails its tag or does not unpickle into plain data. Refusals a
 most once every `REFUSAL_LOG_INTERVAL_S`.
 
 Callbacks and states use pysyncobj's names and values (``CONNECTION_STATE``,
-``POLL_EVENT_TYPE``), which `tickwheel.replication.raft` checks against pysyncobj's own.
+``POLL_EVENT_TYPE``), which `tickwheel.replication.raft.transport` checks against pysyncobj's own.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from tickwheel.replication.link_protocol import (
+
+from tickwheel.replication.raft.link_protocol import (
     FRAME_HEAD,
     HELLO,
     MAGIC,
@@ -52,6 +54,15 @@ READ, WRITE, ERROR = 1, 2, 4
 """Poller event bits (pysyncobj's ``POLL_EVENT_TYPE``)."""
 DISCONNECTED, CONNECTING, CONNECTED = 0, 1, 2
 """Link states as pysyncobj's transport reads them (its ``CONNECTION_STATE``)."""
+class Poller(Protocol):
+    """pysyncobj's poller, as links use it."""
+
+    def subscribe(self, fileno: int, callback: Callable[[int, int], None], events: int
+                  ) -> None: ...
+
+    def unsubscribe(self, fileno: int) -> None: ...
+
+
 SEND_BATCH_BUFFERS = 64
 """Buffers handed to one ``sendmsg``."""
 REFUSAL_LOG_INTERVAL_S = 10.0
@@ -62,7 +73,7 @@ class Link:
     accepted by `LinkServer` with ``sock``. Owned by the Raft thread; ``on_message`` sees
     only what an authenticated peer sent."""
 
-    def __init__(self, poller: object, settings: LinkSettings, *,
+    def __init__(self, poller: Poller, settings: LinkSettings, *,
                  sock: socket.socket | None = None) -> None:
         self._poller = poller
         self._settings = settings
@@ -198,7 +209,7 @@ class Link:
         self._poller.subscribe(self._fileno, self._on_event, events)
 
     def _on_event(self, fileno: int, events: int) -> None:
-        if fileno != self._fileno:
+        if fileno != self._fileno or self._socket is None:
             self._poller.unsubscribe(fileno)
             return
         if events & ERROR or self._socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
@@ -221,7 +232,7 @@ class Link:
         self._flush()
 
     def _flush(self) -> None:
-        while self._out:
+        while self._out and self._socket is not None:
             try:
                 sent = self._socket.sendmsg(list(_head(self._out, SEND_BATCH_BUFFERS)))
             except (BlockingIOError, InterruptedError):
@@ -243,7 +254,7 @@ class Link:
     def _read(self) -> None:
         """Read what the current step may take (exactly its bytes during the handshake),
         then act on every complete unit."""
-        while self.state != DISCONNECTED:
+        while self.state != DISCONNECTED and self._socket is not None:
             wanted = self._wanted()
             try:
                 chunk = self._socket.recv(wanted)
@@ -369,7 +380,7 @@ class LinkServer:
     accepted `Link` to ``on_link``; keeps at most ``max_unauthenticated`` links in their
     handshake, pushing out the oldest."""
 
-    def __init__(self, poller: object, host: str, port: int,
+    def __init__(self, poller: Poller, host: str, port: int,
                  on_link: Callable[[Link], None], settings: LinkSettings) -> None:
         self._poller = poller
         self._address = (host, port)

@@ -1,6 +1,6 @@
 """The Raft link protocol: how two members prove the shared secret to each other, the keys
-that follow from it, the frames, and what a frame may unpickle into. `tickwheel.replication.wire`
-runs it over sockets.
+that follow from it, the frames, and what a frame may unpickle into.
+`tickwheel.replication.raft.wire` runs it over sockets.
 
 1. The dialler sends ``HELLO``: magic, version, which secret it uses (an 8-byte HMAC of the
    key: during a rotation an acceptor takes an old and a new one) and a fresh 32-byte nonce

@@ -1,0 +1,238 @@
+"""pysyncobj, configured and wrapped so that its traps cannot reach the wheel.
+
+What pysyncobj 0.3.17 does, and what this module does about it (see ``docs/replication.md``):
+
+- *It runs everything on a tick thread.* Here there is no tick thread: pysyncobj is built with
+  ``autoTick=False`` and `tickwheel.replication.Replica` calls `RaftNode.tick` (``doTick``) from
+  its own thread, which then also dispatches. One thread owns the wheel: applying, snapshotting,
+  installing, taking due messages.
+- *One call is one entry, and entries of 64 KiB or more are split wrongly.* Group commit packs
+  messages into entries of at most ``max_entry_bytes``; ``appendEntriesBatchSizeBytes`` is set
+  above the largest entry a single message can make, so nothing is ever split.
+- *Callbacks of calls made on followers get lost.* Commands are proposed only on the leader.
+- *An isolated leader stays leader for 30 s.* ``leaderFallbackTimeout`` is the election
+  timeout, and dispatch additionally needs a `lease`: a majority heard from within half the
+  minimum election timeout, checked before every dispatch step.
+- *Snapshots pickle the object.* A custom serializer writes only a `Manifest` (file lengths).
+- *It has no PreVote* (`tickwheel.replication.raft.prevote` adds it).
+- *Its names leak everywhere* (private attributes, a role compared as ``== 2``, status keys
+  built from peer names, ``FAIL_REASON``). `RaftNode` *contains* its ``SyncObj`` and offers the
+  small typed `RaftPort`; nothing outside this package imports pysyncobj.
+- *Its wire is pickle, open to anyone who can reach the port* (code execution, 2 GiB frame
+  announcements buffered before any check, a ``status`` answer for strangers, binding
+  ``0.0.0.0`` whatever the address). Its TCP connection and server are replaced by
+  `tickwheel.replication.raft.wire`'s: a handshake on the cluster's shared secret, AES-GCM frames
+  of bounded size, and an unpickler that builds plain data only; the transport answers members
+  only (no utility commands, no read-only nodes) and listens on exactly the node's address (or
+  ``bind_address``). A cluster of more than one node needs the secret or an explicit
+  ``insecure``; a node alone gets a random one, so nobody can join it. PreVote messages are
+  checked field by field before use.
+- *Nothing is fsynced.* The ``fsync`` option makes the journal ``msync`` every entry before it is
+  acknowledged and makes snapshots ``fsync`` the state files they name; see the docs for what
+  survives power loss with and without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pysyncobj.pickle
+import pysyncobj.syncobj
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.journal import FileJournal
+from pysyncobj.monotonic import monotonic as raft_clock_s
+from pysyncobj.pipe_notifier import PipeNotifier
+
+from tickwheel.replication.raft import link_protocol
+from tickwheel.replication.raft.config import RaftConfig
+from tickwheel.replication.raft.files import MsyncJournal
+from tickwheel.replication.raft.port import OnResult, RaftStatus, Role
+from tickwheel.replication.raft.prevote import SHAPES, PreVote, well_formed
+from tickwheel.replication.raft.transport import LinkTransport
+
+log = logging.getLogger("tickwheel.replication")
+
+PICKLE_PROTOCOL = 5
+"""What pysyncobj pickles its messages, log entries and commands with. It says 2, which has no
+bytes type: every command's bytes went through a latin-1 string and back when the command was
+proposed, once per follower in each AppendEntries, and again when each replica applied it
+(~1 us a 140-byte message on the leader, 100 times protocol 5's cost). Any node reads any
+protocol, so nodes that differ here still understand each other."""
+setattr(pysyncobj.pickle, "__protocol", PICKLE_PROTOCOL)  # process-wide, as pysyncobj's is
+# Everything pysyncobj unpickles (commands as it applies them, snapshot chunks) is plain data:
+# its own loader would build any class a pickle names, and falls back to an unrestricted
+# pure-Python one on error. Process-wide, through the module pysyncobj calls.
+pysyncobj.pickle.loads = lambda data: link_protocol.safe_loads(pysyncobj.pickle.to_bytes(data))
+pysyncobj.pickle.load = lambda file: link_protocol.safe_load(file, frozenset())
+
+Serializer = Callable[[str, tuple[Any, ...]], None]
+Deserializer = Callable[[str], tuple[Any, ...]]
+
+
+class _Core(SyncObj):
+    """pysyncobj's node with one replicated method, `command`, whose argument is bytes."""
+
+    def __init__(self, apply: Callable[[bytes], object], *args: object,
+                 **kwargs: object) -> None:
+        self._apply_command = apply
+        super().__init__(*args, **kwargs)
+
+    @replicated
+    def command(self, data: bytes) -> object:
+        return self._apply_command(data)
+
+
+class RaftNode:
+    """A `RaftPort` on pysyncobj: one member of the cluster at ``self_address``.
+
+    ``apply(command)`` runs on the Raft thread for every committed command, in log order, on
+    every member; ``snapshot`` is ``(serialize(path, raft_tail), deserialize(path) ->
+    raft_tail)``."""
+
+    def __init__(self, self_address: str, peers: list[str], raft_dir: Path, config: RaftConfig,
+                 apply: Callable[[bytes], object], snapshot: tuple[Serializer, Deserializer]
+                 ) -> None:
+        self._peers = tuple(peers)
+        links = config.link_settings(has_peers=bool(peers))
+        if config.insecure:
+            log.warning("event=raft_insecure peers=%d: Raft links run without a secret, in "
+                        "the clear: anyone who can reach %s can join this cluster, read "
+                        "every message and rewrite its log", len(peers),
+                        config.bind_address or self_address)
+        raft_dir.mkdir(parents=True, exist_ok=True)
+        # pysyncobj has no journal option; its module-level factory is the only seam.
+        original, pysyncobj.syncobj.createJournal = (pysyncobj.syncobj.createJournal,
+                                                     MsyncJournal if config.fsync
+                                                     else FileJournal)
+        try:
+            self._core = _Core(apply, self_address, list(peers), _conf(config, raft_dir,
+                                                                         snapshot),
+                               transportClass=functools.partial(LinkTransport, links=links))
+        finally:
+            pysyncobj.syncobj.createJournal = original
+        self._pre_vote = PreVote(self._core, len(peers), config.election_min_ms)
+        self._core._SyncObj__transport.setOnMessageReceivedCallback(self._on_message)
+        self._notifier = PipeNotifier(self._core._poller)
+
+    # -- the port -------------------------------------------------------------------------
+
+    def tick(self, wait_s: float) -> None:
+        """`doTick`, with the PreVote round in front of pysyncobj's election."""
+        self._pre_vote.before_tick()
+        self._core.doTick(wait_s)
+
+    def wake(self) -> None:
+        self._notifier.notify()
+
+    def propose(self, command: bytes, on_result: OnResult) -> None:
+        self._core.command(command, callback=lambda result, reason: on_result(
+            result, reason == FAIL_REASON.SUCCESS))
+
+    def is_leader(self) -> bool:
+        return bool(self._core._isLeader())
+
+    def term(self) -> int:
+        return int(self._core.raftCurrentTerm)
+
+    def leader(self) -> str | None:
+        leader = self._core._getLeader()
+        return None if leader is None else leader.address
+
+    def lease_until_s(self, lease_ms: int) -> float:
+        """The ``time.monotonic()`` time until which this leader holds its lease: ``lease_ms``
+        after the latest time by which a majority (counting itself) had answered; 0 if not
+        leader.
+
+        pysyncobj stamps answers with its own clock, CLOCK_MONOTONIC_RAW, not
+        ``time.monotonic()`` (CLOCK_MONOTONIC, which NTP slews). The two drift apart: on the
+        benchmark VM they were 248 ms apart an hour after boot, which left a 250 ms lease
+        about 2 ms long (dispatch stalled until the next answer: the ~55 ms p99 at 1,000 and
+        5,000 msg/s); drift the other way would stretch the lease past the election timeout.
+        So the lease is measured on pysyncobj's clock and only then moved to ours."""
+        if not self._core._isLeader():
+            return 0.0
+        # The time each peer last answered the leader; pysyncobj keeps it but does not expose it
+        # (pinned to 0.3.17, checked by tests/replication/test_raft.py).
+        answered = sorted(self._core._SyncObj__lastResponseTime.values(), reverse=True)
+        peers_needed = (len(self._peers) + 1) // 2
+        if peers_needed == 0:
+            return float("inf")
+        if len(answered) < peers_needed:
+            return 0.0
+        remaining_s = answered[peers_needed - 1] + lease_ms / 1000 - raft_clock_s()
+        return time.monotonic() + float(remaining_s)
+
+    def compact(self) -> None:
+        self._core.forceLogCompaction()
+
+    def postpone_election(self) -> None:
+        """Restart the election timer: after a long snapshot install the follower has heard
+        nothing for a while, through no fault of the leader's; standing for election then
+        would depose a healthy leader."""
+        self._pre_vote.postpone_election()
+
+    def status(self) -> RaftStatus:
+        raw = self._core.getStatus()
+        leader = raw["leader"]
+        return RaftStatus(
+            role=Role(raw["state"]), term=raw["raft_term"],
+            leader=None if leader is None else leader.address,
+            commit_index=raw["commit_idx"], last_applied=raw["last_applied"],
+            leader_commit_index=raw["leader_commit_idx"] or 0,
+            connected=tuple(peer for peer in self._peers
+                            if raw.get(f"partner_node_status_server_{peer}") == 2),
+            match_index={peer: raw[f"match_idx_server_{peer}"] for peer in self._peers
+                         if f"match_idx_server_{peer}" in raw})
+
+    def close(self) -> None:
+        self._core.destroy()
+
+    # -- every message passes here first ----------------------------------------------------
+
+    def _on_message(self, node: object, message: object) -> None:
+        """PreVote's messages (and the fields of others that PreVote reads) are checked field
+        by field first: a malformed one is dropped and logged. pysyncobj's own messages come
+        from authenticated members only."""
+        if isinstance(message, dict):
+            kind = message.get("type")
+            if kind in SHAPES and not well_formed(message, SHAPES[kind]):
+                log.warning("event=raft_message_malformed type=%s peer=%s fields=%r", kind,
+                            node, sorted(map(repr, message))[:8])
+                return
+            if self._pre_vote.on_message(node, kind, message):
+                return
+        self._core._SyncObj__onMessageReceived(node, message)
+
+
+def _conf(config: RaftConfig, raft_dir: Path, snapshot: tuple[Serializer, Deserializer]
+          ) -> SyncObjConf:
+    return SyncObjConf(
+        autoTick=False,
+        appendEntriesUseBatch=False,
+        appendEntriesPeriod=config.heartbeat_ms / 1000,
+        appendEntriesBatchSizeBytes=config.append_batch_bytes,
+        sendBufferSize=config.socket_buffer_bytes,
+        recvBufferSize=config.socket_buffer_bytes,
+        raftMinTimeout=config.election_min_ms / 1000,
+        raftMaxTimeout=config.election_max_ms / 1000,
+        leaderFallbackTimeout=config.election_min_ms / 1000,
+        connectionTimeout=max(config.connection_timeout_ms, config.election_max_ms) / 1000,
+        connectionRetryTime=config.connection_retry_ms / 1000,
+        logCompactionMinEntries=config.snapshot_min_entries,
+        logCompactionMinTime=config.snapshot_min_interval_ms / 1000,
+        journalFile=str(raft_dir / "journal"),
+        fullDumpFile=str(raft_dir / "snapshot"),
+        serializer=snapshot[0],
+        deserializer=snapshot[1],
+        bindAddress=config.bind_address,
+        # pysyncobj caches a peer's address for 600 s; a restarted pod comes back with a
+        # new IP under the same name, and only one side of a link ever dials.
+        dnsCacheTime=config.dns_cache_ms / 1000,
+        dnsFailCacheTime=config.dns_fail_cache_ms / 1000,
+        commandsWaitLeader=False,
+    )

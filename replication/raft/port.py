@@ -1,0 +1,74 @@
+"""The Raft port: what the replica needs of consensus, and nothing of how it is done.
+
+`tickwheel.replication.raft.RaftNode` is the one implementation on real sockets (pysyncobj
+inside); a test can drive a `tickwheel.replication.Replica` with any other object that has
+these methods. Every method is called on the Raft thread unless it says otherwise.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Role(enum.Enum):
+    FOLLOWER = 0
+    CANDIDATE = 1
+    LEADER = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RaftStatus:
+    role: Role
+    term: int
+    leader: str | None
+    """The leader's Raft address, if known."""
+    commit_index: int
+    last_applied: int
+    leader_commit_index: int
+    """The leader's commit index as this node last heard it (0 if never)."""
+    connected: tuple[str, ...]
+    """Peers this node has an authenticated link to."""
+    match_index: dict[str, int]
+    """On the leader: the last entry each follower is known to hold."""
+
+
+OnResult = Callable[[object, bool], None]
+"""``on_result(result, committed)``: what applying a proposed command returned, and whether it
+was committed (False: leadership was lost first, the command may or may not be applied)."""
+
+
+class RaftPort(Protocol):
+    def tick(self, wait_s: float) -> None:
+        """Send, receive, commit and apply; wait at most ``wait_s`` for a socket or `wake`."""
+
+    def wake(self) -> None:
+        """End `tick`'s wait early (any thread)."""
+
+    def propose(self, command: bytes, on_result: OnResult) -> None:
+        """Append ``command`` to the log (leader only); ``on_result`` follows on this thread."""
+
+    def is_leader(self) -> bool:
+        """Whether this node leads now (any thread)."""
+
+    def term(self) -> int: ...
+
+    def leader(self) -> str | None:
+        """The leader's Raft address, if known (any thread)."""
+
+    def lease_until_s(self, lease_ms: int) -> float:
+        """The ``time.monotonic()`` time until which this leader may act alone: ``lease_ms``
+        after a majority last answered it; 0 when not leading."""
+
+    def compact(self) -> None:
+        """Take a snapshot at the next opportunity."""
+
+    def postpone_election(self) -> None:
+        """Restart the election timer (after a long pause that was not the leader's fault)."""
+
+    def status(self) -> RaftStatus:
+        """Any thread."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,70 @@
+"""pysyncobj's TCP transport on our links (`tickwheel.replication.raft.wire`): members only."""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import pysyncobj.poller
+import pysyncobj.tcp_connection
+from pysyncobj import SyncObj
+from pysyncobj.transport import TCPTransport
+
+from tickwheel.replication.raft import wire
+from tickwheel.replication.raft.link_protocol import LinkSettings
+from tickwheel.wheel.errors import invariant
+
+
+class LinkTransport(TCPTransport):
+    """pysyncobj's TCP transport on `wire.Link`s: it listens on exactly its address, and a
+    link counts only once it has proven the secret and named a member. pysyncobj's utility
+    commands (``status``, ``add``, ...) and read-only nodes are not offered."""
+
+    def __init__(self, syncObj: SyncObj, selfNode: object, otherNodes: object, *,
+                 links: LinkSettings) -> None:
+        self._links = links
+        super().__init__(syncObj, selfNode, otherNodes)
+
+    def _createServer(self) -> None:
+        address = self._syncObj.conf.bindAddress or self._selfNode.address
+        host, port = address.rsplit(":", 1)
+        self._server = wire.LinkServer(self._syncObj._poller, host, int(port),
+                                       self._onNewIncomingConnection, self._links)
+
+    def addNode(self, node: Any) -> None:  # pysyncobj's TCPNode
+        self._nodes.add(node)
+        self._nodeAddrToNode[node.address] = node
+        if self._shouldConnect(node):
+            link = wire.Link(self._syncObj._poller, self._links)
+            link.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, link))
+            link.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+            link.setOnDisconnectedCallback(functools.partial(self._onDisconnected, link))
+            self._connections[node] = link
+
+    def _onIncomingMessageReceived(self, conn: wire.Link, message: object) -> None:
+        """The first message of an accepted, authenticated link: the member it comes from."""
+        self._unknownConnections.discard(conn)
+        node = self._nodeAddrToNode.get(message) if isinstance(message, str) else None
+        if node is None:
+            conn.refuse("not_a_member", claimed=repr(message)[:100])
+            return
+        self._connections[node] = conn
+        conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+        self._onNodeConnected(node)
+
+    def _onTick(self) -> None:
+        super()._onTick()
+        now_s = time.monotonic()
+        for link in [*self._connections.values(), *self._unknownConnections]:
+            link.check_deadlines(now_s)
+
+
+invariant((wire.DISCONNECTED, wire.CONNECTING, wire.CONNECTED) == (
+    pysyncobj.tcp_connection.CONNECTION_STATE.DISCONNECTED,
+    pysyncobj.tcp_connection.CONNECTION_STATE.CONNECTING,
+    pysyncobj.tcp_connection.CONNECTION_STATE.CONNECTED),
+    "the link layer speaks pysyncobj's connection states by value")
+invariant((wire.READ, wire.WRITE, wire.ERROR) == (
+    pysyncobj.poller.POLL_EVENT_TYPE.READ, pysyncobj.poller.POLL_EVENT_TYPE.WRITE,
+    pysyncobj.poller.POLL_EVENT_TYPE.ERROR), "the link layer speaks pysyncobj's poller events")
