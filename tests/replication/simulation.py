@@ -1,0 +1,506 @@
+"""A seeded simulation of a tickwheel cluster in one process: real `Replica`s (real `WheelState`
+files, real dispatch and hand-over logic) on a simulated Raft port and a simulated clock.
+
+Everything that varies comes from one ``random.Random(seed)``: due times, when leaders change,
+which uncommitted entries survive a change, partitions of the leader, clock skews, how slowly
+consumers acknowledge. Time jumps to the next thing that can happen (a replica's wake-up, an
+acknowledgement, a fault), so a run of a few simulated seconds takes milliseconds. A run ends by
+healing everything, letting one leader drain what is due, and checking what the chaos audit
+checks: nothing acknowledged is lost, every repeated delivery is flagged, nothing is delivered
+before its due time. A failure names its seed; `run(seed)` replays it exactly.
+
+The simulated Raft keeps Raft's promises and no more: one committed log that every member
+applies in order; a leader whose lease ran out is not replaced before it has (election timeout
+> lease); a change of leader fails every answer the old leader was waiting for, while the
+entries themselves may or may not survive; a partitioned leader goes on believing it leads,
+its proposals never commit, and its lease runs out. A node may take a snapshot (the replica's
+own serializer), and a crashed node comes back as a new `Replica` on its files, from its own
+latest snapshot or a peer's (installed by the replica's own deserializer, which fetches the
+missing bytes from the peers' files) and then the rest of the log.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tickwheel.replication.dispatcher import Delivery
+from tickwheel.replication.raft import OnResult, RaftConfig, RaftStatus, Role
+from tickwheel.replication.replica import Replica, ReplicaConfig
+from tickwheel.replication.state import Scheduled
+from tickwheel.wheel import Cursor, NewMessage
+
+EPOCH_MS = 1_800_000_000_000
+LEASE_MS = RaftConfig().lease_ms
+ELECTION_MS = RaftConfig().election_min_ms
+PRODUCER_RETRY_S = 0.1
+"""A producer whose request failed tries again this much later, with the same ids."""
+
+
+class World:
+    """Simulated time: ``now_s`` on the monotonic scale; true wall time ``EPOCH_MS + now_s``."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    @property
+    def wall_ms(self) -> int:
+        return EPOCH_MS + int(self.now_s * 1000)
+
+
+@dataclass
+class NodeClock:
+    """One replica's `Clock`: the world's, its wall time off by ``skew_ms``."""
+
+    world: World
+    skew_ms: int = 0
+
+    def now_ms(self) -> int:
+        return self.world.wall_ms + self.skew_ms
+
+    def monotonic_s(self) -> float:
+        return self.world.now_s
+
+
+class SimRaft:
+    """One member's `RaftPort` on the shared `SimCluster`. Built by the replica with
+    ``(address, peers, raft_dir, config, apply, (serialize, deserialize))``; a snapshot file
+    in ``raft_dir`` is installed at the first tick, as pysyncobj does."""
+
+    def __init__(self, cluster: SimCluster, address: str, raft_dir: Path,
+                 apply: Callable[[bytes], object],
+                 snapshot: tuple[Callable[[str, tuple], None], Callable[[str], tuple]]) -> None:
+        self.cluster = cluster
+        self.address = address
+        self._apply = apply
+        self._serialize, self._deserialize = snapshot
+        self.snapshot_path = raft_dir / "snapshot"
+        self._load_snapshot = self.snapshot_path.exists()
+        self.applied = 0
+        self.believed_term = 0
+        self.believes_leader = False
+        self.heard_majority_s = 0.0
+        self.doomed: list[OnResult] = []
+        """What this node proposed while cut off: never committed."""
+
+    def tick(self, wait_s: float) -> None:
+        if self._load_snapshot:
+            self._load_snapshot = False
+            (self.applied,) = self._deserialize(str(self.snapshot_path))
+        if self.address in self.cluster.isolated:
+            return
+        self._learn()
+        cluster = self.cluster
+        while self.applied < cluster.commit:
+            index = self.applied
+            self.applied += 1
+            result = self._apply(cluster.log[index][1])
+            waiting = cluster.pending.get(index)
+            if waiting is not None and waiting[0] == self.address:
+                del cluster.pending[index]
+                waiting[1](result, True)
+
+    def _learn(self) -> None:
+        """A node that can hear the others knows the current term and leader."""
+        cluster = self.cluster
+        if self.believed_term != cluster.term:
+            self.believed_term = cluster.term
+            self.believes_leader = cluster.leader == self.address
+            doomed, self.doomed = self.doomed, []
+            for on_result in doomed:
+                on_result(None, False)
+        if self.believes_leader:
+            self.heard_majority_s = cluster.world.now_s
+
+    def wake(self) -> None:
+        pass
+
+    def propose(self, command: bytes, on_result: OnResult) -> None:
+        cluster = self.cluster
+        if self.address in cluster.isolated or cluster.leader != self.address:
+            self.doomed.append(on_result)
+            return
+        cluster.log.append((cluster.term, command))
+        cluster.pending[len(cluster.log) - 1] = (self.address, on_result)
+
+    def is_leader(self) -> bool:
+        return self.believes_leader
+
+    def term(self) -> int:
+        return self.believed_term
+
+    def leader(self) -> str | None:
+        return self.cluster.leader if self.address not in self.cluster.isolated else None
+
+    def lease_until_s(self, lease_ms: int) -> float:
+        if not self.believes_leader:
+            return 0.0
+        return self.heard_majority_s + lease_ms / 1000
+
+    def compact(self) -> None:
+        self.take_snapshot()
+
+    def take_snapshot(self) -> None:
+        """What pysyncobj does at a compaction: the replica writes its manifest."""
+        self.snapshot_path.parent.mkdir(parents=True, exist_ok=True)
+        self._serialize(str(self.snapshot_path), (self.applied,))
+
+    def postpone_election(self) -> None:
+        pass
+
+    def status(self) -> RaftStatus:
+        cluster = self.cluster
+        return RaftStatus(role=Role.LEADER if self.believes_leader else Role.FOLLOWER,
+                          term=self.believed_term, leader=self.leader(),
+                          commit_index=cluster.commit, last_applied=self.applied,
+                          leader_commit_index=cluster.commit, connected=(), match_index={})
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class SimCluster:
+    """The one committed log, the term and the leader, as Raft guarantees them."""
+
+    world: World
+    rng: random.Random
+    log: list[tuple[int, bytes]] = field(default_factory=list)
+    commit: int = 0
+    term: int = 0
+    leader: str | None = None
+    pending: dict[int, tuple[str, OnResult]] = field(default_factory=dict)
+    """Log index -> (proposer, its answer), until the proposer applies it or loses office."""
+    isolated: set[str] = field(default_factory=set)
+    nodes: dict[str, SimRaft] = field(default_factory=dict)
+
+    def can_elect(self) -> bool:
+        """Raft's election timeout is longer than the lease: a new leader only after the old
+        one's lease has run out (it heard no majority for that long)."""
+        old = self.nodes.get(self.leader) if self.leader else None
+        return old is None or (self.world.now_s >= old.heard_majority_s + ELECTION_MS / 1000)
+
+    def elect(self, address: str) -> None:
+        self.term += 1
+        self.leader = address
+        if self.rng.random() < 0.5:
+            del self.log[self.commit:]  # the old leader's tail did not reach the new one
+        for index in sorted(self.pending):
+            proposer, on_result = self.pending.pop(index)
+            if proposer not in self.isolated:
+                on_result(None, False)  # its leadership ended before the answer
+            else:
+                self.nodes[proposer].doomed.append(on_result)
+
+    def replicate(self) -> None:
+        """The leader, if it hears a majority, commits everything it has."""
+        if self.leader is not None and self.leader not in self.isolated:
+            self.commit = len(self.log)
+
+
+class RecordingSink:
+    """A replica's `DeliverySink`: every delivery is recorded, and acknowledged after a
+    random delay (lost if it reaches a node that no longer dispatches that epoch)."""
+
+    def __init__(self, run: Run, address: str) -> None:
+        self._run = run
+        self._address = address
+
+    def dispatch_started(self, term: int, epoch: int, cursor: Cursor, takeover_ms: int) -> None:
+        pass
+
+    def deliver(self, deliveries: list[Delivery]) -> None:
+        run = self._run
+        clock = run.clocks[self._address]
+        for delivery in deliveries:
+            message = delivery.message
+            run.deliveries.append((message.id, delivery.possible_duplicate, clock.now_ms(),
+                                   message.deliver_at_ms, self._address))
+            ack_s = run.world.now_s + run.rng.choice((0.0, 0.01, 0.2, 1.5))
+            run.acks.append((ack_s, self._address, delivery.epoch, message.position))
+
+    def dispatch_stopped(self, epoch: int) -> None:
+        pass
+
+
+class Run:
+    """One seeded scenario."""
+
+    def __init__(self, seed: int, root: Path, members: int = 3, duration_s: float = 3.0
+                 ) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.world = World()
+        self.cluster = SimCluster(self.world, self.rng)
+        self.duration_s = duration_s
+        self.addresses = [f"n{i}" for i in range(members)]
+        self.clocks = {a: NodeClock(self.world, self.rng.choice((0, 0, 300, -300, 1_500)))
+                       for a in self.addresses}
+        self.deliveries: list[tuple[str, bool, int, int, str]] = []
+        self.acks: list[tuple[float, str, int, Cursor]] = []
+        self.scheduled: dict[str, int] = {}
+        """Id -> due time, for every schedule the cluster acknowledged."""
+        self._next_id = 0
+        self._requests: list[tuple[Future, list[NewMessage]]] = []
+        self._retries: list[tuple[float, list[NewMessage]]] = []
+        """Requests that failed, and when their producer tries again (same ids)."""
+        self.crashed: set[str] = set()
+        self.deaths = 0
+        """Replicas that stopped themselves (exit 70 in a real node): a state they could not
+        trust, or a snapshot they could not install."""
+        self._root = root
+        self.replicas = {a: self._replica(a, root / a) for a in self.addresses}
+
+    def _replica(self, address: str, data: Path) -> Replica:
+        def raft(_address: str, _peers: list[str], raft_dir: Path, _config: object,
+                 apply: Callable[[bytes], object], snapshot: tuple) -> SimRaft:
+            node = SimRaft(self.cluster, address, raft_dir, apply, snapshot)
+            self.cluster.nodes[address] = node
+            return node
+        peers = [a for a in self.addresses if a != address]
+        replica = Replica(address, peers, data, RecordingSink(self, address),
+                          fetch=self._fetch, clock=self.clocks[address],
+                          config=ReplicaConfig(), raft=raft)
+        replica._die = _raise_died  # exit 70 would end the simulation; the node is restarted
+        return replica
+
+    def _fetch(self, peers: list[str], path: str, offset: int, size: int) -> bytes:
+        """What the node's `PeerFiles` does over gRPC: the bytes from the first peer that has
+        them all."""
+        for peer in peers:
+            if peer in self.crashed:
+                continue
+            try:
+                data = self.replicas[peer].read_state_file(path, offset, size)
+            except OSError:
+                continue  # it may be behind; another may have it
+            if len(data) == size:
+                return data
+        raise OSError(f"no peer has {path} [{offset}, {offset + size})")
+
+    # -- the scenario -----------------------------------------------------------------------
+
+    def run(self) -> list[str]:
+        """Play the scenario; the violations found (empty: clean)."""
+        self.cluster.elect(self.rng.choice(self.addresses))
+        wake_s = {a: 0.0 for a in self.addresses}
+        next_fault_s = self.rng.uniform(0.2, 1.0)
+        next_load_s = 0.0
+        while self.world.now_s < self.duration_s + 6.0:
+            now_s = self.world.now_s
+            producing = now_s < self.duration_s
+            if producing and now_s >= next_load_s:
+                self._schedule_some()
+                next_load_s = now_s + self.rng.choice((0.05, 0.2, 0.7))
+            if producing and now_s >= next_fault_s:
+                self._fault()
+                next_fault_s = now_s + self.rng.uniform(0.2, 1.0)
+            if not producing and (self.cluster.isolated or self.cluster.leader is None):
+                self._heal()
+            if not producing and self._drained():
+                break
+            self._deliver_acks()
+            self._resubmit()
+            self.cluster.replicate()
+            for address, replica in self.replicas.items():
+                if wake_s[address] <= now_s and address not in self.crashed:
+                    try:
+                        wake_s[address] = now_s + replica.turn(0.0)
+                    except NodeDied:
+                        self.deaths += 1
+                        self._crash(address)
+            self.cluster.replicate()
+            self._settle_requests()
+            times = [now_s + 0.05]
+            times += [wake for address, wake in wake_s.items() if address not in self.crashed]
+            times += [ack_s for ack_s, *_ in self.acks]
+            times += [retry_s for retry_s, _ in self._retries]
+            if producing:
+                times += [next_load_s, next_fault_s]
+            self.world.now_s = max(now_s + 0.001, min(times))
+        return self._violations()
+
+    def _drained(self) -> bool:
+        """Everything acknowledged was delivered, and nothing is still being asked."""
+        delivered = {delivery[0] for delivery in self.deliveries}
+        return (not self._requests and not self._retries
+                and delivered.issuperset(self.scheduled))
+
+    def _schedule_some(self) -> None:
+        leader = self.cluster.leader
+        replica = self.replicas.get(leader) if leader else None
+        count = self.rng.randint(1, 8)
+        messages = []
+        for _ in range(count):
+            self._next_id += 1
+            due_ms = self.world.wall_ms + self.rng.choice((-2_000, 0, 5, 300, 1_000, 2_000))
+            messages.append(NewMessage(f"m{self._next_id}", "orders", b"x", due_ms))
+        self._submit(replica, messages)
+
+    def _submit(self, replica: Replica | None, messages: list[NewMessage]) -> None:
+        if replica is not None and replica.is_leader():
+            try:
+                self._requests.append((replica.schedule(messages), messages))
+                return
+            except Exception:  # NotLeader, Overloaded: the producer retries
+                pass
+        self._retries.append((self.world.now_s + PRODUCER_RETRY_S, messages))
+
+    def _resubmit(self) -> None:
+        due = [messages for retry_s, messages in self._retries if retry_s <= self.world.now_s]
+        self._retries = [(retry_s, messages) for retry_s, messages in self._retries
+                         if retry_s > self.world.now_s]
+        leader = self.cluster.leader
+        for messages in due:
+            self._submit(self.replicas.get(leader) if leader else None, messages)
+
+    def _settle_requests(self) -> None:
+        """Record what was acknowledged; retry, with the same ids, what failed."""
+        waiting, self._requests = self._requests, []
+        for future, messages in waiting:
+            if not future.done():
+                self._requests.append((future, messages))
+            elif future.exception() is not None:
+                self._retries.append((self.world.now_s + PRODUCER_RETRY_S, messages))
+            else:
+                for message, result in zip(messages, future.result(), strict=True):
+                    if isinstance(result, Scheduled):
+                        self.scheduled[message.id] = result.deliver_at_ms
+
+    def _fault(self) -> None:
+        cluster, rng = self.cluster, self.rng
+        roll = rng.random()
+        if roll < 0.3 and cluster.leader is not None and not cluster.isolated:
+            cluster.isolated.add(cluster.leader)  # the leader is cut off (or paused)
+        elif roll < 0.45 and not self.crashed:
+            self._crash(rng.choice(self.addresses))
+        elif roll < 0.6:
+            live = [a for a in self.addresses if a not in cluster.isolated]
+            if live:
+                cluster.nodes[rng.choice(live)].take_snapshot()
+        elif roll < 0.85 and cluster.can_elect():
+            candidates = [a for a in self.addresses if a not in cluster.isolated]
+            cluster.elect(rng.choice(candidates))
+        else:
+            self._heal()
+
+    def _crash(self, address: str) -> None:
+        """SIGKILL (or exit 70): nothing flushed, nothing said; restarted at the next heal."""
+        self.crashed.add(address)
+        self.cluster.isolated.add(address)
+        _kill(self.replicas[address])
+
+    def _restart(self, address: str) -> None:
+        """The crashed node starts again on its files; a node without a snapshot of its own
+        is sent a peer's (pysyncobj streams the leader's to a follower that needs it)."""
+        own = self._root / address / "raft" / "snapshot"
+        donors = [self._root / a / "raft" / "snapshot" for a in self.addresses
+                  if a != address and a not in self.crashed]
+        donors = [path for path in donors if path.exists()]
+        if donors and (not own.exists() or self.rng.random() < 0.5):
+            own.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.rng.choice(donors), own)
+        self.crashed.discard(address)
+        self.replicas[address] = self._replica(address, self._root / address)
+
+    def _heal(self) -> None:
+        for address in sorted(self.crashed):
+            self._restart(address)
+        self.cluster.isolated.clear()
+        if self.cluster.can_elect() and (self.cluster.leader is None or self.rng.random() < 0.5):
+            self.cluster.elect(self.rng.choice(self.addresses))
+
+    def _deliver_acks(self) -> None:
+        now_s = self.world.now_s
+        due = [ack for ack in self.acks if ack[0] <= now_s]
+        self.acks = [ack for ack in self.acks if ack[0] > now_s]
+        for _, address, epoch, position in due:
+            if address not in self.cluster.isolated:
+                self.replicas[address].ack(epoch, [position])
+
+    # -- the verdict ------------------------------------------------------------------------
+
+    def _violations(self) -> list[str]:
+        found = []
+        by_id: dict[str, list[tuple[bool, int, int, str]]] = defaultdict(list)
+        for message_id, flagged, at_ms, due_ms, node in self.deliveries:
+            by_id[message_id].append((flagged, at_ms, due_ms, node))
+            if at_ms < due_ms:
+                found.append(f"{message_id} delivered early by {node}: {at_ms} < {due_ms}")
+        lost = sorted(set(self.scheduled) - set(by_id))
+        if lost:
+            found.append(f"lost: {lost[:10]} ({len(lost)} in all)")
+        for message_id, seen in by_id.items():
+            unflagged = [entry for entry in seen[1:] if not entry[0]]
+            if unflagged:
+                found.append(f"{message_id} delivered {len(seen)} times, "
+                             f"{len(unflagged)} repeats unflagged: {seen}")
+        return found
+
+    def summary(self) -> Counter:
+        """How much happened: deliveries, acknowledged schedules, terms, flagged deliveries,
+        and flagged first deliveries (false alarms: issue 16 wants them gone)."""
+        counts: Counter = Counter(delivered=len(self.deliveries), scheduled=len(self.scheduled),
+                                  terms=self.cluster.term, deaths=self.deaths)
+        counts["flagged"] = sum(1 for d in self.deliveries if d[1])
+        seen: set[str] = set()
+        for message_id, flagged, *_ in self.deliveries:
+            counts["false_alarms"] += flagged and message_id not in seen
+            seen.add(message_id)
+        return counts
+
+    def close(self) -> None:
+        for address, replica in self.replicas.items():
+            if address not in self.crashed:
+                replica.stop()
+
+
+class NodeDied(Exception):
+    """A replica called its ``_die`` (a real node exits with 70 and is restarted)."""
+
+
+def _raise_died(reason: str) -> None:
+    raise NodeDied(reason)
+
+
+def _kill(replica: Replica) -> None:
+    """What SIGKILL leaves of a replica: its files as written so far (buffered appends and the
+    cursor's meta are lost) and no lock; the process's other handles die with the object."""
+    wheel = replica._state.wheel
+    if wheel._lock_fd >= 0:
+        os.close(wheel._lock_fd)
+        wheel._lock_fd = -1  # close() of the dead object must not flush
+        os.close(wheel._meta_fd)
+
+
+def run(seed: int, duration_s: float = 3.0) -> tuple[list[str], Counter]:
+    """One scenario from ``seed``: its violations and a summary."""
+    with tempfile.TemporaryDirectory(prefix=f"tickwheel-sim-{seed}-",
+                                     dir=_fast_tmp()) as root:
+        scenario = Run(seed, Path(root), duration_s=duration_s)
+        try:
+            return scenario.run(), scenario.summary()
+        finally:
+            scenario.close()
+
+
+def _fast_tmp() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() else None
+
+
+if __name__ == "__main__":
+    import sys
+
+    for text in sys.argv[1:]:
+        found, counts = run(int(text))
+        print(f"seed {text}: {dict(counts)}")
+        for violation in found:
+            print(f"  {violation}")
