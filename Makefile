@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint demo bench bench-quick chaos clean
+.PHONY: test lint typecheck demo bench bench-quick chaos clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tickwheel needs Python >= 3.11")'
@@ -14,9 +14,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $@
 
-lint: $(STAMP)
+lint: $(STAMP) typecheck
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+
+# mypy (strict) on the packages listed in pyproject.toml, seen as tickwheel/<package>.
+TYPECHECK := build/typecheck/tickwheel
+typecheck: $(STAMP)
+	@mkdir -p $(TYPECHECK)
+	@for package in wheel replication node chaos client; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
+	@ln -sfn ../../generated/tickwheel/v1 $(TYPECHECK)/v1
+	$(VENV)/bin/mypy
 
 test: lint
 	$(PY) -m pytest
