@@ -81,6 +81,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+
 from tickwheel.chaos import report
 
 MAX_IDS = 50

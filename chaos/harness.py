@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress
+
 from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.nemesis import Nemesis, NemesisConfig
 from tickwheel.chaos.workload import (

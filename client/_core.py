@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import grpc
 from tenacity import retry_if_exception, stop_after_delay, wait_random_exponential
+
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 LEADER_KEY = "tickwheel-leader"

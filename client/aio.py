@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type
+
 from tickwheel.client._core import (
     CHANNEL_OPTIONS,
     DEFAULT_TARGET,

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import grpc
 from tenacity import Retrying, retry_if_exception_type
+
 from tickwheel.client._core import (
     CHANNEL_OPTIONS,
     CREDIT_BATCH_DIVISOR,

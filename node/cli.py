@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+
 from tickwheel.client import Client, Message, TickwheelClientError
 from tickwheel.node import config as node_config
 from tickwheel.node.serve import run

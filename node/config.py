@@ -32,6 +32,7 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
 from tickwheel.node import statefulset
 from tickwheel.node.delivery import HubConfig
 from tickwheel.node.levels import DEFAULT_LEVELS, RetryPolicy, parse_levels

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
 from tickwheel.client import Client, Message, Received
 from tickwheel.replication.local_cluster import LocalCluster
 

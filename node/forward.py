@@ -8,6 +8,7 @@ client retries). Channels to the other members are opened on first use and kept.
 from __future__ import annotations
 
 import grpc
+
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
 FORWARDED_KEY = "tickwheel-forwarded"

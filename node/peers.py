@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 import grpc
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_random_exponential
+
 from tickwheel.v1 import tickwheel_pb2, tickwheel_pb2_grpc
 
 log = logging.getLogger("tickwheel.node.peers")

@@ -14,6 +14,7 @@ import signal
 import sys
 
 from grpc_health.v1 import health, health_pb2
+
 from tickwheel.node.config import NodeSettings
 from tickwheel.node.delivery import Hub, HubConfig
 from tickwheel.node.forward import Forwarder

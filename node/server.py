@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
 from tickwheel.node import validation
 from tickwheel.node.delivery import Consumer, Hub, Pending
 from tickwheel.node.forward import (

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
+
 from tickwheel.replication.local_cluster import AckingConsumer, LocalCluster
 
 settings.register_profile("ci", max_examples=150, stateful_step_count=40, deadline=None,

@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+
 from tickwheel.chaos.audit import (
     Fault,
     LeaderChange,

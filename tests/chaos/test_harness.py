@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.harness import RunConfig, _node_args
 from tickwheel.chaos.nemesis import NemesisConfig

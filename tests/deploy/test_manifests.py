@@ -21,6 +21,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+
 from tickwheel.node.config import NodeSettings
 
 from . import kustomize_lite

@@ -23,6 +23,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import ValidationError
+
 from tickwheel.client import Client
 from tickwheel.node import statefulset
 from tickwheel.node.config import NodeSettings, load

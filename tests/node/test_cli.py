@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+
 from tickwheel.node.cli import duration_ms
 from tickwheel.node.config import load
 from tickwheel.replication.local_cluster import LocalCluster, wait_for

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+
 from tickwheel.node.config import NodeSettings
 
 THREE = ["127.0.0.1:7500=127.0.0.1:7400", "127.0.0.1:7501=127.0.0.1:7401",

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from tickwheel.node.journal import DeliveryJournal
 from tickwheel.replication.dispatcher import Delivery
 from tickwheel.wheel import Cursor

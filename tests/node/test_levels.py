@@ -10,6 +10,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 from pydantic import ValidationError
+
 from tickwheel.node import levels
 from tickwheel.node.config import load
 from tickwheel.node.levels import (

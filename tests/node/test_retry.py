@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from tickwheel.client import Client, Consumer, Message, Received
 from tickwheel.node.levels import DEFAULT_LEVELS, parse_levels
 from tickwheel.replication.local_cluster import LocalCluster, wait_for

@@ -7,6 +7,7 @@ import zlib
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given
+
 from tickwheel.wheel import CorruptSegment
 from tickwheel.wheel.format import (
     PAYLOAD_HEADER_V1,

@@ -18,6 +18,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+
 from tickwheel.wheel import Cursor, NewMessage, Wheel, WheelConfig
 from tickwheel.wheel.format import TOMBSTONE, UNIT, UNIT_SIZE
 from wheel_model import Model
