@@ -121,6 +121,8 @@ class NodeSettings(BaseSettings):
     max_inflight_msgs: int = DispatchConfig().max_inflight_msgs
     max_inflight_bytes: int = DispatchConfig().max_inflight_bytes
     max_queued_msgs: int = ReplicaConfig().max_queued_msgs
+    max_topic_labels: int = 1_000
+    """Topics with a label of their own in ``/metrics``; later ones share ``%other%``."""
 
     pod_name: str | None = None
     """This pod's name in a StatefulSet (``tickwheel-2``; downward API ``metadata.name``). With
@@ -174,7 +176,7 @@ class NodeSettings(BaseSettings):
     @field_validator("max_body_bytes", "max_delay_ms", "max_batch_msgs", "max_stream_msgs",
                      "max_credits",
                      "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
-                     "max_queued_msgs", "snapshot_min_entries")
+                     "max_queued_msgs", "snapshot_min_entries", "max_topic_labels")
     @classmethod
     def _positive(cls, value: int) -> int:
         if value <= 0:

@@ -163,8 +163,7 @@ class Hub:
         consumer = Consumer(topic, name, visibility_timeout_ms, credits)
         state = self._topics.setdefault(topic, _Topic())
         state.consumers.append(consumer)
-        self._metrics.consumers.labels(topic).inc()
-        log.info("event=consumer_joined topic=%s consumer=%s credits=%d visibility_timeout_ms=%d",
+        log.info("event=consumer_joined topic=%s consumer=%r credits=%d visibility_timeout_ms=%d",
                  topic, name, credits, visibility_timeout_ms)
         self._pump(state)
         return consumer
@@ -175,12 +174,11 @@ class Hub:
         if state is None or consumer not in state.consumers:
             return
         state.consumers.remove(consumer)
-        self._metrics.consumers.labels(consumer.topic).dec()
         returned = list(consumer.unacked.values())
         consumer.unacked.clear()
         for pending in reversed(returned):
             self._return(state, pending)
-        log.info("event=consumer_left topic=%s consumer=%s returned=%d", consumer.topic,
+        log.info("event=consumer_left topic=%s consumer=%r returned=%d", consumer.topic,
                  consumer.name, len(returned))
         self._pump(state)
         self._forget_if_idle(consumer.topic)
@@ -214,7 +212,7 @@ class Hub:
             self._forget_if_idle(holder.topic)
         if positions and epoch is not None:
             self._replica.ack(epoch, positions)
-            self._metrics.acked.labels(consumer.topic).inc(len(positions))
+            self._metrics.acked.labels(self._metrics.topic(consumer.topic)).inc(len(positions))
         return len(positions)
 
     def nack(self, consumer: Consumer, receipts: list[str]) -> int:
@@ -252,10 +250,9 @@ class Hub:
         self._pending.clear()
         self._expiries.clear()
         reason = NotLeader(self._replica.leader_hint())
-        for topic, state in self._topics.items():
+        for state in self._topics.values():
             for consumer in state.consumers:
                 consumer.close(reason)
-                self._metrics.consumers.labels(topic).dec()
         self._topics.clear()
         log.info("event=delivery_stopped epoch=%s", epoch)
 
@@ -329,8 +326,8 @@ class Hub:
             topic = pending.delivery.message.topic
             counter = self._metrics.retried if copy.topic == topic else (
                 self._metrics.dead_lettered)
-            counter.labels(topic).inc()
-            log.info("event=message_retried reason=%s id=%s topic=%s attempt=%d to_topic=%s "
+            counter.labels(self._metrics.topic(topic)).inc()
+            log.info("event=message_retried reason=%s id=%r topic=%s attempt=%d to_topic=%s "
                      "deliver_at_ms=%d handle=%s", reason, copy.id, topic, pending.attempt,
                      copy.topic, copy.deliver_at_ms, result.handle)
         if positions:
@@ -357,7 +354,8 @@ class Hub:
 
     def _requeue(self, state: _Topic, pending: Pending) -> None:
         state.ready.appendleft(pending)
-        self._metrics.redelivered.labels(pending.delivery.message.topic).inc()
+        self._metrics.redelivered.labels(
+            self._metrics.topic(pending.delivery.message.topic)).inc()
 
     def _pump(self, state: _Topic) -> None:
         """Send ready messages to consumers with credits, round-robin, while the lease holds."""
@@ -417,7 +415,7 @@ class Hub:
             for pending, attempt in heapq.heappop(self._expiries)[2]:
                 if pending.done or pending.attempt != attempt or pending.consumer is None:
                     continue
-                log.info("event=visibility_timeout topic=%s id=%s attempt=%d consumer=%s",
+                log.info("event=visibility_timeout topic=%s id=%r attempt=%d consumer=%r",
                          pending.consumer.topic, pending.delivery.message.id, attempt,
                          pending.consumer.name)
                 self._take_back(pending)

@@ -1,9 +1,12 @@
 """Prometheus metrics of one node, served at ``/metrics`` by prometheus-client.
 
 Counters and the lateness histogram are updated where things happen (the gRPC handlers, the
-hub); gauges that describe Raft (role, term, cursor lag) are refreshed from `Replica.status` by
-the server's housekeeping task. Topic labels are bounded by the topic rules (and by how many
-topics a deployment uses); no label ever carries a message id.
+hub); gauges (per-topic queues and consumers, Raft's role, term, cursor lag) are refreshed by
+the server's housekeeping task, and a topic that is gone from them is gone from ``/metrics``.
+Topic labels are bounded: the first ``max_topic_labels`` topics a node sees get their own label,
+and every later one is counted under ``topic="%other%"`` (not a valid topic name), so a client
+that makes up topic names cannot grow ``/metrics`` without bound. No label ever carries a
+message id.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from tickwheel.node.delivery import Pending
 
+OTHER_TOPICS = "%other%"
+"""The label of every topic beyond ``max_topic_labels``."""
 LATENESS_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                       10.0, 30.0, 60.0)
 _LATENESS_BUCKETS_MS = tuple(round(bound * 1000, 1) for bound in LATENESS_BUCKETS_S)
@@ -59,10 +64,29 @@ class BatchHistogram(Collector):
                                     sum_value=sum_ms / 1000)
 
 
+class TopicLabels:
+    """The label a topic is published under: its own name for the first ``max_topics``
+    topics seen, `OTHER_TOPICS` for every later one."""
+
+    def __init__(self, max_topics: int) -> None:
+        self._max_topics = max_topics
+        self._labelled: set[str] = set()
+
+    def __call__(self, topic: str) -> str:
+        if topic in self._labelled:
+            return topic
+        if len(self._labelled) < self._max_topics:
+            self._labelled.add(topic)
+            return topic
+        return OTHER_TOPICS
+
+
 class Metrics:
     """Every metric a node exports, in its own registry."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_topic_labels: int = 1_000) -> None:
+        self.topic = TopicLabels(max_topic_labels)
+        """Use ``metrics.delivered.labels(metrics.topic(name))``: the bounded label."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.scheduled = Counter("tickwheel_scheduled_messages", "Messages newly scheduled "
@@ -112,21 +136,32 @@ class Metrics:
     def observe_delivered(self, topic: str, batch: list[Pending], now_ms: int) -> None:
         self.lateness.observe_ms([max(0, now_ms - pending.delivery.message.deliver_at_ms)
                                   for pending in batch if pending.attempt == 1])
-        self.delivered.labels(topic).inc(len(batch))
+        self.delivered.labels(self.topic(topic)).inc(len(batch))
 
     def set_topics(self, topics: list[tuple[str, int, int, int]]) -> None:
         """Publish the hub's per-topic figures; topics no longer listed are removed."""
-        for gauge in (self.ready, self.unacked):
+        figures: dict[str, list[int]] = {}
+        for topic, ready, unacked, consumers in topics:
+            summed = figures.setdefault(self.topic(topic), [0, 0, 0])
+            summed[0] += ready
+            summed[1] += unacked
+            summed[2] += consumers
+        for gauge in (self.ready, self.unacked, self.consumers):
             gauge.clear()
-        for topic, ready, unacked, _ in topics:
-            self.ready.labels(topic).set(ready)
-            self.unacked.labels(topic).set(unacked)
+        for label, (ready, unacked, consumers) in figures.items():
+            self.ready.labels(label).set(ready)
+            self.unacked.labels(label).set(unacked)
+            self.consumers.labels(label).set(consumers)
 
     def set_pending(self, pending: dict[str, int], untracked: int) -> None:
         """Publish the replicated pending counts; topics no longer tracked are removed."""
-        self.pending.clear()
+        figures: dict[str, int] = {}
         for topic, count in pending.items():
-            self.pending.labels(topic).set(count)
+            label = self.topic(topic)
+            figures[label] = figures.get(label, 0) + count
+        self.pending.clear()
+        for label, count in figures.items():
+            self.pending.labels(label).set(count)
         self.pending_untracked.set(untracked)
 
     def serve(self, address: str) -> None:

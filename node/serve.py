@@ -44,7 +44,7 @@ of the leader's commit index."""
 async def serve(settings: NodeSettings) -> None:
     members = settings.member_map()
     clock = SystemClock(settings.clock_skew_ms)
-    metrics = Metrics()
+    metrics = Metrics(settings.max_topic_labels)
     journal = DeliveryJournal(settings.data / "deliveries.jsonl", settings.raft_address)
     retry = settings.retry_policy()
     hub = Hub(HubConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms), retry,

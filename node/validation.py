@@ -23,6 +23,9 @@ from tickwheel.wheel.types import DAY_MS
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 TOPIC_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,249}")
 """Kafka's topic alphabet and length: safe in file names, metric labels and URLs."""
+CONSUMER_PATTERN = re.compile(r"[A-Za-z0-9._:@/\[\]-]{1,128}")
+"""What a consumer may call itself: an id, a host and port, a pod name (it reaches logs and the
+delivery journal, so no spaces, no control characters)."""
 _WHEN_FIELDS = ("deliver_at_ms", "delay_ms", "delay_level")
 
 
@@ -176,6 +179,9 @@ def check_subscribe(subscribe: pb.Subscribe, limits: Limits, default_visibility_
                     ) -> int:
     """Check a `Receive` subscription; returns its visibility timeout in ms."""
     check_topic(subscribe.topic, "subscribe.topic", dead_letter=True)
+    if subscribe.consumer and not CONSUMER_PATTERN.fullmatch(subscribe.consumer):
+        raise InvalidMessage("subscribe.consumer", f"{subscribe.consumer[:80]!r} is not 1-128 of "
+                             "[A-Za-z0-9._:@/[]-]")
     check_credits(subscribe.credits, 0, limits, "subscribe.credits")
     timeout_ms = subscribe.visibility_timeout_ms or default_visibility_ms
     if not (limits.min_visibility_timeout_ms <= timeout_ms

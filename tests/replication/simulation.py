@@ -21,7 +21,6 @@ missing bytes from the peers' files) and then the rest of the log.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import tempfile
@@ -253,6 +252,7 @@ class Run:
         """Requests that failed, and when their producer tries again (same ids)."""
         self.crashed: set[str] = set()
         self.deaths = 0
+        self.restarts = 0
         """Replicas that stopped themselves (exit 70 in a real node): a state they could not
         trust, or a snapshot they could not install."""
         self._root = root
@@ -408,6 +408,7 @@ class Run:
             own.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.rng.choice(donors), own)
         self.crashed.discard(address)
+        self.restarts += 1
         self.replicas[address] = self._replica(address, self._root / address)
 
     def _heal(self) -> None:
@@ -448,7 +449,8 @@ class Run:
         """How much happened: deliveries, acknowledged schedules, terms, flagged deliveries,
         and flagged first deliveries (false alarms: issue 16 wants them gone)."""
         counts: Counter = Counter(delivered=len(self.deliveries), scheduled=len(self.scheduled),
-                                  terms=self.cluster.term, deaths=self.deaths)
+                                  terms=self.cluster.term, deaths=self.deaths,
+                                  restarts=self.restarts)
         counts["flagged"] = sum(1 for d in self.deliveries if d[1])
         seen: set[str] = set()
         for message_id, flagged, *_ in self.deliveries:
@@ -473,11 +475,9 @@ def _raise_died(reason: str) -> None:
 def _kill(replica: Replica) -> None:
     """What SIGKILL leaves of a replica: its files as written so far (buffered appends and the
     cursor's meta are lost) and no lock; the process's other handles die with the object."""
-    wheel = replica._state.wheel
-    if wheel._lock_fd >= 0:
-        os.close(wheel._lock_fd)
-        wheel._lock_fd = -1  # close() of the dead object must not flush
-        os.close(wheel._meta_fd)
+    meta = replica._state.wheel._meta
+    if not meta.closed:
+        meta.close()  # and so close() of the dead wheel writes nothing
 
 
 def run(seed: int, duration_s: float = 3.0) -> tuple[list[str], Counter]:

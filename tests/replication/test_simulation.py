@@ -32,7 +32,7 @@ def first_failing_seed(seeds: range) -> tuple[int, list[str]] | None:
 
 def test_every_seeded_scenario_loses_nothing_flags_every_repeat_and_is_never_early() -> None:
     failures = {}
-    totals = {"scheduled": 0, "delivered": 0, "flagged": 0, "terms": 0}
+    totals = {"scheduled": 0, "delivered": 0, "flagged": 0, "terms": 0, "restarts": 0}
     for seed in range(SEEDS):
         violations, summary = simulation.run(seed)
         if violations:
@@ -41,7 +41,8 @@ def test_every_seeded_scenario_loses_nothing_flags_every_repeat_and_is_never_ear
             totals[key] += summary[key]
     assert failures == {}, f"failing seeds (replay with simulation.run(seed)): {failures}"
     # the scenarios did exercise what they claim to
-    assert totals["terms"] > 1.5 * SEEDS, totals
+    assert totals["terms"] > 1.3 * SEEDS, totals  # about a third of the runs change leader
+    assert totals["restarts"] > SEEDS / 10, totals  # nodes come back from their files
     assert totals["delivered"] > totals["scheduled"] > 10 * SEEDS, totals
 
 

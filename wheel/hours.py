@@ -1,0 +1,211 @@
+"""The hour wheel on disk: which hours have a segment, and which segments are open.
+
+An hour (``slot_second // 3600``) that holds messages has a segment folder. At most
+``max_open_hours`` segments are open at once (an open hour holds up to ``FDS_PER_HOUR``
+descriptors), least recently used closed first, except the hours the dispatch window reads
+from. `HourSet` also counts the appends buffered in open segments (``dirty`` hours) and knows
+which are mapped for reading.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import resource
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+from tickwheel.wheel.errors import InvariantViolation
+from tickwheel.wheel.format import SECONDS_PER_HOUR
+from tickwheel.wheel.segment import FDS_PER_HOUR, HourSegment, remove_segment, segment_files
+
+log = logging.getLogger("tickwheel.wheel")
+
+HOURS_DIR = "hours"
+_SPARE_FDS = 256  # for everything else the process opens
+
+
+class HourSet:
+    """The hours that have a segment (ascending) and the open ones among them."""
+
+    def __init__(self, hours_dir: Path, hours: list[int], max_open_hours: int) -> None:
+        self.dir = hours_dir
+        self.hours = hours
+        self._max_open_hours = max_open_hours
+        self._open: OrderedDict[int, HourSegment] = OrderedDict()
+        self._dirty: set[int] = set()
+        self._mapped: set[int] = set()
+        self.buffered_bytes = 0
+        """Appends buffered in open segments, not yet written."""
+        self.in_use: Callable[[], tuple[int, int]] = lambda: (0, -1)
+        """The hours (first, last) the dispatch window reads from: never evicted."""
+
+    @classmethod
+    def open(cls, root: Path, max_open_hours: int) -> HourSet:
+        hours_dir = root / HOURS_DIR
+        hours_dir.mkdir(parents=True, exist_ok=True)
+        hours = sorted(int(name) for name in (p.name for p in hours_dir.iterdir())
+                       if name.isdigit())
+        return cls(hours_dir, hours, _open_hours_within_fd_limit(max_open_hours))
+
+    def segment(self, hour: int, *, create: bool) -> HourSegment | None:
+        """The open segment of ``hour``; opened (or created, if ``create``) on demand."""
+        segment = self._open.get(hour)
+        if segment is not None:
+            self._open.move_to_end(hour)
+            return segment
+        position = bisect.bisect_left(self.hours, hour)
+        exists = position < len(self.hours) and self.hours[position] == hour
+        if not exists:
+            if not create:
+                return None
+            self.hours.insert(position, hour)
+        self._evict()
+        segment = HourSegment.open(self.dir, hour)
+        self._open[hour] = segment
+        return segment
+
+    def create(self, hour: int) -> HourSegment:
+        """The segment of ``hour``, created if it has none."""
+        segment = self.segment(hour, create=True)
+        if segment is None:
+            raise InvariantViolation(f"hour {hour} has no segment after creating it")
+        return segment
+
+    def existing(self, hour: int) -> HourSegment:
+        """The segment of an hour known to have one."""
+        segment = self.segment(hour, create=False)
+        if segment is None:
+            raise InvariantViolation(f"hour {hour} has no segment")
+        return segment
+
+    def written(self, hour: int) -> None:
+        """``hour``'s segment holds buffered appends (counted by the caller)."""
+        self._dirty.add(hour)
+
+    def flush_through(self, last_hour: int) -> None:
+        """Write the buffered appends of every hour up to ``last_hour``."""
+        for hour in sorted(h for h in self._dirty if h <= last_hour):
+            segment = self._open[hour]
+            self._forget_buffer(hour, segment)
+            segment.flush()
+
+    def flush(self) -> None:
+        """Write every buffered append."""
+        for hour in sorted(self._dirty):
+            self._open[hour].flush()  # dirty hours are always open: eviction flushes first
+        self._dirty.clear()
+        self.buffered_bytes = 0
+
+    def next_occupied_second(self, from_second: int) -> int | None:
+        """The first second at or after ``from_second`` holding a message: hour wheel first,
+        then the occupancy bits of one hour; empty hours and seconds are skipped, not visited."""
+        first_hour = from_second // SECONDS_PER_HOUR
+        for position in range(bisect.bisect_left(self.hours, first_hour), len(self.hours)):
+            hour = self.hours[position]
+            segment = self.existing(hour)
+            start = max(0, from_second - hour * SECONDS_PER_HOUR)
+            bits = segment.occupied >> start
+            if bits:
+                return hour * SECONDS_PER_HOUR + start + (bits & -bits).bit_length() - 1
+        return None
+
+    def count_at(self, second: int) -> int:
+        """How many messages are filed under ``second`` (cancelled ones included)."""
+        hour, second_of_hour = divmod(second, SECONDS_PER_HOUR)
+        segment = self.segment(hour, create=False)
+        return 0 if segment is None else segment.heads[(second_of_hour << 1) + 1]
+
+    def map_for_reading(self, segment: HourSegment) -> None:
+        """Map ``segment`` for reading, once; `release_maps` unmaps it when passed."""
+        if segment.hour not in self._mapped:
+            segment.map_for_reading()
+            self._mapped.add(segment.hour)
+
+    def release_maps(self, below_hour: int) -> None:
+        """Unmap the hours before ``below_hour``: the dispatch has left them behind."""
+        for hour in [h for h in self._mapped if h < below_hour]:
+            self._mapped.discard(hour)
+            if hour in self._open:
+                self._open[hour].unmap()
+
+    def before(self, hour: int) -> list[int]:
+        """The hours on disk before ``hour``."""
+        return self.hours[:bisect.bisect_left(self.hours, hour)]
+
+    def delete(self, hour: int, cursor_second: int) -> None:
+        """Delete ``hour``'s files (the cursor, at ``cursor_second``, has passed it)."""
+        self._remove(hour, cursor_second)
+        self.hours.remove(hour)
+
+    def delete_before(self, hour: int, cursor_second: int) -> None:
+        """Delete every hour before ``hour``."""
+        passed = bisect.bisect_left(self.hours, hour)
+        for passed_hour in self.hours[:passed]:
+            self._remove(passed_hour, cursor_second)
+        del self.hours[:passed]
+
+    def files(self, first_hour: int) -> dict[str, int]:
+        """The append-only files of the hours from ``first_hour`` on, by path relative to the
+        wheel's root, with their sizes (flush first)."""
+        listed = {}
+        for hour in self.hours[bisect.bisect_left(self.hours, first_hour):]:
+            for name, size in segment_files(self.dir, hour).items():
+                listed[f"{HOURS_DIR}/{hour:08d}/{name}"] = size
+        return listed
+
+    def close(self) -> None:
+        for segment in self._open.values():
+            segment.close()
+        self._open.clear()
+
+    def _evict(self) -> None:
+        """Make room for one more segment within ``max_open_hours`` by closing the least
+        recently used, sparing the hours the dispatch window reads from (which may exceed the
+        limit for as long as the window needs them)."""
+        excess = len(self._open) + 1 - self._max_open_hours
+        if excess <= 0:
+            return
+        low, high = self.in_use()
+        for hour in [h for h in self._open if not low <= h <= high][:excess]:
+            segment = self._open.pop(hour)
+            self._forget_buffer(hour, segment)
+            self._mapped.discard(hour)
+            segment.close()
+
+    def _forget_buffer(self, hour: int, segment: HourSegment) -> None:
+        """Stop counting ``segment``'s buffered appends: it is about to write or drop them."""
+        if hour in self._dirty:
+            self.buffered_bytes -= segment.buffered_bytes
+            self._dirty.discard(hour)
+
+    def _remove(self, hour: int, cursor_second: int) -> None:
+        segment = self._open.pop(hour, None)
+        if segment is not None:
+            self._forget_buffer(hour, segment)
+            segment.discard()
+        self._mapped.discard(hour)
+        remove_segment(self.dir, hour)
+        log.info("event=hour_deleted hour=%d cursor_second=%d", hour, cursor_second)
+
+
+def _open_hours_within_fd_limit(max_open_hours: int) -> int:
+    """``max_open_hours``, or fewer if the process may not open enough files.
+
+    An open hour holds up to ``FDS_PER_HOUR`` descriptors. The soft ``RLIMIT_NOFILE`` is raised
+    towards the hard one when needed; if that is still short, fewer hours stay open (slower
+    when inserts are spread over more hours than that), and the log says so.
+    """
+    needed = max_open_hours * FDS_PER_HOUR + _SPARE_FDS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        soft = raised
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return max_open_hours
+    fitting = max(2, (soft - _SPARE_FDS) // FDS_PER_HOUR)
+    log.warning("event=open_hours_capped max_open_hours=%d fitting=%d nofile_soft=%d",
+                max_open_hours, fitting, soft)
+    return fitting

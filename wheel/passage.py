@@ -1,0 +1,134 @@
+"""The cursor's passage: which messages (by tag) the cursor passes as it moves, read ahead.
+
+A replicated state machine keeps per-tag pending counts with the cursor, the same on every
+replica, so each cursor move must count the live (not cancelled) messages it passes. Reading a
+busy second's chain at once stalled every replica (a second of 20,000 messages took 12 ms);
+`walk_ahead` reads the next second's units in steps between turns, and a second the cursor
+crosses in several steps is read once: its units are kept until the cursor leaves it.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+
+from tickwheel.wheel.errors import invariant
+from tickwheel.wheel.format import SECONDS_PER_HOUR
+from tickwheel.wheel.hours import HourSet
+from tickwheel.wheel.segment import HourSegment
+from tickwheel.wheel.types import Cursor
+
+_WALKED = -1
+"""`_SecondUnits.resume` once the whole chain is read."""
+
+
+@dataclass(slots=True)
+class _SecondUnits:
+    """The units of a second the cursor is about to pass: the global index and tag of each
+    (6 bytes a message). While `CursorPassage.walk_ahead` reads the chain in steps they are
+    newest first and ``resume`` names the next unit to read (None before the first step);
+    once read (``resume`` is `_WALKED`) they are in local index order."""
+
+    global_indexes: array[int] = field(default_factory=lambda: array("I"))
+    tags: array[int] = field(default_factory=lambda: array("H"))
+    resume: int | None = None
+
+
+class CursorPassage:
+    """The units of the seconds the cursor is passing, by second."""
+
+    def __init__(self, hours: HourSet) -> None:
+        self._hours = hours
+        self._passing: dict[int, _SecondUnits] = {}
+
+    def forget_before(self, second: int) -> None:
+        """The cursor has left every second before ``second``."""
+        for passed in [s for s in self._passing if s < second]:
+            del self._passing[passed]
+
+    def clear(self) -> None:
+        """The files were replaced (a snapshot was installed): nothing read still holds."""
+        self._passing.clear()
+
+    def live_tags_between(self, start: Cursor, end: Cursor) -> dict[int, int]:
+        """How many messages of each tag lie at or after ``start`` and before ``end`` and are
+        not cancelled (see `Wheel.live_tags_until`)."""
+        counts: Counter[int] = Counter()
+        second, local_index = start
+        while (second, local_index) < end:
+            segment = self._hours.segment(second // SECONDS_PER_HOUR, create=False)
+            if segment is not None:
+                units = self._units_of(segment, second)
+                stop = end.local_index if second == end.second else len(units.tags)
+                passed = units.global_indexes[local_index:stop]
+                if segment.tombstones and not segment.tombstones.isdisjoint(passed):
+                    tombstones = segment.tombstones
+                    counts.update(tag for global_index, tag
+                                  in zip(passed, units.tags[local_index:stop], strict=True)
+                                  if global_index not in tombstones)
+                else:  # nothing cancelled among them: counted in C
+                    counts.update(units.tags[local_index:stop])
+            following = self._hours.next_occupied_second(second + 1)
+            if following is None:
+                break
+            second, local_index = following, 0
+        return dict(counts)
+
+    def walk_ahead(self, cursor_second: int, max_units: int) -> None:
+        """Read up to ``max_units`` index units of the next second the cursor will pass (the
+        cursor's own, then the next one holding messages); nothing once that one is read."""
+        second = cursor_second
+        for _ in range(2):
+            segment = self._hours.segment(second // SECONDS_PER_HOUR, create=False)
+            if segment is not None and segment.heads[((second % SECONDS_PER_HOUR) << 1) + 1]:
+                units = self._units(second)
+                if units.resume != _WALKED:
+                    self._walk(segment, second, units, max_units)
+                    return
+            following = self._hours.next_occupied_second(second + 1)
+            if following is None:
+                return
+            second = following
+
+    def _units_of(self, segment: HourSegment, second: int) -> _SecondUnits:
+        """The global index and tag of each message filed under ``second``, by local index:
+        read to the end now if `walk_ahead` has not, and extended by what was filed since."""
+        units = self._units(second)
+        self._walk(segment, second, units, max_units=segment.units)
+        second_of_hour = second % SECONDS_PER_HOUR
+        count = segment.heads[(second_of_hour << 1) + 1]
+        if len(units.tags) < count:
+            newer_globals, newer_tags = array("I"), array("H")
+            segment.walk_chain(segment.heads[second_of_hour << 1], len(units.tags), count,
+                               newer_globals, newer_tags)
+            newer_globals.reverse()
+            newer_tags.reverse()
+            units.global_indexes += newer_globals
+            units.tags += newer_tags
+        invariant(len(units.tags) == count,
+                  f"second {second} chains {len(units.tags)} units of {count}")
+        return units
+
+    def _walk(self, segment: HourSegment, second: int, units: _SecondUnits,
+              max_units: int) -> None:
+        """Walk on down the chain of ``second`` for up to ``max_units`` units; once at its
+        end, the units are put in local index order."""
+        if units.resume == _WALKED:
+            return
+        self._hours.map_for_reading(segment)
+        start = (segment.heads[(second % SECONDS_PER_HOUR) << 1] if units.resume is None
+                 else units.resume)
+        resume = segment.walk_chain(start, 0, max_units, units.global_indexes, units.tags)
+        if resume < 0:
+            units.global_indexes.reverse()
+            units.tags.reverse()
+            units.resume = _WALKED
+        else:
+            units.resume = resume
+
+    def _units(self, second: int) -> _SecondUnits:
+        units = self._passing.get(second)
+        if units is None:
+            units = self._passing[second] = _SecondUnits()
+        return units

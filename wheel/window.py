@@ -1,0 +1,224 @@
+"""The preload window: the index units of the seconds about to come due, in dispatch order.
+
+The scan walks the occupied seconds ahead of the dispatch (``scan_second`` is the first it has
+not loaded) and pushes each unit onto a heap ordered by ``(slot_second, deliver_at_ms,
+local_index)``: dispatch order. A message filed for a second the scan has passed goes straight
+onto the heap. Loading stops at ``max_window_msgs`` units, or at the preload horizon; a span
+that holds most of an hour's units is read in one index scan instead of chain by chain.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable, Sequence
+
+from tickwheel.wheel.errors import CorruptSegment
+from tickwheel.wheel.format import MS_PER_SECOND, SECONDS_PER_HOUR, decode_record
+from tickwheel.wheel.hours import HourSet
+from tickwheel.wheel.segment import HourSegment
+from tickwheel.wheel.types import Cursor, DueMessage, WheelConfig
+
+log = logging.getLogger("tickwheel.wheel")
+
+GLOBAL_INDEX_BITS = 32
+GLOBAL_INDEX_MASK = (1 << GLOBAL_INDEX_BITS) - 1
+"""A handle is ``hour << GLOBAL_INDEX_BITS | global_index``."""
+
+WindowEntry = tuple[int, int, int, int, int, int]
+"""``(slot_second, deliver_at_ms, local_index, handle, log_offset, record_size)``. Heap order is
+dispatch order; the handle makes every entry unique."""
+
+
+class DueWindow:
+    """The heap of loaded units and how far the scan has gone. ``on_skip(slot, local_index)``
+    hears of every position passed over because its message is cancelled."""
+
+    def __init__(self, hours: HourSet, config: WheelConfig, scan_second: int,
+                 on_skip: Callable[[int, int], None]) -> None:
+        self._hours = hours
+        self._config = config
+        self.scan_second = scan_second
+        self._on_skip = on_skip
+        self.heap: list[WindowEntry] = []
+        self.corrupt_records_skipped = 0
+        hours.in_use = self.hours_in_use
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def hours_in_use(self) -> tuple[int, int]:
+        """The first and last hour the window reads from."""
+        low = (self.heap[0][0] if self.heap else self.scan_second) // SECONDS_PER_HOUR
+        return low, self.scan_second // SECONDS_PER_HOUR
+
+    def rewind(self, cursor_second: int) -> None:
+        """Forget everything loaded; scan again from ``cursor_second``."""
+        self.heap.clear()
+        self.scan_second = cursor_second
+
+    def add_filed(self, slots: list[int], deliver_at_ms: Sequence[int],
+                  records: Sequence[bytes], local_indexes: list[int], first_handle: int,
+                  offset: int) -> None:
+        """Put the messages just filed in one hour that are due before the scan second onto
+        the heap: the scan has passed their seconds already."""
+        scan_second, heap = self.scan_second, self.heap
+        for i, (slot, due_ms, record) in enumerate(zip(slots, deliver_at_ms, records,
+                                                       strict=True)):
+            if slot < scan_second:
+                heapq.heappush(heap, (slot, due_ms, local_indexes[i], first_handle + i,
+                                      offset, len(record)))
+            offset += len(record)
+
+    def take(self, now_ms: int, max_msgs: int, cursor: Cursor) -> list[DueMessage]:
+        """Pop up to ``max_msgs`` messages due at ``now_ms`` (see `Wheel.take_due`), loading
+        as needed, and read their bodies."""
+        limit_second = (now_ms + self._config.preload_ms) // MS_PER_SECOND
+        now_second = now_ms // MS_PER_SECOND
+        heap, taken = self.heap, []
+        segment, segment_hour = None, -1
+        while len(taken) < max_msgs:
+            if not heap:
+                if self.scan_second > limit_second:
+                    break
+                self.load_until(limit_second, max_msgs - len(taken), cursor)
+                segment_hour = -1
+                if not heap:
+                    break
+            entry = heapq.heappop(heap)
+            slot, deliver_at_ms, local_index, handle, offset, size = entry
+            if deliver_at_ms > now_ms or slot > now_second:
+                heapq.heappush(heap, entry)
+                break
+            if (slot, local_index) < cursor:
+                continue
+            if handle >> GLOBAL_INDEX_BITS != segment_hour:
+                segment_hour = handle >> GLOBAL_INDEX_BITS
+                segment = self._hours.existing(segment_hour)
+            if handle & GLOBAL_INDEX_MASK in segment.tombstones:
+                self._on_skip(slot, local_index)
+                continue
+            try:
+                fields = decode_record(segment.read_record(offset, size))
+            except CorruptSegment as error:
+                self._skip_corrupt(segment, entry, error)
+                self._on_skip(slot, local_index)
+                continue
+            taken.append(DueMessage(*fields[:5], handle, slot, local_index, fields[5]))
+        return taken
+
+    def _skip_corrupt(self, segment: HourSegment, entry: WindowEntry,
+                      error: CorruptSegment) -> None:
+        """A record failed its CRC: count it and say so loudly; it is never handed out."""
+        slot, _, local_index, handle, offset, _ = entry
+        self.corrupt_records_skipped += 1
+        log.error("event=record_corrupt file=%s offset=%d handle=%d slot_second=%d "
+                  "local_index=%d error=%r", segment.path / "log", offset, handle, slot,
+                  local_index, str(error))
+
+    def next_due_ms(self, cursor: Cursor) -> int | None:
+        """When the next message is due (see `Wheel.next_due_ms`)."""
+        self.drop_stale_top(cursor)
+        if self.heap:
+            slot, deliver_at_ms = self.heap[0][:2]
+            return max(deliver_at_ms, slot * MS_PER_SECOND)
+        second = self._hours.next_occupied_second(self.scan_second)
+        return None if second is None else second * MS_PER_SECOND
+
+    def drop_stale_top(self, cursor: Cursor) -> None:
+        """Pop entries behind the cursor, of deleted hours, or cancelled since loaded."""
+        heap = self.heap
+        while heap:
+            slot, _, local_index, handle, _, _ = heap[0]
+            segment = self._hours.segment(handle >> GLOBAL_INDEX_BITS, create=False)
+            if (slot, local_index) < cursor or segment is None:
+                heapq.heappop(heap)
+                continue
+            if handle & GLOBAL_INDEX_MASK not in segment.tombstones:
+                return
+            heapq.heappop(heap)
+            self._on_skip(slot, local_index)
+
+    def load_until(self, limit_second: int, enough_msgs: int, cursor: Cursor) -> None:
+        """Load the chains of occupied seconds up to ``limit_second``, one hour at a time,
+        until the heap holds ``enough_msgs`` units (at most ``max_window_msgs``): the heap
+        stays small, and so do its operations, however large the backlog."""
+        enough_msgs = min(enough_msgs, self._config.max_window_msgs)
+        while self.scan_second <= limit_second and len(self.heap) < enough_msgs:
+            second = self._hours.next_occupied_second(self.scan_second)
+            if second is None or second > limit_second:
+                self.scan_second = limit_second + 1
+                return
+            self._load_hour(second, limit_second, enough_msgs, cursor)
+
+    def _load_hour(self, first_second: int, limit_second: int, enough_msgs: int,
+                   cursor: Cursor) -> None:
+        """Load the occupied seconds of ``first_second``'s hour from it up to ``limit_second``,
+        second by second until the heap holds ``enough_msgs``, or in one index scan when the
+        span holds most of the hour's units and fits under ``max_window_msgs``."""
+        hour = first_second // SECONDS_PER_HOUR
+        segment = self._hours.existing(hour)
+        self._hours.map_for_reading(segment)
+        last_second = min(limit_second, (hour + 1) * SECONDS_PER_HOUR - 1)
+        base_second = hour * SECONDS_PER_HOUR
+        span_units = segment.units_between(first_second - base_second,
+                                           last_second - base_second)
+        if 2 * span_units >= segment.units and (
+                len(self.heap) + span_units <= self._config.max_window_msgs):
+            self._load_span(segment, first_second, last_second, cursor)
+            self.scan_second = last_second + 1
+            return
+        bits = segment.occupied >> (first_second - base_second)
+        bits &= (1 << (last_second - first_second + 1)) - 1
+        second = first_second
+        while bits and len(self.heap) < enough_msgs:
+            skip = (bits & -bits).bit_length() - 1
+            second += skip
+            self._load_second(segment, second, cursor)
+            bits >>= skip + 1
+            second += 1
+            self.scan_second = second
+        if not bits:
+            self.scan_second = last_second + 1
+
+    def _load_second(self, segment: HourSegment, slot: int, cursor: Cursor) -> None:
+        done_below = cursor.local_index if slot == cursor.second else 0
+        tombstones = segment.tombstones
+        base = segment.hour << GLOBAL_INDEX_BITS
+        heap = self.heap
+        for offset, size, local_index, global_index, _, deliver_at_ms, _, _ in segment.chain(
+                slot % SECONDS_PER_HOUR):
+            if local_index < done_below:
+                break
+            if global_index not in tombstones:
+                heapq.heappush(heap, (slot, deliver_at_ms, local_index, base | global_index,
+                                      offset, size))
+            else:
+                self._on_skip(slot, local_index)
+
+    def _load_span(self, segment: HourSegment, first_second: int, last_second: int,
+                   cursor: Cursor) -> None:
+        """Load every unit filed under ``first_second..last_second`` with one index scan."""
+        base_second = segment.hour * SECONDS_PER_HOUR
+        tombstones = segment.tombstones
+        base = segment.hour << GLOBAL_INDEX_BITS
+        loaded = [
+            (slot, deliver_at_ms, local_index, base | global_index, offset, size)
+            for offset, size, local_index, global_index, _, deliver_at_ms, second_of_hour, _
+            in segment.scan()
+            if first_second <= (slot := base_second + second_of_hour) <= last_second
+            and (slot, local_index) >= cursor
+        ]
+        if tombstones:
+            for slot, _, local_index, handle, _, _ in loaded:
+                if handle & GLOBAL_INDEX_MASK in tombstones:
+                    self._on_skip(slot, local_index)
+            loaded = [entry for entry in loaded
+                      if entry[3] & GLOBAL_INDEX_MASK not in tombstones]
+        heap = self.heap  # changed in place: callers hold the list
+        if len(loaded) * 8 < len(heap):
+            for entry in loaded:
+                heapq.heappush(heap, entry)
+        else:
+            heap += loaded
+            heapq.heapify(heap)
