@@ -158,6 +158,10 @@ class RaftMesh:
         except OSError:
             writer.transport.abort()
             return
+        if link.blocked and not link.blackhole:  # cut while this connection was being made
+            writer.transport.abort()
+            upstream_writer.transport.abort()
+            return
         pair = (writer, upstream_writer)
         link.writers.update(pair)
         try:

@@ -3,6 +3,7 @@ audit (the CI version of ``make chaos``)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import socketserver
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tickwheel.chaos import proxy
 from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.harness import RunConfig, _node_args
 from tickwheel.chaos.nemesis import NemesisConfig
@@ -83,6 +85,37 @@ def test_the_mesh_keeps_pysyncobj_dialling_order_and_cuts_and_heals_links() -> N
             assert _round_trip(through) == b"ping"
             open_link.close()
     finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def test_a_connection_being_made_when_a_partition_starts_is_cut_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy connects upstream after accepting; a partition that starts in between must
+    still cut the connection (it once survived: a flaky test and a leaky partition)."""
+    entered, release = threading.Event(), threading.Event()
+    connect = asyncio.open_connection
+
+    async def slow_connect(*args: object, **kwargs: object) -> object:
+        entered.set()
+        await asyncio.to_thread(release.wait, 10)
+        return await connect(*args, **kwargs)
+    monkeypatch.setattr(proxy.asyncio, "open_connection", slow_connect)
+    ports = free_ports(3 + 3)
+    mesh = RaftMesh(ports[:3], ports[3:])
+    servers = _echo_servers(mesh.node_ports)
+    try:
+        with mesh:
+            host, port = mesh.members_of(2)[0].rsplit(":", 1)
+            open_link = socket.create_connection((host, int(port)), timeout=2)
+            assert entered.wait(10)
+            mesh.isolate(0)
+            release.set()
+            assert _receive(open_link) == b""
+            open_link.close()
+    finally:
+        release.set()
         for server in servers:
             server.shutdown()
             server.server_close()
