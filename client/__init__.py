@@ -4,7 +4,8 @@
 (every response names it), and retry with jittered back-off (tenacity) on ``UNAVAILABLE`` and
 leader changes; scheduling is idempotent because every message carries an id (generated here
 when you give none). Errors: `InvalidArgument` (``.field`` names what to fix), `Unavailable`
-(no leader through every retry), both `TickwheelClientError`.
+(no leader through every retry), `RequestTooLarge` (a batch above the node's
+``max_request_bytes``: split it), all `TickwheelClientError`.
 """
 
 from tickwheel.client._core import (
@@ -12,6 +13,7 @@ from tickwheel.client._core import (
     InvalidArgument,
     Message,
     Received,
+    RequestTooLarge,
     Scheduled,
     TickwheelClientError,
     Unavailable,
@@ -28,6 +30,7 @@ __all__ = [
     "InvalidArgument",
     "Message",
     "Received",
+    "RequestTooLarge",
     "Scheduled",
     "TickwheelClientError",
     "Unavailable",

@@ -54,18 +54,32 @@ class Unavailable(TickwheelClientError):
     """No leader answered in time (or the cluster was overloaded) through every retry."""
 
 
+class RequestTooLarge(TickwheelClientError):
+    """The request is larger than the node reads (its ``max_request_bytes``, 8 MiB by
+    default): split the batch. Not retried: it would be refused again."""
+
+
 def translate(error: grpc.RpcError) -> TickwheelClientError:
     """The one seam where gRPC errors become this library's."""
     code, details = error.code(), error.details() or ""
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidArgument(code, details)
+    if _too_large(error):
+        return RequestTooLarge(code, f"{details}: split the batch")
     if code in _RETRYABLE:
         return Unavailable(code, details)
     return TickwheelClientError(code, details)
 
 
 def retryable(error: BaseException) -> bool:
-    return isinstance(error, grpc.RpcError) and error.code() in _RETRYABLE
+    return (isinstance(error, grpc.RpcError) and error.code() in _RETRYABLE
+            and not _too_large(error))
+
+
+def _too_large(error: grpc.RpcError) -> bool:
+    """gRPC's own refusal of a message above the receiver's limit (it names no field)."""
+    return (error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            and "larger than max" in (error.details() or ""))
 
 
 CREDIT_BATCH_DIVISOR = 8

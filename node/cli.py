@@ -334,6 +334,7 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
                             "'%%DLQ%%TOPIC' (default 16)")
     for name in ("snapshot_min_entries", "max_body_bytes", "max_delay_ms", "max_properties",
                  "max_properties_bytes", "max_batch_msgs", "max_stream_msgs", "max_credits",
+                 "max_request_bytes", "max_concurrent_rpcs",
                  "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
                  "max_queued_msgs", "max_topic_labels"):
         serve.add_argument(f"--{name.replace('_', '-')}", type=int)

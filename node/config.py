@@ -49,6 +49,8 @@ _POD_FIELDS = ("pod_name", "replicas", "peer_service", "namespace")
 _POD_KNOB_FIELDS = ("cluster_domain", "peer_host_template", "raft_port", "grpc_port",
                     "port_stride", "listen_host")
 _DERIVED_FIELDS = ("raft_address", "members", "raft_listen", "grpc_listen")
+_MESSAGE_OVERHEAD_BYTES = 64 << 10
+"""Room in a request for a message's id, topic and framing besides its body and properties."""
 MIN_SECRET_BYTES = 16
 """The shortest Raft secret a node accepts: it keys every link, and a short one can be
 guessed from one recorded handshake."""
@@ -110,6 +112,10 @@ class NodeSettings(BaseSettings):
     max_batch_msgs: int = Limits().max_batch_msgs
     max_stream_msgs: int = Limits().max_stream_msgs
     max_credits: int = Limits().max_credits
+    max_request_bytes: int = Limits().max_request_bytes
+    """The largest request a node reads; at least one message of ``max_body_bytes`` and
+    ``max_properties_bytes`` (with 64 KiB for its other fields)."""
+    max_concurrent_rpcs: int = Limits().max_concurrent_rpcs
     visibility_timeout_ms: int = HubConfig().default_visibility_timeout_ms
     delay_levels: str = DEFAULT_LEVELS
     """RocketMQ's ``messageDelayLevel``: what ``delay_level`` 1, 2, ... mean, and the retry
@@ -174,7 +180,7 @@ class NodeSettings(BaseSettings):
         return value
 
     @field_validator("max_body_bytes", "max_delay_ms", "max_batch_msgs", "max_stream_msgs",
-                     "max_credits",
+                     "max_credits", "max_request_bytes", "max_concurrent_rpcs",
                      "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
                      "max_queued_msgs", "snapshot_min_entries", "max_topic_labels")
     @classmethod
@@ -214,6 +220,10 @@ class NodeSettings(BaseSettings):
             raise ValueError(f"raft_address {self.raft_address} is not among members")
         if self.max_delay_ms > 3660 * DAY_MS:
             raise ValueError("max_delay_ms beyond ten years")
+        fits_ms = self.max_body_bytes + self.max_properties_bytes + _MESSAGE_OVERHEAD_BYTES
+        if self.max_request_bytes < fits_ms:
+            raise ValueError(f"max_request_bytes {self.max_request_bytes} cannot hold one "
+                             f"message of max_body_bytes and max_properties_bytes ({fits_ms})")
         return self
 
     @model_validator(mode="after")
@@ -279,7 +289,9 @@ class NodeSettings(BaseSettings):
                       max_properties=self.max_properties,
                       max_properties_bytes=self.max_properties_bytes,
                       max_batch_msgs=self.max_batch_msgs,
-                      max_stream_msgs=self.max_stream_msgs, max_credits=self.max_credits)
+                      max_stream_msgs=self.max_stream_msgs, max_credits=self.max_credits,
+                      max_request_bytes=self.max_request_bytes,
+                      max_concurrent_rpcs=self.max_concurrent_rpcs)
 
     def replica_config(self) -> ReplicaConfig:
         return ReplicaConfig(

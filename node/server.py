@@ -364,7 +364,11 @@ class PeerService(pb_grpc.PeerServicer):
 async def start_server(node: NodeContext, listen: str) -> tuple[grpc.aio.Server,
                                                                 health.aio.HealthServicer]:
     """Bind and start; the health service starts NOT_SERVING (`Housekeeping` updates it)."""
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    limits = node.limits
+    options = [(key, value) for key, value in CHANNEL_OPTIONS
+               if key != "grpc.max_receive_message_length"]
+    options.append(("grpc.max_receive_message_length", limits.max_request_bytes))
+    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=limits.max_concurrent_rpcs)
     pb_grpc.add_TickwheelServicer_to_server(TickwheelService(node), server)
     pb_grpc.add_PeerServicer_to_server(PeerService(node.replica), server)
     health_servicer = health.aio.HealthServicer()

@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from tickwheel.node.cli import duration_ms
-from tickwheel.node.config import load
+from tickwheel.node.config import NodeSettings, load
 from tickwheel.replication.local_cluster import LocalCluster, wait_for
 
 TICKWHEEL = [sys.executable, "-m", "tickwheel.node"]
@@ -116,3 +116,11 @@ def test_the_demo_kills_the_leader_and_every_message_still_arrives(tmp_path: Pat
     assert "SIGKILL leader" in demo.stdout
     assert "every message arrived" in demo.stdout
     assert len(re.findall(r"demo-\d+ +late", demo.stdout)) >= 30
+
+
+def test_a_request_limit_that_cannot_hold_one_message_is_refused() -> None:
+    with pytest.raises(ValidationError, match="max_request_bytes"):
+        NodeSettings(max_request_bytes=1 << 20)  # below the 4 MiB body limit
+    settings = NodeSettings(max_request_bytes=16 << 20, max_concurrent_rpcs=64)
+    assert (settings.limits().max_request_bytes, settings.limits().max_concurrent_rpcs) == (
+        16 << 20, 64)

@@ -1,9 +1,11 @@
-"""What a client can make a node write: log lines and metric series (issue 17). A real node
-started as users start it (`LocalCluster`), attacked over its public gRPC API.
+"""What a client can make a node write or hold: log lines, metric series, request bytes
+(issue 17). A real node started as users start it (`LocalCluster`), attacked over its public
+gRPC API.
 
 Measured on the first release: a newline in ``Subscribe.consumer`` forged a ``CRITICAL
-replica_fatal`` line, an 8 MiB name wrote two 8 MiB log lines, and 100,000 made-up topic names
-left 100,005 series in ``/metrics`` that were never removed.
+replica_fatal`` line, an 8 MiB name wrote two 8 MiB log lines, 100,000 made-up topic names
+left 100,005 series in ``/metrics`` that were never removed, and 8 concurrent 56 MiB requests
+(all refused) took a node past its pod's 1 GiB limit.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tickwheel.client import Client, Message, RequestTooLarge
 from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
@@ -53,11 +56,14 @@ def forged_lines(log: Path) -> list[str]:
 
 def test_a_consumer_name_cannot_forge_or_flood_log_lines(node: LocalNode) -> None:
     size_before = node.log_path.stat().st_size
-    for name in (f"x\n{FORGED}", "y" * (8 << 20)):
+    for name in (f"x\n{FORGED}", "y" * (1 << 20)):
         with pytest.raises(grpc.RpcError) as raised:
             next(subscribe(node.stub, topic="orders", credits=1, consumer=name))
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "subscribe.consumer" in raised.value.details()
+    with pytest.raises(grpc.RpcError) as raised:  # 8 MiB: above what the node reads at all
+        next(subscribe(node.stub, topic="orders", credits=1, consumer="z" * (8 << 20)))
+    assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert forged_lines(node.log_path) == []
     assert node.log_path.stat().st_size - size_before < 10_000
 
@@ -122,3 +128,45 @@ def test_made_up_topic_names_do_not_grow_metrics(node: LocalNode) -> None:
     assert series["%other%"] >= len(topics) - MAX_TOPIC_LABELS
     wait_for(lambda: "made-up-" not in metrics(), 30, "closed streams to leave /metrics")
     assert len(metrics()) < 64_000
+
+
+def rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+def test_eight_concurrent_56_mib_requests_cost_under_32_mb(node: LocalNode) -> None:
+    """The first release read each of them whole before refusing it: 67 -> 678 MB, kept."""
+    body = b"x" * (4 << 20)
+    request = pb.ScheduleRequest(messages=[pb.Message(
+        id=f"big-{i}", topic="bad topic!", body=body, deliver_at_ms=int(time.time() * 1000))
+        for i in range(14)])
+    assert request.ByteSize() > 56 << 20
+    before_mb = rss_mb(node.pid)
+    codes: list[grpc.StatusCode] = []
+
+    def send() -> None:
+        with grpc.insecure_channel(node.grpc_address, options=[
+                ("grpc.max_send_message_length", 128 << 20)]) as channel:
+            try:
+                pb_grpc.TickwheelStub(channel).Schedule(request, timeout=60)
+            except grpc.RpcError as error:
+                codes.append(error.code())
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 8
+    grown_mb = rss_mb(node.pid) - before_mb
+    assert grown_mb < 32, f"RSS grew by {grown_mb:.0f} MB"
+
+
+def test_the_client_library_says_a_batch_is_too_large_at_once(node: LocalNode) -> None:
+    messages = [Message(topic="orders", body=b"x" * (4 << 20), delay_ms=60_000)
+                for _ in range(3)]
+    started = time.monotonic()
+    with Client(node.grpc_address, timeout_s=30) as client, pytest.raises(RequestTooLarge,
+                                                                            match="split"):
+        client.schedule_many(messages)
+    assert time.monotonic() - started < 5  # refused for good, not retried for 30 s
