@@ -22,6 +22,7 @@ written alternately in place, each with a sequence number and a CRC; the newest 
 
 from __future__ import annotations
 
+import mmap
 import struct
 import zlib
 from collections.abc import Mapping
@@ -158,7 +159,7 @@ def encode_record(
 def _encode_properties(properties: Mapping[str, str]) -> bytes:
     if len(properties) > MAX_PROPERTIES:
         raise InvalidMessage("properties", f"has {len(properties)} entries")
-    parts = []
+    parts: list[bytes] = []
     for key, value in properties.items():
         key_bytes, value_bytes = key.encode(), value.encode()
         if len(key_bytes) > MAX_PROPERTY_KEY_BYTES:
@@ -221,7 +222,8 @@ def pack_unit(
     return body + UNIT_CRC.pack(zlib.crc32(body))
 
 
-def unpack_unit(data: bytes | memoryview, pos: int = 0) -> tuple[int, ...] | None:
+def unpack_unit(data: bytes | bytearray | memoryview | mmap.mmap, pos: int = 0
+                ) -> tuple[int, ...] | None:
     """The fields of the unit at ``pos`` (CRC excluded), or None if its CRC does not match."""
     fields = UNIT_AND_CRC.unpack_from(data, pos)
     if zlib.crc32(data[pos:pos + UNIT.size]) != fields[8]:
@@ -234,7 +236,7 @@ def record_topics(records: list[bytes]) -> list[bytes]:
     look topics up per record), without decoding the rest (no CRC check: the caller holds
     bytes it framed or already checked). One loop for the batch: replicas call this for every
     message they file."""
-    topics = []
+    topics: list[bytes] = []
     add = topics.append
     unpack_sizes, v1_frame, frame = _ID_AND_TOPIC_SIZES.unpack_from, _FRAME_V1.size, _FRAME.size
     for record in records:

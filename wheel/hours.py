@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import resource
 from collections import OrderedDict
 from collections.abc import Callable
@@ -45,8 +46,7 @@ class HourSet:
     def open(cls, root: Path, max_open_hours: int) -> HourSet:
         hours_dir = root / HOURS_DIR
         hours_dir.mkdir(parents=True, exist_ok=True)
-        hours = sorted(int(name) for name in (p.name for p in hours_dir.iterdir())
-                       if name.isdigit())
+        hours = sorted(int(name) for name in os.listdir(hours_dir) if name.isdigit())
         return cls(hours_dir, hours, _open_hours_within_fd_limit(max_open_hours))
 
     def segment(self, hour: int, *, create: bool) -> HourSegment | None:

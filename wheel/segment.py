@@ -14,10 +14,10 @@ import os
 import sys
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tickwheel.wheel.errors import CorruptSegment, invariant
+from tickwheel.wheel.errors import CorruptSegment, InvariantViolation, invariant
 from tickwheel.wheel.format import (
     HEAD,
     SECONDS_PER_HOUR,
@@ -51,7 +51,7 @@ class HourSegment:
     empty ones.
     """
 
-    def __init__(self, path: Path, hour: int, heads: array, units: int, log_size_bytes: int,
+    def __init__(self, path: Path, hour: int, heads: array[int], units: int, log_size_bytes: int,
                  tombstones: set[int]) -> None:
         self.path = path
         self.hour = hour
@@ -112,8 +112,9 @@ class HourSegment:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def append_many(self, records: list[bytes], deliver_at_ms: list[int],
-                    seconds_of_hour: list[int], tags: list[int]) -> tuple[int, list[int]]:
+    def append_many(self, records: Sequence[bytes], deliver_at_ms: Sequence[int],
+                    seconds_of_hour: Sequence[int], tags: Sequence[int]
+                    ) -> tuple[int, list[int]]:
         """Append messages, each filed under its ``second_of_hour``; returns the global index
         of the first (the rest follow it one by one) and each message's local index. O(1) a
         message: one unit pointing at the old chain head, then the head moves.
@@ -126,7 +127,7 @@ class HourSegment:
         occupied = self.occupied
         index = self._pending_index
         pack, pack_crc, crc32 = UNIT.pack, UNIT_CRC.pack, zlib.crc32
-        local_indexes = []
+        local_indexes: list[int] = []
         add_local = local_indexes.append
         for record, due_ms, second, tag in zip(records, deliver_at_ms, seconds_of_hour, tags,
                                                strict=True):
@@ -210,12 +211,11 @@ class HourSegment:
         if not 0 <= global_index < self.units:  # the message is formatted only on failure
             invariant(False, f"unit {global_index} of {self.units}")
         pos = global_index * UNIT_SIZE
+        data: bytes | bytearray | mmap.mmap
         if global_index >= self._flushed_units:
             data, pos = self._pending_index, pos - self._flushed_units * UNIT_SIZE
         elif self._mapped:
-            if self._index_map is None or pos + UNIT_SIZE > len(self._index_map):
-                self.map_for_reading()
-            data = self._index_map
+            data = self._mapped_index(pos + UNIT_SIZE)
         else:
             data, pos = _pread(self.path / _INDEX, UNIT_SIZE, pos), 0
         return _checked_unit(data, pos, global_index, self.path)
@@ -229,7 +229,19 @@ class HourSegment:
             return _pread(self.path / _LOG, size, offset)
         if self._log_map is None or offset + size > len(self._log_map):
             self.map_for_reading()
-        return self._log_map[offset:offset + size]
+        log_map = self._log_map
+        if log_map is None:
+            raise InvariantViolation(f"{self.path} log not mapped")
+        return log_map[offset:offset + size]
+
+    def _mapped_index(self, end: int) -> mmap.mmap:
+        """The index map, remapped if it does not reach ``end`` bytes."""
+        if self._index_map is None or end > len(self._index_map):
+            self.map_for_reading()
+        index_map = self._index_map
+        if index_map is None:
+            raise InvariantViolation(f"{self.path} index not mapped")
+        return index_map
 
     def units_between(self, first_second: int, last_second: int) -> int:
         """How many messages are filed under seconds ``first_second..last_second`` of the hour."""
@@ -247,7 +259,7 @@ class HourSegment:
                 global_index += 1
 
     def walk_chain(self, global_index: int, stop_local_index: int, max_units: int,
-                   global_indexes: array, tags: array) -> int:
+                   global_indexes: array[int], tags: array[int]) -> int:
         """Walk a chain from unit ``global_index`` down (newest first) to local index
         ``stop_local_index``, appending each unit's global index and tag, for at most
         ``max_units`` units; returns the unit to go on from, or -1 when the walk is done.
@@ -257,7 +269,10 @@ class HourSegment:
         invariant(global_index < self.units, f"chain walk from unit {global_index} of "
                   f"{self.units}")
         self._map_flushed_index()
-        mapped, pending, flushed = self._index_map, self._pending_index, self._flushed_units
+        mapped: bytes | mmap.mmap = self._index_map if self._index_map is not None else b""
+        pending: bytearray = self._pending_index
+        flushed = self._flushed_units
+        data: bytes | bytearray | mmap.mmap
         unpack, crc32, body_size = UNIT_AND_CRC.unpack_from, zlib.crc32, UNIT.size
         add_global, add_tag = global_indexes.append, tags.append
         while global_index >= 0 and max_units > 0:
@@ -330,11 +345,11 @@ def _segment_path(root: Path, hour: int) -> Path:
     return root / f"{hour:08d}"
 
 
-def _empty_heads() -> array:
+def _empty_heads() -> array[int]:
     return array("i", [-1, 0]) * SECONDS_PER_HOUR
 
 
-def _heads_from(table: memoryview) -> array:
+def _heads_from(table: memoryview) -> array[int]:
     heads = array("i")
     heads.frombytes(table)
     if not _LITTLE_ENDIAN:
@@ -342,7 +357,7 @@ def _heads_from(table: memoryview) -> array:
     return heads
 
 
-def _swapped(heads: array) -> bytes:
+def _swapped(heads: array[int]) -> bytes:
     copy = array("i", heads)
     copy.byteswap()
     return copy.tobytes()
@@ -353,7 +368,7 @@ def _swapped(heads: array) -> bytes:
 _OCCUPIED_DIGIT = bytes.maketrans(bytes(range(256)), b"1" * 255 + b"0")
 
 
-def _occupancy(heads: array) -> int:
+def _occupancy(heads: array[int]) -> int:
     """Bit ``s`` set when second ``s`` holds a message."""
     if not _LITTLE_ENDIAN:
         return sum(1 << second for second, count in enumerate(heads[1::2]) if count)
@@ -377,7 +392,7 @@ def _repair_tail(path: Path, index_size: int, log_size: int) -> tuple[int, int]:
     return units, end
 
 
-def _replay(path: Path, heads: array, start: int, units: int) -> None:
+def _replay(path: Path, heads: array[int], start: int, units: int) -> None:
     """Apply index units ``[start, units)`` to ``heads``, checking every chain link."""
     with open(path / _INDEX, "rb") as index:
         for chunk_start in range(start, units, _SCAN_CHUNK_UNITS):

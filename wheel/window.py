@@ -75,8 +75,9 @@ class DueWindow:
         as needed, and read their bodies."""
         limit_second = (now_ms + self._config.preload_ms) // MS_PER_SECOND
         now_second = now_ms // MS_PER_SECOND
-        heap, taken = self.heap, []
-        segment, segment_hour = None, -1
+        heap, taken = self.heap, list[DueMessage]()
+        segment: HourSegment | None = None
+        segment_hour = -1
         while len(taken) < max_msgs:
             if not heap:
                 if self.scan_second > limit_second:
@@ -92,7 +93,7 @@ class DueWindow:
                 break
             if (slot, local_index) < cursor:
                 continue
-            if handle >> GLOBAL_INDEX_BITS != segment_hour:
+            if segment is None or handle >> GLOBAL_INDEX_BITS != segment_hour:
                 segment_hour = handle >> GLOBAL_INDEX_BITS
                 segment = self._hours.existing(segment_hour)
             if handle & GLOBAL_INDEX_MASK in segment.tombstones:
