@@ -140,7 +140,6 @@ class Wheel:
             tags = [0] * len(records)
         handles = file_records(self._hours, self._window, self._cursor, stamp_ms,
                                records, deliver_at_ms, tags)
-        self._hours.buffered_bytes += sum(map(len, records))
         if self._hours.buffered_bytes > self._config.max_buffered_bytes:
             self.flush()
         return handles
@@ -171,8 +170,7 @@ class Wheel:
         if Cursor(hour * SECONDS_PER_HOUR + fields[6], fields[2]) < self._cursor:
             return CancelOutcome.NOT_PENDING, 0
         segment.add_tombstone(global_index)
-        self._hours.written(hour)
-        self._hours.buffered_bytes += TOMBSTONE.size
+        self._hours.written(hour, TOMBSTONE.size)
         return CancelOutcome.CANCELLED, fields[7]
 
     def next_due_ms(self) -> int | None:

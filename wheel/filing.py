@@ -23,8 +23,7 @@ log = logging.getLogger("tickwheel.wheel")
 def file_records(hours: HourSet, window: DueWindow, cursor: Cursor, stamp_ms: int,
                  records: Sequence[bytes], deliver_at_ms: Sequence[int],
                  tags: Sequence[int]) -> list[int]:
-    """Append ``records`` (stamped ``stamp_ms``) to their hours; a handle for each, in order.
-    The caller counts the buffered bytes."""
+    """Append ``records`` (stamped ``stamp_ms``) to their hours; a handle for each, in order."""
     cursor_second = cursor.second
     floor_second = max(stamp_ms // MS_PER_SECOND, cursor_second)
     slots = [second if (second := due_ms // MS_PER_SECOND) > floor_second else floor_second
@@ -36,13 +35,13 @@ def file_records(hours: HourSet, window: DueWindow, cursor: Cursor, stamp_ms: in
     handles: list[int] = []
     for hour, start, end in _hour_runs(slots):
         segment = hours.create(hour)
-        hours.written(hour)
         run_slots = slots[start:end]
         first_offset = segment.log_size_bytes
         hour_second = hour * SECONDS_PER_HOUR
         first_global_index, local_indexes = segment.append_many(
             records[start:end], deliver_at_ms[start:end],
             [slot - hour_second for slot in run_slots], tags[start:end])
+        hours.written(hour, segment.log_size_bytes - first_offset)
         first_handle = hour << GLOBAL_INDEX_BITS | first_global_index
         handles.extend(range(first_handle, first_handle + end - start))
         if at_cursor:

@@ -38,7 +38,7 @@ class HourSet:
         self._dirty: set[int] = set()
         self._mapped: set[int] = set()
         self.buffered_bytes = 0
-        """Appends buffered in open segments, not yet written."""
+        """Appends buffered in open segments, not yet written (records and tombstones)."""
         self.in_use: Callable[[], tuple[int, int]] = lambda: (0, -1)
         """The hours (first, last) the dispatch window reads from: never evicted."""
 
@@ -80,9 +80,10 @@ class HourSet:
             raise InvariantViolation(f"hour {hour} has no segment")
         return segment
 
-    def written(self, hour: int) -> None:
-        """``hour``'s segment holds buffered appends (counted by the caller)."""
+    def written(self, hour: int, size_bytes: int) -> None:
+        """``size_bytes`` more were appended to ``hour``'s segment, buffered until a flush."""
         self._dirty.add(hour)
+        self.buffered_bytes += size_bytes
 
     def flush_through(self, last_hour: int) -> None:
         """Write the buffered appends of every hour up to ``last_hour``."""
