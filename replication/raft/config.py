@@ -21,10 +21,10 @@ class RaftConfig:
     """How often the leader sends (possibly empty) appends."""
     connection_retry_ms: int = 100
     connection_timeout_ms: int = 10_000
-    """A link that received nothing this long is dropped and redialled. Links between followers
-    carry nothing until an election; with pysyncobj's default (3.5 s, here it must be at least
-    the election timeout) they are often down just when a candidate's vote request needs them,
-    which costs a whole extra election round."""
+    """A link that received nothing this long is dropped and redialled (at least the election
+    timeout). Links between followers carry nothing until an election; with pysyncobj's default
+    (3.5 s) they were often down just when a candidate's vote request needed them, which cost a
+    whole extra election round."""
     snapshot_min_entries: int = 5_000
     """A snapshot (a list of file lengths) is taken after this many entries, ..."""
     snapshot_min_bytes: int = 32 << 20
@@ -51,8 +51,8 @@ class RaftConfig:
     """How long a peer's resolved address is trusted (Kubernetes pods change IP on restart)."""
     dns_fail_cache_ms: int = 1_000
     socket_buffer_bytes: int = 1 << 20
-    """Kernel send and receive buffers of each Raft link (and pysyncobj's read size).
-    pysyncobj's 64 KiB took a 256 KiB entry in several partial sends, and each one copied the
+    """Kernel send and receive buffers of each Raft link, and its read size. pysyncobj's
+    64 KiB took a 256 KiB entry in several partial sends, and each one copied the
     rest of its write buffer: that copying was a third of a busy leader's Raft thread."""
     bind_address: str | None = None
     """Where to listen for peers when it is not the node's own address (its identity): a
@@ -64,6 +64,11 @@ class RaftConfig:
         """The most entry bytes one append message carries (pysyncobj may add one entry more);
         above the largest entry one message can make, so nothing is ever split."""
         return max(MAX_MESSAGE_ENTRY_BYTES, 2 * self.max_entry_bytes)
+
+    @property
+    def link_idle_timeout_ms(self) -> int:
+        """``connection_timeout_ms``, but never below the election timeout."""
+        return max(self.connection_timeout_ms, self.election_max_ms)
 
     @property
     def max_frame_bytes(self) -> int:
@@ -95,7 +100,7 @@ class RaftConfig:
             secrets=secrets, insecure=self.insecure, max_frame_bytes=self.max_frame_bytes,
             handshake_timeout_ms=self.handshake_timeout_ms,
             max_unauthenticated=self.max_unauthenticated_links,
-            idle_timeout_ms=max(self.connection_timeout_ms, self.election_max_ms),
+            idle_timeout_ms=self.link_idle_timeout_ms,
             send_buffer_bytes=self.socket_buffer_bytes,
             recv_buffer_bytes=self.socket_buffer_bytes)
 

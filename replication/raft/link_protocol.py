@@ -26,7 +26,7 @@ import hmac
 import io
 import pickle
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from hashlib import sha256
 
 from cryptography.hazmat.primitives import hashes
@@ -65,15 +65,16 @@ class LinkSettings:
     """A link that received nothing this long is dropped (pysyncobj redials it)."""
     send_buffer_bytes: int = 1 << 20
     recv_buffer_bytes: int = 1 << 20
+    keys: dict[bytes, bytes] = field(init=False, repr=False, compare=False)
+    """Key id -> key, the dialling key first: derived once, not for every link (an acceptor
+    would otherwise run HKDF for every stranger that connects)."""
 
     def __post_init__(self) -> None:
         if not self.secrets or self.insecure != (self.secrets == (b"",)) or (
                 not self.insecure and not all(self.secrets)):
             raise ValueError("a Raft link needs secrets, or insecure without any")
-
-    def keys(self) -> dict[bytes, bytes]:
-        """Key id -> key, the dialling key first."""
-        return {key_id(key): key for key in map(master_key, self.secrets)}
+        object.__setattr__(self, "keys", {key_id(key): key
+                                          for key in map(master_key, self.secrets)})
 
 
 def master_key(secret: bytes) -> bytes:

@@ -15,6 +15,8 @@ from tickwheel.replication.raft import wire
 from tickwheel.replication.raft.link_protocol import LinkSettings
 from tickwheel.wheel.errors import invariant
 
+SWEEP_INTERVAL_S = 0.1
+
 
 class LinkTransport(TCPTransport):
     """pysyncobj's TCP transport on `wire.Link`s: it listens on exactly its address, and a
@@ -24,6 +26,7 @@ class LinkTransport(TCPTransport):
     def __init__(self, syncObj: SyncObj, selfNode: object, otherNodes: object, *,
                  links: LinkSettings) -> None:
         self._links = links
+        self._next_sweep_s = 0.0
         super().__init__(syncObj, selfNode, otherNodes)
 
     def _createServer(self) -> None:
@@ -54,8 +57,13 @@ class LinkTransport(TCPTransport):
         self._onNodeConnected(node)
 
     def _onTick(self) -> None:
+        """pysyncobj's (bind, redial), then every `SWEEP_INTERVAL_S` the links' deadlines:
+        they are seconds long, and a busy Raft thread ticks thousands of times a second."""
         super()._onTick()
         now_s = time.monotonic()
+        if now_s < self._next_sweep_s:
+            return
+        self._next_sweep_s = now_s + SWEEP_INTERVAL_S
         for link in [*self._connections.values(), *self._unknownConnections]:
             link.check_deadlines(now_s)
 

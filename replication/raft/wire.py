@@ -54,6 +54,8 @@ READ, WRITE, ERROR = 1, 2, 4
 """Poller event bits (pysyncobj's ``POLL_EVENT_TYPE``)."""
 DISCONNECTED, CONNECTING, CONNECTED = 0, 1, 2
 """Link states as pysyncobj's transport reads them (its ``CONNECTION_STATE``)."""
+
+
 class Poller(Protocol):
     """pysyncobj's poller, as links use it."""
 
@@ -77,7 +79,7 @@ class Link:
                  sock: socket.socket | None = None) -> None:
         self._poller = poller
         self._settings = settings
-        self._keys = settings.keys()
+        self._keys = settings.keys
         self._master = next(iter(self._keys.values()))
         self._socket: socket.socket | None = None
         self._fileno: int | None = None
@@ -107,8 +109,7 @@ class Link:
     def connect(self, host: str | None, port: int) -> bool:
         if host is None:
             return False
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = socket.socket(_family(host), socket.SOCK_STREAM)
         sock.setblocking(False)
         try:
             sock.connect((host, port))
@@ -390,8 +391,7 @@ class LinkServer:
         self._handshaking: deque[Link] = deque()
 
     def bind(self) -> None:
-        family = socket.AF_INET6 if ":" in self._address[0] else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = socket.socket(_family(self._address[0]), socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(self._address)
@@ -462,6 +462,10 @@ _refusals = _Refusals()
 _DIALING, _AWAIT_HELLO, _AWAIT_WELCOME, _AWAIT_PROOF, _OPEN = range(5)
 _STEP_BYTES = {_AWAIT_HELLO: HELLO.size, _AWAIT_WELCOME: WELCOME.size,
                _AWAIT_PROOF: PROOF_BYTES}
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 def _head(buffers: deque[memoryview], count: int) -> list[memoryview]:
