@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -94,6 +94,7 @@ class NodeSettings(BaseSettings):
     """A file holding the Raft secret(s), as ``raft_secret``: a Kubernetes Secret's mount, or
     what ``tickwheel cluster up`` writes."""
     insecure_raft: bool = False
+    _secrets: tuple[bytes, ...] = PrivateAttr(default=())
     """Run a cluster's Raft links without a secret, in the clear: anyone who can reach the
     Raft port can join, read every message and rewrite the log. Logged loudly; never needed by
     a single node, which locks its port with a random secret of its own."""
@@ -220,10 +221,12 @@ class NodeSettings(BaseSettings):
             raise ValueError(f"raft_address {self.raft_address} is not among members")
         if self.max_delay_ms > 3660 * DAY_MS:
             raise ValueError("max_delay_ms beyond ten years")
-        fits_ms = self.max_body_bytes + self.max_properties_bytes + _MESSAGE_OVERHEAD_BYTES
-        if self.max_request_bytes < fits_ms:
+        one_message_bytes = (self.max_body_bytes + self.max_properties_bytes
+                             + _MESSAGE_OVERHEAD_BYTES)
+        if self.max_request_bytes < one_message_bytes:
             raise ValueError(f"max_request_bytes {self.max_request_bytes} cannot hold one "
-                             f"message of max_body_bytes and max_properties_bytes ({fits_ms})")
+                             "message of max_body_bytes and max_properties_bytes "
+                             f"({one_message_bytes})")
         return self
 
     @model_validator(mode="after")
@@ -242,7 +245,7 @@ class NodeSettings(BaseSettings):
         ``MIN_SECRET_BYTES``, unless ``insecure_raft`` says otherwise on purpose."""
         if self.raft_secret is not None and self.raft_secret_file is not None:
             raise ValueError("raft_secret and raft_secret_file both given: give one")
-        secrets = self.raft_secrets()
+        secrets = self._secrets = self._read_raft_secrets()
         if secrets and self.insecure_raft:
             raise ValueError("insecure_raft with a Raft secret: drop one of them")
         for secret in secrets:
@@ -260,7 +263,11 @@ class NodeSettings(BaseSettings):
         return self
 
     def raft_secrets(self) -> tuple[bytes, ...]:
-        """The Raft secrets as given, the one to dial with first; none if none is given."""
+        """The Raft secrets as given (read once, when the settings were checked), the one to
+        dial with first; none if none is given."""
+        return self._secrets
+
+    def _read_raft_secrets(self) -> tuple[bytes, ...]:
         if self.raft_secret is not None:
             return tuple(self.raft_secret.get_secret_value().encode().split())
         if self.raft_secret_file is None:
