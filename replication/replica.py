@@ -36,7 +36,6 @@ from tickwheel.replication.raft import (
     RaftConfig,
     RaftNode,
     RaftPort,
-    Role,
     fsync_files,
     read_snapshot,
     write_snapshot,
@@ -55,7 +54,6 @@ PeerFetch = Callable[[list[str], str, int, int], bytes]
 addresses, leader first) that has them. The node provides it (over gRPC)."""
 
 _FATAL_EXIT_CODE = 70
-_ROLE_NAMES = {Role.FOLLOWER: "follower", Role.CANDIDATE: "candidate", Role.LEADER: "leader"}
 WALK_AHEAD_UNITS = 4_000
 """Index units of the next second the cursor will pass read per Raft thread turn, ahead of
 the cursor command that needs them (~2 ms): a second of 20,000 messages is read in 5 turns
@@ -210,7 +208,7 @@ class Replica:
     def status(self) -> ReplicaStatus:
         raft = self._raft.status()
         return ReplicaStatus(
-            address=self.address, role=_ROLE_NAMES[raft.role], leader=raft.leader,
+            address=self.address, role=raft.role.name.lower(), leader=raft.leader,
             term=raft.term, commit_index=raft.commit_index,
             last_applied=raft.last_applied, cursor=self._state.cursor,
             stamp_ms=self._state.stamp_ms, dispatching=self._dispatcher.active,
