@@ -28,6 +28,8 @@ _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EX
 scheduling idempotent, cancels are). ``CANCELLED`` is among them: this library never cancels
 a call it still waits on, so one is a node that stopped (SIGTERM, a rolling restart) with the
 call open, or an older node passing that on from its leader."""
+_TORN_CONNECTION_DETAILS = ("Internal error from Core", "Received RST_STREAM")
+"""How gRPC itself words the ``INTERNAL`` of a connection cut under a call."""
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -66,14 +68,21 @@ def translate(error: grpc.RpcError) -> TickwheelClientError:
         return InvalidArgument(code, details)
     if _too_large(error):
         return RequestTooLarge(code, f"{details}: split the batch")
-    if code in _RETRYABLE:
+    if code in _RETRYABLE or _connection_torn(error):
         return Unavailable(code, details)
     return TickwheelClientError(code, details)
 
 
 def retryable(error: BaseException) -> bool:
-    return (isinstance(error, grpc.RpcError) and error.code() in _RETRYABLE
-            and not _too_large(error))
+    return isinstance(error, grpc.RpcError) and (
+        (error.code() in _RETRYABLE and not _too_large(error)) or _connection_torn(error))
+
+
+def _connection_torn(error: grpc.RpcError) -> bool:
+    """gRPC's own ``INTERNAL`` for a connection torn mid-call (a node killed while a stream
+    was open); a node's own ``INTERNAL`` names what failed and is not retried."""
+    return (error.code() == grpc.StatusCode.INTERNAL
+            and (error.details() or "").startswith(_TORN_CONNECTION_DETAILS))
 
 
 def _too_large(error: grpc.RpcError) -> bool:

@@ -395,10 +395,17 @@ def test_a_consumer_survives_its_node_stopping_gracefully(tmp_path: Path) -> Non
     assert (first.id, second.id) == ("before", "after")
 
 
-def test_a_consumer_reconnects_when_a_node_cancels_its_stream() -> None:
+@pytest.mark.parametrize(("code", "details"), [
+    (grpc.StatusCode.CANCELLED, "CANCELLED"),
+    (grpc.StatusCode.INTERNAL, "Internal error from Core"),
+])
+def test_a_consumer_reconnects_when_its_stream_is_cut(code: grpc.StatusCode,
+                                                      details: str) -> None:
     """A 10-minute chaos run ended both of its steady consumers with CANCELLED at a node's
-    graceful restart: the library retried only UNAVAILABLE and its like. A real gRPC server
-    here cancels the first stream and serves the second."""
+    graceful restart, and a leader's SIGKILL once ended one with gRPC's own ``INTERNAL:
+    Internal error from Core`` (a connection torn mid-stream): the library retried only
+    UNAVAILABLE and its like. A real gRPC server here ends the first stream so and serves the
+    second."""
     class Cancelling(pb_grpc.TickwheelServicer):
         streams = 0
 
@@ -407,7 +414,7 @@ def test_a_consumer_reconnects_when_a_node_cancels_its_stream() -> None:
             next(request_iterator)  # the subscription
             self.streams += 1
             if self.streams == 1:
-                context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")
+                context.abort(code, details)
             yield pb.ReceiveResponse(messages=[pb.Delivered(id="after", topic="t", receipt="r")])
             for _ in request_iterator:  # until the consumer closes its side
                 pass
