@@ -1,8 +1,9 @@
 """The gRPC face of a node (grpc.aio): `Tickwheel` for clients, `Peer` for other nodes, standard
 health and reflection.
 
-Errors map to status codes in one table (`_STATUS`). A follower forwards client calls to the
-leader (`tickwheel.node.forward`); every answer carries the leader's gRPC address in the
+Errors map to status codes in one table (`_STATUS`); a request that does not decode is one
+of them (`InvalidMessage` naming ``request``). A follower forwards client calls to the leader
+(`tickwheel.node.forward`); every answer carries the leader's gRPC address in the
 ``tickwheel-leader`` trailer, so clients can go there directly.
 """
 
@@ -13,8 +14,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -42,6 +45,7 @@ from tickwheel.wheel.errors import (
     Overloaded,
     TickwheelError,
     Unavailable,
+    invariant,
 )
 
 _STATUS: list[tuple[type[TickwheelError], grpc.StatusCode]] = [
@@ -55,6 +59,7 @@ STREAM_WINDOW = 64
 """`ScheduleStream` requests proposed and not yet answered, per stream."""
 CHUNK_BYTES = 1 << 20
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Tickwheel"].full_name
+RequestT = TypeVar("RequestT", bound=Message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +115,8 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                     results.extend((await pending.popleft()).results)
             while pending:
                 results.extend((await pending.popleft()).results)
+        except TickwheelError as error:  # a request that does not decode
+            await self._abort(context, error)
         finally:
             for future in pending:
                 future.cancel()
@@ -128,8 +135,8 @@ class TickwheelService(pb_grpc.TickwheelServicer):
     async def Receive(self, request_iterator: AsyncIterator[pb.ReceiveRequest],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReceiveResponse]:
         node = self._node
-        first = await anext(aiter(request_iterator), None)
         try:
+            first = await anext(aiter(request_iterator), None)
             if first is None or first.WhichOneof("kind") != "subscribe":
                 raise InvalidMessage("subscribe", "the first request of a stream must subscribe")
             subscribe = first.subscribe
@@ -246,11 +253,17 @@ class TickwheelService(pb_grpc.TickwheelServicer):
             await self._abort(context, Unavailable(
                 f"no leader reachable from here yet ({error}); retry"))
         call = self._node.forwarder.stub(leader).Receive(metadata=FORWARDED)
+        refused: list[TickwheelError] = []
 
         async def upstream() -> None:
-            await call.write(first)
-            async for request in request_iterator:
-                await call.write(request)
+            """A request that does not decode closes our side: the leader then ends the
+            stream, and this one ends with the refusal."""
+            try:
+                await call.write(first)
+                async for request in request_iterator:
+                    await call.write(request)
+            except TickwheelError as undecodable:
+                refused.append(undecodable)
             await call.done_writing()
         pump = asyncio.create_task(upstream())
         try:
@@ -262,8 +275,23 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         finally:
             pump.cancel()
             call.cancel()
+        if refused:
+            await self._abort(context, refused[0])
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _decoding(self, method: Callable[[RequestT, grpc.aio.ServicerContext], Awaitable[object]],
+                 decode: Callable[[bytes], RequestT]
+                 ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[object]]:
+        """A unary ``method`` that takes the request's bytes: grpcio decodes a unary request
+        before any handler runs, where nothing raised can become a status code."""
+        async def handle(data: bytes, context: grpc.aio.ServicerContext) -> object:
+            try:
+                request = decode(data)
+            except TickwheelError as error:
+                await self._abort(context, error)
+            return await method(request, context)
+        return handle
 
     def _set_leader(self, context: grpc.aio.ServicerContext) -> None:
         leader = self._node.leader_grpc(self._node.replica.leader_hint())
@@ -275,6 +303,17 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         self._node.metrics.rejected.labels(code.name).inc()
         self._set_leader(context)
         await context.abort(code, str(error))
+
+
+def _decoder(message_class: type[RequestT]) -> Callable[[bytes], RequestT]:
+    """``message_class.FromString``, refusing bytes that do not parse (a string that is not
+    UTF-8, a truncated field) as `InvalidMessage` naming ``request``."""
+    def decode(data: bytes) -> RequestT:
+        try:
+            return message_class.FromString(data)
+        except DecodeError as error:
+            raise InvalidMessage("request", f"could not be decoded: {error}") from None
+    return decode
 
 
 async def _committed(future: Future) -> list:
@@ -361,6 +400,37 @@ class PeerService(pb_grpc.PeerServicer):
             offset += len(data)
 
 
+def _add_tickwheel_service(service: TickwheelService, server: grpc.aio.Server) -> None:
+    """The generated ``add_TickwheelServicer_to_server``, except that a request that does not
+    decode answers INVALID_ARGUMENT: grpcio answers UNKNOWN for whatever a deserializer raises
+    (and logs a traceback each time, for any client to repeat). A unary request is decoded in
+    its handler (`TickwheelService._decoding`); a streamed one is decoded as the handler reads
+    it, which then maps the `InvalidMessage` to a status code like any other refusal."""
+    schedule = _decoder(pb.ScheduleRequest)
+    handlers = {
+        "Schedule": grpc.unary_unary_rpc_method_handler(
+            service._decoding(service.Schedule, schedule),
+            response_serializer=pb.ScheduleResponse.SerializeToString),
+        "ScheduleStream": grpc.stream_unary_rpc_method_handler(
+            service.ScheduleStream, request_deserializer=schedule,
+            response_serializer=pb.ScheduleResponse.SerializeToString),
+        "Cancel": grpc.unary_unary_rpc_method_handler(
+            service._decoding(service.Cancel, _decoder(pb.CancelRequest)),
+            response_serializer=pb.CancelResponse.SerializeToString),
+        "Receive": grpc.stream_stream_rpc_method_handler(
+            service.Receive, request_deserializer=_decoder(pb.ReceiveRequest),
+            response_serializer=pb.ReceiveResponse.SerializeToString),
+        "ClusterInfo": grpc.unary_unary_rpc_method_handler(
+            service._decoding(service.ClusterInfo, _decoder(pb.ClusterInfoRequest)),
+            response_serializer=pb.ClusterInfoResponse.SerializeToString),
+    }
+    methods = pb.DESCRIPTOR.services_by_name["Tickwheel"].methods_by_name
+    invariant(set(handlers) == set(methods), "every Tickwheel RPC is registered, and only those")
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
+                                                                          handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
 async def start_server(node: NodeContext, listen: str) -> tuple[grpc.aio.Server,
                                                                 health.aio.HealthServicer]:
     """Bind and start; the health service starts NOT_SERVING (`Housekeeping` updates it)."""
@@ -369,7 +439,7 @@ async def start_server(node: NodeContext, listen: str) -> tuple[grpc.aio.Server,
                if key != "grpc.max_receive_message_length"]
     options.append(("grpc.max_receive_message_length", limits.max_request_bytes))
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=limits.max_concurrent_rpcs)
-    pb_grpc.add_TickwheelServicer_to_server(TickwheelService(node), server)
+    _add_tickwheel_service(TickwheelService(node), server)
     pb_grpc.add_PeerServicer_to_server(PeerService(node.replica), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

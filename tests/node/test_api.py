@@ -198,6 +198,63 @@ def test_a_bad_subscription_is_invalid_argument_naming_the_field(
     assert caught.value.details().startswith(f"{field}:"), caught.value.details()
 
 
+def not_utf8(request: Message) -> bytes:
+    """``request`` on the wire with its one "é" (two bytes) swapped for two bytes that are not
+    UTF-8: every length prefix still holds, so only that string fails to decode."""
+    wire = request.SerializeToString()
+    assert wire.count("é".encode()) == 1
+    return wire.replace("é".encode(), b"\xff\xfe")
+
+
+TRUNCATED = b"\x08"
+"""Field 1, a varint, and then nothing: no message type decodes it."""
+SUBSCRIBED = pb.ReceiveRequest(subscribe=pb.Subscribe(topic="undecodable", credits=1))
+UNDECODABLE = [  # the method, and what one call sends it: its last request does not decode
+    ("Schedule", [not_utf8(pb.ScheduleRequest(messages=[pb.Message(
+        id="é", topic="undecodable", body=b"x", delay_ms=DAY_MS)]))]),
+    ("ScheduleStream", [pb.ScheduleRequest(messages=[pb.Message(
+        topic="undecodable", body=b"x", delay_ms=DAY_MS)]).SerializeToString(),
+        not_utf8(pb.ScheduleRequest(messages=[pb.Message(
+            topic="é", body=b"x", delay_ms=DAY_MS)]))]),
+    ("Cancel", [TRUNCATED]),
+    ("ClusterInfo", [TRUNCATED]),
+    ("Receive", [not_utf8(pb.ReceiveRequest(subscribe=pb.Subscribe(topic="é", credits=1)))]),
+    ("Receive", [SUBSCRIBED.SerializeToString(),
+                 not_utf8(pb.ReceiveRequest(ack=pb.Ack(receipts=["é"])))]),
+]
+
+
+@pytest.mark.parametrize("on", ["leader", "follower"])
+@pytest.mark.parametrize(("method", "requests"), UNDECODABLE,
+                         ids=["Schedule", "ScheduleStream", "Cancel", "ClusterInfo",
+                              "Receive-subscribe", "Receive-ack"])
+def test_a_request_that_does_not_decode_is_invalid_argument(
+        cluster: LocalCluster, on: str, method: str, requests: list[bytes]) -> None:
+    """grpcio answers UNKNOWN for whatever a request deserializer raises (and logs it with a
+    traceback); the bytes go out as they are, no serializer."""
+    node = cluster.leader() if on == "leader" else follower(cluster)
+    rpc = pb.DESCRIPTOR.services_by_name["Tickwheel"].methods_by_name[method]
+    path = f"/{rpc.containing_service.full_name}/{method}"
+    with grpc.insecure_channel(node.grpc_address) as channel, \
+            pytest.raises(grpc.RpcError) as caught:
+        if not rpc.client_streaming:
+            channel.unary_unary(path)(requests[0], timeout=10)
+        elif not rpc.server_streaming:
+            channel.stream_unary(path)(iter(requests), timeout=10)
+        else:
+            closed = threading.Event()
+
+            def held_open() -> Iterator[bytes]:
+                yield from requests
+                closed.wait(10)
+            stream = channel.stream_stream(path)(held_open(), timeout=10)
+            stream.add_done_callback(lambda _: closed.set())
+            next(stream)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert caught.value.details().startswith("request: could not be decoded"), (
+        caught.value.details())
+
+
 def test_a_follower_forwards_every_call_and_names_the_leader(cluster: LocalCluster) -> None:
     leader, other = cluster.leader(), follower(cluster)
     name = topic()
