@@ -9,9 +9,9 @@ on. Exits 0 only if every message arrived; stops every process it started.
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import signal
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -75,15 +75,15 @@ def _kill(cluster: LocalCluster, leader: object) -> None:
 
 
 def _report(got: dict[str, list[Received]], count: int) -> int:
-    lateness = sorted(m[0].lateness_ms for m in got.values())
+    lateness = [m[0].lateness_ms for m in got.values()]
     table = Table(title="demo summary")
     table.add_column("scheduled")
     table.add_column("arrived")
     table.add_column("delivered twice (flagged)")
     table.add_column("lateness p50 / p99 / max (ms)")
-    quantiles = statistics.quantiles(lateness, n=100) if len(lateness) > 1 else lateness * 99
+    figures = " / ".join(map(str, lateness_percentiles(lateness))) if lateness else "-"
     table.add_row(str(count), str(len(got)), str(sum(len(m) > 1 for m in got.values())),
-                  f"{quantiles[49]:.0f} / {quantiles[98]:.0f} / {lateness[-1]}")
+                  figures)
     console.print(table)
     console.print("lateness spikes around the kill: the new leader is elected within about a "
                   "second and then delivers what came due meanwhile.")
@@ -92,6 +92,18 @@ def _report(got: dict[str, list[Received]], count: int) -> int:
         return 1
     console.print("[green]every message arrived; the cluster is stopped[/green]")
     return 0
+
+
+def lateness_percentiles(lateness_ms: list[int]) -> tuple[int, int, int]:
+    """p50, p99 and max of ``lateness_ms`` (not empty), nearest-rank as the chaos audit reports
+    them: each percentile is one of the samples, so p50 <= p99 <= max. `statistics.quantiles`
+    (its default method) extrapolates past the largest sample when there are fewer than 99,
+    and printed a p99 of 683 ms over a max of 644 ms."""
+    ordered = sorted(lateness_ms)
+
+    def nearest_rank(percent: int) -> int:
+        return ordered[math.ceil(percent * len(ordered) / 100) - 1]
+    return nearest_rank(50), nearest_rank(99), ordered[-1]
 
 
 if __name__ == "__main__":
