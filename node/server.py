@@ -405,27 +405,23 @@ def _add_tickwheel_service(service: TickwheelService, server: grpc.aio.Server) -
     decode answers INVALID_ARGUMENT: grpcio answers UNKNOWN for whatever a deserializer raises
     (and logs a traceback each time, for any client to repeat). A unary request is decoded in
     its handler (`TickwheelService._decoding`); a streamed one is decoded as the handler reads
-    it, which then maps the `InvalidMessage` to a status code like any other refusal."""
-    schedule = _decoder(pb.ScheduleRequest)
-    handlers = {
-        "Schedule": grpc.unary_unary_rpc_method_handler(
-            service._decoding(service.Schedule, schedule),
-            response_serializer=pb.ScheduleResponse.SerializeToString),
-        "ScheduleStream": grpc.stream_unary_rpc_method_handler(
-            service.ScheduleStream, request_deserializer=schedule,
-            response_serializer=pb.ScheduleResponse.SerializeToString),
-        "Cancel": grpc.unary_unary_rpc_method_handler(
-            service._decoding(service.Cancel, _decoder(pb.CancelRequest)),
-            response_serializer=pb.CancelResponse.SerializeToString),
-        "Receive": grpc.stream_stream_rpc_method_handler(
-            service.Receive, request_deserializer=_decoder(pb.ReceiveRequest),
-            response_serializer=pb.ReceiveResponse.SerializeToString),
-        "ClusterInfo": grpc.unary_unary_rpc_method_handler(
-            service._decoding(service.ClusterInfo, _decoder(pb.ClusterInfoRequest)),
-            response_serializer=pb.ClusterInfoResponse.SerializeToString),
-    }
-    methods = pb.DESCRIPTOR.services_by_name["Tickwheel"].methods_by_name
-    invariant(set(handlers) == set(methods), "every Tickwheel RPC is registered, and only those")
+    it, which then maps the `InvalidMessage` to a status code like any other refusal. The
+    handlers are built from the service's descriptor, so every RPC of the proto is covered."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["Tickwheel"].methods:
+        handler = getattr(service, method.name)
+        decode = _decoder(getattr(pb, method.input_type.name))
+        encode = getattr(pb, method.output_type.name).SerializeToString
+        if method.client_streaming:
+            make = (grpc.stream_stream_rpc_method_handler if method.server_streaming
+                    else grpc.stream_unary_rpc_method_handler)
+            handlers[method.name] = make(handler, request_deserializer=decode,
+                                         response_serializer=encode)
+        else:
+            invariant(not method.server_streaming, f"{method.name}: unary-stream RPCs are "
+                      "not served")
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                service._decoding(handler, decode), response_serializer=encode)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
                                                                           handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
