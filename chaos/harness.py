@@ -34,7 +34,6 @@ from tickwheel.chaos.workload import (
     Producer,
     now_ms,
 )
-from tickwheel.replication.dispatcher import DispatchConfig
 from tickwheel.replication.local_cluster import wait_for
 
 log = logging.getLogger("tickwheel.chaos")
@@ -113,8 +112,7 @@ def run(config: RunConfig, console: Console | None = None) -> dict:
             "faults": EventLog(out / "faults.jsonl")}
     started_ms = now_ms()
     try:
-        with ChaosCluster(out / "cluster", config.nodes, out / "journals",
-                          _node_args(config)) as cluster:
+        with ChaosCluster(out / "cluster", config.nodes, out / "journals") as cluster:
             summary = _scenario(config, cluster, logs, expected, console)
             nodes = [{"name": cluster.name(n), "raft": n.raft, "grpc": n.grpc_address}
                      for n in cluster.nodes]
@@ -132,15 +130,6 @@ def run(config: RunConfig, console: Console | None = None) -> dict:
               | {"out": str(out)}, "summary": summary}
     (out / "run.json").write_text(json.dumps(record, indent=2, default=str))
     return record
-
-
-def _node_args(config: RunConfig) -> tuple[str, ...]:
-    """With the ``skew`` fault, two nodes' clocks may differ by twice its maximum: the nodes
-    must be told, or a hand-over re-sends what the other clock already delivered, unflagged."""
-    if "skew" not in config.nemesis.faults:
-        return ()
-    return ("--clock-skew-allowance-ms",
-            str(max(DispatchConfig().clock_skew_allowance_ms, 2 * config.nemesis.max_skew_ms)))
 
 
 def _scenario(config: RunConfig, cluster: ChaosCluster, logs: dict[str, EventLog],

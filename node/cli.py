@@ -213,9 +213,21 @@ def _status(args: argparse.Namespace) -> int:
         leader = client.cluster_info(info.leader_grpc) if info.leader_grpc else info
         if leader.topics or leader.pending or leader.pending_untracked:
             console.print(_topics_table(leader))
-        console.print(f"cursor lag: {leader.cursor_lag_ms} ms; done past the cursor: "
-                      f"{leader.done_past_cursor}")
+        if leader.groups:
+            console.print(_groups_table(leader))
+        console.print(f"cursor lag: {leader.cursor_lag_ms} ms; handed to groups past the "
+                      f"cursor: {leader.readied_past_cursor}")
     return 0
+
+
+def _groups_table(info: pb.ClusterInfoResponse) -> Table:
+    table = Table(title="consumer groups (ready and leased are replicated)")
+    for column in ("topic", "group", "ready", "leased", "consumers", "dropped"):
+        table.add_column(column)
+    for group in info.groups:
+        table.add_row(group.topic, group.group or "(default)", str(group.ready),
+                      str(group.leased), str(group.consumers), str(group.dropped))
+    return table
 
 
 def _topics_table(info: pb.ClusterInfoResponse) -> Table:

@@ -100,10 +100,6 @@ class NodeSettings(BaseSettings):
     a single node, which locks its port with a random secret of its own."""
     clock_skew_ms: int = 0
     """Fault injection only: offsets this node's clock."""
-    clock_skew_allowance_ms: int = DispatchConfig().clock_skew_allowance_ms
-    """The largest difference between two members' clocks that a hand-over must tolerate: a
-    new leader flags everything due before its takeover plus this as a possible duplicate.
-    A larger real difference can bring duplicates that are not flagged."""
     snapshot_min_entries: int = RaftConfig().snapshot_min_entries
     max_body_bytes: int = Limits().max_body_bytes
     max_delay_ms: int = Limits().max_delay_ms
@@ -307,8 +303,7 @@ class NodeSettings(BaseSettings):
                             bind_address=self.raft_listen,
                             snapshot_min_entries=self.snapshot_min_entries),
             dispatch=DispatchConfig(max_inflight_msgs=self.max_inflight_msgs,
-                                    max_inflight_bytes=self.max_inflight_bytes,
-                                    clock_skew_allowance_ms=self.clock_skew_allowance_ms),
+                                    max_inflight_bytes=self.max_inflight_bytes),
             state=StateConfig(wheel=WheelConfig(max_delay_ms=self.max_delay_ms)),
             max_queued_msgs=self.max_queued_msgs)
 

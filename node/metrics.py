@@ -21,7 +21,8 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from tickwheel.node.delivery import Pending
+    from tickwheel.node.delivery import Sent
+    from tickwheel.replication.groups import GroupSummary
 
 OTHER_TOPICS = "%other%"
 """The label of every topic beyond ``max_topic_labels``."""
@@ -97,10 +98,9 @@ class Metrics:
                                 "status code.", ["code"], registry=r)
         self.delivered = Counter("tickwheel_delivered_messages", "Deliveries to consumers, "
                                  "every attempt.", ["topic"], registry=r)
-        self.redelivered = Counter("tickwheel_redelivered_messages", "Messages sent again "
-                                   "at once: their consumer's stream closed, or their retry "
-                                   "copy could not be filed.", ["topic"],
-                                   registry=r)
+        self.redelivered = Counter("tickwheel_redelivered_messages", "Messages released "
+                                   "unacknowledged by a closing stream: ready again at once.",
+                                   ["topic"], registry=r)
         self.retried = Counter("tickwheel_retried_messages", "Retry copies filed after a nack "
                                "or a visibility timeout, by the nacked message's topic.",
                                ["topic"], registry=r)
@@ -108,6 +108,12 @@ class Metrics:
                                      "their topic's %DLQ% topic after the last attempt.",
                                      ["topic"], registry=r)
         self.acked = Counter("tickwheel_acked_messages", "Messages acknowledged.", ["topic"],
+                             registry=r)
+        self.refused_receipts = Counter("tickwheel_refused_receipts", "Acks with a receipt "
+                                        "of another group, never granted, or no longer "
+                                        "current: nothing changed.", registry=r)
+        self.dropped = Gauge("tickwheel_group_dropped_messages", "Ready messages a consumer "
+                             "group dropped past max_ready_msgs (replicated).", ["topic"],
                              registry=r)
         self.lateness = BatchHistogram("tickwheel_delivery_lateness_seconds", "First delivery "
                                        "time minus due time.", _LATENESS_BUCKETS_MS)
@@ -133,9 +139,9 @@ class Metrics:
         self.leader_changes = Counter("tickwheel_leader_changes", "Times this node saw the "
                                       "leader change.", registry=r)
 
-    def observe_delivered(self, topic: str, batch: list[Pending], now_ms: int) -> None:
-        self.lateness.observe_ms([max(0, now_ms - pending.delivery.message.deliver_at_ms)
-                                  for pending in batch if pending.attempt == 1])
+    def observe_delivered(self, topic: str, batch: list[Sent], now_ms: int) -> None:
+        self.lateness.observe_ms([max(0, now_ms - sent.delivery.message.deliver_at_ms)
+                                  for sent in batch if sent.attempt == 1])
         self.delivered.labels(self.topic(topic)).inc(len(batch))
 
     def set_topics(self, topics: list[tuple[str, int, int, int]]) -> None:
@@ -152,6 +158,16 @@ class Metrics:
             self.ready.labels(label).set(ready)
             self.unacked.labels(label).set(unacked)
             self.consumers.labels(label).set(consumers)
+
+    def set_dropped(self, groups: list[GroupSummary]) -> None:
+        """Publish the groups' replicated drop counts, summed per topic label."""
+        figures: dict[str, int] = {}
+        for group in groups:
+            label = self.topic(group.topic)
+            figures[label] = figures.get(label, 0) + group.dropped
+        self.dropped.clear()
+        for label, count in figures.items():
+            self.dropped.labels(label).set(count)
 
     def set_pending(self, pending: dict[str, int], untracked: int) -> None:
         """Publish the replicated pending counts; topics no longer tracked are removed."""

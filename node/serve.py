@@ -121,6 +121,7 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
         metrics.commit_index.set(status.commit_index)
         metrics.cursor_lag.set(cursor_lag_ms(status, node.clock.now_ms()) / 1000)
         metrics.set_topics(node.hub.topics())
+        metrics.set_dropped(status.groups)
         metrics.set_pending(status.pending, status.pending_untracked)
         await asyncio.sleep(HOUSEKEEPING_S)
 

@@ -26,6 +26,10 @@ TOPIC_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,249}")
 CONSUMER_PATTERN = re.compile(r"[A-Za-z0-9._:@/\[\]-]{1,128}")
 """What a consumer may call itself: an id, a host and port, a pod name (it reaches logs and the
 delivery journal, so no spaces, no control characters)."""
+GROUP_PATTERN = re.compile(r"[A-Za-z0-9._-]{0,128}")
+"""A consumer group's name: empty for the default group; it names a dead-letter topic."""
+RESERVED_PROPERTY_PREFIX = "%"
+"""Property keys the node uses itself (a retry copy's group); users' keys cannot start so."""
 _WHEN_FIELDS = ("deliver_at_ms", "delay_ms", "delay_level")
 
 
@@ -181,6 +185,10 @@ def _check_properties(properties: dict[str, str], field: str, limits: Limits) ->
         raise InvalidMessage(field, f"are {size} bytes, at most {limits.max_properties_bytes}")
     if "" in properties:
         raise InvalidMessage(field, "has an empty key")
+    for key in properties:
+        if key.startswith(RESERVED_PROPERTY_PREFIX):
+            raise InvalidMessage(field, f"key {key[:80]!r} starts with "
+                                 f"{RESERVED_PROPERTY_PREFIX!r}, which is reserved")
 
 
 def check_subscribe(subscribe: pb.Subscribe, limits: Limits, default_visibility_ms: int
@@ -190,6 +198,7 @@ def check_subscribe(subscribe: pb.Subscribe, limits: Limits, default_visibility_
     if subscribe.consumer and not CONSUMER_PATTERN.fullmatch(subscribe.consumer):
         raise InvalidMessage("subscribe.consumer", f"{subscribe.consumer[:80]!r} is not 1-128 of "
                              "[A-Za-z0-9._:@/[]-]")
+    check_group(subscribe.group, "subscribe.group")
     check_credits(subscribe.credits, 0, limits, "subscribe.credits")
     timeout_ms = subscribe.visibility_timeout_ms or default_visibility_ms
     if not (limits.min_visibility_timeout_ms <= timeout_ms
@@ -198,6 +207,11 @@ def check_subscribe(subscribe: pb.Subscribe, limits: Limits, default_visibility_
             f"is {timeout_ms}, must be {limits.min_visibility_timeout_ms} to "
             f"{limits.max_visibility_timeout_ms}"))
     return timeout_ms
+
+
+def check_group(group: str, field: str) -> None:
+    if not GROUP_PATTERN.fullmatch(group):
+        raise InvalidMessage(field, f"{group[:80]!r} is not 0-128 of [A-Za-z0-9._-]")
 
 
 def check_credits(credits: int, held: int, limits: Limits, field: str = "credit.credits"

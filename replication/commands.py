@@ -1,6 +1,6 @@
 """The replicated commands, as bytes: what goes into a Raft entry and how a replica reads it.
 
-Every write to the wheel is one of four commands. Each carries the leader's clock
+Every write to the replicated state is one of these commands. Each carries the leader's clock
 (``stamp_ms``) so that applying it is deterministic on every replica:
 
 - ``schedule``: messages already encoded as wheel records (the leader encodes once; every
@@ -10,10 +10,15 @@ Every write to the wheel is one of four commands. Each carries the leader's cloc
   tombstones the original together (`tickwheel.replication.state`).
 - ``cancel``: handles to tombstone.
 - ``cursor``: the dispatch cursor to move to; with no message in flight it also keeps the stamp
-  moving, which is what lets the cursor pass seconds that can no longer receive messages. It also
-  carries the positions past the cursor that are already done (`DoneRun`s), so that a new leader
-  does not deliver again what consumers acknowledged behind one slow message. Older readers
-  ignore the runs (they read only the cursor's fixed part).
+  moving, which is what lets the cursor pass seconds that can no longer receive messages.
+  (Entries written before consumer groups carry done runs after it; they are ignored.)
+- ``barrier``: a new leader's first command, a cursor command that also ends every stream lease
+  (`tickwheel.replication.groups`).
+- ``handout``: messages that came due, readied for their groups, and leases granted on ready
+  messages; a message is sent to a consumer only once its lease is applied.
+- ``leases``: acks, releases and deadline changes of leases, by receipt (`LeaseRef`).
+- ``group``: create or delete a consumer group.
+- ``retry``: like ``reschedule``, for a leased message: resolves the lease and files the copy.
 
 An entry is pickled by pysyncobj as one ``bytes`` argument, so pickling costs a copy, not a walk
 over messages. The layout is versioned and checksummed: a replica that reads a damaged entry
@@ -47,8 +52,8 @@ _RETRY: Final = struct.Struct("<qqI")
 _HANDLE: Final = struct.Struct("<q")
 # cursor second i64, cursor local_index u32; then DoneRuns to the end
 _CURSOR: Final = struct.Struct("<qI")
-# second i64, first local_index u32, how many consecutive local indexes u32
-_DONE_RUN: Final = struct.Struct("<qII")
+# the size of a done run (second i64, first local_index u32, count u32) in first-wave entries
+_DONE_RUN_BYTES: Final = 16
 
 DEDUPE_KEY_BYTES: Final = 16
 SCHEDULE_OVERHEAD_BYTES: Final = _HEADER.size + _COUNT.size
@@ -60,15 +65,66 @@ class Kind(IntEnum):
     CANCEL = 2
     CURSOR = 3
     RESCHEDULE = 4
+    """Retry copies of the first wave (before groups), replayed from old journals only."""
+    HANDOUT = 5
+    LEASES = 6
+    GROUP = 7
+    RETRY = 8
+    BARRIER = 9
 
 
-class DoneRun(NamedTuple):
-    """Done positions ``(second, first_local_index)`` .. ``(second, first_local_index + count
-    - 1)``, past the cursor."""
+class LeaseOp(IntEnum):
+    ACK = 1
+    RELEASE = 2
+    EXTEND = 3
 
+
+# strings of a handout: count u16, then per string its size u16 and its UTF-8 bytes
+_STRINGS: Final = struct.Struct("<H")
+# a readied message: handle, slot second, local index, topic (string index), target group
+# (string index, -1 for every group of the topic)
+_READY: Final = struct.Struct("<qqIhh")
+# a grant: handle, topic and group (string indexes), nonce, deadline_ms, mode
+_GRANT: Final = struct.Struct("<qhhQqB")
+# a lease reference: group id, handle, seq, nonce; and deadline_ms (EXTEND; else 0)
+_LEASE: Final = struct.Struct("<IqIQq")
+# a retry of a leased message: group id, handle, seq, nonce, the copy's deliver_at_ms, its
+# record's size; then the record
+_LEASED_RETRY: Final = struct.Struct("<IqIQqI")
+_OP: Final = struct.Struct("<B")
+
+
+class Ready(NamedTuple):
+    handle: int
     second: int
-    first_local_index: int
-    count: int
+    local_index: int
+    topic: str
+    target: str | None
+    """The only group a retry copy is for; None: every group of its topic."""
+
+
+class Grant(NamedTuple):
+    handle: int
+    topic: str
+    group: str
+    nonce: int
+    deadline_ms: int
+    mode: int
+
+
+class LeaseRef(NamedTuple):
+    """One lease of one message in one group, as a receipt names it."""
+
+    group_id: int
+    handle: int
+    seq: int
+    nonce: int
+
+
+class LeasedRetry(NamedTuple):
+    lease: LeaseRef
+    deliver_at_ms: int
+    record: bytes
 
 
 class RetryRecord(NamedTuple):
@@ -111,9 +167,130 @@ def cancel(stamp_ms: int, handles: Sequence[int]) -> bytes:
     return _framed(Kind.CANCEL, stamp_ms, body)
 
 
-def cursor(stamp_ms: int, position: Cursor, done: Sequence[DoneRun] = ()) -> bytes:
-    body = _CURSOR.pack(*position) + b"".join(_DONE_RUN.pack(*run) for run in done)
-    return _framed(Kind.CURSOR, stamp_ms, body)
+def cursor(stamp_ms: int, position: Cursor) -> bytes:
+    return _framed(Kind.CURSOR, stamp_ms, _CURSOR.pack(*position))
+
+
+def barrier(stamp_ms: int, position: Cursor) -> bytes:
+    return _framed(Kind.BARRIER, stamp_ms, _CURSOR.pack(*position))
+
+
+def handout(stamp_ms: int, ready: Sequence[Ready], grants: Sequence[Grant]) -> bytes:
+    """Messages readied for their groups, then leases granted (on those or on messages
+    readied earlier), in that order."""
+    index: dict[str, int] = {}
+    for item in ready:
+        index.setdefault(item.topic, len(index))
+        if item.target is not None:
+            index.setdefault(item.target, len(index))
+    for grant in grants:
+        index.setdefault(grant.topic, len(index))
+        index.setdefault(grant.group, len(index))
+    invariant(len(index) < 0x7FFF, f"a handout names {len(index)} strings")
+    parts = [_STRINGS.pack(len(index))]
+    for text in index:
+        encoded = text.encode()
+        parts += (_STRINGS.pack(len(encoded)), encoded)
+    parts.append(_COUNT.pack(len(ready)))
+    parts += [_READY.pack(r.handle, r.second, r.local_index, index[r.topic],
+                          -1 if r.target is None else index[r.target]) for r in ready]
+    parts.append(_COUNT.pack(len(grants)))
+    parts += [_GRANT.pack(g.handle, index[g.topic], index[g.group], g.nonce, g.deadline_ms,
+                          g.mode) for g in grants]
+    return _framed(Kind.HANDOUT, stamp_ms, b"".join(parts))
+
+
+def read_handout(command: bytes) -> tuple[list[Ready], list[Grant]]:
+    pos = _HEADER.size
+    (count,) = _STRINGS.unpack_from(command, pos)
+    pos += _STRINGS.size
+    strings = []
+    for _ in range(count):
+        (size,) = _STRINGS.unpack_from(command, pos)
+        pos += _STRINGS.size
+        strings.append(command[pos:pos + size].decode())
+        pos += size
+    (count,) = _COUNT.unpack_from(command, pos)
+    pos += _COUNT.size
+    end = pos + count * _READY.size
+    ready = [Ready(handle, second, local_index, strings[topic],
+                   None if target < 0 else strings[target])
+             for handle, second, local_index, topic, target
+             in _READY.iter_unpack(command[pos:end])]
+    (count,) = _COUNT.unpack_from(command, end)
+    pos = end + _COUNT.size
+    end = pos + count * _GRANT.size
+    invariant(end == len(command), "handout command has a bad length")
+    grants = [Grant(handle, strings[topic], strings[group], nonce, deadline_ms, mode)
+              for handle, topic, group, nonce, deadline_ms, mode
+              in _GRANT.iter_unpack(command[pos:end])]
+    return ready, grants
+
+
+def leases(stamp_ms: int, op: LeaseOp, refs: Sequence[LeaseRef],
+           deadlines_ms: Sequence[int] = ()) -> bytes:
+    """Acks, releases, or new deadlines (``deadlines_ms``, one per lease) of leases."""
+    deadlines = deadlines_ms or [0] * len(refs)
+    body = _OP.pack(op) + _COUNT.pack(len(refs)) + b"".join(
+        _LEASE.pack(*ref, deadline) for ref, deadline in zip(refs, deadlines, strict=True))
+    return _framed(Kind.LEASES, stamp_ms, body)
+
+
+def read_leases(command: bytes) -> tuple[LeaseOp, list[tuple[LeaseRef, int]]]:
+    (op,) = _OP.unpack_from(command, _HEADER.size)
+    (count,) = _COUNT.unpack_from(command, _HEADER.size + _OP.size)
+    start = _HEADER.size + _OP.size + _COUNT.size
+    invariant(start + count * _LEASE.size == len(command), "leases command has a bad length")
+    return LeaseOp(op), [(LeaseRef(group_id, handle, seq, nonce), deadline_ms)
+                         for group_id, handle, seq, nonce, deadline_ms
+                         in _LEASE.iter_unpack(command[start:])]
+
+
+def group(stamp_ms: int, create: bool, topic: str, name: str) -> bytes:
+    topic_bytes, name_bytes = topic.encode(), name.encode()
+    body = (_OP.pack(1 if create else 0) + _STRINGS.pack(len(topic_bytes)) + topic_bytes
+            + _STRINGS.pack(len(name_bytes)) + name_bytes)
+    return _framed(Kind.GROUP, stamp_ms, body)
+
+
+def read_group(command: bytes) -> tuple[bool, str, str]:
+    (create,) = _OP.unpack_from(command, _HEADER.size)
+    pos = _HEADER.size + _OP.size
+    (size,) = _STRINGS.unpack_from(command, pos)
+    topic = command[pos + _STRINGS.size:pos + _STRINGS.size + size].decode()
+    pos += _STRINGS.size + size
+    (size,) = _STRINGS.unpack_from(command, pos)
+    name = command[pos + _STRINGS.size:pos + _STRINGS.size + size].decode()
+    invariant(pos + _STRINGS.size + size == len(command), "group command has a bad length")
+    return bool(create), topic, name
+
+
+def encoded_leased_retry(lease: LeaseRef, copy: NewMessage) -> bytes:
+    """One part of a retry command; the group committer joins these."""
+    record = encode_record(*copy)
+    return _LEASED_RETRY.pack(*lease, copy.deliver_at_ms, len(record)) + record
+
+
+def read_retry_lease(part: bytes) -> LeaseRef:
+    """The lease of one `encoded_leased_retry` part."""
+    return LeaseRef(*_LEASED_RETRY.unpack_from(part)[:4])
+
+
+def retry(stamp_ms: int, parts: Sequence[bytes]) -> bytes:
+    return _framed(Kind.RETRY, stamp_ms, _COUNT.pack(len(parts)) + b"".join(parts))
+
+
+def read_retry(command: bytes) -> Iterator[LeasedRetry]:
+    (count,) = _COUNT.unpack_from(command, _HEADER.size)
+    pos = _HEADER.size + _COUNT.size
+    for _ in range(count):
+        group_id, handle, seq, nonce, deliver_at_ms, size = _LEASED_RETRY.unpack_from(
+            command, pos)
+        pos += _LEASED_RETRY.size
+        yield LeasedRetry(LeaseRef(group_id, handle, seq, nonce), deliver_at_ms,
+                          command[pos:pos + size])
+        pos += size
+    invariant(pos == len(command), f"retry command has {len(command) - pos} trailing bytes")
 
 
 def read_header(command: bytes) -> tuple[Kind, int]:
@@ -167,11 +344,12 @@ def read_cancel(command: bytes) -> list[int]:
     return [h for (h,) in _HANDLE.iter_unpack(command[start:])]
 
 
-def read_cursor(command: bytes) -> tuple[Cursor, list[DoneRun]]:
+def read_cursor(command: bytes) -> Cursor:
+    """The cursor of a cursor or barrier command (done runs after it, in entries of the first
+    wave, are ignored: the readied positions replaced them)."""
     start = _HEADER.size + _CURSOR.size
-    invariant((len(command) - start) % _DONE_RUN.size == 0, "cursor command has a bad length")
-    return (Cursor(*_CURSOR.unpack_from(command, _HEADER.size)),
-            [DoneRun(*run) for run in _DONE_RUN.iter_unpack(command[start:])])
+    invariant((len(command) - start) % _DONE_RUN_BYTES == 0, "cursor command has a bad length")
+    return Cursor(*_CURSOR.unpack_from(command, _HEADER.size))
 
 
 def _framed(kind: Kind, stamp_ms: int, body: bytes) -> bytes:

@@ -1,97 +1,99 @@
-"""What the leader delivers, which deliveries may repeat, and how far the cursor may move.
+"""What the leader takes from the wheel when it comes due, and how far the cursor may move.
 
 Pure: the Raft thread calls it with the wheel and the time; it never reads a clock or talks to
 the network.
 
-**Done tracking.** The wheel hands messages out in dispatch order ``(slot second,
-deliver_at_ms, local_index)``, but the cursor is a position ``(second, local_index)``: every
-message before it is done. So the dispatcher keeps, per second, the local indexes that are
-*resolved*: delivered and acknowledged, or passed over by the wheel (cancelled, corrupt; the
-wheel reports those through `Wheel.drain_skipped`). The cursor moves over resolved local
-indexes; it leaves a second only when all the second's messages are resolved and the second is
-*closed*: it is before the stamp's second, so no message can be filed into it any more (the wheel
-files late arrivals at the later of their due, stamp and cursor seconds). Without that rule a
-schedule in flight in the Raft log when the cursor is proposed could land behind the cursor and
-be lost at the next hand-over.
+A due message leaves the wheel by a replicated *handout* (`tickwheel.replication.groups`): from
+then on it waits in its consumer groups, and the wheel is done with it. So the cursor no longer
+waits for consumers: it moves over positions that are *readied* (the state machine records them,
+the same on every replica) or *skipped* (cancelled or corrupt: the wheel reports those through
+`Wheel.drain_skipped`). It leaves a second only when all the second's messages are resolved and
+the second is *closed*: it is before the stamp's second, so no message can be filed into it any
+more (the wheel files late arrivals at the later of their due, stamp and cursor seconds).
+Without that rule a schedule in flight in the Raft log when the cursor is proposed could land
+behind the cursor and be lost at the next hand-over.
 
-**Done past the cursor.** One slow or crashed consumer holds the cursor at its message while
-consumers acknowledge thousands after it. So the cursor command also carries the resolved
-positions past the cursor (`done_runs`, at most ``max_synced_done_runs`` runs of consecutive
-local indexes), and a new leader starts with them resolved: it re-sends only what was in flight,
-or acknowledged within the last cursor sync, instead of everything after the slowest message.
-
-**Possible duplicates.** A new leader starts from the replicated cursor; the old one may have
-delivered messages past it before it lost its lease. It cannot have delivered a message due
-after its own clock at the time its lease ran out, which is before the new leader was elected.
-So everything due up to ``takeover_ms + clock_skew_allowance_ms`` (the new leader's clock at
-takeover, plus the skew between any two clocks we tolerate) is flagged ``possible_duplicate``.
+A new leader starts from the replicated cursor and the replicated readied positions: it takes
+again exactly what no handout readied. Nothing here needs a clock to be right: which deliveries
+may repeat is a matter of leases (`tickwheel.replication.groups`), not of time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from tickwheel.replication.commands import DoneRun
+from tickwheel.replication.commands import LeaseRef
 from tickwheel.wheel import Cursor, DueMessage, Wheel
 from tickwheel.wheel.format import MS_PER_SECOND
 
 
 class Delivery(NamedTuple):
-    """A message handed to the sink. ``epoch`` identifies the leadership that sent it; an
-    acknowledgement from an earlier epoch is ignored."""
+    """A message whose lease was granted, for the sink to send. ``epoch`` identifies the
+    leadership that granted it; ``consumer`` is the sink's key of the consumer it is for."""
 
     message: DueMessage
+    consumer: int
+    lease: LeaseRef
     possible_duplicate: bool
-    dispatched_at_ms: int
+    """An earlier lease of this message in this group exists: a consumer may have it."""
+    epoch: int
+
+
+class Expired(NamedTuple):
+    """A lease whose deadline passed: the sink retries the message (`Replica.retry`)."""
+
+    message: DueMessage
+    lease: LeaseRef
+    group: str
     epoch: int
 
 
 class DeliverySink(Protocol):
-    """Where due messages go. Called on the Raft thread: it must not block. The sink reports
-    each message done with `tickwheel.replication.replica.Replica.ack` (from any thread)."""
+    """Where granted messages go. Called on the Raft thread: it must not block. The sink
+    acks, nacks and releases by `LeaseRef` through the `Replica` (from any thread)."""
 
     def dispatch_started(self, term: int, epoch: int, cursor: Cursor,
                          takeover_ms: int) -> None:
         """This node now dispatches, from ``cursor``; deliveries of ``epoch`` follow."""
 
     def deliver(self, deliveries: list[Delivery]) -> None:
-        """Hand these out; report each done with ``Replica.ack`` when it is."""
+        """Send these to their consumers (a consumer gone by now: release the lease)."""
+
+    def expired(self, leases: list[Expired]) -> None:
+        """These leases ran out: retry their messages."""
 
     def dispatch_stopped(self, epoch: int) -> None:
-        """This node no longer dispatches: drop everything of ``epoch`` not yet handed out
-        (the next leader re-sends it) and stop handing out more."""
+        """This node no longer dispatches: drop everything of ``epoch`` not yet sent (its
+        leases stay in the log; the next leader honours or releases them)."""
 
 
 @dataclass(frozen=True, slots=True)
 class DispatchConfig:
     max_inflight_msgs: int = 10_000
-    """Delivered but not yet acknowledged; dispatch waits when this many are out."""
+    """Leased and not yet acknowledged, per consumer group; its grants wait when this many
+    are out."""
     max_inflight_bytes: int = 256 << 20
-    """Bodies delivered but not yet acknowledged; dispatch waits when this much is out (one
-    step may overshoot it by ``max_take_msgs`` bodies)."""
+    """Bodies leased and not yet acknowledged, per consumer group (one grant may overshoot
+    it by ``max_take_msgs`` bodies)."""
     max_take_msgs: int = 1_000
     """Messages taken from the wheel per dispatch step."""
-    clock_skew_allowance_ms: int = 2_000
-    """The largest clock difference between nodes that hand-over must tolerate."""
-    max_synced_done_runs: int = 1_024
-    """Runs of done positions past the cursor that a cursor command carries (16 bytes each);
-    beyond them, a new leader re-sends (flagged) what was done further on."""
+    max_unapplied_msgs: int = 20_000
+    """Messages taken and proposed in handouts not yet applied; taking waits past it."""
 
 
 class Dispatcher:
-    """Leader-side dispatch state for one leadership (an *epoch*)."""
+    """Leader-side wheel state for one leadership (an *epoch*)."""
 
     def __init__(self, config: DispatchConfig) -> None:
         self._config = config
         self._epoch = 0
         self._active = False
-        self._horizon_ms = 0
-        self._resolved: dict[int, set[int]] = {}
-        self._inflight = 0
-        self._inflight_bytes: dict[tuple[int, int], int] = {}
-        self._bytes_out = 0
+        self._taken: dict[int, set[int]] = {}
+        """Positions taken by this leadership (readied or on their way to it)."""
+        self._skipped: dict[int, set[int]] = {}
+        self.unapplied = 0
+        """Messages taken whose handout is not applied yet."""
 
     @property
     def epoch(self) -> int:
@@ -101,74 +103,55 @@ class Dispatcher:
     def active(self) -> bool:
         return self._active
 
-    @property
-    def inflight_msgs(self) -> int:
-        return self._inflight
-
-    def begin(self, wheel: Wheel, takeover_ms: int, done: Sequence[DoneRun] = ()) -> None:
-        """Start a leadership: dispatch again from the replicated cursor, skipping the
-        positions ``done`` says are done already."""
+    def begin(self, wheel: Wheel, readied: dict[int, set[int]]) -> None:
+        """Start a leadership: take again from the replicated cursor everything that no
+        handout readied."""
         self._epoch += 1
         self._active = True
-        self._horizon_ms = takeover_ms + self._config.clock_skew_allowance_ms
-        self._resolved.clear()
-        for second, first, count in done:
-            self._resolved.setdefault(second, set()).update(range(first, first + count))
-        self._inflight = 0
-        self._inflight_bytes.clear()
-        self._bytes_out = 0
+        self._taken = {second: set(indexes) for second, indexes in readied.items()}
+        self._skipped.clear()
+        self.unapplied = 0
         wheel.rewind()
 
     def end(self) -> None:
-        """The leadership is over: forget what is in flight (the next leader re-sends it)."""
+        """The leadership is over: what it took and did not ready, the next leader takes."""
         self._epoch += 1
         self._active = False
-        self._resolved.clear()
-        self._inflight = 0
-        self._inflight_bytes.clear()
-        self._bytes_out = 0
+        self._taken.clear()
+        self._skipped.clear()
+        self.unapplied = 0
 
-    def take(self, wheel: Wheel, now_ms: int) -> list[Delivery]:
-        """Take what is due, within the in-flight limit."""
-        room = min(self._config.max_take_msgs, self._config.max_inflight_msgs - self._inflight)
-        if not self._active or room <= 0 or self._bytes_out >= self._config.max_inflight_bytes:
+    def take(self, wheel: Wheel, now_ms: int) -> list[DueMessage]:
+        """Take what is due and not readied yet (at most ``max_take_msgs``)."""
+        room = min(self._config.max_take_msgs,
+                   self._config.max_unapplied_msgs - self.unapplied)
+        if not self._active or room <= 0:
             return []
-        resolved = self._resolved
+        taken_positions = self._taken
         taken = [message for message in wheel.take_due(now_ms, room)
-                 if message.local_index not in resolved.get(message.slot_second, ())]
-        self._resolve(wheel.drain_skipped())
-        self._inflight += len(taken)
-        for message in taken:  # keyed by plain tuples: equal to the Cursor that done() gets
-            self._inflight_bytes[message.slot_second, message.local_index] = len(message.body)
-            self._bytes_out += len(message.body)
-        horizon_ms = self._horizon_ms
-        return [Delivery(message, max(message.deliver_at_ms,
-                                      message.slot_second * MS_PER_SECOND) <= horizon_ms,
-                         now_ms, self._epoch) for message in taken]
+                 if message.local_index not in taken_positions.get(message.slot_second, ())]
+        for second, local_index in wheel.drain_skipped():
+            self._skipped.setdefault(second, set()).add(local_index)
+        for message in taken:
+            taken_positions.setdefault(message.slot_second, set()).add(message.local_index)
+        self.unapplied += len(taken)
+        return taken
 
-    def done(self, epoch: int, position: Cursor) -> None:
-        """The message at ``position`` is acknowledged."""
-        if epoch != self._epoch or not self._active:
-            return
-        resolved = self._resolved.setdefault(position.second, set())
-        if position.local_index not in resolved:
-            resolved.add(position.local_index)
-            self._inflight -= 1
-            self._bytes_out -= self._inflight_bytes.pop(position, 0)
-
-    def next_cursor(self, wheel: Wheel, now_ms: int) -> tuple[Cursor, bool]:
-        """How far the cursor may move, and whether only a newer stamp holds it back (then a
-        cursor command, which carries one, is worth proposing even if the cursor is the same).
-        """
+    def next_cursor(self, wheel: Wheel, readied: dict[int, set[int]], now_ms: int
+                    ) -> tuple[Cursor, bool]:
+        """How far the cursor may move over ``readied`` (applied) and skipped positions, and
+        whether only a newer stamp holds it back (then a cursor command, which carries one,
+        is worth proposing even if the cursor is the same)."""
         second, local_index = wheel.cursor
-        for passed in [s for s in self._resolved if s < second]:
-            del self._resolved[passed]
+        for table in (self._skipped, self._taken):
+            for passed in [s for s in table if s < second]:
+                del table[passed]
         closed_second = wheel.stamp_ms // MS_PER_SECOND
         while True:
-            resolved = self._resolved.get(second)
-            if resolved:
-                while local_index in resolved:
-                    local_index += 1
+            done = readied.get(second, ())
+            skipped = self._skipped.get(second, ())
+            while local_index in done or local_index in skipped:
+                local_index += 1
             if local_index < wheel.count_at(second):
                 break
             if second >= closed_second:
@@ -179,27 +162,3 @@ class Dispatcher:
             second = closed_second if following is None else min(following, closed_second)
             local_index = 0
         return Cursor(second, local_index), False
-
-    def done_runs(self, cursor: Cursor) -> tuple[DoneRun, ...]:
-        """The resolved positions past ``cursor``, as runs, nearest first, at most
-        ``max_synced_done_runs`` of them."""
-        runs: list[DoneRun] = []
-        for second in sorted(s for s in self._resolved if s >= cursor.second):
-            floor = cursor.local_index if second == cursor.second else 0
-            first = count = 0
-            for local_index in sorted(i for i in self._resolved[second] if i >= floor):
-                if count and local_index == first + count:
-                    count += 1
-                    continue
-                if count:
-                    runs.append(DoneRun(second, first, count))
-                first, count = local_index, 1
-            if count:
-                runs.append(DoneRun(second, first, count))
-            if len(runs) >= self._config.max_synced_done_runs:
-                return tuple(runs[:self._config.max_synced_done_runs])
-        return tuple(runs)
-
-    def _resolve(self, positions: list[Cursor]) -> None:
-        for second, local_index in positions:
-            self._resolved.setdefault(second, set()).add(local_index)

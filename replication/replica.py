@@ -7,14 +7,18 @@ One thread (``tickwheel-raft``) owns everything stateful. Each turn of its loop:
 2. notices leadership changes. A new leader proposes a *barrier* (a cursor command that moves
    nothing); once it is applied, every entry of earlier terms is applied too, and dispatch
    starts from the replicated cursor. A node that stops leading ends dispatch at once;
-3. on the leader, packs queued schedule and reschedule requests into entries (group commit)
-   and proposes them;
-4. on the leader holding its lease, takes due messages from the wheel and hands them to the sink;
-   takes in acknowledgements; every ``cursor_sync_ms`` proposes the cursor if it moved;
+3. on the leader, packs queued schedule and retry requests into entries (group commit) and
+   proposes them, with cancels, group changes, and acks, releases and deadline changes of
+   leases (one command per kind per turn);
+4. on the leader holding its lease, takes due messages from the wheel and proposes one
+   *handout*: those messages readied for their consumer groups, and leases granted to
+   consumers with credits (`tickwheel.replication.handout`); once it is applied, hands the
+   granted messages to the sink. Leases whose deadline passed go to the sink to be retried.
+   Every ``cursor_sync_ms`` it proposes the cursor if it moved;
 5. sleeps in the poller until a socket, a request, an ack, or the next due time.
 
-Other threads talk to it only through thread-safe queues (`schedule`, `reschedule`, `cancel`,
-`ack`) and a pipe that wakes the poller, and read `status`.
+Other threads talk to it only through thread-safe queues (`schedule`, `retry`, `cancel`,
+`join`, `credit`, `ack` ...) and a pipe that wakes the poller, and read `status`.
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ from pathlib import Path
 
 from tickwheel.replication import commands
 from tickwheel.replication.clock import Clock, SystemClock
+from tickwheel.replication.commands import LeaseOp, LeaseRef
 from tickwheel.replication.dispatcher import DeliverySink, DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import Entry, GroupCommitter, resolve
+from tickwheel.replication.groups import Groups, GroupSummary
+from tickwheel.replication.handout import ConsumerSlot, Planner
 from tickwheel.replication.raft import (
     RaftConfig,
     RaftNode,
@@ -40,9 +47,15 @@ from tickwheel.replication.raft import (
     read_snapshot,
     write_snapshot,
 )
-from tickwheel.replication.state import Manifest, StateConfig, WheelState
-from tickwheel.wheel import Cursor, NewMessage
-from tickwheel.wheel.errors import NotLeader, Overloaded, TickwheelError
+from tickwheel.replication.state import Manifest, Retried, StateConfig, WheelState
+from tickwheel.wheel import Cursor, DueMessage, NewMessage
+from tickwheel.wheel.errors import (
+    CorruptSegment,
+    NotLeader,
+    Overloaded,
+    TickwheelError,
+    UnknownHandle,
+)
 
 log = logging.getLogger("tickwheel.replication")
 
@@ -97,8 +110,10 @@ class ReplicaStatus:
     """On the leader: the last entry each follower is known to hold."""
     leader_commit_index: int
     """The leader's commit index as this node last heard it."""
-    done_past_cursor: int
-    """Messages past the cursor known (replicated) to be done: a new leader skips them."""
+    readied_past_cursor: int
+    """Messages at or past the cursor already readied for their groups (replicated)."""
+    groups: list[GroupSummary]
+    """Every consumer group (replicated)."""
     pending: dict[str, int]
     """Messages scheduled and not yet done, per tracked topic (replicated: any node)."""
     pending_untracked: int
@@ -128,14 +143,17 @@ class Replica:
         self._retries = GroupCommitter(self._config.raft.max_entry_bytes,
                                        self._config.max_queued_msgs, self._raft.wake)
         self._dispatcher = Dispatcher(self._config.dispatch)
+        self._planner: Planner | None = None
         self._cancels: deque[tuple[list[int], Future]] = deque()
-        self._acks: deque[tuple[int, list[Cursor]]] = deque()
+        self._lease_ops: dict[LeaseOp, deque[tuple[list[LeaseRef], list[int], Future]]] = {
+            op: deque() for op in LeaseOp}
+        self._consumer_ops: deque[tuple[str, object]] = deque()
+        self._group_ops: deque[tuple[bool, str, str, Future]] = deque()
         self._lease_until_s = 0.0
         self._inflight_entries: dict[int, Entry | Future] = {}
         self._next_entry_id = 0
         self._leading_term: int | None = None
         self._proposed_cursor: Cursor | None = None
-        self._proposed_done_runs: tuple[commands.DoneRun, ...] = ()
         self._last_cursor_sync = 0.0
         self._next_dispatch_s = 0.0
         self._bytes_since_snapshot = 0
@@ -164,18 +182,19 @@ class Replica:
         self._state.wheel.check_delays([m.deliver_at_ms for m in messages], self._clock.now_ms())
         return self._committer.submit([commands.encoded_message(m) for m in messages])
 
-    def reschedule(self, retries: Sequence[tuple[int, NewMessage]]) -> Future:
-        """For each ``(handle, copy)``: retire the delivered message ``handle`` and file
-        ``copy`` (same id, new due time and attempt, maybe another topic) in one replicated
-        command. The future gets one `Retried` or `Rejected` per item, in order; until it
-        resolves, the original is still in flight (a new leader would send it again). Raises
-        `NotLeader` on a follower, `Overloaded` when full."""
+    def retry(self, retries: Sequence[tuple[LeaseRef, NewMessage]]) -> Future:
+        """For each ``(lease, copy)``: resolve the leased message and file ``copy`` (same id,
+        new due time and attempt, maybe another topic) in one replicated command. The future
+        gets one `Retried` or `Rejected` per item, in order; ``Retried(None, ...)`` when the
+        lease was no longer current (acked, retried, released). Raises `NotLeader` on a
+        follower, `Overloaded` when full."""
         self._require_leader()
-        return self._retries.submit([commands.encoded_retry(handle, copy)
-                                     for handle, copy in retries])
+        return self._retries.submit([commands.encoded_leased_retry(lease, copy)
+                                     for lease, copy in retries])
 
     def cancel(self, handles: Sequence[int]) -> Future:
-        """The future gets, per handle, whether it was still pending (or `Rejected`)."""
+        """The future gets a `CancelOutcome` per handle, or one `Rejected` (naming
+        ``handles[i]``) when a handle was never issued: then nothing was cancelled."""
         self._require_leader()
         future: Future = Future()
         if len(self._cancels) >= self._config.max_queued_msgs:
@@ -184,10 +203,63 @@ class Replica:
         self._raft.wake()
         return future
 
-    def ack(self, epoch: int, positions: list[Cursor]) -> None:
-        """The sink reports delivered messages done (from any thread)."""
-        self._acks.append((epoch, positions))
+    def ack(self, leases: Sequence[LeaseRef]) -> Future:
+        """Acknowledge leased messages: the future gets, per lease, whether it was a genuine
+        current lease (then the message is done in its group; else nothing changed)."""
+        return self._lease_op(LeaseOp.ACK, leases)
+
+    def release(self, leases: Sequence[LeaseRef]) -> Future:
+        """End leases early: their messages are ready again for their groups."""
+        return self._lease_op(LeaseOp.RELEASE, leases)
+
+    def extend(self, leases: Sequence[LeaseRef], deadlines_ms: Sequence[int]) -> Future:
+        """Move the deadlines of current leases (shorter or longer)."""
+        return self._lease_op(LeaseOp.EXTEND, leases, deadlines_ms)
+
+    def ensure_group(self, topic: str, name: str) -> Future:
+        """Create the consumer group ``(topic, name)`` unless it exists; the future gets
+        whether it exists now (False: ``max_groups`` reached)."""
+        return self._group_op(True, topic, name)
+
+    def delete_group(self, topic: str, name: str) -> Future:
+        """Delete a consumer group and everything waiting in it; the future gets whether it
+        existed."""
+        return self._group_op(False, topic, name)
+
+    def join(self, slot: ConsumerSlot) -> None:
+        """A consumer of ``slot.group`` with credits (any thread; on the leader)."""
+        self._consumer_ops.append(("join", slot))
         self._raft.wake()
+
+    def credit(self, key: int, credits: int) -> None:
+        self._consumer_ops.append(("credit", (key, credits)))
+        self._raft.wake()
+
+    def leave(self, key: int) -> None:
+        """The consumer's stream closed: its stream leases are released."""
+        self._consumer_ops.append(("leave", key))
+        self._raft.wake()
+
+    def groups(self) -> Groups:
+        """The replicated consumer groups (read `Groups.summary` from other threads)."""
+        return self._state.groups
+
+    def _lease_op(self, op: LeaseOp, leases: Sequence[LeaseRef],
+                  deadlines_ms: Sequence[int] = ()) -> Future:
+        self._require_leader()
+        future: Future = Future()
+        if len(self._lease_ops[op]) >= self._config.max_queued_msgs:
+            raise Overloaded("max_queued_msgs")
+        self._lease_ops[op].append((list(leases), list(deadlines_ms), future))
+        self._raft.wake()
+        return future
+
+    def _group_op(self, create: bool, topic: str, name: str) -> Future:
+        self._require_leader()
+        future: Future = Future()
+        self._group_ops.append((create, topic, name, future))
+        self._raft.wake()
+        return future
 
     def may_deliver(self) -> bool:
         """Whether this node still holds its lease (any thread). A sink that hands messages
@@ -207,15 +279,17 @@ class Replica:
 
     def status(self) -> ReplicaStatus:
         raft = self._raft.status()
+        groups = self._state.groups.summary()
         return ReplicaStatus(
             address=self.address, role=raft.role.name.lower(), leader=raft.leader,
             term=raft.term, commit_index=raft.commit_index,
             last_applied=raft.last_applied, cursor=self._state.cursor,
             stamp_ms=self._state.stamp_ms, dispatching=self._dispatcher.active,
-            inflight_msgs=self._dispatcher.inflight_msgs, peers=self._peers,
+            inflight_msgs=sum(group.leased for group in groups), peers=self._peers,
             connected=raft.connected, match_index=raft.match_index,
             leader_commit_index=raft.leader_commit_index,
-            done_past_cursor=self._state.done_past_cursor,
+            readied_past_cursor=self._state.readied_past_cursor,
+            groups=groups,
             pending=self._state.pending.by_topic(),
             pending_untracked=self._state.pending.untracked)
 
@@ -251,20 +325,67 @@ class Replica:
                     committer.fail_all(NotLeader(self.leader_hint()))
             return self._config.idle_tick_ms / 1000
         self._propose_writes(now_ms)
-        for _ in range(len(self._acks)):
-            epoch, positions = self._acks.popleft()
-            for position in positions:
-                self._dispatcher.done(epoch, position)
+        self._take_consumer_ops()
         self._lease_until_s = self._raft.lease_until_s(self._config.raft.lease_ms)
         if not self._dispatcher.active or self._clock.monotonic_s() >= self._lease_until_s:
             return self._config.raft.heartbeat_ms / 1000
-        deliveries = self._take_due(now_ms)
-        if deliveries:
-            self._sink.deliver(deliveries)
+        taken = self._take_due(now_ms)
+        self._hand_out(taken, now_ms)
         self._sync_cursor(now_ms)
-        return self._sleep_s(now_ms, len(deliveries))
+        return self._sleep_s(now_ms, len(taken))
 
-    def _take_due(self, now_ms: int) -> list:
+    def _take_consumer_ops(self) -> None:
+        planner = self._planner
+        for _ in range(len(self._consumer_ops)):
+            kind, value = self._consumer_ops.popleft()
+            if planner is None:
+                continue
+            if kind == "join":
+                planner.join(value)  # type: ignore[arg-type]
+            elif kind == "credit":
+                planner.credit(*value)  # type: ignore[misc]
+            else:
+                released = planner.leave(value)  # type: ignore[arg-type]
+                if released:
+                    self._lease_ops[LeaseOp.RELEASE].append((released, [], Future()))
+
+    def _hand_out(self, taken: list[DueMessage], now_ms: int) -> None:
+        """Propose one handout of what came due and the leases to grant; once it is applied,
+        the sink gets the granted messages. Expired leases go to the sink too."""
+        planner = self._planner
+        if planner is None:
+            return
+        groups = self._state.groups
+        plan = planner.plan(groups, taken, now_ms, self._read)
+        if plan.ready or plan.grants:
+            future: Future = Future()
+            epoch = self._dispatcher.epoch
+
+            def applied(done: Future) -> None:
+                if self._dispatcher.epoch != epoch or self._planner is not planner:
+                    return
+                self._dispatcher.unapplied -= len(plan.ready)
+                if done.exception() is not None:
+                    planner.failed(plan)
+                    return
+                deliveries = planner.granted(plan, done.result(), groups)
+                if deliveries:
+                    self._sink.deliver(deliveries)
+            future.add_done_callback(applied)
+            self._propose(commands.handout(now_ms, plan.ready, plan.grants), future)
+        expired = planner.expired(groups, now_ms, self._read)
+        if expired:
+            self._sink.expired(expired)
+
+    def _read(self, handle: int) -> DueMessage | None:
+        """A ready message's body, from the wheel (None, logged, if it cannot be read)."""
+        try:
+            return self._state.wheel.read(handle)[0]
+        except (UnknownHandle, CorruptSegment) as error:
+            log.error("event=ready_message_unreadable handle=%d error=%r", handle, str(error))
+            return None
+
+    def _take_due(self, now_ms: int) -> list[DueMessage]:
         """Due messages, at most once per ``dispatch_interval_ms`` unless a backlog fills
         whole steps."""
         now_s = self._clock.monotonic_s()
@@ -283,8 +404,8 @@ class Replica:
         if leading and self._leading_term is None:
             self._leading_term = term
             self._proposed_cursor = None
-            self._proposed_done_runs = self._state.done_runs
-            barrier = commands.cursor(now_ms, self._state.cursor)
+            self._planner = Planner(self._config.dispatch, 0)
+            barrier = commands.barrier(now_ms, self._state.cursor)
             self._propose(barrier, self._barrier_applied(term))
             log.info("event=leadership_won term=%d cursor_second=%d cursor_local_index=%d",
                      term, *self._state.cursor)
@@ -295,12 +416,18 @@ class Replica:
         def start_dispatch(done: Future) -> None:
             if done.exception() is None and self._leading_term == term:
                 takeover_ms = self._clock.now_ms()
-                self._dispatcher.begin(self._state.wheel, takeover_ms, self._state.done_runs)
+                self._dispatcher.begin(self._state.wheel, self._state.readied)
+                planner = self._planner
+                if planner is not None:
+                    planner.epoch = self._dispatcher.epoch
+                    for group in self._state.groups:
+                        for handle, lease in group.leases.items():
+                            planner.watch(lease.deadline_ms, group.id, handle, lease.seq)
                 self._sink.dispatch_started(term, self._dispatcher.epoch, self._state.cursor,
                                             takeover_ms)
                 log.info("event=dispatch_started term=%d takeover_ms=%d cursor_second=%d "
-                         "cursor_local_index=%d done_past_cursor=%d", term, takeover_ms,
-                         *self._state.cursor, self._state.done_past_cursor)
+                         "cursor_local_index=%d readied_past_cursor=%d", term, takeover_ms,
+                         *self._state.cursor, self._state.readied_past_cursor)
         future.add_done_callback(start_dispatch)
         return future
 
@@ -311,11 +438,18 @@ class Replica:
         self._lease_until_s = 0.0
         self._sink.dispatch_stopped(self._dispatcher.epoch)
         self._dispatcher.end()
+        self._planner = None
         error = NotLeader(self.leader_hint())
         self._committer.fail_all(error)
         self._retries.fail_all(error)
         while self._cancels:
             resolve(self._cancels.popleft()[1], error=error)
+        for queue in self._lease_ops.values():
+            while queue:
+                resolve(queue.popleft()[2], error=error)
+        while self._group_ops:
+            resolve(self._group_ops.popleft()[3], error=error)
+        self._consumer_ops.clear()
         entries, self._inflight_entries = self._inflight_entries, {}
         for target in entries.values():
             _settle(target, None, error)
@@ -324,24 +458,78 @@ class Replica:
         for entry in self._committer.drain():
             self._propose(commands.schedule(now_ms, entry.parts), entry)
         for entry in self._retries.drain():
-            self._propose(commands.reschedule(now_ms, entry.parts), entry)
+            self._propose(commands.retry(now_ms, entry.parts), self._retry_applied(entry))
         while self._cancels:
             handles, future = self._cancels.popleft()
             self._propose(commands.cancel(now_ms, handles), future)
+        while self._group_ops:
+            create, topic, name, future = self._group_ops.popleft()
+            self._propose(commands.group(now_ms, create, topic, name), future)
+        for op, queue in self._lease_ops.items():
+            if queue:
+                self._propose_lease_op(now_ms, op, queue)
+
+    def _propose_lease_op(self, now_ms: int, op: LeaseOp,
+                          queue: deque[tuple[list[LeaseRef], list[int], Future]]) -> None:
+        """One command for every queued request of ``op``; each request gets its slice of
+        the results."""
+        requests = [queue.popleft() for _ in range(len(queue))]
+        leases = [lease for lease_list, _, _ in requests for lease in lease_list]
+        deadlines = [d for _, deadline_list, _ in requests for d in deadline_list]
+        combined: Future = Future()
+
+        def split(done: Future) -> None:
+            error = done.exception()
+            results = None if error is not None else done.result()
+            if results is not None and op is not LeaseOp.EXTEND:
+                self._lease_ended(leases, results)
+            if results is not None and op is LeaseOp.EXTEND and self._planner is not None:
+                for lease, deadline, took in zip(leases, deadlines, results, strict=True):
+                    if took:
+                        self._planner.watch(deadline, lease.group_id, lease.handle, lease.seq)
+            start = 0
+            for lease_list, _, future in requests:
+                end = start + len(lease_list)
+                resolve(future, None if results is None else results[start:end], error)
+                start = end
+        combined.add_done_callback(split)
+        self._propose(commands.leases(now_ms, op, leases, deadlines), combined)
+
+    def _lease_ended(self, leases: list[LeaseRef], results: list[bool]) -> None:
+        planner = self._planner
+        if planner is None:
+            return
+        for lease, took in zip(leases, results, strict=True):
+            group = self._state.groups.by_id(lease.group_id)
+            if took and group is not None:
+                planner.resolved(lease.group_id, lease.handle, group.topic, group.name)
+
+    def _retry_applied(self, entry: Entry) -> Future:
+        """The retry entry, settled after the planner learns which leases it ended."""
+        future: Future = Future()
+        leases = [commands.read_retry_lease(part) for part in entry.parts]
+
+        def settle(done: Future) -> None:
+            error = done.exception()
+            results = None if error is not None else done.result()
+            if results is not None:
+                self._lease_ended(leases, [isinstance(r, Retried) and r.handle is not None
+                                           for r in results])
+            entry.settle(results, error)
+        future.add_done_callback(settle)
+        return future
 
     def _sync_cursor(self, now_ms: int) -> None:
         now_s = self._clock.monotonic_s()
         if now_s - self._last_cursor_sync < self._config.cursor_sync_ms / 1000:
             return
-        cursor, stamp_only = self._dispatcher.next_cursor(self._state.wheel, now_ms)
+        cursor, stamp_only = self._dispatcher.next_cursor(self._state.wheel,
+                                                          self._state.readied, now_ms)
         floor = max(self._state.cursor, self._proposed_cursor or self._state.cursor)
-        done_runs = self._dispatcher.done_runs(cursor)
-        if (cursor > floor or (stamp_only and self._proposed_cursor is None)
-                or done_runs != self._proposed_done_runs):
+        if cursor > floor or (stamp_only and self._proposed_cursor is None):
             self._last_cursor_sync = now_s
             self._proposed_cursor = cursor
-            self._proposed_done_runs = done_runs
-            self._propose(commands.cursor(now_ms, cursor, done_runs), self._cursor_applied())
+            self._propose(commands.cursor(now_ms, cursor), self._cursor_applied())
 
     def _cursor_applied(self) -> Future:
         future: Future = Future()
@@ -355,10 +543,14 @@ class Replica:
     def _sleep_s(self, now_ms: int, delivered: int) -> float:
         dispatch = self._config.dispatch
         if (delivered >= dispatch.max_take_msgs
-                and self._dispatcher.inflight_msgs < dispatch.max_inflight_msgs):
+                and self._dispatcher.unapplied < dispatch.max_unapplied_msgs):
             return 0.0  # a backlog: take the next step at once
         wait_s = self._config.cursor_sync_ms / 1000
         due_ms = self._state.wheel.next_due_ms()
+        if self._planner is not None:
+            deadline_ms = self._planner.next_deadline_ms()
+            if deadline_ms is not None:
+                due_ms = deadline_ms if due_ms is None else min(due_ms, deadline_ms)
         if due_ms is not None:
             wait_s = min(wait_s, max(0, due_ms - now_ms) / 1000)
         return max(wait_s, self._next_dispatch_s - self._clock.monotonic_s())
@@ -393,15 +585,16 @@ class Replica:
             state_root = self._data_dir / "state"
             fsync_files([state_root / name for name in manifest.files])
         write_snapshot(path, (tuple(manifest.cursor), manifest.stamp_ms, manifest.files,
-                              manifest.pending), raft_tail, self._config.raft.fsync)
+                              manifest.pending, manifest.groups, manifest.readied), raft_tail,
+                       self._config.raft.fsync)
         self._state.snapshot_written(manifest)
         log.info("event=snapshot_taken files=%d cursor_second=%d cursor_local_index=%d "
                  "duration_ms=%.1f", len(manifest.files), *manifest.cursor,
                  (self._clock.monotonic_s() - started) * 1000)
 
     def _deserialize(self, path: str) -> tuple:
-        (cursor, stamp_ms, files, pending), raft_tail = read_snapshot(path)
-        manifest = Manifest(Cursor(*cursor), stamp_ms, files, pending)
+        (cursor, stamp_ms, files, pending, *grouped), raft_tail = read_snapshot(path)
+        manifest = Manifest(Cursor(*cursor), stamp_ms, files, pending, *grouped)
         started = self._clock.monotonic_s()
         try:
             self._state.install(manifest, self._fetch_from_peers)

@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tickwheel.replication import commands
-from tickwheel.replication.commands import Kind
+from tickwheel.replication.commands import Kind, LeaseOp
 from tickwheel.replication.dedupe import DedupeWindow
+from tickwheel.replication.groups import Groups
+from tickwheel.replication.groups import Snapshot as GroupsSnapshot
 from tickwheel.replication.pending import PendingCounts
 from tickwheel.replication.pending import Snapshot as PendingSnapshot
-from tickwheel.wheel import CancelOutcome, Cursor, Wheel
-from tickwheel.wheel.errors import InvalidMessage, UnknownHandle, invariant
+from tickwheel.wheel import CancelOutcome, Cursor, DueMessage, Wheel
+from tickwheel.wheel.errors import CorruptSegment, InvalidMessage, UnknownHandle, invariant
 from tickwheel.wheel.format import record_topics
 from tickwheel.wheel.segment import APPEND_ONLY_FILES
 from tickwheel.wheel.types import WheelConfig
@@ -51,6 +53,11 @@ class StateConfig:
     max_tracked_topics: int = 1_024
     """Topics whose pending messages are counted by name; messages of further topics are
     counted together as untracked (`tickwheel.replication.pending`)."""
+    max_ready_msgs: int = 100_000
+    """Due messages a consumer group holds for its consumers; past it the oldest that no
+    consumer has leased are dropped (logged, counted): the retention of a group nobody reads."""
+    max_groups: int = 1_024
+    """Consumer groups, over all topics."""
 
 
 class Scheduled(NamedTuple):
@@ -79,13 +86,15 @@ class Rejected(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
-    """A snapshot: the lengths of every state file, the cursor, the stamp and the pending
-    counts."""
+    """A snapshot: the lengths of every state file, the cursor, the stamp, the pending
+    counts, the consumer groups and the positions readied past the cursor."""
 
     cursor: Cursor
     stamp_ms: int
     files: dict[str, int]
     pending: PendingSnapshot
+    groups: GroupsSnapshot = (1, [], {})
+    readied: dict[int, set[int]] = field(default_factory=dict)
 
 
 class WheelState:
@@ -96,12 +105,12 @@ class WheelState:
         self._config = config
         self.wheel, self.dedupe = self._open_files()
         self.pending = PendingCounts(config.max_tracked_topics)
+        self.groups = Groups(config.max_ready_msgs, config.max_groups)
+        self.readied: dict[int, set[int]] = {}
+        """Positions at or past the cursor that a handout readied: they have left the wheel
+        for their groups (a new leader does not take them again). Per second, local
+        indexes; the cursor passes them once their second is complete."""
         self._last_manifest: Manifest | None = None
-        self.done_runs: tuple[commands.DoneRun, ...] = ()
-        """Positions past the cursor already done, as the last cursor command said. Only
-        dispatch reads them (a new leader skips them), so they are kept in memory: a restart
-        replays them from the journal, and after a snapshot install the next cursor command
-        brings them; until then a new leader would only re-send more, flagged."""
 
     @classmethod
     def open(cls, root: Path, config: StateConfig, *, fresh: bool) -> WheelState:
@@ -122,9 +131,9 @@ class WheelState:
         return self.wheel.stamp_ms
 
     @property
-    def done_past_cursor(self) -> int:
-        """How many messages past the cursor `done_runs` names."""
-        return sum(run.count for run in self.done_runs)
+    def readied_past_cursor(self) -> int:
+        """How many messages at or past the cursor have left the wheel for their groups."""
+        return sum(map(len, list(self.readied.values())))
 
     # -- applying commands ----------------------------------------------------------------
 
@@ -133,10 +142,22 @@ class WheelState:
         kind, stamp_ms = commands.read_header(command)
         if kind is Kind.SCHEDULE:
             return self._apply_schedule(command, stamp_ms)
-        if kind is Kind.RESCHEDULE:
-            return self._apply_reschedule(command, stamp_ms)
+        if kind is Kind.HANDOUT:
+            return self._apply_handout(command, stamp_ms)
+        if kind is Kind.LEASES:
+            return self._apply_leases(command)
+        if kind is Kind.RETRY:
+            return self._apply_retry(command, stamp_ms)
         if kind is Kind.CANCEL:
             return self._apply_cancel(command)
+        if kind is Kind.GROUP:
+            return self._apply_group(command, stamp_ms)
+        if kind is Kind.RESCHEDULE:
+            return self._apply_reschedule(command, stamp_ms)
+        if kind is Kind.BARRIER:
+            released = self.groups.release_streams()
+            if released:
+                log.info("event=stream_leases_released leases=%d", released)
         return self._apply_cursor(command, stamp_ms)
 
     def _apply_schedule(self, command: bytes, stamp_ms: int) -> list[Scheduled | Rejected]:
@@ -247,42 +268,144 @@ class WheelState:
             f"{deliver_at_ms} is more than {self._config.wheel.max_delay_ms} ms after "
             f"{stamp_ms}")))
 
-    def _apply_cancel(self, command: bytes) -> list[CancelOutcome | Rejected]:
-        results: list[CancelOutcome | Rejected] = []
-        for handle in commands.read_cancel(command):
+    def _apply_cancel(self, command: bytes) -> list[CancelOutcome] | list[Rejected]:
+        """Cancel each handle, in log order with the handouts: a message that no group ever
+        leased is ``CANCELLED`` and never will be; one that some group leased is
+        ``HANDED_OUT`` (the groups that did not lease it never will). A request naming an
+        unknown handle changes nothing: one `Rejected` naming ``handles[i]``."""
+        handles = commands.read_cancel(command)
+        located = []
+        for i, handle in enumerate(handles):
             try:
-                outcome, tag = self.wheel.cancel_tag(handle)
-            except UnknownHandle as error:
-                results.append(Rejected(error))
-                continue
+                located.append(self.wheel.read(handle))
+            except UnknownHandle:
+                if self.wheel.is_behind(handle):
+                    located.append(None)  # its hour is behind the cursor, and deleted
+                    continue
+                return [Rejected(UnknownHandle(f"handles[{i}]", f"{handle} was never "
+                                               "returned by schedule"))]
+            except CorruptSegment as error:
+                return [Rejected(UnknownHandle(f"handles[{i}]", f"{handle}: {error}"))]
+        return [self._cancel_one(found) for found in located]
+
+    def _cancel_one(self, found: tuple[DueMessage, bool] | None) -> CancelOutcome:
+        if found is None:
+            return CancelOutcome.NOT_PENDING
+        message, tombstoned = found
+        if tombstoned:
+            return CancelOutcome.ALREADY_CANCELLED
+        position = message.position
+        readied = position < self.wheel.cursor or position.local_index in self.readied.get(
+            position.second, ())
+        if not readied:
+            outcome, tag = self.wheel.cancel_tag(message.handle)
             if outcome is CancelOutcome.CANCELLED:
                 self.pending.remove({tag: 1})
-            results.append(outcome)
+            return outcome
+        never_leased = self.groups.cancel(message.handle, message.topic)
+        if never_leased is None:
+            return CancelOutcome.NOT_PENDING
+        if not never_leased:
+            return CancelOutcome.HANDED_OUT
+        tag = self.wheel.tombstone(message.handle)
+        if position >= self.wheel.cursor:  # still counted pending: the cursor will not count it
+            self.pending.remove({tag: 1})
+        return CancelOutcome.CANCELLED
+
+    def _apply_handout(self, command: bytes, stamp_ms: int) -> list[int]:
+        """Ready the messages that came due (not one cancelled since the leader took it), then
+        grant the leases: per grant its sequence number, or 0 when the message is not ready
+        in that group (cancelled, dropped, leased already)."""
+        stamp_ms = max(stamp_ms, self.wheel.stamp_ms)
+        ready, grants = commands.read_handout(command)
+        wheel, groups, readied = self.wheel, self.groups, self.readied
+        for item in ready:
+            if (wheel.is_cancelled(item.handle) or (item.second, item.local_index) < wheel.cursor
+                    or item.local_index in readied.get(item.second, ())):
+                continue  # cancelled meanwhile, or readied already (a handout proposed twice)
+            readied.setdefault(item.second, set()).add(item.local_index)
+            groups.ready(item.handle, item.topic, item.target, stamp_ms)
+        results = []
+        for grant in grants:
+            group = groups.get(grant.topic, grant.group)
+            results.append(0 if group is None else groups.grant(
+                group, grant.handle, grant.nonce, grant.deadline_ms, grant.mode))
+        return results
+
+    def _apply_leases(self, command: bytes) -> list[bool]:
+        """Acks, releases or new deadlines, each of a genuine current receipt (else False and
+        nothing changes)."""
+        op, refs = commands.read_leases(command)
+        groups = self.groups
+        if op is LeaseOp.ACK:
+            return [groups.resolve(ref) for ref, _ in refs]
+        if op is LeaseOp.RELEASE:
+            return [groups.release(ref) for ref, _ in refs]
+        return [groups.extend(ref, deadline_ms) for ref, deadline_ms in refs]
+
+    def _apply_group(self, command: bytes, stamp_ms: int) -> bool:
+        """Create (True if it exists now) or delete (True if it existed) a group."""
+        create, topic, name = commands.read_group(command)
+        if create:
+            return self.groups.create(topic, name, max(stamp_ms, self.wheel.stamp_ms)) is not None
+        return self.groups.delete(topic, name)
+
+    def _apply_retry(self, command: bytes, stamp_ms: int) -> list[Retried | Rejected]:
+        """Resolve each leased message and file its retry copy, together: a replica that
+        applied this holds the copy, one that did not still holds the lease. The receipt is
+        the idempotence key: a lease retried once (or acked) is not copied again."""
+        stamp_ms = max(stamp_ms, self.wheel.stamp_ms)
+        latest_ms = stamp_ms + self._config.wheel.max_delay_ms
+        results: list[Retried | Rejected | None] = []
+        records, due_ms, filed_at, tags = [], [], [], []
+        for retry in commands.read_retry(command):
+            if retry.deliver_at_ms > latest_ms:
+                results.append(self._too_late(retry.deliver_at_ms, stamp_ms))
+                continue
+            if not self.groups.resolve(retry.lease):
+                results.append(Retried(None, retry.deliver_at_ms))
+                continue
+            tags += self._tags([retry.record])
+            self.pending.add(tags[-1:])
+            filed_at.append(len(results))
+            results.append(None)
+            records.append(retry.record)
+            due_ms.append(retry.deliver_at_ms)
+        handles = self.wheel.schedule_records(records, due_ms, stamp_ms, tags)
+        for index, handle, deliver_at_ms in zip(filed_at, handles, due_ms, strict=True):
+            results[index] = Retried(handle, deliver_at_ms)
+        invariant(None not in results, "a retry result was never filled in")
         return results
 
     def _apply_cursor(self, command: bytes, stamp_ms: int) -> Cursor:
         """Move the cursor, and the stamp. A cursor behind the current one is a stale proposal
         (a deposed leader's, committed after its successor's): it is ignored, everywhere.
-        The messages it passes are no longer pending. Done runs replace the ones kept unless
-        the command has none (a new leader's barrier): either way only what is still past the
-        cursor is kept."""
-        proposed, runs = commands.read_cursor(command)
-        stale = proposed < self.wheel.cursor
-        position = max(proposed, self.wheel.cursor)
+        The messages it passes are no longer pending (they are in their groups)."""
+        position = max(commands.read_cursor(command), self.wheel.cursor)
         self.pending.remove(self.wheel.live_tags_until(position))
         self.wheel.advance_cursor(position, stamp_ms)
-        if runs and not stale:
-            self.done_runs = tuple(runs)
-        self.done_runs = runs_past(self.wheel.cursor, self.done_runs)
+        self._forget_readied(self.wheel.cursor)
         return self.wheel.cursor
+
+    def _forget_readied(self, cursor: Cursor) -> None:
+        for second in [s for s in self.readied if s < cursor.second]:
+            del self.readied[second]
+        at_cursor = self.readied.get(cursor.second)
+        if at_cursor:
+            at_cursor.difference_update([i for i in at_cursor if i < cursor.local_index])
+            if not at_cursor:
+                del self.readied[cursor.second]
 
     # -- snapshots --------------------------------------------------------------------------
 
     def manifest(self) -> Manifest:
         """Flush everything and list it. Cost: one ``stat`` per file, never the data."""
-        files = {f"{_WHEEL}/{path}": size for path, size in self.wheel.files().items()}
+        files = {f"{_WHEEL}/{path}": size
+                 for path, size in self.wheel.files(self.groups.oldest_hour()).items()}
         files.update({f"{_DEDUPE}/{path}": size for path, size in self.dedupe.files().items()})
-        return Manifest(self.wheel.cursor, self.wheel.stamp_ms, files, self.pending.snapshot())
+        return Manifest(self.wheel.cursor, self.wheel.stamp_ms, files, self.pending.snapshot(),
+                        self.groups.snapshot(),
+                        {second: set(indexes) for second, indexes in self.readied.items()})
 
     def snapshot_written(self, manifest: Manifest) -> None:
         """``manifest`` is now the Raft snapshot: delete passed hours and forgotten dedupe
@@ -313,8 +436,9 @@ class WheelState:
         self.wheel, self.dedupe = self._open_files()
         self.wheel.reset_to(manifest.cursor, manifest.stamp_ms)
         self.pending.restore(manifest.pending)
+        self.groups.restore(manifest.groups)
+        self.readied = {second: set(indexes) for second, indexes in manifest.readied.items()}
         self._last_manifest = manifest
-        self.done_runs = runs_past(manifest.cursor, self.done_runs)
         log.info("event=snapshot_installed files=%d fetched_bytes=%d cursor_second=%d "
                  "cursor_local_index=%d", len(manifest.files), fetched, *manifest.cursor)
 
@@ -377,15 +501,3 @@ def _restore_file(path: Path, name: str, size: int, fetch: Fetch) -> int:
         invariant(have == size, f"{name}: fetched to {have}, wanted {size}")
     return size - start
 
-
-def runs_past(cursor: Cursor, runs: tuple[commands.DoneRun, ...]
-              ) -> tuple[commands.DoneRun, ...]:
-    """The parts of ``runs`` at or past ``cursor``."""
-    kept = []
-    for second, first, count in runs:
-        if second > cursor.second:
-            kept.append(commands.DoneRun(second, first, count))
-        elif second == cursor.second and first + count > cursor.local_index:
-            start = max(first, cursor.local_index)
-            kept.append(commands.DoneRun(second, start, first + count - start))
-    return tuple(kept)

@@ -22,11 +22,13 @@ from tickwheel.wheel.filing import file_records
 from tickwheel.wheel.format import (
     SECONDS_PER_HOUR,
     TOMBSTONE,
+    decode_record,
     encode_record,
 )
 from tickwheel.wheel.hours import HourSet
 from tickwheel.wheel.meta import MetaFile
 from tickwheel.wheel.passage import CursorPassage
+from tickwheel.wheel.segment import HourSegment
 from tickwheel.wheel.types import CancelOutcome, Cursor, DueMessage, NewMessage, WheelConfig
 from tickwheel.wheel.window import GLOBAL_INDEX_BITS, GLOBAL_INDEX_MASK, DueWindow
 
@@ -173,6 +175,38 @@ class Wheel:
         self._hours.written(hour, TOMBSTONE.size)
         return CancelOutcome.CANCELLED, fields[7]
 
+    def read(self, handle: int) -> tuple[DueMessage, bool]:
+        """The message ``handle`` names, and whether it is cancelled (tombstoned). Raises
+        `UnknownHandle` for a handle never returned or of an hour already deleted, and
+        `CorruptSegment` for a record that fails its CRC."""
+        segment, global_index = self._segment_of(handle)
+        fields = segment.read_unit(global_index)
+        offset, size, local_index = fields[:3]
+        second = (handle >> GLOBAL_INDEX_BITS) * SECONDS_PER_HOUR + fields[6]
+        decoded = decode_record(segment.read_record(offset, size))
+        message = DueMessage(*decoded[:5], handle, second, local_index, decoded[5])
+        return message, global_index in segment.tombstones
+
+    def is_cancelled(self, handle: int) -> bool:
+        """Whether ``handle`` is tombstoned (False for an unknown handle)."""
+        segment = self._hours.segment(handle >> GLOBAL_INDEX_BITS, create=False)
+        return segment is not None and handle & GLOBAL_INDEX_MASK in segment.tombstones
+
+    def tombstone(self, handle: int) -> int:
+        """Tombstone ``handle`` wherever it is, behind the cursor too, and return its tag: a
+        replicated state machine cancels messages that left the wheel for consumer groups
+        this way, so that a repeated cancel reads ``ALREADY_CANCELLED``."""
+        segment, global_index = self._segment_of(handle)
+        if global_index not in segment.tombstones:
+            segment.add_tombstone(global_index)
+            self._hours.written(handle >> GLOBAL_INDEX_BITS, TOMBSTONE.size)
+        return int(segment.read_unit(global_index)[7])
+
+    def is_behind(self, handle: int) -> bool:
+        """Whether the whole hour of ``handle`` is behind the cursor."""
+        return handle >= 0 and ((handle >> GLOBAL_INDEX_BITS) + 1) * SECONDS_PER_HOUR <= (
+            self._cursor.second)
+
     def next_due_ms(self) -> int | None:
         """When the next message is due, or None if nothing is pending ahead of the dispatch.
 
@@ -276,12 +310,15 @@ class Wheel:
                   f"deleting hour {hour}, which the cursor {tuple(self._cursor)} has not passed")
         self._hours.delete(hour, self._cursor.second)
 
-    def files(self) -> dict[str, int]:
-        """Flush, then the append-only files of the hours at or after the cursor's, by path
-        relative to the root, with their sizes. Heads and ``meta`` are not listed: heads are
-        rebuilt from the index, and the cursor and stamp are properties."""
+    def files(self, from_hour: int | None = None) -> dict[str, int]:
+        """Flush, then the append-only files of the hours at or after the cursor's (or
+        ``from_hour``, when earlier: messages behind the cursor still in use), by path relative
+        to the root, with their sizes. Heads and ``meta`` are not listed: heads are rebuilt
+        from the index, and the cursor and stamp are properties."""
         self.flush()
-        return self._hours.files(self._cursor.second // SECONDS_PER_HOUR)
+        first_hour = self._cursor.second // SECONDS_PER_HOUR
+        return self._hours.files(first_hour if from_hour is None else min(from_hour,
+                                                                          first_hour))
 
     def flush(self) -> None:
         """Write every buffered append to the segment files and the stamp to ``meta``."""
@@ -304,6 +341,14 @@ class Wheel:
         self.close()
 
     # -- internals --------------------------------------------------------------------------
+
+    def _segment_of(self, handle: int) -> tuple[HourSegment, int]:
+        hour, global_index = handle >> GLOBAL_INDEX_BITS, handle & GLOBAL_INDEX_MASK
+        segment = self._hours.segment(hour, create=False) if handle >= 0 else None
+        if segment is None or global_index >= segment.units:
+            raise UnknownHandle("handle", f"{handle} was never returned by schedule, or its "
+                                "hour is gone")
+        return segment, global_index
 
     def _release_maps(self) -> None:
         """Unmap hours the dispatch has left behind."""

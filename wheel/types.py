@@ -33,13 +33,16 @@ class CancelOutcome(IntEnum):
     ALREADY_CANCELLED = 2
     """An earlier cancel tombstoned it."""
     NOT_PENDING = 3
-    """It is done: delivered and passed by the cursor, or its whole hour is behind the cursor
-    (and deleted, so whether it was delivered or cancelled is no longer known)."""
+    """It is done: delivered and acknowledged by every group, or its whole hour is behind the
+    cursor (and deleted, so whether it was delivered or cancelled is no longer known)."""
+    HANDED_OUT = 4
+    """Too late: a consumer group had it already (a lease on it was granted before the cancel
+    in the log). Groups that had not got it never will."""
 
     @property
     def cancelled(self) -> bool:
         """Whether the message is cancelled, by this call or an earlier one."""
-        return self is not CancelOutcome.NOT_PENDING
+        return self in (CancelOutcome.CANCELLED, CancelOutcome.ALREADY_CANCELLED)
 
 
 class NewMessage(NamedTuple):

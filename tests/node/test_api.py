@@ -408,29 +408,41 @@ def test_the_client_retries_across_a_leader_kill_without_scheduling_twice(
     assert not any(m.possible_duplicate for m in got)
 
 
-def test_a_new_leader_resends_only_what_was_not_acknowledged(tmp_path: Path) -> None:
-    """One unacknowledged message holds the cursor; the 19 acknowledged after it are replicated
-    as done past the cursor, so a new leader re-sends only the one."""
+def test_a_new_leader_flags_exactly_the_leases_left_unacknowledged(tmp_path: Path) -> None:
+    """One message stays unacknowledged when the leader is killed; the 19 acknowledged after
+    it are done in the log. The new leader re-sends only the one, flagged (its lease was
+    committed); what comes due after the takeover, and 1,000 messages already past due, are
+    first deliveries and arrive unflagged (the first version flagged everything due within
+    two seconds of a takeover, and every past-due message on a fresh cluster)."""
     with LocalCluster(tmp_path) as fresh, Client(
             [n.grpc_address for n in fresh.nodes], timeout_s=60) as client:
         old = fresh.leader()
         start_ms = now_ms()
+        overdue = client.schedule_many([Message("late", b"x", deliver_at_ms=start_ms - 60_000,
+                                                id=f"late-{i}") for i in range(1_000)])
+        assert len(overdue) == 1_000
         client.schedule_many([Message("held", b"x", deliver_at_ms=start_ms + i, id=f"h-{i}")
                               for i in range(20)])
         with client.consume("held", prefetch=20, visibility_timeout_ms=60_000) as consumer:
             got = [message for _, message in zip(range(20), consumer, strict=False)]
             assert [m.id for m in got] == [f"h-{i}" for i in range(20)]
+            assert not any(m.possible_duplicate for m in got)
             for message in got[1:]:
                 message.ack()
             survivor = next(n for n in fresh.nodes if n is not old)
-            wait_for(lambda: client.cluster_info(survivor.grpc_address).done_past_cursor == 19,
-                     10, "the 19 acknowledgements replicated past the cursor")
+
+            def leased() -> list[int]:
+                return [g.leased for g in client.cluster_info(survivor.grpc_address).groups
+                        if g.topic == "held"]
+            wait_for(lambda: leased() == [1], 10, "the 19 acks replicated to a follower")
             fresh.signal(old, signal.SIGKILL)
         client.schedule("held", b"marker", delay_ms=0, id="marker")
         again = receive(client, "held", 2)
-    # (the marker is flagged too: it is due within the clock-skew horizon of the takeover)
-    assert [m.id for m in again] == ["h-0", "marker"]
-    assert again[0].possible_duplicate
+        late = receive(client, "late", 1_000)
+    assert sorted((m.id, m.possible_duplicate) for m in again) == [("h-0", True),
+                                                                  ("marker", False)]
+    assert len({m.id for m in late}) == 1_000
+    assert not any(m.possible_duplicate for m in late)
 
 
 def test_a_consumer_survives_its_node_stopping_gracefully(tmp_path: Path) -> None:

@@ -30,7 +30,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tickwheel.replication.dispatcher import Delivery
+from tickwheel.replication import commands
+from tickwheel.replication.dispatcher import Delivery, Expired
+from tickwheel.replication.groups import DEFAULT_GROUP, STREAM
+from tickwheel.replication.handout import ConsumerSlot
 from tickwheel.replication.raft import OnResult, RaftConfig, RaftStatus, Role
 from tickwheel.replication.replica import Replica, ReplicaConfig
 from tickwheel.replication.state import Scheduled
@@ -41,6 +44,8 @@ LEASE_MS = RaftConfig().lease_ms
 ELECTION_MS = RaftConfig().election_min_ms
 PRODUCER_RETRY_S = 0.1
 """A producer whose request failed tries again this much later, with the same ids."""
+CREDITS = 1_000
+VISIBILITY_MS = 600_000
 
 
 class World:
@@ -86,8 +91,10 @@ class SimRaft:
         self.believed_term = 0
         self.believes_leader = False
         self.heard_majority_s = 0.0
-        self.doomed: list[OnResult] = []
-        """What this node proposed while cut off: never committed."""
+        self.doomed: list[tuple[bytes | None, OnResult]] = []
+        """What this node proposed while cut off (the command; None for an entry a new leader
+        dropped): answered False when it learns of a newer term, or, for a leader whose
+        partition heals before anyone replaced it, replicated then (`SimCluster.heal`)."""
 
     def tick(self, wait_s: float) -> None:
         if self._load_snapshot:
@@ -113,7 +120,7 @@ class SimRaft:
             self.believed_term = cluster.term
             self.believes_leader = cluster.leader == self.address
             doomed, self.doomed = self.doomed, []
-            for on_result in doomed:
+            for _, on_result in doomed:
                 on_result(None, False)
         if self.believes_leader:
             self.heard_majority_s = cluster.world.now_s
@@ -124,7 +131,7 @@ class SimRaft:
     def propose(self, command: bytes, on_result: OnResult) -> None:
         cluster = self.cluster
         if self.address in cluster.isolated or cluster.leader != self.address:
-            self.doomed.append(on_result)
+            self.doomed.append((command, on_result))
             return
         cluster.log.append((cluster.term, command))
         cluster.pending[len(cluster.log) - 1] = (self.address, on_result)
@@ -196,7 +203,22 @@ class SimCluster:
             if proposer not in self.isolated:
                 on_result(None, False)  # its leadership ended before the answer
             else:
-                self.nodes[proposer].doomed.append(on_result)
+                self.nodes[proposer].doomed.append((None, on_result))
+
+    def heal(self) -> None:
+        """The partition ends. A leader that nobody replaced meanwhile still leads, and what
+        it proposed while cut off reaches the others now (Raft keeps its log)."""
+        self.isolated.clear()
+        node = self.nodes.get(self.leader) if self.leader else None
+        if node is None or node.believed_term != self.term:
+            return
+        doomed, node.doomed = node.doomed, []
+        for command, on_result in doomed:
+            if command is None:
+                on_result(None, False)
+                continue
+            self.log.append((self.term, command))
+            self.pending[len(self.log) - 1] = (node.address, on_result)
 
     def replicate(self) -> None:
         """The leader, if it hears a majority, commits everything it has."""
@@ -205,15 +227,19 @@ class SimCluster:
 
 
 class RecordingSink:
-    """A replica's `DeliverySink`: every delivery is recorded, and acknowledged after a
-    random delay (lost if it reaches a node that no longer dispatches that epoch)."""
+    """A replica's `DeliverySink` and its consumer: once the replica dispatches, one consumer
+    joins the default group; every delivery is recorded and acknowledged after a random delay
+    (lost if it reaches a node that no longer leads)."""
 
     def __init__(self, run: Run, address: str) -> None:
         self._run = run
         self._address = address
+        self.replica: Replica | None = None
 
     def dispatch_started(self, term: int, epoch: int, cursor: Cursor, takeover_ms: int) -> None:
-        pass
+        self._run.consumer_key += 1
+        self.replica.join(ConsumerSlot(self._run.consumer_key, "orders", DEFAULT_GROUP,
+                                       CREDITS, VISIBILITY_MS, STREAM))
 
     def deliver(self, deliveries: list[Delivery]) -> None:
         run = self._run
@@ -222,8 +248,13 @@ class RecordingSink:
             message = delivery.message
             run.deliveries.append((message.id, delivery.possible_duplicate, clock.now_ms(),
                                    message.deliver_at_ms, self._address))
+            run.leases_seen.append((message.id, message.handle, delivery.lease.seq))
             ack_s = run.world.now_s + run.rng.choice((0.0, 0.01, 0.2, 1.5))
-            run.acks.append((ack_s, self._address, delivery.epoch, message.position))
+            run.acks.append((ack_s, self._address, delivery.lease))
+        self.replica.credit(deliveries[0].consumer, len(deliveries))
+
+    def expired(self, leases: list[Expired]) -> None:
+        pass  # VISIBILITY_MS outlasts every scenario
 
     def dispatch_stopped(self, epoch: int) -> None:
         pass
@@ -243,7 +274,10 @@ class Run:
         self.clocks = {a: NodeClock(self.world, self.rng.choice((0, 0, 300, -300, 1_500)))
                        for a in self.addresses}
         self.deliveries: list[tuple[str, bool, int, int, str]] = []
-        self.acks: list[tuple[float, str, int, Cursor]] = []
+        self.acks: list[tuple[float, str, commands.LeaseRef]] = []
+        self.leases_seen: list[tuple[str, int, int]] = []
+        """(id, handle, lease number) of every delivery."""
+        self.consumer_key = 0
         self.scheduled: dict[str, int] = {}
         """Id -> due time, for every schedule the cluster acknowledged."""
         self._next_id = 0
@@ -265,9 +299,10 @@ class Run:
             self.cluster.nodes[address] = node
             return node
         peers = [a for a in self.addresses if a != address]
-        replica = Replica(address, peers, data, RecordingSink(self, address),
-                          fetch=self._fetch, clock=self.clocks[address],
-                          config=ReplicaConfig(), raft=raft)
+        sink = RecordingSink(self, address)
+        replica = Replica(address, peers, data, sink, fetch=self._fetch,
+                          clock=self.clocks[address], config=ReplicaConfig(), raft=raft)
+        sink.replica = replica
         replica._die = _raise_died  # exit 70 would end the simulation; the node is restarted
         return replica
 
@@ -414,7 +449,7 @@ class Run:
     def _heal(self) -> None:
         for address in sorted(self.crashed):
             self._restart(address)
-        self.cluster.isolated.clear()
+        self.cluster.heal()
         if self.cluster.can_elect() and (self.cluster.leader is None or self.rng.random() < 0.5):
             self.cluster.elect(self.rng.choice(self.addresses))
 
@@ -422,9 +457,10 @@ class Run:
         now_s = self.world.now_s
         due = [ack for ack in self.acks if ack[0] <= now_s]
         self.acks = [ack for ack in self.acks if ack[0] > now_s]
-        for _, address, epoch, position in due:
-            if address not in self.cluster.isolated:
-                self.replicas[address].ack(epoch, [position])
+        for _, address, lease in due:
+            replica = self.replicas[address]
+            if address not in self.cluster.isolated and replica.is_leader():
+                replica.ack([lease])
 
     # -- the verdict ------------------------------------------------------------------------
 
@@ -443,7 +479,24 @@ class Run:
             if unflagged:
                 found.append(f"{message_id} delivered {len(seen)} times, "
                              f"{len(unflagged)} repeats unflagged: {seen}")
+        granted = self._committed_grants()
+        first_seen: set[str] = set()
+        for (message_id, flagged, *_), (_, handle, _) in zip(self.deliveries, self.leases_seen,
+                                                             strict=True):
+            if flagged and message_id not in first_seen and granted[handle] < 2:
+                found.append(f"{message_id} flagged on its first delivery, but the log holds "
+                             f"{granted[handle]} lease(s) of it")
+            first_seen.add(message_id)
         return found
+
+    def _committed_grants(self) -> Counter:
+        """How many leases the committed log granted per handle (a grant may find the
+        message leased already; counted anyway, so this is an upper bound)."""
+        granted: Counter = Counter()
+        for _, command in self.cluster.log[:self.cluster.commit]:
+            if commands.read_header(command)[0] is commands.Kind.HANDOUT:
+                granted.update(grant.handle for grant in commands.read_handout(command)[1])
+        return granted
 
     def summary(self) -> Counter:
         """How much happened: deliveries, acknowledged schedules, terms, flagged deliveries,

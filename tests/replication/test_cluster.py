@@ -18,7 +18,6 @@ from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_fo
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 AckingConsumer = Callable[[LocalCluster], object]
-SKEW_ALLOWANCE_MS = 2_000  # DispatchConfig.clock_skew_allowance_ms
 
 
 def now_ms() -> int:
@@ -98,16 +97,19 @@ def test_sigkill_of_the_leader_mid_dispatch_loses_nothing_and_flags_every_duplic
         cluster.signal(old, signal.SIGKILL)
         new = cluster.leader(among=[n for n in cluster.nodes if n is not old])
         deliveries = all_delivered(cluster, {m.id for m in batch}, 30)
-    started = [e for e in new.journal() if e["event"] == "dispatch_started"][-1]
-    takeover_cursor = tuple(started["cursor"])
     by_id = Counter(d["id"] for d in deliveries)
     duplicates = {i for i, n in by_id.items() if n > 1}
     resent = [d for d in new.journal() if d["event"] == "delivered" and d["id"] in duplicates]
     assert all(d["possible_duplicate"] for d in resent)
-    after_cursor = [d for d in old.journal() if d["event"] == "delivered"
-                    and tuple(d["position"]) >= takeover_cursor]
-    assert len(duplicates) <= len(after_cursor)
     assert max(by_id.values()) <= 2
+    # exact flags: the new leader flags only messages leased before (a lease number above 1);
+    # a flagged one the old leader never sent had its lease committed and not yet sent at
+    # the kill: at most a few handouts' worth, never the thousands of the first version
+    sent_by_old = {d["id"] for d in old.journal() if d["event"] == "delivered"}
+    flagged = [d for d in new.journal() if d["event"] == "delivered" and d["possible_duplicate"]]
+    assert all(d["lease"] > 1 for d in flagged)
+    false_alarms = [d for d in flagged if d["id"] not in sent_by_old]
+    assert len(false_alarms) <= 1_000, len(false_alarms)
 
 
 def test_a_paused_leader_stops_dispatching_and_rejoins_as_follower(
@@ -135,7 +137,7 @@ def test_a_paused_leader_stops_dispatching_and_rejoins_as_follower(
 
 
 @pytest.mark.parametrize("skew_ms", [2_000, -2_000])
-def test_a_skewed_new_leader_delivers_nothing_early_beyond_the_allowance_and_loses_nothing(
+def test_a_skewed_new_leader_delivers_nothing_early_beyond_its_skew_and_loses_nothing(
         tmp_path: Path, skew_ms: int, acking_consumer: AckingConsumer) -> None:
     with LocalCluster(tmp_path) as cluster:
         acking_consumer(cluster)
@@ -153,7 +155,7 @@ def test_a_skewed_new_leader_delivers_nothing_early_beyond_the_allowance_and_los
     skew_of = {node.raft: node.clock_skew_ms for node in cluster.nodes}
     early_ms = [d["deliver_at_ms"] - (d["delivered_at_ms"] - skew_of[d["node"]])
                 for d in deliveries]
-    assert max(early_ms) <= SKEW_ALLOWANCE_MS
+    assert max(early_ms) <= abs(skew_ms)  # early by no more than a clock runs ahead
 
 
 def test_everything_pending_survives_sigkill_of_all_nodes(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import simulation
-from tickwheel.replication import dispatcher
+from tickwheel.replication import groups, handout
 
 SEEDS = int(os.environ.get("SIMULATION_SEEDS", "2000"))
 
@@ -30,7 +30,7 @@ def first_failing_seed(seeds: range) -> tuple[int, list[str]] | None:
     return None
 
 
-def test_every_seeded_scenario_loses_nothing_flags_every_repeat_and_is_never_early() -> None:
+def test_every_seeded_scenario_loses_nothing_flags_exactly_and_is_never_early() -> None:
     failures = {}
     totals = {"scheduled": 0, "delivered": 0, "flagged": 0, "terms": 0, "restarts": 0}
     for seed in range(SEEDS):
@@ -58,16 +58,15 @@ def test_a_scenario_replays_exactly_from_its_seed() -> None:
     assert play(7) != play(8)
 
 
-def test_a_new_leader_that_flags_nothing_is_caught_by_a_replayable_seed(
+def test_a_leader_that_flags_no_repeated_lease_is_caught_by_a_replayable_seed(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The injected bug: `Dispatcher.begin` forgets the hand-over horizon, so a new leader
-    re-sends what its predecessor delivered without flagging it."""
-    begin = dispatcher.Dispatcher.begin
+    """The injected bug: a delivery on a second lease of a message (its stream closed, or a
+    new leader released it) is not flagged."""
+    granted = handout.Planner.granted
 
-    def forgetful_begin(self: dispatcher.Dispatcher, *args: object, **kwargs: object) -> None:
-        begin(self, *args, **kwargs)
-        self._horizon_ms = -1
-    monkeypatch.setattr(dispatcher.Dispatcher, "begin", forgetful_begin)
+    def unflagged(self: handout.Planner, *args: object) -> list:
+        return [d._replace(possible_duplicate=False) for d in granted(self, *args)]
+    monkeypatch.setattr(handout.Planner, "granted", unflagged)
     found = first_failing_seed(range(200))
     assert found is not None, "the injected bug went unnoticed in 200 seeds"
     seed, violations = found
@@ -75,12 +74,25 @@ def test_a_new_leader_that_flags_nothing_is_caught_by_a_replayable_seed(
     assert simulation.run(seed)[0] == violations  # the seed replays the same failure
 
 
-def test_a_leader_that_dispatches_past_its_lease_is_caught(
+def test_a_leader_that_flags_first_leases_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The injected bug: the first version's rule, every delivery flagged; a first delivery
+    flagged without an earlier lease in the log is a false alarm the simulation refuses."""
+    granted = handout.Planner.granted
+
+    def flag_all(self: handout.Planner, *args: object) -> list:
+        return [d._replace(possible_duplicate=True) for d in granted(self, *args)]
+    monkeypatch.setattr(handout.Planner, "granted", flag_all)
+    found = first_failing_seed(range(20))
+    assert found is not None, "the injected bug went unnoticed in 20 seeds"
+    assert any("flagged on its first delivery" in v for v in found[1]), found
+
+
+def test_a_new_leader_that_keeps_its_predecessors_stream_leases_is_caught(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The injected bug: the lease never runs out, so a leader cut off from its peers keeps
-    dispatching while its successor does the same."""
-    monkeypatch.setattr(simulation.SimRaft, "lease_until_s",
-                        lambda self, lease_ms: float("inf") if self.believes_leader else 0.0)
+    """The injected bug: the barrier leaves the old leader's stream leases in place, so what
+    its consumers held unacknowledged waits for the visibility timeout (longer than any
+    scenario): lost, as far as the run can tell."""
+    monkeypatch.setattr(groups.Groups, "release_streams", lambda self: 0)
     found = first_failing_seed(range(300))
     assert found is not None, "the injected bug went unnoticed in 300 seeds"
-    assert any("unflagged" in violation for violation in found[1]), found
+    assert any("lost" in violation for violation in found[1]), found

@@ -88,13 +88,15 @@ def test_replicas_applying_the_same_commands_hold_identical_files(tmp_path: Path
     states = [WheelState.open(tmp_path / name, StateConfig(), fresh=True) for name in "ab"]
     results = [[state.apply(command) for command in log] for state in states]
     handles = [scheduled.handle for scheduled in results[0][3]]
-    log = [commands.cancel(T0_MS + 50, [handles[0], handles[3], 1 << 40]),
+    log = [commands.cancel(T0_MS + 50, [handles[1], 1 << 40]),
+           commands.cancel(T0_MS + 50, [handles[0], handles[3], handles[1]]),
            commands.cursor(T0_MS + 60, Cursor(T0_MS // 1000 + 2, 1))]
     for state, applied in zip(states, results, strict=True):
         applied += [state.apply(command) for command in log]
     assert repr(results[0]) == repr(results[1])
-    assert results[0][-2][:2] == [CancelOutcome.CANCELLED, CancelOutcome.CANCELLED]
-    assert isinstance(results[0][-2][2], Rejected)  # a handle no schedule returned
+    (refused,) = results[0][-3]  # a handle no schedule returned: the whole cancel is refused
+    assert isinstance(refused, Rejected) and refused.error.field == "handles[1]"
+    assert results[0][-2] == [CancelOutcome.CANCELLED] * 3  # handles[1] was left alone
     manifests = [state.manifest() for state in states]
     for state in states:
         state.close()
@@ -178,7 +180,14 @@ def test_install_cuts_longer_files_and_fetches_missing_tails(tmp_path: Path) -> 
     behind.close()
 
 
-def test_the_cursor_passes_cancelled_messages_and_waits_for_a_closed_second(
+def ready_all(state: WheelState, taken: list) -> None:
+    """Apply a handout that readies ``taken`` (no grants)."""
+    state.apply(commands.handout(T0_MS, [
+        commands.Ready(m.handle, m.slot_second, m.local_index, m.topic, None) for m in taken],
+        []))
+
+
+def test_the_cursor_passes_readied_and_cancelled_messages_and_waits_for_a_closed_second(
         tmp_path: Path) -> None:
     state = WheelState.open(tmp_path, StateConfig(), fresh=True)
     second = T0_MS // 1000
@@ -187,70 +196,47 @@ def test_the_cursor_passes_cancelled_messages_and_waits_for_a_closed_second(
     assert state.apply(commands.cancel(T0_MS, [scheduled[1].handle])) == [
         CancelOutcome.CANCELLED]
     dispatcher = Dispatcher(DispatchConfig())
-    dispatcher.begin(state.wheel, T0_MS)
+    dispatcher.begin(state.wheel, state.readied)
     taken = dispatcher.take(state.wheel, T0_MS + 999)
-    assert [d.message.id for d in taken] == ["m0", "m2"]
-    assert all(d.possible_duplicate for d in taken)  # due within the skew allowance
-    dispatcher.done(dispatcher.epoch, taken[0].message.position)
-    assert dispatcher.next_cursor(state.wheel, T0_MS + 999) == (Cursor(second, 2), False)
-    dispatcher.done(dispatcher.epoch, taken[1].message.position)
-    # all of the second is done, but the stamp is still in it: more may be filed there
-    assert dispatcher.next_cursor(state.wheel, T0_MS + 999) == (Cursor(second, 3), False)
+    assert [m.id for m in taken] == ["m0", "m2"]
+    # taken is not readied: the cursor waits for the handout to be applied
+    assert dispatcher.next_cursor(state.wheel, state.readied, T0_MS + 999) == (
+        Cursor(second, 0), False)
+    ready_all(state, taken[:1])
+    assert dispatcher.next_cursor(state.wheel, state.readied, T0_MS + 999) == (
+        Cursor(second, 2), False)
+    ready_all(state, taken[1:])
+    # all of the second is readied, but the stamp is still in it: more may be filed there
+    assert dispatcher.next_cursor(state.wheel, state.readied, T0_MS + 999) == (
+        Cursor(second, 3), False)
     state.apply(commands.cursor(T0_MS + 1_500, Cursor(second, 3)))
+    assert state.readied == {}  # behind the cursor now
     state.apply(schedule_command(T0_MS + 1_500, [NewMessage("n", "t", b"x", T0_MS + 5_000)]))
-    assert dispatcher.next_cursor(state.wheel, T0_MS + 1_600)[0] == Cursor(second + 1, 0)
+    assert dispatcher.next_cursor(state.wheel, state.readied, T0_MS + 1_600)[0] == Cursor(
+        second + 1, 0)
     state.close()
 
 
-def test_an_acknowledgement_from_an_earlier_leadership_is_ignored(tmp_path: Path) -> None:
-    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
-    state.apply(schedule_command(T0_MS, [NewMessage("m", "t", b"x", T0_MS)]))
-    dispatcher = Dispatcher(DispatchConfig())
-    dispatcher.begin(state.wheel, T0_MS)
-    (delivery,) = dispatcher.take(state.wheel, T0_MS)
-    dispatcher.begin(state.wheel, T0_MS + 10)
-    dispatcher.done(delivery.epoch, delivery.message.position)
-    assert dispatcher.next_cursor(state.wheel, T0_MS + 10)[0] == Cursor(T0_MS // 1000, 0)
-    state.close()
-
-
-def test_a_new_leader_skips_what_was_acknowledged_past_a_stuck_cursor(tmp_path: Path) -> None:
+def test_a_new_leader_takes_again_exactly_what_no_handout_readied(tmp_path: Path) -> None:
     state = WheelState.open(tmp_path, StateConfig(), fresh=True)
     second = T0_MS // 1000
     state.apply(schedule_command(T0_MS, [
         NewMessage(f"m{i}", "t", b"x", T0_MS + i) for i in range(8)]))
-    old = Dispatcher(DispatchConfig(max_synced_done_runs=2))
-    old.begin(state.wheel, T0_MS)
+    old = Dispatcher(DispatchConfig())
+    old.begin(state.wheel, state.readied)
     taken = old.take(state.wheel, T0_MS + 100)
-    for delivery in taken:  # m0 stays unacknowledged (a slow consumer), m5 too
-        if delivery.message.id not in ("m0", "m5"):
-            old.done(old.epoch, delivery.message.position)
-    cursor, _ = old.next_cursor(state.wheel, T0_MS + 100)
+    ready_all(state, [m for m in taken if m.id not in ("m0", "m5")])  # their handout was lost
+    ready_all(state, taken[1:3])  # a handout proposed twice readies once
+    assert sum(len(g.ready) for g in state.groups) == 6
+    cursor, _ = old.next_cursor(state.wheel, state.readied, T0_MS + 100)
     assert cursor == Cursor(second, 0)
-    runs = old.done_runs(cursor)
-    assert runs == (commands.DoneRun(second, 1, 4), commands.DoneRun(second, 6, 2))
-    assert commands.read_cursor(commands.cursor(T0_MS, cursor, runs)) == (cursor, list(runs))
-    state.apply(commands.cursor(T0_MS + 100, cursor, runs))
-    state.apply(commands.cursor(T0_MS + 110, cursor))  # a new leader's barrier keeps them
-    assert state.done_runs == runs
+    state.apply(commands.barrier(T0_MS + 110, cursor))
     new = Dispatcher(DispatchConfig())
-    new.begin(state.wheel, T0_MS + 200, state.done_runs)
-    assert [d.message.id for d in new.take(state.wheel, T0_MS + 200)] == ["m0", "m5"]
-    new.done(new.epoch, taken[0].message.position)
-    cursor, _ = new.next_cursor(state.wheel, T0_MS + 200)
-    assert cursor == Cursor(second, 5)
-    state.apply(commands.cursor(T0_MS + 210, cursor))  # runs behind the cursor are dropped
-    assert state.done_runs == (commands.DoneRun(second, 6, 2),)
-    state.close()
-
-
-def test_done_runs_are_capped_nearest_first(tmp_path: Path) -> None:
-    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
-    dispatcher = Dispatcher(DispatchConfig(max_synced_done_runs=2))
-    done = (commands.DoneRun(100, 2, 1), commands.DoneRun(100, 5, 3), commands.DoneRun(101, 0, 2))
-    dispatcher.begin(state.wheel, T0_MS, done)
-    assert dispatcher.done_runs(Cursor(100, 0)) == done[:2]
-    assert dispatcher.done_runs(Cursor(100, 6)) == (commands.DoneRun(100, 6, 2), done[2])
+    new.begin(state.wheel, state.readied)
+    again = new.take(state.wheel, T0_MS + 200)
+    assert [m.id for m in again] == ["m0", "m5"]
+    ready_all(state, again)
+    assert new.next_cursor(state.wheel, state.readied, T0_MS + 200)[0] == Cursor(second, 8)
     state.close()
 
 
@@ -273,13 +259,13 @@ def test_a_reschedule_retires_the_original_and_files_its_copy_once(tmp_path: Pat
     (again,) = state.apply(schedule_command(T0_MS + 7, [NewMessage("a", "t", b"x", T0_MS)]))
     assert again == original._replace(duplicate=True)
     dispatcher = Dispatcher(DispatchConfig())
-    dispatcher.begin(state.wheel, T0_MS)
+    dispatcher.begin(state.wheel, state.readied)
     assert dispatcher.take(state.wheel, T0_MS + 9_999) == []
-    (delivery,) = dispatcher.take(state.wheel, T0_MS + 10_000)
-    assert (delivery.message.id, delivery.message.attempt, delivery.message.handle) == (
-        "a", 2, retried.handle)
+    (message,) = dispatcher.take(state.wheel, T0_MS + 10_000)
+    assert (message.id, message.attempt, message.handle) == ("a", 2, retried.handle)
     # the retired original counts as done: the cursor moves over it
-    assert dispatcher.next_cursor(state.wheel, T0_MS + 10_000)[0] == Cursor(T0_MS // 1000, 1)
+    assert dispatcher.next_cursor(state.wheel, state.readied, T0_MS + 10_000)[0] == Cursor(
+        T0_MS // 1000, 1)
     state.close()
 
 

@@ -1,0 +1,307 @@
+"""Consumer groups and their leases: replicated, so a hand-out is a decision of the log.
+
+When a message comes due the leader *readies* it (a `handout` command): it leaves the wheel and
+joins the *ready* set of every consumer group of its topic (or only the group a retry copy was
+made for). A consumer of a group gets it through a *lease*, granted by a command too, so every
+replica knows which messages any leader ever handed out, to which group, how many times:
+
+- a group's ``ready`` set holds messages waiting for a lease, oldest first, each with the
+  sequence number and nonce of its last lease (0 if it never had one);
+- its ``leases`` hold messages handed out: sequence number (1 for the first lease of the message
+  in this group, +1 per lease after it), nonce (the random half of the receipt), deadline, and
+  whether the lease ends with its stream (`STREAM`) or only at its deadline (`DURABLE`);
+- an ack or a retry *resolves* the message in the group: it leaves both. A release (its stream
+  closed, or a new leader took over from the one holding the stream) puts it back at the front
+  of ``ready``, keeping its sequence number.
+
+Hence the exact ``possible_duplicate``: a lease with sequence number above 1 follows an earlier
+lease of the same message in the same group, which a consumer may have received.
+
+Memory: a group keeps at most ``max_ready_msgs`` ready messages (the oldest unleased ones are
+dropped past it, logged and counted) and a plain dict entry per lease. Bodies stay in the wheel.
+
+Single-threaded (the Raft thread); other threads read `summary`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple
+
+from tickwheel.replication.commands import LeaseRef
+from tickwheel.wheel.errors import invariant
+
+log = logging.getLogger("tickwheel.replication.groups")
+
+STREAM: Final = 0
+"""A lease that ends when the consumer's stream closes (and when its leader loses office)."""
+DURABLE: Final = 1
+"""A lease that ends only at its deadline, an ack, a nack or a change of its deadline."""
+DEFAULT_GROUP: Final = ""
+"""The group of consumers that name none, and of a topic's messages before any group exists."""
+
+Snapshot = tuple[int, list[tuple], dict[int, list]]
+"""``(next_id, [group as plain values], fan-out)``: for the snapshot file."""
+
+
+class Lease(NamedTuple):
+    seq: int
+    nonce: int
+    deadline_ms: int
+    mode: int
+
+
+@dataclass(eq=False, slots=True)
+class Group:
+    id: int
+    topic: str
+    name: str
+    created_ms: int
+    ready: OrderedDict[int, tuple[int, int]] = field(default_factory=OrderedDict)
+    """handle -> (seq, nonce) of its last lease, or (0, 0); oldest first."""
+    leases: dict[int, Lease] = field(default_factory=dict)
+    dropped: int = 0
+    """Ready messages dropped past ``max_ready_msgs`` (replicated: the same on every node)."""
+
+
+class GroupSummary(NamedTuple):
+    topic: str
+    name: str
+    ready: int
+    leased: int
+    dropped: int
+
+
+class Groups:
+    """Every consumer group, by ``(topic, name)`` and by id."""
+
+    def __init__(self, max_ready_msgs: int, max_groups: int) -> None:
+        invariant(max_ready_msgs > 0 and max_groups > 0, "group limits must be positive")
+        self._max_ready_msgs = max_ready_msgs
+        self._max_groups = max_groups
+        self._by_key: dict[tuple[str, str], Group] = {}
+        self._by_id: dict[int, Group] = {}
+        self._by_topic: dict[str, list[Group]] = {}
+        self._fanout: dict[int, list] = {}
+        """handle -> [groups still holding it, whether any leased it], for a message readied
+        into more than one group: a cancel must know whether any of them handed it out."""
+        self._next_id = 1
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def get(self, topic: str, name: str) -> Group | None:
+        return self._by_key.get((topic, name))
+
+    def by_id(self, group_id: int) -> Group | None:
+        return self._by_id.get(group_id)
+
+    def of_topic(self, topic: str) -> list[Group]:
+        return self._by_topic.get(topic, [])
+
+    def __iter__(self) -> Iterator[Group]:
+        return iter(list(self._by_id.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def summary(self) -> list[GroupSummary]:
+        """Counts per group, sorted (any thread: a list copy of the groups first)."""
+        return sorted(GroupSummary(g.topic, g.name, len(g.ready), len(g.leases), g.dropped)
+                      for g in list(self._by_id.values()))
+
+    def oldest_hour(self) -> int | None:
+        """The first hour (``handle >> 32``) any group still needs a message of."""
+        hours = [min(g.ready) >> 32 for g in self._by_id.values() if g.ready]
+        hours += [min(g.leases) >> 32 for g in self._by_id.values() if g.leases]
+        return min(hours, default=None)
+
+    # -- changing (applying commands) ------------------------------------------------------
+
+    def create(self, topic: str, name: str, stamp_ms: int) -> Group | None:
+        """The group ``(topic, name)``, created if new; None when ``max_groups`` exist."""
+        group = self._by_key.get((topic, name))
+        if group is not None:
+            return group
+        if len(self._by_id) >= self._max_groups:
+            return None
+        group = Group(self._next_id, topic, name, stamp_ms)
+        self._next_id += 1
+        self._add(group)
+        log.info("event=group_created topic=%s group=%r id=%d", topic, name, group.id)
+        return group
+
+    def delete(self, topic: str, name: str) -> bool:
+        group = self._by_key.pop((topic, name), None)
+        if group is None:
+            return False
+        del self._by_id[group.id]
+        siblings = self._by_topic[topic]
+        siblings.remove(group)
+        if not siblings:
+            del self._by_topic[topic]
+        for handle in list(group.ready) + list(group.leases):
+            self._resolved(handle)
+        log.info("event=group_deleted topic=%s group=%r ready=%d leased=%d", topic, name,
+                 len(group.ready), len(group.leases))
+        return True
+
+    def ready(self, handle: int, topic: str, target: str | None, stamp_ms: int) -> int:
+        """Ready a due message for its groups (only ``target`` for a retry copy made for one
+        group); a topic with no group gets its default group. Returns how many groups."""
+        if target is not None:
+            group = self._by_key.get((topic, target))
+            groups = [group] if group is not None else []
+        else:
+            groups = self._by_topic.get(topic) or []
+            if not groups:
+                default = self.create(topic, DEFAULT_GROUP, stamp_ms)
+                groups = [default] if default is not None else []
+        if not groups:
+            log.warning("event=ready_without_group topic=%s target=%r handle=%d", topic,
+                        target, handle)
+            return 0
+        for group in groups:
+            group.ready[handle] = (0, 0)
+            if len(group.ready) > self._max_ready_msgs:
+                self._drop_oldest(group)
+        if len(groups) > 1:
+            self._fanout[handle] = [len(groups), False]
+        return len(groups)
+
+    def grant(self, group: Group, handle: int, nonce: int, deadline_ms: int, mode: int) -> int:
+        """Lease a ready message; its sequence number, or 0 if it is not ready in ``group``
+        (cancelled, dropped, leased already)."""
+        last = group.ready.pop(handle, None)
+        if last is None:
+            return 0
+        seq = last[0] + 1
+        group.leases[handle] = Lease(seq, nonce, deadline_ms, mode)
+        fanout = self._fanout.get(handle)
+        if fanout is not None:
+            fanout[1] = True
+        return seq
+
+    def find(self, ref: LeaseRef) -> tuple[Group, bool] | None:
+        """The group of a genuine receipt and whether its lease is the current one (else the
+        message is ready again after a release, under that same lease); None if the receipt
+        names no lease this group holds."""
+        group = self._by_id.get(ref.group_id)
+        if group is None:
+            return None
+        lease = group.leases.get(ref.handle)
+        if lease is not None:
+            return (group, True) if (lease.seq, lease.nonce) == ref[2:] else None
+        if group.ready.get(ref.handle, (0, 0)) == (ref.seq, ref.nonce) and ref.seq:
+            return group, False
+        return None
+
+    def resolve(self, ref: LeaseRef) -> bool:
+        """An ack (or a retry) of a genuine receipt: the message leaves its group."""
+        found = self.find(ref)
+        if found is None:
+            return False
+        group, leased = found
+        if leased:
+            del group.leases[ref.handle]
+        else:
+            del group.ready[ref.handle]
+        self._resolved(ref.handle)
+        return True
+
+    def release(self, ref: LeaseRef) -> bool:
+        """The lease ends early: the message is ready again, first in line."""
+        group = self._by_id.get(ref.group_id)
+        lease = group.leases.get(ref.handle) if group is not None else None
+        if group is None or lease is None or (lease.seq, lease.nonce) != ref[2:]:
+            return False
+        del group.leases[ref.handle]
+        group.ready[ref.handle] = (lease.seq, lease.nonce)
+        group.ready.move_to_end(ref.handle, last=False)
+        return True
+
+    def extend(self, ref: LeaseRef, deadline_ms: int) -> bool:
+        """Move a current lease's deadline."""
+        group = self._by_id.get(ref.group_id)
+        lease = group.leases.get(ref.handle) if group is not None else None
+        if group is None or lease is None or (lease.seq, lease.nonce) != ref[2:]:
+            return False
+        group.leases[ref.handle] = lease._replace(deadline_ms=deadline_ms)
+        return True
+
+    def release_streams(self) -> int:
+        """A new leader took office: every stream lease ends (its stream died with the old
+        leader's office), so its message is ready again. Returns how many."""
+        released = 0
+        for group in self._by_id.values():
+            streamed = [(h, lease) for h, lease in group.leases.items() if lease.mode == STREAM]
+            for handle, lease in reversed(streamed):
+                del group.leases[handle]
+                group.ready[handle] = (lease.seq, lease.nonce)
+                group.ready.move_to_end(handle, last=False)
+            released += len(streamed)
+        return released
+
+    def cancel(self, handle: int, topic: str) -> bool | None:
+        """Cancel a readied message: None if no group holds it any more (all resolved it);
+        True if no group ever leased it (it leaves every group: it will never be handed
+        out); False if some group did (it leaves the groups that never leased it)."""
+        holding = [g for g in self._by_topic.get(topic, ()) if handle in g.ready
+                   or handle in g.leases]
+        if not holding:
+            return None
+        fanout = self._fanout.get(handle)
+        handed_out = (fanout is not None and fanout[1]) or any(
+            handle in g.leases or g.ready[handle][0] for g in holding)
+        for group in holding:
+            if group.ready.get(handle, (1, 0))[0] == 0:
+                del group.ready[handle]
+                self._resolved(handle)
+        return not handed_out
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        return self._next_id, [
+            (g.id, g.topic, g.name, g.created_ms, g.dropped, list(g.ready.items()),
+             [(h, *lease) for h, lease in g.leases.items()]) for g in self._by_id.values()
+        ], {handle: list(state) for handle, state in self._fanout.items()}
+
+    def restore(self, snapshot: Snapshot) -> None:
+        next_id, groups, fanout = snapshot
+        self._by_key, self._by_id, self._by_topic = {}, {}, {}
+        self._fanout = {handle: list(state) for handle, state in fanout.items()}
+        self._next_id = next_id
+        for group_id, topic, name, created_ms, dropped, ready, leases in groups:
+            group = Group(group_id, topic, name, created_ms, OrderedDict(
+                (h, (seq, nonce)) for h, (seq, nonce) in ready),
+                {h: Lease(seq, nonce, deadline_ms, mode)
+                 for h, seq, nonce, deadline_ms, mode in leases}, dropped)
+            self._add(group)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _add(self, group: Group) -> None:
+        self._by_key[group.topic, group.name] = group
+        self._by_id[group.id] = group
+        self._by_topic.setdefault(group.topic, []).append(group)
+
+    def _drop_oldest(self, group: Group) -> None:
+        handle, _ = group.ready.popitem(last=False)
+        group.dropped += 1
+        self._resolved(handle)
+        if group.dropped == 1 or group.dropped % 1000 == 0:
+            log.warning("event=ready_dropped topic=%s group=%r dropped=%d max_ready_msgs=%d "
+                        "handle=%d", group.topic, group.name, group.dropped,
+                        self._max_ready_msgs, handle)
+
+    def _resolved(self, handle: int) -> None:
+        fanout = self._fanout.get(handle)
+        if fanout is not None:
+            fanout[0] -= 1
+            # with one holder left, its own state tells a cancel enough unless another group
+            # leased the message: then the entry stays until the last holder resolves it
+            if fanout[0] <= 0 or (fanout[0] == 1 and not fanout[1]):
+                del self._fanout[handle]

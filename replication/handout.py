@@ -1,0 +1,272 @@
+"""The leader's side of hand-out: which consumer gets which ready message, as lease grants.
+
+The replica's Raft thread owns a `Planner` per leadership. Consumers (the node's streams) join
+with their group and credits; each dispatch step the planner turns messages that came due
+(`Dispatcher.take`) and messages waiting in the groups' ready sets into one `handout` command:
+the new messages readied, leases granted to consumers with credits. Only once that command is
+applied does the sink get the messages (`Delivery`), so a message is never sent on a lease the
+log does not hold.
+
+Fair: groups with demand take turns, a batch each, and so do the consumers of a group; a group
+stops getting leases at its in-flight budget (``max_inflight_msgs``, ``max_inflight_bytes``),
+without holding back any other group, and a group with no consumer holds back nothing: its
+messages wait in its ready set (`tickwheel.replication.groups`).
+
+Leader-local and single-threaded (the Raft thread). Nothing here survives a change of leader;
+what must is in the log.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import heapq
+import secrets
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple
+
+from tickwheel.replication.commands import Grant, LeaseRef, Ready
+from tickwheel.replication.dispatcher import Delivery, DispatchConfig, Expired
+from tickwheel.replication.groups import DEFAULT_GROUP, STREAM, Group, Groups
+from tickwheel.wheel import DueMessage
+from tickwheel.wheel.errors import InvalidMessage
+
+TARGET_GROUP_PROPERTY: Final = "%group"
+"""The property of a retry copy that names the one group it is for (users cannot set keys
+that start with ``%``); the node strips it before a consumer sees the message."""
+_RECEIPT: Final = struct.Struct("<IqIQ")
+_MAX_BATCH: Final = 256
+
+
+def encode_receipt(lease: LeaseRef) -> str:
+    """A receipt: the lease, with its random nonce (unguessable: 64 bits)."""
+    return base64.urlsafe_b64encode(_RECEIPT.pack(*lease)).decode()
+
+
+def decode_receipt(receipt: str, field_name: str) -> LeaseRef:
+    """The lease a receipt names; `InvalidMessage` naming ``field_name`` if it is no
+    receipt at all."""
+    try:
+        raw = base64.urlsafe_b64decode(receipt.encode("ascii"))
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        raw = b""
+    if len(raw) != _RECEIPT.size:
+        raise InvalidMessage(field_name, "is not a receipt this cluster gave out")
+    return LeaseRef(*_RECEIPT.unpack(raw))
+
+
+@dataclass(eq=False, slots=True)
+class ConsumerSlot:
+    key: int
+    topic: str
+    group: str
+    credits: int
+    visibility_ms: int
+    mode: int
+
+
+@dataclass(eq=False, slots=True)
+class _Demand:
+    consumers: deque[ConsumerSlot] = field(default_factory=deque)
+    granting: set[int] = field(default_factory=set)
+    """Handles in handouts proposed and not yet applied."""
+    bytes_out: int = 0
+
+
+class Plan(NamedTuple):
+    ready: list[Ready]
+    grants: list[Grant]
+    sends: list[tuple[DueMessage, ConsumerSlot]]
+    """Per grant, in order: the message and its consumer."""
+
+
+class Planner:
+    """Consumers, credits and budgets of one leadership."""
+
+    def __init__(self, config: DispatchConfig, epoch: int) -> None:
+        self._config = config
+        self.epoch = epoch
+        self._consumers: dict[int, ConsumerSlot] = {}
+        self._demand: dict[tuple[str, str], _Demand] = {}
+        self._holders: dict[tuple[int, int], tuple[int, int, LeaseRef]] = {}
+        """(group id, handle) -> (consumer key, body bytes, lease), for leases this leader
+        granted."""
+        self._deadlines: list[tuple[int, int, int, int]] = []
+        """(deadline_ms, group id, handle, seq) of leases; stale entries are skipped."""
+        self._expiring: set[tuple[int, int]] = set()
+
+    # -- consumers ------------------------------------------------------------------------
+
+    def join(self, slot: ConsumerSlot) -> None:
+        self._consumers[slot.key] = slot
+        self._demand.setdefault((slot.topic, slot.group), _Demand()).consumers.append(slot)
+
+    def credit(self, key: int, credits: int) -> None:
+        slot = self._consumers.get(key)
+        if slot is not None:
+            slot.credits += credits
+
+    def leave(self, key: int) -> list[LeaseRef]:
+        """A consumer's stream closed: the stream leases it holds, to release."""
+        slot = self._consumers.pop(key, None)
+        if slot is None:
+            return []
+        demand = self._demand[slot.topic, slot.group]
+        demand.consumers.remove(slot)
+        if not demand.consumers and not demand.granting:
+            del self._demand[slot.topic, slot.group]
+        if slot.mode != STREAM:
+            return []
+        return [lease for holder, _, lease in self._holders.values() if holder == key]
+
+    def has(self, key: int) -> bool:
+        return key in self._consumers
+
+    # -- planning ---------------------------------------------------------------------------
+
+    def plan(self, groups: Groups, taken: list[DueMessage], now_ms: int,
+             read: Callable[[int], DueMessage | None]) -> Plan:
+        """The handout of one step: ``taken`` readied for their groups, and grants to
+        consumers with credits, groups taking turns. ``read`` fetches a ready message's body
+        from the wheel (None if it is gone)."""
+        ready = [Ready(m.handle, m.slot_second, m.local_index, m.topic,
+                       m.properties.get(TARGET_GROUP_PROPERTY)) for m in taken]
+        fresh: dict[tuple[str, str], deque[DueMessage]] = {}
+        for message, item in zip(taken, ready, strict=True):
+            if item.target is not None:
+                names = [item.target]
+            else:
+                names = [g.name for g in groups.of_topic(message.topic)] or [DEFAULT_GROUP]
+            for name in names:
+                if (message.topic, name) in self._demand:
+                    fresh.setdefault((message.topic, name), deque()).append(message)
+        grants: list[Grant] = []
+        sends: list[tuple[DueMessage, ConsumerSlot]] = []
+        turns = deque(key for key, demand in self._demand.items()
+                      if any(slot.credits for slot in demand.consumers))
+        backlogs = {key: self._backlog(groups.get(*key), self._demand[key]) for key in turns}
+        while turns:
+            key = turns.popleft()
+            if self._grant_batch(key, groups.get(*key), backlogs[key], fresh.get(key),
+                                 now_ms, read, grants, sends):
+                turns.append(key)
+        return Plan(ready, grants, sends)
+
+    def _backlog(self, group: Group | None, demand: _Demand) -> deque[int]:
+        if group is None or not group.ready:
+            return deque()
+        granting = demand.granting
+        wanted = sum(slot.credits for slot in demand.consumers)
+        backlog: deque[int] = deque()
+        for handle in group.ready:
+            if handle not in granting:
+                backlog.append(handle)
+                if len(backlog) >= wanted:
+                    break
+        return backlog
+
+    def _grant_batch(self, key: tuple[str, str], group: Group | None, backlog: deque[int],
+                     fresh: deque[DueMessage] | None, now_ms: int,
+                     read: Callable[[int], DueMessage | None], grants: list[Grant],
+                     sends: list[tuple[DueMessage, ConsumerSlot]]) -> bool:
+        """Grant one batch of ``key``'s messages to its next consumer with credits; whether
+        the group can take another turn."""
+        demand = self._demand[key]
+        slot = next((s for s in demand.consumers if s.credits > 0), None)
+        if slot is None:
+            return False
+        demand.consumers.remove(slot)
+        demand.consumers.append(slot)  # the next batch goes to the next consumer
+        leased = len(group.leases) if group is not None else 0
+        room = min(slot.credits, _MAX_BATCH,
+                   self._config.max_inflight_msgs - leased - len(demand.granting))
+        count = 0
+        while count < room and demand.bytes_out < self._config.max_inflight_bytes:
+            message = None
+            while message is None and backlog:
+                message = read(backlog.popleft())
+                if message is not None and message.deliver_at_ms > now_ms:
+                    message = None  # readied by a leader whose clock runs ahead of this one
+            if message is None and fresh:
+                message = fresh.popleft()
+            if message is None:
+                break
+            mode_deadline = now_ms + slot.visibility_ms
+            grants.append(Grant(message.handle, key[0], key[1], secrets.randbits(64),
+                                mode_deadline, slot.mode))
+            sends.append((message, slot))
+            demand.granting.add(message.handle)
+            demand.bytes_out += len(message.body)
+            count += 1
+        slot.credits -= count
+        return count > 0 and (bool(backlog) or bool(fresh))
+
+    def granted(self, plan: Plan, seqs: list[int], groups: Groups) -> list[Delivery]:
+        """The handout was applied: the deliveries of the grants that took (a grant on a
+        message cancelled meanwhile took nothing)."""
+        deliveries = []
+        for grant, (message, slot), seq in zip(plan.grants, plan.sends, seqs, strict=True):
+            demand = self._demand.get((grant.topic, grant.group))
+            if demand is not None:
+                demand.granting.discard(grant.handle)
+            group = groups.get(grant.topic, grant.group)
+            if not seq or group is None:
+                slot.credits += 1
+                if demand is not None:
+                    demand.bytes_out -= len(message.body)
+                continue
+            lease = LeaseRef(group.id, grant.handle, seq, grant.nonce)
+            self._holders[group.id, grant.handle] = (slot.key, len(message.body), lease)
+            heapq.heappush(self._deadlines, (grant.deadline_ms, group.id, grant.handle, seq))
+            deliveries.append(Delivery(message, slot.key, lease, seq > 1, self.epoch))
+        return deliveries
+
+    def failed(self, plan: Plan) -> None:
+        """The handout was not committed (leadership is ending): give the credits back."""
+        for grant, (message, slot) in zip(plan.grants, plan.sends, strict=True):
+            demand = self._demand.get((grant.topic, grant.group))
+            if demand is not None:
+                demand.granting.discard(grant.handle)
+                demand.bytes_out -= len(message.body)
+            slot.credits += 1
+
+    # -- leases ending ----------------------------------------------------------------------
+
+    def resolved(self, group_id: int, handle: int, topic: str, group: str) -> None:
+        """A lease this leader may have granted ended (ack, retry, release applied)."""
+        held = self._holders.pop((group_id, handle), None)
+        self._expiring.discard((group_id, handle))
+        if held is not None:
+            demand = self._demand.get((topic, group))
+            if demand is not None:
+                demand.bytes_out -= held[1]
+
+    def watch(self, deadline_ms: int, group_id: int, handle: int, seq: int) -> None:
+        """Expire this lease at ``deadline_ms`` (a lease of an earlier leader, or extended)."""
+        heapq.heappush(self._deadlines, (deadline_ms, group_id, handle, seq))
+
+    def expired(self, groups: Groups, now_ms: int,
+                read: Callable[[int], DueMessage | None]) -> list[Expired]:
+        """Leases whose deadline passed, each once (until it is resolved)."""
+        found = []
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now_ms:
+            deadline_ms, group_id, handle, seq = heapq.heappop(deadlines)
+            group = groups.by_id(group_id)
+            lease = group.leases.get(handle) if group is not None else None
+            if (group is None or lease is None or lease.seq != seq
+                    or lease.deadline_ms != deadline_ms or (group_id, handle) in self._expiring):
+                continue
+            message = read(handle)
+            if message is None:
+                continue
+            self._expiring.add((group_id, handle))
+            found.append(Expired(message, LeaseRef(group_id, handle, seq, lease.nonce),
+                                 group.name, self.epoch))
+        return found
+
+    def next_deadline_ms(self) -> int | None:
+        return self._deadlines[0][0] if self._deadlines else None

@@ -1,0 +1,187 @@
+"""Consumer groups and leases in the replicated state: every promise of the hand-out, applied
+command by command as every replica applies them."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from tickwheel.replication import commands
+from tickwheel.replication.commands import Grant, LeaseOp, LeaseRef, Ready
+from tickwheel.replication.groups import DURABLE, STREAM
+from tickwheel.replication.handout import (
+    TARGET_GROUP_PROPERTY,
+    decode_receipt,
+    encode_receipt,
+)
+from tickwheel.replication.state import Rejected, Retried, StateConfig, WheelState
+from tickwheel.wheel import CancelOutcome, NewMessage
+from tickwheel.wheel.errors import InvalidMessage
+
+T0_MS = 1_800_000_000_000
+
+
+def schedule(state: WheelState, messages: list[NewMessage]) -> list[int]:
+    parts = [commands.encoded_message(m) for m in messages]
+    return [r.handle for r in state.apply(commands.schedule(T0_MS, parts))]
+
+
+def ready(state: WheelState, handles: list[int], grants: list[Grant] = ()) -> list[int]:
+    """Ready ``handles`` (as a leader that took them from the wheel would) and grant."""
+    items = []
+    for handle in handles:
+        message, _ = state.wheel.read(handle)
+        items.append(Ready(handle, message.slot_second, message.local_index, message.topic,
+                           message.properties.get(TARGET_GROUP_PROPERTY)))
+    return state.apply(commands.handout(T0_MS, items, list(grants)))
+
+
+def grant(handle: int, group: str = "", nonce: int = 7, mode: int = STREAM,
+          topic: str = "orders") -> Grant:
+    return Grant(handle, topic, group, nonce, T0_MS + 30_000, mode)
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> WheelState:
+    opened = WheelState.open(tmp_path, StateConfig(max_ready_msgs=5), fresh=True)
+    yield opened
+    opened.close()
+
+
+def test_every_group_gets_every_message_and_a_topic_without_groups_gets_its_default(
+        state: WheelState) -> None:
+    (early,) = schedule(state, [NewMessage("e", "orders", b"x", T0_MS)])
+    ready(state, [early])
+    assert [g.name for g in state.groups.of_topic("orders")] == [""]  # the default group
+    state.apply(commands.group(T0_MS, True, "orders", "billing"))
+    (later,) = schedule(state, [NewMessage("l", "orders", b"x", T0_MS)])
+    ready(state, [later])
+    default, billing = state.groups.of_topic("orders")
+    assert list(default.ready) == [early, later]
+    assert list(billing.ready) == [later]  # it exists since after "e" came due
+
+
+def test_a_cancel_ordered_before_the_grant_means_never(state: WheelState) -> None:
+    a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
+    # the leader took both from the wheel; a cancel of a is applied before its handout
+    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelOutcome.CANCELLED]
+    assert ready(state, [a, b], [grant(a), grant(b)]) == [0, 1]  # a is not granted
+    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelOutcome.ALREADY_CANCELLED]
+    (group,) = state.groups.of_topic("orders")
+    assert list(group.leases) == [b]
+
+
+def test_a_cancel_after_a_grant_answers_handed_out_and_stops_the_other_groups(
+        state: WheelState) -> None:
+    state.apply(commands.group(T0_MS, True, "orders", "billing"))
+    state.apply(commands.group(T0_MS, True, "orders", "audit"))
+    a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
+    assert ready(state, [a, b], [grant(a, "billing")]) == [1]
+    assert state.apply(commands.cancel(T0_MS, [a, b])) == [CancelOutcome.HANDED_OUT,
+                                                          CancelOutcome.CANCELLED]
+    billing, audit = state.groups.of_topic("orders")
+    assert list(audit.ready) == [] and list(billing.leases) == [a]
+    assert ready(state, [], [grant(a, "audit")]) == [0]  # audit never gets a
+    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelOutcome.HANDED_OUT]
+    # once billing acks it, a is done everywhere
+    assert state.apply(commands.leases(T0_MS, LeaseOp.ACK, [LeaseRef(billing.id, a, 1, 7)])) == [
+        True]
+    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelOutcome.NOT_PENDING]
+
+
+def test_a_rejected_cancel_changes_nothing(state: WheelState) -> None:
+    (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS)])
+    (refused,) = state.apply(commands.cancel(T0_MS, [a, (a | 0xFFFF)]))
+    assert isinstance(refused, Rejected) and refused.error.field == "handles[1]"
+    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelOutcome.CANCELLED]
+
+
+def test_forged_foreign_and_never_granted_receipts_change_nothing(state: WheelState) -> None:
+    state.apply(commands.group(T0_MS, True, "orders", "billing"))
+    state.apply(commands.group(T0_MS, True, "orders", "audit"))
+    a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
+    ready(state, [a, b], [grant(a, "billing", nonce=1234)])
+    billing, audit = state.groups.of_topic("orders")
+    genuine = LeaseRef(billing.id, a, 1, 1234)
+    attempts = [genuine._replace(nonce=1235),           # forged nonce
+                genuine._replace(group_id=audit.id),     # another group's
+                LeaseRef(billing.id, b, 1, 1234),        # never granted (b is only ready)
+                genuine._replace(seq=2),                 # a lease that never was
+                LeaseRef(99, a, 1, 1234)]                # no such group
+    assert state.apply(commands.leases(T0_MS, LeaseOp.ACK, attempts)) == [False] * 5
+    assert state.apply(commands.leases(T0_MS, LeaseOp.RELEASE, attempts)) == [False] * 5
+    assert list(billing.leases) == [a] and list(audit.ready) == [a, b]
+    assert state.apply(commands.leases(T0_MS, LeaseOp.ACK, [genuine])) == [True]
+    assert state.apply(commands.leases(T0_MS, LeaseOp.ACK, [genuine])) == [False]  # once
+
+
+def test_receipts_round_trip_and_garbage_is_no_receipt() -> None:
+    lease = LeaseRef(3, 1 << 40 | 17, 2, 2**64 - 1)
+    assert decode_receipt(encode_receipt(lease), "ack.receipts[0]") == lease
+    for garbage in ("", "1.2.3", "é", encode_receipt(lease)[:-4]):
+        with pytest.raises(InvalidMessage, match=r"ack\.receipts\[0\]"):
+            decode_receipt(garbage, "ack.receipts[0]")
+
+
+def test_a_released_lease_comes_back_first_and_its_next_lease_is_the_second(
+        state: WheelState) -> None:
+    a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
+    assert ready(state, [a, b], [grant(a, nonce=5), grant(b, nonce=6, mode=DURABLE)]) == [1, 1]
+    (group,) = state.groups.of_topic("orders")
+    # a new leader's barrier ends the stream lease, not the durable one
+    state.apply(commands.barrier(T0_MS, state.cursor))
+    assert list(group.ready.items()) == [(a, (1, 5))] and list(group.leases) == [b]
+    # an ack of the released lease still counts: the consumer did handle it
+    assert state.apply(commands.leases(T0_MS, LeaseOp.ACK, [LeaseRef(group.id, a, 1, 5)])) == [
+        True]
+    assert state.apply(commands.leases(T0_MS, LeaseOp.RELEASE,
+                                       [LeaseRef(group.id, b, 1, 6)])) == [True]
+    assert ready(state, [], [grant(b, nonce=8)]) == [2]  # flagged possible_duplicate
+
+
+def test_a_group_nobody_reads_drops_its_oldest_past_its_bound_and_says_so(
+        state: WheelState, caplog: pytest.LogCaptureFixture) -> None:
+    handles = schedule(state, [NewMessage(f"m{i}", "orders", b"x", T0_MS) for i in range(8)])
+    with caplog.at_level(logging.WARNING, "tickwheel.replication.groups"):
+        ready(state, handles[:1], [grant(handles[0])])  # leased: never dropped
+        ready(state, handles[1:])
+    (group,) = state.groups.of_topic("orders")
+    assert list(group.ready) == handles[3:] and group.dropped == 2
+    assert list(group.leases) == handles[:1]
+    assert "event=ready_dropped" in caplog.text
+
+
+def test_a_retry_copy_goes_to_its_group_only_and_ends_the_lease_once(
+        state: WheelState) -> None:
+    state.apply(commands.group(T0_MS, True, "orders", "billing"))
+    state.apply(commands.group(T0_MS, True, "orders", "audit"))
+    (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS)])
+    ready(state, [a], [grant(a, "billing", nonce=9)])
+    billing, audit = state.groups.of_topic("orders")
+    lease = LeaseRef(billing.id, a, 1, 9)
+    copy = NewMessage("a", "orders", b"x", T0_MS + 10_000, {TARGET_GROUP_PROPERTY: "billing"},
+                      attempt=2)
+    part = commands.encoded_leased_retry(lease, copy)
+    (retried,) = state.apply(commands.retry(T0_MS, [part]))
+    assert isinstance(retried, Retried) and retried.handle is not None
+    assert state.apply(commands.retry(T0_MS, [part])) == [Retried(None, T0_MS + 10_000)]
+    ready(state, [retried.handle])
+    assert list(billing.ready) == [retried.handle]
+    assert list(audit.ready) == [a]  # audit still has the original, and not the copy
+
+
+def test_groups_and_leases_come_back_from_a_manifest(tmp_path: Path) -> None:
+    state = WheelState.open(tmp_path / "a", StateConfig(), fresh=True)
+    state.apply(commands.group(T0_MS, True, "orders", "billing"))
+    handles = schedule(state, [NewMessage(f"m{i}", "orders", b"x", T0_MS) for i in range(3)])
+    ready(state, handles, [grant(handles[0], "billing")])
+    manifest = state.manifest()
+    state.apply(commands.group(T0_MS, False, "orders", "billing"))
+    assert state.groups.summary() == []
+    state.groups.restore(manifest.groups)
+    (billing,) = state.groups.of_topic("orders")
+    assert (list(billing.leases), list(billing.ready)) == (handles[:1], handles[1:])
+    assert manifest.readied == state.readied
+    state.close()
