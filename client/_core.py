@@ -183,16 +183,19 @@ class CancelOutcome(enum.Enum):
     """An earlier cancel got it."""
     NOT_PENDING = "not_pending"
     """Too late: delivered and acked, or its hour has passed."""
+    HANDED_OUT = "handed_out"
+    """Too late: a consumer group had it already; groups that had not got it never will."""
 
     @property
     def cancelled(self) -> bool:
         """Whether the message is cancelled, by this call or an earlier one."""
-        return self is not CancelOutcome.NOT_PENDING
+        return self in (CancelOutcome.CANCELLED, CancelOutcome.ALREADY_CANCELLED)
 
 
 _CANCEL_OUTCOMES = {pb.CANCEL_OUTCOME_CANCELLED: CancelOutcome.CANCELLED,
                     pb.CANCEL_OUTCOME_ALREADY_CANCELLED: CancelOutcome.ALREADY_CANCELLED,
-                    pb.CANCEL_OUTCOME_NOT_PENDING: CancelOutcome.NOT_PENDING}
+                    pb.CANCEL_OUTCOME_NOT_PENDING: CancelOutcome.NOT_PENDING,
+                    pb.CANCEL_OUTCOME_HANDED_OUT: CancelOutcome.HANDED_OUT}
 
 
 def cancel_outcomes(response: pb.CancelResponse) -> list[CancelOutcome]:
@@ -219,6 +222,8 @@ class Received:
     node: str
     """The Raft address of the leader that sent it."""
     _send: Callable[[str, str], None] = field(repr=False)
+    group: str = ""
+    """The consumer group it was handed out to ("" : the topic's default group)."""
     """``send(kind, receipt)``: queue an "ack" or a "nack" on the consumer's stream."""
 
     @property
@@ -236,14 +241,14 @@ def received(response: pb.ReceiveResponse, send: Callable[[str, str], None]) -> 
     return [Received(m.id, m.topic, m.body, dict(m.properties) if m.properties else {},
                      m.deliver_at_ms,
                      m.delivered_at_ms, m.attempt, m.possible_duplicate, m.receipt, m.handle,
-                     m.node, send) for m in response.messages]
+                     m.node, send, m.group) for m in response.messages]
 
 
 def subscribe_request(topic: str, credits: int, visibility_timeout_ms: int,
-                      name: str) -> pb.ReceiveRequest:
+                      name: str, group: str = "") -> pb.ReceiveRequest:
     return pb.ReceiveRequest(subscribe=pb.Subscribe(
         topic=topic, credits=credits, visibility_timeout_ms=visibility_timeout_ms,
-        consumer=name))
+        consumer=name, group=group))
 
 
 def merged_requests(items: Iterable[tuple[str, object]]) -> list[pb.ReceiveRequest]:

@@ -98,8 +98,18 @@ class AsyncClient:
         return await self._call("ClusterInfo", pb.ClusterInfoRequest())
 
     def consume(self, topic: str, *, prefetch: int = 64, visibility_timeout_ms: int = 0,
-                name: str = "") -> AsyncConsumer:
-        return AsyncConsumer(self, topic, prefetch, visibility_timeout_ms, name)
+                name: str = "", group: str = "") -> AsyncConsumer:
+        return AsyncConsumer(self, topic, prefetch, visibility_timeout_ms, name, group)
+
+    async def create_group(self, topic: str, group: str) -> bool:
+        """See `tickwheel.client.Client.create_group`."""
+        request = pb.GroupRequest(topic=topic, group=group)
+        return bool((await self._call("CreateGroup", request)).existed)
+
+    async def delete_group(self, topic: str, group: str) -> bool:
+        """See `tickwheel.client.Client.delete_group`."""
+        request = pb.GroupRequest(topic=topic, group=group)
+        return bool((await self._call("DeleteGroup", request)).existed)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -147,9 +157,9 @@ class AsyncConsumer:
     """An async iterator of `Received` messages; reconnects like `tickwheel.client.Consumer`."""
 
     def __init__(self, client: AsyncClient, topic: str, prefetch: int,
-                 visibility_timeout_ms: int, name: str) -> None:
+                 visibility_timeout_ms: int, name: str, group: str = "") -> None:
         self._client = client
-        self._subscribe = subscribe_request(topic, prefetch, visibility_timeout_ms, name)
+        self._subscribe = subscribe_request(topic, prefetch, visibility_timeout_ms, name, group)
         self._buffer: deque[Received] = deque()
         self._pending: list[tuple[str, object]] = []
         self._wakeup = asyncio.Event()

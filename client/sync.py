@@ -122,10 +122,22 @@ class Client:
             raise translate(error) from None
 
     def consume(self, topic: str, *, prefetch: int = 64, visibility_timeout_ms: int = 0,
-                name: str = "") -> Consumer:
-        """Iterate over the due messages of ``topic``, competing with other consumers of it.
-        ``prefetch`` messages may be on their way at once."""
-        return Consumer(self, topic, prefetch, visibility_timeout_ms, name)
+                name: str = "", group: str = "") -> Consumer:
+        """Iterate over the due messages of ``topic`` as a consumer of ``group`` (created if
+        new; "" is the topic's default group), competing with the group's other consumers:
+        every group gets every message. ``prefetch`` messages may be on their way at once."""
+        return Consumer(self, topic, prefetch, visibility_timeout_ms, name, group)
+
+    def create_group(self, topic: str, group: str) -> bool:
+        """Create a consumer group (messages coming due from now on wait for it); whether it
+        existed already."""
+        request = pb.GroupRequest(topic=topic, group=group)
+        return bool(self._call("CreateGroup", request).existed)
+
+    def delete_group(self, topic: str, group: str) -> bool:
+        """Delete a consumer group and what waits in it; whether it existed."""
+        request = pb.GroupRequest(topic=topic, group=group)
+        return bool(self._call("DeleteGroup", request).existed)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -189,9 +201,9 @@ class Consumer:
     a broken stream come back from the new leader, flagged ``possible_duplicate``."""
 
     def __init__(self, client: Client, topic: str, prefetch: int, visibility_timeout_ms: int,
-                 name: str) -> None:
+                 name: str, group: str = "") -> None:
         self._client = client
-        self._subscribe = subscribe_request(topic, prefetch, visibility_timeout_ms, name)
+        self._subscribe = subscribe_request(topic, prefetch, visibility_timeout_ms, name, group)
         self._credit_batch = max(1, prefetch // CREDIT_BATCH_DIVISOR)
         self._uncredited = 0
         self._buffer: deque[Received] = deque()

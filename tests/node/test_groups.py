@@ -1,0 +1,127 @@
+"""Consumer groups on a real 3-node cluster: fan-out, competition, no group or topic stalls
+another, receipts bound to their group, a cancel that means never."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tickwheel.client import CancelOutcome, Client, Message
+from tickwheel.replication.local_cluster import LocalCluster, wait_for
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def topic() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("cluster")) as started:
+        started.leader()
+        yield started
+
+
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[Client]:
+    with Client([node.grpc_address for node in cluster.nodes], timeout_s=30) as opened:
+        yield opened
+
+
+def take(client: Client, name: str, count: int, group: str = "", ack: bool = True) -> list:
+    got = []
+    with client.consume(name, group=group, prefetch=64) as consumer:
+        for message in consumer:
+            got.append(message)
+            if ack:
+                message.ack()
+            if len(got) == count:
+                break
+    return got
+
+
+def test_every_group_gets_every_message_unflagged(client: Client) -> None:
+    name = topic()
+    assert client.create_group(name, "billing") is False
+    assert client.create_group(name, "billing") is True
+    client.create_group(name, "audit")
+    client.schedule_many([Message(name, b"x", delay_ms=0, id=f"m{i}") for i in range(20)])
+    billing, audit = take(client, name, 20, "billing"), take(client, name, 20, "audit")
+    for got, group in ((billing, "billing"), (audit, "audit")):
+        assert sorted(m.id for m in got) == sorted(f"m{i}" for i in range(20))
+        assert {m.group for m in got} == {group}
+        assert not any(m.possible_duplicate for m in got)
+    info = client.cluster_info()
+    assert {(g.group, g.ready, g.leased) for g in info.groups if g.topic == name} == {
+        ("billing", 0, 0), ("audit", 0, 0)}
+    assert client.delete_group(name, "audit") is True
+
+
+def test_an_idle_topic_and_an_unread_dead_letter_topic_stall_nothing(client: Client) -> None:
+    """12,000 due messages nobody consumes (more than max_inflight_msgs, 10,000): the first
+    version stopped every other topic until they were drained."""
+    idle, busy = topic(), topic()
+    due_ms = now_ms()
+    for start in range(0, 12_000, 1_000):
+        client.schedule_many([Message(idle, b"x", deliver_at_ms=due_ms, id=f"i{start + i}")
+                              for i in range(1_000)])
+    client.schedule_many([Message(busy, b"y", delay_ms=200, id=f"b{i}") for i in range(5)])
+    got = take(client, busy, 5)
+    assert sorted(m.id for m in got) == [f"b{i}" for i in range(5)]
+    assert max(m.lateness_ms for m in got) < 2_000
+    (idle_group,) = [g for g in client.cluster_info().groups if g.topic == idle]
+    assert idle_group.ready == 12_000 and idle_group.leased == 0
+
+
+def test_a_cancel_answered_cancelled_is_never_delivered(client: Client) -> None:
+    """Hundreds of cancels sent a few ms before the due time, singly and in batches: whatever
+    the race, a CANCELLED answer means the message never reaches a consumer."""
+    name = topic()
+    due_ms = now_ms() + 1_500
+    scheduled = client.schedule_many([Message(name, b"x", deliver_at_ms=due_ms + i % 5,
+                                              id=f"c{i}") for i in range(300)])
+    while now_ms() < due_ms - 8:
+        time.sleep(0.001)
+    outcomes: dict[str, CancelOutcome] = {}
+    for start in range(0, 300, 100):
+        chunk = scheduled[start:start + 100]
+        singles = chunk[:20]
+        for result in singles:
+            outcomes[result.id] = client.cancel_outcomes([result.handle])[0]
+        batch = chunk[20:]
+        for result, outcome in zip(batch, client.cancel_outcomes([r.handle for r in batch]),
+                                   strict=True):
+            outcomes[result.id] = outcome
+    survivors = [i for i, o in outcomes.items() if o is not CancelOutcome.CANCELLED]
+    got = take(client, name, len(survivors)) if survivors else []
+    delivered = {m.id for m in got}
+    cancelled = {i for i, o in outcomes.items() if o is CancelOutcome.CANCELLED}
+    assert not delivered & cancelled
+    assert cancelled, "no cancel won the race: the test proved nothing"
+    assert delivered == set(survivors)
+
+
+def test_a_receipt_of_another_group_is_refused_and_changes_nothing(client: Client) -> None:
+    name = topic()
+    client.create_group(name, "a")
+    client.create_group(name, "b")
+    client.schedule(name, b"x", delay_ms=0, id="only")
+    (from_a,) = take(client, name, 1, "a", ack=False)
+    with client.consume(name, group="b", prefetch=4, visibility_timeout_ms=60_000) as consumer:
+        from_b = next(iter(consumer))
+        from_b._send("ack", from_a.receipt)  # b acks with a's receipt
+        from_b._send("ack", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA")  # and with a forged one
+        from_b.ack()  # then its own: the stream keeps the order
+
+        def groups() -> dict[str, tuple[int, int]]:
+            return {g.group: (g.ready, g.leased) for g in client.cluster_info().groups
+                    if g.topic == name}
+        wait_for(lambda: groups()["b"] == (0, 0), 10, "b's own ack applied")
+    assert from_b.id == "only"
+    assert groups()["a"] == (1, 0)  # a's message is still a's: released, not acked by b
