@@ -335,10 +335,10 @@ class Hub:
             return
         retries = []
         for item in expired:
-            receipt = encode_receipt(item.lease)
             attempt = item.message.attempt + item.lease.seq - 1
-            for consumer in self._consumers.values():
-                consumer.unacked.pop(receipt, None)
+            holder = self._consumers.get(item.consumer) if item.consumer is not None else None
+            if holder is not None:
+                holder.unacked.pop(encode_receipt(item.lease), None)
             log.info("event=visibility_timeout topic=%s group=%r id=%r attempt=%d",
                      item.message.topic, item.group, item.message.id, attempt)
             retries.append((item.message, item.lease, item.group, attempt))

@@ -47,6 +47,8 @@ class Expired(NamedTuple):
     lease: LeaseRef
     group: str
     epoch: int
+    consumer: int | None
+    """The sink's key of the consumer holding it, if this leadership granted it."""
 
 
 class DeliverySink(Protocol):

@@ -33,6 +33,7 @@ from typing import Final, NamedTuple
 
 from tickwheel.replication.commands import LeaseRef
 from tickwheel.wheel.errors import invariant
+from tickwheel.wheel.window import GLOBAL_INDEX_BITS
 
 log = logging.getLogger("tickwheel.replication.groups")
 
@@ -113,9 +114,9 @@ class Groups:
                       for g in list(self._by_id.values()))
 
     def oldest_hour(self) -> int | None:
-        """The first hour (``handle >> 32``) any group still needs a message of."""
-        hours = [min(g.ready) >> 32 for g in self._by_id.values() if g.ready]
-        hours += [min(g.leases) >> 32 for g in self._by_id.values() if g.leases]
+        """The first hour any group still needs a message of."""
+        hours = [min(g.ready) >> GLOBAL_INDEX_BITS for g in self._by_id.values() if g.ready]
+        hours += [min(g.leases) >> GLOBAL_INDEX_BITS for g in self._by_id.values() if g.leases]
         return min(hours, default=None)
 
     # -- changing (applying commands) ------------------------------------------------------
@@ -188,12 +189,12 @@ class Groups:
         """The group of a genuine receipt and whether its lease is the current one (else the
         message is ready again after a release, under that same lease); None if the receipt
         names no lease this group holds."""
+        current = self._current(ref)
+        if current is not None:
+            return current[0], True
         group = self._by_id.get(ref.group_id)
-        if group is None:
+        if group is None or ref.handle in group.leases:
             return None
-        lease = group.leases.get(ref.handle)
-        if lease is not None:
-            return (group, True) if (lease.seq, lease.nonce) == ref[2:] else None
         if group.ready.get(ref.handle, (0, 0)) == (ref.seq, ref.nonce) and ref.seq:
             return group, False
         return None
@@ -213,21 +214,18 @@ class Groups:
 
     def release(self, ref: LeaseRef) -> bool:
         """The lease ends early: the message is ready again, first in line."""
-        group = self._by_id.get(ref.group_id)
-        lease = group.leases.get(ref.handle) if group is not None else None
-        if group is None or lease is None or (lease.seq, lease.nonce) != ref[2:]:
+        current = self._current(ref)
+        if current is None:
             return False
-        del group.leases[ref.handle]
-        group.ready[ref.handle] = (lease.seq, lease.nonce)
-        group.ready.move_to_end(ref.handle, last=False)
+        _back_to_ready(current[0], ref.handle, current[1])
         return True
 
     def extend(self, ref: LeaseRef, deadline_ms: int) -> bool:
         """Move a current lease's deadline."""
-        group = self._by_id.get(ref.group_id)
-        lease = group.leases.get(ref.handle) if group is not None else None
-        if group is None or lease is None or (lease.seq, lease.nonce) != ref[2:]:
+        current = self._current(ref)
+        if current is None:
             return False
+        group, lease = current
         group.leases[ref.handle] = lease._replace(deadline_ms=deadline_ms)
         return True
 
@@ -238,9 +236,7 @@ class Groups:
         for group in self._by_id.values():
             streamed = [(h, lease) for h, lease in group.leases.items() if lease.mode == STREAM]
             for handle, lease in reversed(streamed):
-                del group.leases[handle]
-                group.ready[handle] = (lease.seq, lease.nonce)
-                group.ready.move_to_end(handle, last=False)
+                _back_to_ready(group, handle, lease)
             released += len(streamed)
         return released
 
@@ -283,6 +279,14 @@ class Groups:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _current(self, ref: LeaseRef) -> tuple[Group, Lease] | None:
+        """The group and lease ``ref`` names, if that lease is the message's current one."""
+        group = self._by_id.get(ref.group_id)
+        lease = group.leases.get(ref.handle) if group is not None else None
+        if group is None or lease is None or (lease.seq, lease.nonce) != (ref.seq, ref.nonce):
+            return None
+        return group, lease
+
     def _add(self, group: Group) -> None:
         self._by_key[group.topic, group.name] = group
         self._by_id[group.id] = group
@@ -305,3 +309,10 @@ class Groups:
             # leased the message: then the entry stays until the last holder resolves it
             if fanout[0] <= 0 or (fanout[0] == 1 and not fanout[1]):
                 del self._fanout[handle]
+
+
+def _back_to_ready(group: Group, handle: int, lease: Lease) -> None:
+    """End a lease early: the message is ready again, first in line, under its lease number."""
+    del group.leases[handle]
+    group.ready[handle] = (lease.seq, lease.nonce)
+    group.ready.move_to_end(handle, last=False)

@@ -264,8 +264,9 @@ class Planner:
             if message is None:
                 continue
             self._expiring.add((group_id, handle))
+            held = self._holders.get((group_id, handle))
             found.append(Expired(message, LeaseRef(group_id, handle, seq, lease.nonce),
-                                 group.name, self.epoch))
+                                 group.name, self.epoch, None if held is None else held[0]))
         return found
 
     def next_deadline_ms(self) -> int | None:

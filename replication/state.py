@@ -295,9 +295,7 @@ class WheelState:
         if tombstoned:
             return CancelOutcome.ALREADY_CANCELLED
         position = message.position
-        readied = position < self.wheel.cursor or position.local_index in self.readied.get(
-            position.second, ())
-        if not readied:
+        if not self._readied(position.second, position.local_index):
             outcome, tag = self.wheel.cancel_tag(message.handle)
             if outcome is CancelOutcome.CANCELLED:
                 self.pending.remove({tag: 1})
@@ -320,8 +318,7 @@ class WheelState:
         ready, grants = commands.read_handout(command)
         wheel, groups, readied = self.wheel, self.groups, self.readied
         for item in ready:
-            if (wheel.is_cancelled(item.handle) or (item.second, item.local_index) < wheel.cursor
-                    or item.local_index in readied.get(item.second, ())):
+            if wheel.is_cancelled(item.handle) or self._readied(item.second, item.local_index):
                 continue  # cancelled meanwhile, or readied already (a handout proposed twice)
             readied.setdefault(item.second, set()).add(item.local_index)
             groups.ready(item.handle, item.topic, item.target, stamp_ms)
@@ -331,6 +328,12 @@ class WheelState:
             results.append(0 if group is None else groups.grant(
                 group, grant.handle, grant.nonce, grant.deadline_ms, grant.mode))
         return results
+
+    def _readied(self, second: int, local_index: int) -> bool:
+        """Whether the message at this position has left the wheel for its groups: behind the
+        cursor, or readied past it."""
+        return ((second, local_index) < self.wheel.cursor
+                or local_index in self.readied.get(second, ()))
 
     def _apply_leases(self, command: bytes) -> list[bool]:
         """Acks, releases or new deadlines, each of a genuine current receipt (else False and
