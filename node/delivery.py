@@ -81,7 +81,6 @@ class Consumer:
     key: int
     topic: str
     group: str
-    group_id: int
     name: str
     visibility_timeout_ms: int
     credits: int
@@ -156,18 +155,29 @@ class Hub:
         replica = self._replica
         if not replica.is_leader():
             raise NotLeader(replica.leader_hint())
-        exists = await asyncio.wrap_future(replica.ensure_group(topic, group))
-        found = replica.groups().get(topic, group)
-        if not exists or found is None:
-            raise Overloaded("max_groups (consumer groups in the cluster)")
-        consumer = Consumer(next(self._keys), topic, group, found.id, name,
-                            visibility_timeout_ms, credits)
+        await self.ensure_group(topic, group)
+        consumer = Consumer(next(self._keys), topic, group, name, visibility_timeout_ms,
+                            credits)
         self._consumers[consumer.key] = consumer
         replica.join(ConsumerSlot(consumer.key, topic, group, credits, visibility_timeout_ms,
                                   STREAM))
         log.info("event=consumer_joined topic=%s group=%r consumer=%r credits=%d "
                  "visibility_timeout_ms=%d", topic, group, name, credits, visibility_timeout_ms)
+        if group == DEFAULT_GROUP and replica.groups().of_topic(topic):
+            # a named group may have been created while this consumer was joining
+            await self.ensure_group(topic, group)
         return consumer
+
+    async def ensure_group(self, topic: str, group: str) -> None:
+        """Make sure ``(topic, group)`` exists (raises `Overloaded` at ``max_groups``). A
+        topic's default group is implicit until the topic has a named group: then, if this
+        leader has consumers of the default group, it is created too, so they keep getting
+        the topic's messages."""
+        replica = self._replica
+        if not await asyncio.wrap_future(replica.ensure_group(topic, group)):
+            raise Overloaded("max_groups (named consumer groups in the cluster)")
+        if group != DEFAULT_GROUP and self.consumers_of(topic, DEFAULT_GROUP):
+            await asyncio.wrap_future(replica.ensure_group(topic, DEFAULT_GROUP))
 
     def unsubscribe(self, consumer: Consumer) -> None:
         """The consumer's stream ended: its leases are released (sent again at once)."""
@@ -232,14 +242,21 @@ class Hub:
     # -- internals ------------------------------------------------------------------------
 
     def _own_leases(self, consumer: Consumer, receipts: list[str]) -> list[LeaseRef]:
+        """The leases of these receipts, less those of another group (refused here). A
+        receipt of a group that is gone goes on: its lease ended with the group, and the
+        replica answers it as it answers any stale receipt."""
         leases = []
+        groups = self._replica.groups()
         for index, receipt in enumerate(receipts):
             consumer.unacked.pop(receipt, None)
             try:
                 lease = decode_receipt(receipt, f"ack.receipts[{index}]")
             except TickwheelError:
                 lease = None
-            if lease is None or lease.group_id != consumer.group_id:
+            group = groups.by_id(lease.group_id) if lease is not None else None
+            if lease is None or (group is not None
+                                 and (group.topic, group.name) != (consumer.topic,
+                                                                   consumer.group)):
                 self._refused(consumer, receipt, "not a receipt of this group")
                 continue
             leases.append(lease)
@@ -313,6 +330,7 @@ class Hub:
             consumer = self._consumers[key]
             for start in range(0, len(batch), self.config.max_batch_msgs):
                 consumer.outbox.put_nowait(batch[start:start + self.config.max_batch_msgs])
+            self._replica.sent(key, [sent.delivery.lease for sent in batch], now_ms)
             self._journal.delivered(batch, consumer.group, self._term, now_ms)
             self._metrics.observe_delivered(consumer.topic, batch, now_ms)
         if orphaned:

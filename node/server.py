@@ -180,8 +180,11 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         validation.check_topic(request.topic, "topic", dead_letter=True)
         validation.check_group(request.group, "group")
         existed = replica.groups().get(request.topic, request.group) is not None
-        if not await _applied(replica.ensure_group(request.topic, request.group)):
-            raise Overloaded("max_groups (consumer groups in the cluster)")
+        try:
+            await asyncio.wait_for(self._node.hub.ensure_group(request.topic, request.group),
+                                   WRITE_TIMEOUT_S)
+        except TimeoutError:
+            raise Unavailable("not committed in time; retry") from None
         return pb.GroupResponse(existed=existed)
 
     async def _delete_group_here(self, request: pb.GroupRequest) -> pb.GroupResponse:

@@ -17,8 +17,15 @@ replica knows which messages any leader ever handed out, to which group, how man
 Hence the exact ``possible_duplicate``: a lease with sequence number above 1 follows an earlier
 lease of the same message in the same group, which a consumer may have received.
 
+A topic's *default group* (the consumers that name no group) is implicit while the topic has
+no other group: it appears when a message of the topic is readied and goes away once it holds
+nothing, so topics that come and go (or a client subscribing to made-up ones) leave nothing
+behind. Once a topic has a named group its default group, if it exists, stays until deleted.
+
 Memory: a group keeps at most ``max_ready_msgs`` ready messages (the oldest unleased ones are
 dropped past it, logged and counted) and a plain dict entry per lease. Bodies stay in the wheel.
+At most ``max_groups`` named groups exist; default groups are bounded by the topics with
+messages ready or leased plus the topics with named groups.
 
 Single-threaded (the Raft thread); other threads read `summary`.
 """
@@ -90,6 +97,7 @@ class Groups:
         """handle -> [groups still holding it, whether any leased it], for a message readied
         into more than one group: a cancel must know whether any of them handed it out."""
         self._next_id = 1
+        self._named = 0
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -121,48 +129,47 @@ class Groups:
 
     # -- changing (applying commands) ------------------------------------------------------
 
-    def create(self, topic: str, name: str, stamp_ms: int) -> Group | None:
-        """The group ``(topic, name)``, created if new; None when ``max_groups`` exist."""
-        group = self._by_key.get((topic, name))
-        if group is not None:
-            return group
-        if len(self._by_id) >= self._max_groups:
-            return None
-        group = Group(self._next_id, topic, name, stamp_ms)
-        self._next_id += 1
-        self._add(group)
-        log.info("event=group_created topic=%s group=%r id=%d", topic, name, group.id)
-        return group
+    def create(self, topic: str, name: str, stamp_ms: int) -> bool:
+        """Make sure the group ``(topic, name)`` exists; False when ``max_groups`` named
+        groups exist. A topic's default group is implicit while the topic has no other group:
+        asking for it then creates nothing."""
+        if (topic, name) in self._by_key:
+            return True
+        if name == DEFAULT_GROUP:
+            if topic in self._by_topic:
+                self._create(topic, name, stamp_ms)
+            return True
+        if self._named >= self._max_groups:
+            return False
+        self._create(topic, name, stamp_ms)
+        return True
 
     def delete(self, topic: str, name: str) -> bool:
-        group = self._by_key.pop((topic, name), None)
+        group = self._by_key.get((topic, name))
         if group is None:
             return False
-        del self._by_id[group.id]
-        siblings = self._by_topic[topic]
-        siblings.remove(group)
-        if not siblings:
-            del self._by_topic[topic]
+        self._remove(group)
         for handle in list(group.ready) + list(group.leases):
             self._resolved(handle)
         log.info("event=group_deleted topic=%s group=%r ready=%d leased=%d", topic, name,
                  len(group.ready), len(group.leases))
+        self._retire_if_idle(topic)
         return True
 
     def ready(self, handle: int, topic: str, target: str | None, stamp_ms: int) -> int:
         """Ready a due message for its groups (only ``target`` for a retry copy made for one
-        group); a topic with no group gets its default group. Returns how many groups."""
+        group); a topic with no group, or a retry copy for the default group, gets the
+        default group. Returns how many groups (0: its target group was deleted)."""
         if target is not None:
             group = self._by_key.get((topic, target))
+            if group is None and target == DEFAULT_GROUP:
+                group = self._create(topic, DEFAULT_GROUP, stamp_ms)
             groups = [group] if group is not None else []
         else:
-            groups = self._by_topic.get(topic) or []
-            if not groups:
-                default = self.create(topic, DEFAULT_GROUP, stamp_ms)
-                groups = [default] if default is not None else []
+            groups = self._by_topic.get(topic) or [self._create(topic, DEFAULT_GROUP, stamp_ms)]
         if not groups:
-            log.warning("event=ready_without_group topic=%s target=%r handle=%d", topic,
-                        target, handle)
+            log.warning("event=ready_without_group topic=%s target=%r handle=%d reason=%r",
+                        topic, target, handle, "its group was deleted")
             return 0
         for group in groups:
             group.ready[handle] = (0, 0)
@@ -210,6 +217,7 @@ class Groups:
         else:
             del group.ready[ref.handle]
         self._resolved(ref.handle)
+        self._retire_if_idle(group.topic)
         return True
 
     def release(self, ref: LeaseRef) -> bool:
@@ -255,6 +263,7 @@ class Groups:
             if group.ready.get(handle, (1, 0))[0] == 0:
                 del group.ready[handle]
                 self._resolved(handle)
+        self._retire_if_idle(topic)
         return not handed_out
 
     # -- snapshots --------------------------------------------------------------------------
@@ -268,6 +277,7 @@ class Groups:
     def restore(self, snapshot: Snapshot) -> None:
         next_id, groups, fanout = snapshot
         self._by_key, self._by_id, self._by_topic = {}, {}, {}
+        self._named = 0
         self._fanout = {handle: list(state) for handle, state in fanout.items()}
         self._next_id = next_id
         for group_id, topic, name, created_ms, dropped, ready, leases in groups:
@@ -287,10 +297,37 @@ class Groups:
             return None
         return group, lease
 
+    def _create(self, topic: str, name: str, stamp_ms: int) -> Group:
+        group = Group(self._next_id, topic, name, stamp_ms)
+        self._next_id += 1
+        self._add(group)
+        if name != DEFAULT_GROUP:
+            log.info("event=group_created topic=%s group=%r id=%d", topic, name, group.id)
+        return group
+
     def _add(self, group: Group) -> None:
         self._by_key[group.topic, group.name] = group
         self._by_id[group.id] = group
         self._by_topic.setdefault(group.topic, []).append(group)
+        self._named += group.name != DEFAULT_GROUP
+
+    def _remove(self, group: Group) -> None:
+        del self._by_key[group.topic, group.name]
+        del self._by_id[group.id]
+        siblings = self._by_topic[group.topic]
+        siblings.remove(group)
+        if not siblings:
+            del self._by_topic[group.topic]
+        self._named -= group.name != DEFAULT_GROUP
+
+    def _retire_if_idle(self, topic: str) -> None:
+        """A default group that is its topic's only group and holds nothing goes away (it
+        is implicit: the topic's next due message brings it back)."""
+        groups = self._by_topic.get(topic)
+        if groups is not None and len(groups) == 1:
+            group = groups[0]
+            if group.name == DEFAULT_GROUP and not group.ready and not group.leases:
+                self._remove(group)
 
     def _drop_oldest(self, group: Group) -> None:
         handle, _ = group.ready.popitem(last=False)

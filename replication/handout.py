@@ -24,7 +24,7 @@ import heapq
 import secrets
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
@@ -94,8 +94,12 @@ class Planner:
         self._holders: dict[tuple[int, int], tuple[int, int, LeaseRef]] = {}
         """(group id, handle) -> (consumer key, body bytes, lease), for leases this leader
         granted."""
-        self._deadlines: list[tuple[int, int, int, int]] = []
-        """(deadline_ms, group id, handle, seq) of leases; stale entries are skipped."""
+        self._deadlines: list[tuple[int, int, int, int, int]] = []
+        """(expire at ms, deadline_ms, group id, handle, seq) of leases; stale entries (the
+        lease resolved, or its deadline moved) are skipped."""
+        self._sent: dict[tuple[int, int], int] = {}
+        """(group id, handle) -> when its message was sent plus its consumer's visibility
+        timeout: a lease expires at that time, if it is later than its replicated deadline."""
         self._expiring: set[tuple[int, int]] = set()
 
     # -- consumers ------------------------------------------------------------------------
@@ -220,7 +224,8 @@ class Planner:
                 continue
             lease = LeaseRef(group.id, grant.handle, seq, grant.nonce)
             self._holders[group.id, grant.handle] = (slot.key, len(message.body), lease)
-            heapq.heappush(self._deadlines, (grant.deadline_ms, group.id, grant.handle, seq))
+            heapq.heappush(self._deadlines, (grant.deadline_ms, grant.deadline_ms, group.id,
+                                             grant.handle, seq))
             deliveries.append(Delivery(message, slot.key, lease, seq > 1, self.epoch))
         return deliveries
 
@@ -233,12 +238,24 @@ class Planner:
                 demand.bytes_out -= len(message.body)
             slot.credits += 1
 
+    def sent(self, key: int, leases: Sequence[LeaseRef], sent_ms: int) -> None:
+        """The hub sent these leases' messages to consumer ``key`` at ``sent_ms``: their
+        visibility timeout counts from then, since the grant was planned a commit round
+        before the consumer could see the message."""
+        slot = self._consumers.get(key)
+        if slot is None:
+            return  # the consumer left: its leases are released
+        for lease in leases:
+            if (lease.group_id, lease.handle) in self._holders:
+                self._sent[lease.group_id, lease.handle] = sent_ms + slot.visibility_ms
+
     # -- leases ending ----------------------------------------------------------------------
 
     def resolved(self, group_id: int, handle: int, topic: str, group: str) -> None:
         """A lease this leader may have granted ended (ack, retry, release applied)."""
         held = self._holders.pop((group_id, handle), None)
         self._expiring.discard((group_id, handle))
+        self._sent.pop((group_id, handle), None)
         if held is not None:
             demand = self._demand.get((topic, group))
             if demand is not None:
@@ -246,7 +263,8 @@ class Planner:
 
     def watch(self, deadline_ms: int, group_id: int, handle: int, seq: int) -> None:
         """Expire this lease at ``deadline_ms`` (a lease of an earlier leader, or extended)."""
-        heapq.heappush(self._deadlines, (deadline_ms, group_id, handle, seq))
+        self._sent.pop((group_id, handle), None)
+        heapq.heappush(self._deadlines, (deadline_ms, deadline_ms, group_id, handle, seq))
 
     def expired(self, groups: Groups, now_ms: int,
                 read: Callable[[int], DueMessage | None]) -> list[Expired]:
@@ -254,11 +272,15 @@ class Planner:
         found = []
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now_ms:
-            deadline_ms, group_id, handle, seq = heapq.heappop(deadlines)
+            _, deadline_ms, group_id, handle, seq = heapq.heappop(deadlines)
             group = groups.by_id(group_id)
             lease = group.leases.get(handle) if group is not None else None
             if (group is None or lease is None or lease.seq != seq
                     or lease.deadline_ms != deadline_ms or (group_id, handle) in self._expiring):
+                continue
+            sent_until_ms = self._sent.get((group_id, handle), 0)
+            if sent_until_ms > now_ms:
+                heapq.heappush(deadlines, (sent_until_ms, deadline_ms, group_id, handle, seq))
                 continue
             message = read(handle)
             if message is None:

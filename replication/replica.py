@@ -147,7 +147,8 @@ class Replica:
         self._cancels: deque[tuple[list[int], Future]] = deque()
         self._lease_ops: dict[LeaseOp, deque[tuple[list[LeaseRef], list[int], Future]]] = {
             op: deque() for op in LeaseOp}
-        self._consumer_ops: deque[tuple[str, object]] = deque()
+        self._consumer_ops: deque[Callable[[Planner], None]] = deque()
+        """What the hub reported of its consumers, for the planner (on the Raft thread)."""
         self._group_ops: deque[tuple[bool, str, str, Future]] = deque()
         self._lease_until_s = 0.0
         self._inflight_entries: dict[int, Entry | Future] = {}
@@ -228,16 +229,26 @@ class Replica:
 
     def join(self, slot: ConsumerSlot) -> None:
         """A consumer of ``slot.group`` with credits (any thread; on the leader)."""
-        self._consumer_ops.append(("join", slot))
-        self._raft.wake()
+        self._consumer_op(lambda planner: planner.join(slot))
 
     def credit(self, key: int, credits: int) -> None:
-        self._consumer_ops.append(("credit", (key, credits)))
-        self._raft.wake()
+        self._consumer_op(lambda planner: planner.credit(key, credits))
+
+    def sent(self, key: int, leases: Sequence[LeaseRef], sent_ms: int) -> None:
+        """The hub sent these leases' messages at ``sent_ms``: their visibility timeout
+        counts from then (not from the grant, a commit round earlier)."""
+        self._consumer_op(lambda planner: planner.sent(key, leases, sent_ms))
 
     def leave(self, key: int) -> None:
         """The consumer's stream closed: its stream leases are released."""
-        self._consumer_ops.append(("leave", key))
+        def leave(planner: Planner) -> None:
+            released = planner.leave(key)
+            if released:
+                self._lease_ops[LeaseOp.RELEASE].append((released, [], Future()))
+        self._consumer_op(leave)
+
+    def _consumer_op(self, op: Callable[[Planner], None]) -> None:
+        self._consumer_ops.append(op)
         self._raft.wake()
 
     def groups(self) -> Groups:
@@ -337,17 +348,9 @@ class Replica:
     def _take_consumer_ops(self) -> None:
         planner = self._planner
         for _ in range(len(self._consumer_ops)):
-            kind, value = self._consumer_ops.popleft()
-            if planner is None:
-                continue
-            if kind == "join":
-                planner.join(value)  # type: ignore[arg-type]
-            elif kind == "credit":
-                planner.credit(*value)  # type: ignore[misc]
-            else:
-                released = planner.leave(value)  # type: ignore[arg-type]
-                if released:
-                    self._lease_ops[LeaseOp.RELEASE].append((released, [], Future()))
+            op = self._consumer_ops.popleft()
+            if planner is not None:
+                op(planner)
 
     def _hand_out(self, taken: list[DueMessage], now_ms: int) -> None:
         """Propose one handout of what came due and the leases to grant; once it is applied,

@@ -347,10 +347,11 @@ class WheelState:
         return [groups.extend(ref, deadline_ms) for ref, deadline_ms in refs]
 
     def _apply_group(self, command: bytes, stamp_ms: int) -> bool:
-        """Create (True if it exists now) or delete (True if it existed) a group."""
+        """Create (True if it exists now, or is an implicit default group) or delete (True if
+        it existed) a group."""
         create, topic, name = commands.read_group(command)
         if create:
-            return self.groups.create(topic, name, max(stamp_ms, self.wheel.stamp_ms)) is not None
+            return self.groups.create(topic, name, max(stamp_ms, self.wheel.stamp_ms))
         return self.groups.delete(topic, name)
 
     def _apply_retry(self, command: bytes, stamp_ms: int) -> list[Retried | Rejected]:

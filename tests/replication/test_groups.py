@@ -10,14 +10,17 @@ import pytest
 
 from tickwheel.replication import commands
 from tickwheel.replication.commands import Grant, LeaseOp, LeaseRef, Ready
+from tickwheel.replication.dispatcher import DispatchConfig
 from tickwheel.replication.groups import DURABLE, STREAM
 from tickwheel.replication.handout import (
     TARGET_GROUP_PROPERTY,
+    ConsumerSlot,
+    Planner,
     decode_receipt,
     encode_receipt,
 )
 from tickwheel.replication.state import Rejected, Retried, StateConfig, WheelState
-from tickwheel.wheel import CancelOutcome, NewMessage
+from tickwheel.wheel import CancelOutcome, DueMessage, NewMessage
 from tickwheel.wheel.errors import InvalidMessage
 
 T0_MS = 1_800_000_000_000
@@ -185,3 +188,75 @@ def test_groups_and_leases_come_back_from_a_manifest(tmp_path: Path) -> None:
     assert (list(billing.leases), list(billing.ready)) == (handles[:1], handles[1:])
     assert manifest.readied == state.readied
     state.close()
+
+
+def test_a_default_group_goes_away_once_drained_so_passing_topics_leave_nothing(
+        tmp_path: Path) -> None:
+    # max_groups bounds named groups only: far more topics than that come due and none of
+    # their messages is lost for want of a group
+    state = WheelState.open(tmp_path, StateConfig(max_groups=2), fresh=True)
+    topics = [f"t{i}" for i in range(10)]
+    handles = schedule(state, [NewMessage(t, t, b"x", T0_MS) for t in topics])
+    ready(state, handles, [grant(h, topic=t, nonce=i) for i, (h, t) in
+                           enumerate(zip(handles, topics, strict=True))])
+    assert [len(state.groups.of_topic(t)[0].leases) for t in topics] == [1] * 10
+    refs = [LeaseRef(state.groups.get(t, "").id, h, 1, i)
+            for i, (h, t) in enumerate(zip(handles, topics, strict=True))]
+    assert state.apply(commands.leases(T0_MS, LeaseOp.ACK, refs)) == [True] * 10
+    assert state.groups.summary() == [] and len(state.groups) == 0
+    # asking for a topic's default group while it has no named group creates nothing
+    assert state.apply(commands.group(T0_MS, True, "t0", "")) is True
+    assert len(state.groups) == 0
+    assert state.apply(commands.group(T0_MS, True, "t0", "a")) is True
+    assert state.apply(commands.group(T0_MS, True, "t1", "b")) is True
+    assert state.apply(commands.group(T0_MS, True, "t2", "c")) is False  # max_groups named
+    state.close()
+
+
+def test_a_default_group_beside_a_named_one_stays_and_a_retry_copy_finds_its_group(
+        state: WheelState) -> None:
+    (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS)])
+    ready(state, [a], [grant(a, nonce=3)])
+    default = state.groups.get("orders", "")
+    copy = NewMessage("a", "orders", b"x", T0_MS + 10_000, {TARGET_GROUP_PROPERTY: ""},
+                      attempt=2)
+    (retried,) = state.apply(commands.retry(T0_MS, [commands.encoded_leased_retry(
+        LeaseRef(default.id, a, 1, 3), copy)]))
+    assert state.groups.get("orders", "") is None  # drained: gone
+    # a named group appears and the default group is asked for (it has consumers)
+    state.apply(commands.group(T0_MS, True, "orders", "billing"))
+    ready(state, [retried.handle])  # the copy is for the default group only
+    default = state.groups.get("orders", "")
+    assert list(default.ready) == [retried.handle]
+    assert list(state.groups.get("orders", "billing").ready) == []
+    (b,) = schedule(state, [NewMessage("b", "orders", b"x", T0_MS)])
+    ready(state, [b], [grant(b, nonce=4), grant(retried.handle, nonce=5)])
+    refs = [LeaseRef(default.id, b, 1, 4), LeaseRef(default.id, retried.handle, 1, 5)]
+    assert state.apply(commands.leases(T0_MS, LeaseOp.ACK, refs)) == [True, True]
+    # beside a named group the default group is a subscription of its own: it stays
+    assert state.groups.get("orders", "") is default
+    assert list(state.groups.get("orders", "billing").ready) == [b]
+    state.apply(commands.group(T0_MS, False, "orders", "billing"))
+    assert len(state.groups) == 0  # with billing gone, the drained default goes too
+
+
+def test_a_visibility_timeout_counts_from_the_send_not_from_the_grant(
+        state: WheelState) -> None:
+    planner = Planner(DispatchConfig(), epoch=1)
+    planner.join(ConsumerSlot(1, "orders", "", 10, visibility_ms=500, mode=STREAM))
+    (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS)])
+
+    def read(handle: int) -> DueMessage | None:
+        return state.wheel.read(handle)[0]
+
+    plan = planner.plan(state.groups, [read(a)], T0_MS, read)
+    seqs = state.apply(commands.handout(T0_MS, plan.ready, plan.grants))
+    (delivery,) = planner.granted(plan, seqs, state.groups)
+    # the commit round took 40 ms, the send 10 more: the consumer saw it at T0 + 50
+    planner.sent(1, [delivery.lease], T0_MS + 50)
+    for now_ms in (T0_MS + 500, T0_MS + 549):
+        assert planner.expired(state.groups, now_ms, read) == []
+    assert planner.next_deadline_ms() == T0_MS + 550
+    (expired,) = planner.expired(state.groups, T0_MS + 550, read)
+    assert expired.lease == delivery.lease and expired.consumer == 1
+    assert planner.expired(state.groups, T0_MS + 10_000, read) == []  # once
