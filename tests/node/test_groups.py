@@ -3,6 +3,7 @@ another, receipts bound to their group, a cancel that means never."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -61,6 +62,32 @@ def test_every_group_gets_every_message_unflagged(client: Client) -> None:
     assert {(g.group, g.ready, g.leased) for g in info.groups if g.topic == name} == {
         ("billing", 0, 0), ("audit", 0, 0)}
     assert client.delete_group(name, "audit") is True
+
+
+def test_a_plain_consumer_keeps_getting_its_topic_once_a_named_group_appears(
+        client: Client) -> None:
+    """The default group is implicit (gone once drained) until the topic has a named group;
+    a consumer of it must not be left out when one appears."""
+    name = topic()
+    with client.consume(name, prefetch=8) as plain:
+        watchdog = threading.Timer(30, plain.close)  # ends the wait if nothing comes
+        watchdog.start()
+        try:
+            client.schedule(name, b"x", delay_ms=0, id="before")
+            first = next(plain)
+            first.ack()
+            wait_for(lambda: not [g for g in client.cluster_info().groups if g.topic == name],
+                     10, "the drained default group to go away")
+            assert client.create_group(name, "billing") is False
+            client.schedule(name, b"x", delay_ms=0, id="after")
+            second = next(plain, None)
+            assert second is not None, "the plain consumer was left out"
+            second.ack()
+        finally:
+            watchdog.cancel()
+    assert (first.id, second.id) == ("before", "after")
+    assert not first.possible_duplicate and not second.possible_duplicate
+    assert [m.id for m in take(client, name, 1, "billing")] == ["after"]
 
 
 def test_an_idle_topic_and_an_unread_dead_letter_topic_stall_nothing(client: Client) -> None:
