@@ -248,7 +248,10 @@ class Hub:
         leases = []
         groups = self._replica.groups()
         for index, receipt in enumerate(receipts):
-            consumer.unacked.pop(receipt, None)
+            sent = consumer.unacked.pop(receipt, None)
+            if sent is not None:  # sent to this very consumer: its lease, no decoding
+                leases.append(sent.delivery.lease)
+                continue
             try:
                 lease = decode_receipt(receipt, f"ack.receipts[{index}]")
             except TickwheelError:
@@ -299,7 +302,8 @@ class Hub:
 
     def _send_all(self, deliveries: list[Delivery]) -> None:
         """Send granted messages to their consumers, batched per consumer, while the Raft
-        lease holds; a lease of a consumer gone meanwhile is released."""
+        lease holds, each at its due time (the replica grants a little ahead, so the commit
+        round runs while they wait); a lease of a consumer gone meanwhile is released."""
         epoch = self._epoch
         deliveries = [d for d in deliveries if d.epoch == epoch]
         if not deliveries:
@@ -310,6 +314,11 @@ class Hub:
                 self._lease_retry = self._loop.call_later(_RETRY_LEASE_S, self._send_held)
             return
         now_ms = self._clock_ms()
+        early = [d for d in deliveries if d.message.deliver_at_ms > now_ms]
+        if early:
+            deliveries = [d for d in deliveries if d.message.deliver_at_ms <= now_ms]
+            first_ms = min(d.message.deliver_at_ms for d in early)
+            self._loop.call_later((first_ms - now_ms) / 1000, self._send_all, early)
         batches: dict[int, list[Sent]] = {}
         orphaned = []
         for delivery in deliveries:

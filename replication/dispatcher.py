@@ -82,6 +82,9 @@ class DispatchConfig:
     """Messages taken from the wheel per dispatch step."""
     max_unapplied_msgs: int = 20_000
     """Messages taken and proposed in handouts not yet applied; taking waits past it."""
+    lead_ms: int = 20
+    """Messages are readied and leased this long before they are due, so the handout's
+    commit round runs while they wait; the sink sends each at its due time, not before."""
 
 
 class Dispatcher:

@@ -340,8 +340,9 @@ class Replica:
         self._lease_until_s = self._raft.lease_until_s(self._config.raft.lease_ms)
         if not self._dispatcher.active or self._clock.monotonic_s() >= self._lease_until_s:
             return self._config.raft.heartbeat_ms / 1000
-        taken = self._take_due(now_ms)
-        self._hand_out(taken, now_ms)
+        lead_until_ms = now_ms + self._config.dispatch.lead_ms
+        taken = self._take_due(lead_until_ms)
+        self._hand_out(taken, now_ms, lead_until_ms)
         self._sync_cursor(now_ms)
         return self._sleep_s(now_ms, len(taken))
 
@@ -352,14 +353,15 @@ class Replica:
             if planner is not None:
                 op(planner)
 
-    def _hand_out(self, taken: list[DueMessage], now_ms: int) -> None:
-        """Propose one handout of what came due and the leases to grant; once it is applied,
-        the sink gets the granted messages. Expired leases go to the sink too."""
+    def _hand_out(self, taken: list[DueMessage], now_ms: int, lead_until_ms: int) -> None:
+        """Propose one handout of what comes due by ``lead_until_ms`` and the leases to grant;
+        once it is applied, the sink gets the granted messages (to send each at its due
+        time). Expired leases go to the sink too."""
         planner = self._planner
         if planner is None:
             return
         groups = self._state.groups
-        plan = planner.plan(groups, taken, now_ms, self._read)
+        plan = planner.plan(groups, taken, now_ms, lead_until_ms, self._read)
         if plan.ready or plan.grants:
             future: Future = Future()
             epoch = self._dispatcher.epoch
@@ -388,13 +390,13 @@ class Replica:
             log.error("event=ready_message_unreadable handle=%d error=%r", handle, str(error))
             return None
 
-    def _take_due(self, now_ms: int) -> list[DueMessage]:
-        """Due messages, at most once per ``dispatch_interval_ms`` unless a backlog fills
-        whole steps."""
+    def _take_due(self, until_ms: int) -> list[DueMessage]:
+        """Messages due by ``until_ms``, at most once per ``dispatch_interval_ms`` unless a
+        backlog fills whole steps."""
         now_s = self._clock.monotonic_s()
         if now_s < self._next_dispatch_s:
             return []
-        deliveries = self._dispatcher.take(self._state.wheel, now_ms)
+        deliveries = self._dispatcher.take(self._state.wheel, until_ms)
         if deliveries and len(deliveries) < self._config.dispatch.max_take_msgs:
             self._next_dispatch_s = now_s + self._config.dispatch_interval_ms / 1000
         return deliveries
@@ -550,6 +552,8 @@ class Replica:
             return 0.0  # a backlog: take the next step at once
         wait_s = self._config.cursor_sync_ms / 1000
         due_ms = self._state.wheel.next_due_ms()
+        if due_ms is not None:
+            due_ms -= dispatch.lead_ms
         if self._planner is not None:
             deadline_ms = self._planner.next_deadline_ms()
             if deadline_ms is not None:

@@ -249,7 +249,7 @@ def test_a_visibility_timeout_counts_from_the_send_not_from_the_grant(
     def read(handle: int) -> DueMessage | None:
         return state.wheel.read(handle)[0]
 
-    plan = planner.plan(state.groups, [read(a)], T0_MS, read)
+    plan = planner.plan(state.groups, [read(a)], T0_MS, T0_MS, read)
     seqs = state.apply(commands.handout(T0_MS, plan.ready, plan.grants))
     (delivery,) = planner.granted(plan, seqs, state.groups)
     # the commit round took 40 ms, the send 10 more: the consumer saw it at T0 + 50
