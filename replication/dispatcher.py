@@ -60,7 +60,9 @@ class DeliverySink(Protocol):
         """This node now dispatches, from ``cursor``; deliveries of ``epoch`` follow."""
 
     def deliver(self, deliveries: list[Delivery]) -> None:
-        """Send these to their consumers (a consumer gone by now: release the lease)."""
+        """Send these to their consumers (a consumer gone by now: release the lease), each
+        at its due time: a delivery may arrive up to ``DispatchConfig.lead_ms`` before it.
+        Report each send (`Replica.sent`): the lease's visibility timeout counts from it."""
 
     def expired(self, leases: list[Expired]) -> None:
         """These leases ran out: retry their messages."""
