@@ -56,6 +56,8 @@ _CURSOR: Final = struct.Struct("<qI")
 _DONE_RUN_BYTES: Final = 16
 
 DEDUPE_KEY_BYTES: Final = 16
+HANDLE_KEY_BYTES: Final = 16
+"""The cluster's handle key (`tickwheel.replication.handles`), carried by a barrier."""
 SCHEDULE_OVERHEAD_BYTES: Final = _HEADER.size + _COUNT.size
 """What a schedule or reschedule command adds around its parts (for sizing entries)."""
 
@@ -171,8 +173,17 @@ def cursor(stamp_ms: int, position: Cursor) -> bytes:
     return _framed(Kind.CURSOR, stamp_ms, _CURSOR.pack(*position))
 
 
-def barrier(stamp_ms: int, position: Cursor) -> bytes:
-    return _framed(Kind.BARRIER, stamp_ms, _CURSOR.pack(*position))
+def barrier(stamp_ms: int, position: Cursor, handle_key: bytes | None = None) -> bytes:
+    """A new leader's first command: the cursor, and a handle key for a cluster that has
+    none yet (the first barrier that carries one sets it, everywhere)."""
+    return _framed(Kind.BARRIER, stamp_ms, _CURSOR.pack(*position) + (handle_key or b""))
+
+
+def read_barrier(command: bytes) -> tuple[Cursor, bytes | None]:
+    start = _HEADER.size + _CURSOR.size
+    invariant(len(command) in (start, start + HANDLE_KEY_BYTES), "barrier has a bad length")
+    key = command[start:] or None
+    return Cursor(*_CURSOR.unpack_from(command, _HEADER.size)), key
 
 
 def handout(stamp_ms: int, ready: Sequence[Ready], grants: Sequence[Grant]) -> bytes:
@@ -345,8 +356,8 @@ def read_cancel(command: bytes) -> list[int]:
 
 
 def read_cursor(command: bytes) -> Cursor:
-    """The cursor of a cursor or barrier command (done runs after it, in entries of the first
-    wave, are ignored: the readied positions replaced them)."""
+    """The cursor of a cursor command (done runs after it, in entries of the first wave, are
+    ignored: the readied positions replaced them)."""
     start = _HEADER.size + _CURSOR.size
     invariant((len(command) - start) % _DONE_RUN_BYTES == 0, "cursor command has a bad length")
     return Cursor(*_CURSOR.unpack_from(command, _HEADER.size))

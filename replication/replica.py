@@ -34,10 +34,11 @@ from pathlib import Path
 
 from tickwheel.replication import commands
 from tickwheel.replication.clock import Clock, SystemClock
-from tickwheel.replication.commands import LeaseOp, LeaseRef
+from tickwheel.replication.commands import HANDLE_KEY_BYTES, LeaseOp, LeaseRef
 from tickwheel.replication.dispatcher import DeliverySink, DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import Entry, GroupCommitter, resolve
 from tickwheel.replication.groups import Groups, GroupSummary
+from tickwheel.replication.handles import HandleCipher
 from tickwheel.replication.handout import ConsumerSlot, Planner
 from tickwheel.replication.raft import (
     RaftConfig,
@@ -54,6 +55,7 @@ from tickwheel.wheel.errors import (
     NotLeader,
     Overloaded,
     TickwheelError,
+    Unavailable,
     UnknownHandle,
 )
 
@@ -147,6 +149,7 @@ class Replica:
         self._cancels: deque[tuple[list[int], Future]] = deque()
         self._lease_ops: dict[LeaseOp, deque[tuple[list[LeaseRef], list[int], Future]]] = {
             op: deque() for op in LeaseOp}
+        self._cipher: tuple[bytes, HandleCipher] | None = None
         self._consumer_ops: deque[Callable[[Planner], None]] = deque()
         """What the hub reported of its consumers, for the planner (on the Raft thread)."""
         self._group_ops: deque[tuple[bool, str, str, Future]] = deque()
@@ -250,6 +253,17 @@ class Replica:
     def _consumer_op(self, op: Callable[[Planner], None]) -> None:
         self._consumer_ops.append(op)
         self._raft.wake()
+
+    def handle_cipher(self) -> HandleCipher:
+        """What turns wheel handles into the ones clients see and back (any thread); raises
+        `Unavailable` before the cluster's first leader set the handle key."""
+        key = self._state.handle_key
+        if key is None:
+            raise Unavailable("the cluster has no handle key yet (no leader yet); retry")
+        cipher = self._cipher
+        if cipher is None or cipher[0] != key:
+            cipher = self._cipher = (key, HandleCipher(key))
+        return cipher[1]
 
     def groups(self) -> Groups:
         """The replicated consumer groups (read `Groups.summary` from other threads)."""
@@ -410,7 +424,8 @@ class Replica:
             self._leading_term = term
             self._proposed_cursor = None
             self._planner = Planner(self._config.dispatch, 0)
-            barrier = commands.barrier(now_ms, self._state.cursor)
+            key = os.urandom(HANDLE_KEY_BYTES) if self._state.handle_key is None else None
+            barrier = commands.barrier(now_ms, self._state.cursor, key)
             self._propose(barrier, self._barrier_applied(term))
             log.info("event=leadership_won term=%d cursor_second=%d cursor_local_index=%d",
                      term, *self._state.cursor)
@@ -592,7 +607,8 @@ class Replica:
             state_root = self._data_dir / "state"
             fsync_files([state_root / name for name in manifest.files])
         write_snapshot(path, (tuple(manifest.cursor), manifest.stamp_ms, manifest.files,
-                              manifest.pending, manifest.groups, manifest.readied), raft_tail,
+                              manifest.pending, manifest.groups, manifest.readied,
+                              manifest.handle_key), raft_tail,
                        self._config.raft.fsync)
         self._state.snapshot_written(manifest)
         log.info("event=snapshot_taken files=%d cursor_second=%d cursor_local_index=%d "

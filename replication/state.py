@@ -95,6 +95,7 @@ class Manifest:
     pending: PendingSnapshot
     groups: GroupsSnapshot = (1, [], {})
     readied: dict[int, set[int]] = field(default_factory=dict)
+    handle_key: bytes | None = None
 
 
 class WheelState:
@@ -110,6 +111,9 @@ class WheelState:
         """Positions at or past the cursor that a handout readied: they have left the wheel
         for their groups (a new leader does not take them again). Per second, local
         indexes; the cursor passes them once their second is complete."""
+        self.handle_key: bytes | None = None
+        """The key of the handles clients see (`tickwheel.replication.handles`), set by the
+        first barrier."""
         self._last_manifest: Manifest | None = None
 
     @classmethod
@@ -155,10 +159,20 @@ class WheelState:
         if kind is Kind.RESCHEDULE:
             return self._apply_reschedule(command, stamp_ms)
         if kind is Kind.BARRIER:
-            released = self.groups.release_streams()
-            if released:
-                log.info("event=stream_leases_released leases=%d", released)
-        return self._apply_cursor(command, stamp_ms)
+            return self._apply_barrier(command, stamp_ms)
+        return self._apply_cursor(commands.read_cursor(command), stamp_ms)
+
+    def _apply_barrier(self, command: bytes, stamp_ms: int) -> Cursor:
+        """A new leader took office: its predecessor's stream leases end, and the cluster
+        gets its handle key if it has none."""
+        position, key = commands.read_barrier(command)
+        released = self.groups.release_streams()
+        if released:
+            log.info("event=stream_leases_released leases=%d", released)
+        if key is not None and self.handle_key is None:
+            self.handle_key = key
+            log.info("event=handle_key_set")
+        return self._apply_cursor(position, stamp_ms)
 
     def _apply_schedule(self, command: bytes, stamp_ms: int) -> list[Scheduled | Rejected]:
         """File every message whose id is new; a remembered id (also one repeated within the
@@ -381,11 +395,11 @@ class WheelState:
         invariant(None not in results, "a retry result was never filled in")
         return results
 
-    def _apply_cursor(self, command: bytes, stamp_ms: int) -> Cursor:
+    def _apply_cursor(self, proposed: Cursor, stamp_ms: int) -> Cursor:
         """Move the cursor, and the stamp. A cursor behind the current one is a stale proposal
         (a deposed leader's, committed after its successor's): it is ignored, everywhere.
         The messages it passes are no longer pending (they are in their groups)."""
-        position = max(commands.read_cursor(command), self.wheel.cursor)
+        position = max(proposed, self.wheel.cursor)
         self.pending.remove(self.wheel.live_tags_until(position))
         self.wheel.advance_cursor(position, stamp_ms)
         self._forget_readied(self.wheel.cursor)
@@ -409,7 +423,8 @@ class WheelState:
         files.update({f"{_DEDUPE}/{path}": size for path, size in self.dedupe.files().items()})
         return Manifest(self.wheel.cursor, self.wheel.stamp_ms, files, self.pending.snapshot(),
                         self.groups.snapshot(),
-                        {second: set(indexes) for second, indexes in self.readied.items()})
+                        {second: set(indexes) for second, indexes in self.readied.items()},
+                        self.handle_key)
 
     def snapshot_written(self, manifest: Manifest) -> None:
         """``manifest`` is now the Raft snapshot: delete passed hours and forgotten dedupe
@@ -442,6 +457,7 @@ class WheelState:
         self.pending.restore(manifest.pending)
         self.groups.restore(manifest.groups)
         self.readied = {second: set(indexes) for second, indexes in manifest.readied.items()}
+        self.handle_key = manifest.handle_key
         self._last_manifest = manifest
         log.info("event=snapshot_installed files=%d fetched_bytes=%d cursor_second=%d "
                  "cursor_local_index=%d", len(manifest.files), fetched, *manifest.cursor)
