@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from tickwheel.replication import commands
 from tickwheel.replication.commands import Kind, LeaseOp
@@ -32,6 +32,10 @@ from tickwheel.wheel.errors import CorruptSegment, InvalidMessage, UnknownHandle
 from tickwheel.wheel.format import record_topics
 from tickwheel.wheel.segment import APPEND_ONLY_FILES
 from tickwheel.wheel.types import WheelConfig
+
+_Copy = TypeVar("_Copy", commands.LeasedRetry, commands.RetryRecord)
+"""A retry copy of a command: a leased message's (``retry``), or a first-wave
+``reschedule``'s."""
 
 log = logging.getLogger("tickwheel.replication.state")
 
@@ -246,35 +250,46 @@ class WheelState:
         files a copy, so a message nacked twice (once per leader, across a failover) is copied
         once. The dedupe window is not consulted: the copy keeps the id that window remembers,
         and would otherwise be swallowed as a retried schedule."""
+        def retire(retry: commands.RetryRecord) -> Retried | Rejected | None:
+            try:
+                retired, tag = self.wheel.cancel_tag(retry.replaces_handle)
+            except UnknownHandle as error:
+                return Rejected(error)
+            if retired is not CancelOutcome.CANCELLED:
+                return Retried(None, retry.deliver_at_ms)
+            # The copy is counted at once: a later original of the loop may take its topic's
+            # count to zero and free the tag, which another topic would then get.
+            self.pending.remove({tag: 1})
+            return None
+        return self._file_copies(commands.read_reschedule(command), retire, stamp_ms)
+
+    def _file_copies(self, copies: Iterable[_Copy],
+                     retire: Callable[[_Copy], Retried | Rejected | None],
+                     stamp_ms: int) -> list[Retried | Rejected]:
+        """File a copy of each message whose original ``retire`` ends (it returns None);
+        else answer what it returns. One wheel append for every copy of the command."""
         stamp_ms = max(stamp_ms, self.wheel.stamp_ms)
         latest_ms = stamp_ms + self._config.wheel.max_delay_ms
         results: list[Retried | Rejected | None] = []
         records, due_ms, filed_at, tags = [], [], [], []
-        for retry in commands.read_reschedule(command):
-            if retry.deliver_at_ms > latest_ms:
-                results.append(self._too_late(retry.deliver_at_ms, stamp_ms))
+        for copy in copies:
+            if copy.deliver_at_ms > latest_ms:
+                results.append(self._too_late(copy.deliver_at_ms, stamp_ms))
                 continue
-            try:
-                retired, tag = self.wheel.cancel_tag(retry.replaces_handle)
-            except UnknownHandle as error:
-                results.append(Rejected(error))
+            instead = retire(copy)
+            if instead is not None:
+                results.append(instead)
                 continue
-            if retired is not CancelOutcome.CANCELLED:
-                results.append(Retried(None, retry.deliver_at_ms))
-                continue
-            # The copy is counted at once: a later original of the loop may take its topic's
-            # count to zero and free the tag, which another topic would then get.
-            self.pending.remove({tag: 1})
-            tags += self._tags([retry.record])
+            tags += self._tags([copy.record])
             self.pending.add(tags[-1:])
             filed_at.append(len(results))
             results.append(None)
-            records.append(retry.record)
-            due_ms.append(retry.deliver_at_ms)
+            records.append(copy.record)
+            due_ms.append(copy.deliver_at_ms)
         handles = self.wheel.schedule_records(records, due_ms, stamp_ms, tags)
         for index, handle, deliver_at_ms in zip(filed_at, handles, due_ms, strict=True):
             results[index] = Retried(handle, deliver_at_ms)
-        invariant(None not in results, "a reschedule result was never filled in")
+        invariant(None not in results, "a copy's result was never filled in")
         return results
 
     def _too_late(self, deliver_at_ms: int, stamp_ms: int) -> Rejected:
@@ -372,28 +387,10 @@ class WheelState:
         """Resolve each leased message and file its retry copy, together: a replica that
         applied this holds the copy, one that did not still holds the lease. The receipt is
         the idempotence key: a lease retried once (or acked) is not copied again."""
-        stamp_ms = max(stamp_ms, self.wheel.stamp_ms)
-        latest_ms = stamp_ms + self._config.wheel.max_delay_ms
-        results: list[Retried | Rejected | None] = []
-        records, due_ms, filed_at, tags = [], [], [], []
-        for retry in commands.read_retry(command):
-            if retry.deliver_at_ms > latest_ms:
-                results.append(self._too_late(retry.deliver_at_ms, stamp_ms))
-                continue
-            if not self.groups.resolve(retry.lease):
-                results.append(Retried(None, retry.deliver_at_ms))
-                continue
-            tags += self._tags([retry.record])
-            self.pending.add(tags[-1:])
-            filed_at.append(len(results))
-            results.append(None)
-            records.append(retry.record)
-            due_ms.append(retry.deliver_at_ms)
-        handles = self.wheel.schedule_records(records, due_ms, stamp_ms, tags)
-        for index, handle, deliver_at_ms in zip(filed_at, handles, due_ms, strict=True):
-            results[index] = Retried(handle, deliver_at_ms)
-        invariant(None not in results, "a retry result was never filled in")
-        return results
+        def retire(retry: commands.LeasedRetry) -> Retried | None:
+            return None if self.groups.resolve(retry.lease) else Retried(None,
+                                                                         retry.deliver_at_ms)
+        return self._file_copies(commands.read_retry(command), retire, stamp_ms)
 
     def _apply_cursor(self, proposed: Cursor, stamp_ms: int) -> Cursor:
         """Move the cursor, and the stamp. A cursor behind the current one is a stale proposal
