@@ -11,8 +11,10 @@ What pysyncobj 0.3.17 does, and what this module does about it (see ``docs/repli
   above the largest entry a single message can make, so nothing is ever split.
 - *Callbacks of calls made on followers get lost.* Commands are proposed only on the leader.
 - *An isolated leader stays leader for 30 s.* ``leaderFallbackTimeout`` is the election
-  timeout, and dispatch additionally needs a `lease`: a majority heard from within half the
-  minimum election timeout, checked before every dispatch step.
+  timeout, and dispatch additionally needs a lease (`tickwheel.replication.raft.lease`): a
+  majority answered something sent within half the minimum election timeout, checked before
+  every dispatch step. pysyncobj's own record of answers stamps them when read, which a pause
+  turns into a fresh lease for a deposed leader.
 - *Snapshots pickle the object.* A custom serializer writes only a `Manifest` (file lengths).
 - *It has no PreVote* (`tickwheel.replication.raft.prevote` adds it).
 - *Its names leak everywhere* (private attributes, a role compared as ``== 2``, status keys
@@ -45,12 +47,12 @@ import pysyncobj.pickle
 import pysyncobj.syncobj
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.journal import FileJournal
-from pysyncobj.monotonic import monotonic as raft_clock_s
 from pysyncobj.pipe_notifier import PipeNotifier
 
 from tickwheel.replication.raft import link_protocol
 from tickwheel.replication.raft.config import RaftConfig
 from tickwheel.replication.raft.files import MsyncJournal
+from tickwheel.replication.raft.lease import LeaseClock
 from tickwheel.replication.raft.port import OnResult, RaftStatus, Role
 from tickwheel.replication.raft.prevote import SHAPES, PreVote, well_formed
 from tickwheel.replication.raft.transport import LinkTransport
@@ -98,6 +100,9 @@ class RaftNode:
                  apply: Callable[[bytes], object], snapshot: tuple[Serializer, Deserializer]
                  ) -> None:
         self._peers = tuple(peers)
+        self._lease = LeaseClock()
+        self._leading: tuple[int, float] | None = None
+        """The term this node leads and when it first saw itself leading it."""
         links = config.link_settings(has_peers=bool(peers))
         if config.insecure:
             log.warning("event=raft_insecure peers=%d: Raft links run without a secret, in "
@@ -112,7 +117,8 @@ class RaftNode:
         try:
             self._core = _Core(apply, self_address, list(peers), _conf(config, raft_dir,
                                                                          snapshot),
-                               transportClass=functools.partial(LinkTransport, links=links))
+                               transportClass=functools.partial(LinkTransport, links=links,
+                                                                 lease=self._lease))
         finally:
             pysyncobj.syncobj.createJournal = original
         self._pre_vote = PreVote(self._core, len(peers), config.election_min_ms)
@@ -145,27 +151,15 @@ class RaftNode:
 
     def lease_until_s(self, lease_ms: int) -> float:
         """The ``time.monotonic()`` time until which this leader holds its lease: ``lease_ms``
-        after the latest time by which a majority (counting itself) had answered; 0 if not
-        leader.
-
-        pysyncobj stamps answers with its own clock, CLOCK_MONOTONIC_RAW, not
-        ``time.monotonic()`` (CLOCK_MONOTONIC, which NTP slews). The two drift apart: on the
-        benchmark VM they were 248 ms apart an hour after boot, which left a 250 ms lease
-        about 2 ms long (dispatch stalled until the next answer: the ~55 ms p99 at 1,000 and
-        5,000 msg/s); drift the other way would stretch the lease past the election timeout.
-        So the lease is measured on pysyncobj's clock and only then moved to ours."""
+        after the latest send time a majority (counting itself) has answered, counting only
+        what it sent since it saw itself leading this term; 0 if not leader."""
         if not self._core._isLeader():
+            self._leading = None
             return 0.0
-        # The time each peer last answered the leader; pysyncobj keeps it but does not expose it
-        # (pinned to 0.3.17, checked by tests/replication/test_raft.py).
-        answered = sorted(self._core._SyncObj__lastResponseTime.values(), reverse=True)
-        peers_needed = (len(self._peers) + 1) // 2
-        if peers_needed == 0:
-            return float("inf")
-        if len(answered) < peers_needed:
-            return 0.0
-        remaining_s = answered[peers_needed - 1] + lease_ms / 1000 - raft_clock_s()
-        return time.monotonic() + float(remaining_s)
+        term = int(self._core.raftCurrentTerm)
+        if self._leading is None or self._leading[0] != term:
+            self._leading = (term, time.monotonic())
+        return self._lease.until_s((len(self._peers) + 1) // 2, lease_ms, self._leading[1])
 
     def compact(self) -> None:
         self._core.forceLogCompaction()
@@ -204,6 +198,7 @@ class RaftNode:
                 log.warning("event=raft_message_malformed type=%s peer=%s fields=%r", kind,
                             node, sorted(map(repr, message))[:8])
                 return
+            self._lease.incoming(node, message)
             if self._pre_vote.on_message(node, kind, message):
                 return
         self._core._SyncObj__onMessageReceived(node, message)

@@ -12,6 +12,7 @@ from pysyncobj import SyncObj
 from pysyncobj.transport import TCPTransport
 
 from tickwheel.replication.raft import wire
+from tickwheel.replication.raft.lease import LeaseClock
 from tickwheel.replication.raft.link_protocol import LinkSettings
 from tickwheel.wheel.errors import invariant
 
@@ -21,11 +22,13 @@ SWEEP_INTERVAL_S = 0.1
 class LinkTransport(TCPTransport):
     """pysyncobj's TCP transport on `wire.Link`s: it listens on exactly its address, and a
     link counts only once it has proven the secret and named a member. pysyncobj's utility
-    commands (``status``, ``add``, ...) and read-only nodes are not offered."""
+    commands (``status``, ``add``, ...) and read-only nodes are not offered. Every message
+    sent gets its lease stamp (`LeaseClock.outgoing`)."""
 
     def __init__(self, syncObj: SyncObj, selfNode: object, otherNodes: object, *,
-                 links: LinkSettings) -> None:
+                 links: LinkSettings, lease: LeaseClock) -> None:
         self._links = links
+        self._lease = lease
         self._next_sweep_s = 0.0
         super().__init__(syncObj, selfNode, otherNodes)
 
@@ -44,6 +47,11 @@ class LinkTransport(TCPTransport):
             link.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
             link.setOnDisconnectedCallback(functools.partial(self._onDisconnected, link))
             self._connections[node] = link
+
+    def send(self, node: Any, message: Any) -> bool:
+        if isinstance(message, dict):
+            self._lease.outgoing(node, message)
+        return bool(super().send(node, message))
 
     def _onIncomingMessageReceived(self, conn: wire.Link, message: object) -> None:
         """The first message of an accepted, authenticated link: the member it comes from."""

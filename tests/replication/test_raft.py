@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pysyncobj.pickle
 import pysyncobj.syncobj
 import pytest
-from pysyncobj.monotonic import monotonic as raft_clock_s
 
 from tickwheel.replication.local_cluster import free_ports, wait_for
 from tickwheel.replication.raft import (
@@ -25,6 +24,7 @@ from tickwheel.replication.raft import (
     read_snapshot,
     write_snapshot,
 )
+from tickwheel.replication.raft.lease import ECHO, SENT, LeaseClock
 from tickwheel.replication.raft.prevote import PreVote
 
 
@@ -35,10 +35,10 @@ class _Marker:
         return (os.system, ("touch /tmp/tickwheel-should-never-exist",))
 
 
-def test_pysyncobj_still_keeps_what_the_lease_and_election_postponing_read() -> None:
+def test_pysyncobj_still_has_what_the_lease_and_election_postponing_read() -> None:
     # RaftNode reads two private pysyncobj attributes; pinned 0.3.17 must still have them.
     source = Path(__import__("pysyncobj.syncobj").syncobj.__file__).read_text()
-    assert "self.__lastResponseTime[node] = monotonicTime()" in source
+    assert "'type': 'next_node_idx'," in source  # the answer the lease reads its echo from
     assert "self.__raftElectionDeadline = monotonicTime() + self.__generateRaftTimeout()" in (
         source)
     assert hasattr(PreVote, "postpone_election")
@@ -68,16 +68,29 @@ def test_pysyncobj_pickles_with_a_protocol_that_carries_bytes_as_bytes() -> None
     assert pysyncobj.pickle.loads(pysyncobj.pickle.dumps(command)) == command
 
 
-def test_the_lease_is_measured_on_the_clock_pysyncobj_stamps_answers_with() -> None:
-    # pysyncobj stamps answers with CLOCK_MONOTONIC_RAW; time.monotonic() may be far from it
-    # (248 ms on the benchmark VM an hour after boot), so mixing them shrank the lease to ~2 ms.
-    node = RaftNode.__new__(RaftNode)
-    node._peers = ("a", "b")
-    node._core = SimpleNamespace(_isLeader=lambda: True, _SyncObj__lastResponseTime={
-        "a": raft_clock_s() - 0.1, "b": raft_clock_s() - 5})
-    remaining_s = node.lease_until_s(250) - time.monotonic()
-    assert 0.1 < remaining_s <= 0.15
-
+def test_a_lease_counts_from_what_a_majority_answered_and_only_this_leadership() -> None:
+    now = [100.0]
+    leader, follower = LeaseClock(lambda: now[0]), LeaseClock(lambda: now[0])
+    # what the follower answers carries the send time of what it is answering
+    heartbeat = {"type": "append_entries", "term": 3}
+    leader.outgoing("f", heartbeat)
+    now[0] = 101.0
+    follower.incoming("l", heartbeat)
+    answer = {"type": "next_node_idx", "next_node_idx": 7}
+    follower.outgoing("l", answer)
+    assert SENT not in heartbeat and answer[ECHO] == 100.0
+    now[0] = 102.0
+    leader.incoming("f", answer)
+    assert ECHO not in answer  # pysyncobj never sees the stamps
+    assert leader.until_s(1, 250, since_s=99.0) == 100.25  # from the send, not the read
+    assert leader.until_s(1, 250, since_s=100.5) == 0.0  # an answer from before it led
+    assert leader.until_s(2, 250, since_s=99.0) == 0.0  # 5 nodes: two peers must answer
+    assert leader.until_s(0, 250, since_s=99.0) == float("inf")  # alone
+    # an older answer read later does not move the lease back; a forged stamp counts as none
+    leader.incoming("f", {"type": "next_node_idx", ECHO: 50.0})
+    leader.incoming("g", {"type": "next_node_idx", ECHO: "tomorrow"})
+    assert leader.until_s(1, 250, since_s=0.0) == 100.25
+    assert leader.until_s(2, 250, since_s=0.0) == 0.0
 
 
 def _ticking(node: RaftNode, condition: object, what: str) -> object:
@@ -127,3 +140,39 @@ def test_a_node_with_peers_and_no_secret_does_not_start(tmp_path: Path) -> None:
     with pytest.raises(InsecureCluster):
         RaftNode("127.0.0.1:1", ["127.0.0.1:2"], tmp_path, RaftConfig(), bytes,
                  (lambda *_: None, lambda _: ()))
+
+
+def test_a_paused_leader_that_reads_answers_sent_during_its_pause_holds_no_lease(
+        tmp_path: Path) -> None:
+    # The CI failure of stop 23: pysyncobj stamped answers when it read them, so a leader
+    # resumed after a pause read its followers' old answers and thought its lease fresh.
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    config = RaftConfig(secrets=(os.urandom(32),))
+    nodes = [RaftNode(address, [other for other in addresses if other != address],
+                      tmp_path / str(index), config, lambda command: None,
+                      (lambda path, tail: write_snapshot(path, (), tail, fsync=False),
+                       lambda path: read_snapshot(path)[1]))
+             for index, address in enumerate(addresses)]
+    try:
+        def both_lead_or_follow() -> bool:
+            for node in nodes:
+                node.tick(0.005)
+            return any(node.lease_until_s(config.lease_ms) > time.monotonic()
+                       for node in nodes)
+        wait_for(both_lead_or_follow, 10, "a leader with a lease", poll_s=0)
+        leader = next(node for node in nodes if node.is_leader())
+        follower = next(node for node in nodes if node is not leader)
+        leader.propose(b"x", lambda result, committed: None)
+        leader.tick(0)  # sends the entry: the last thing it does before its pause
+        paused_s = time.monotonic()
+        # the follower answers while the leader is paused; the answer waits in its socket
+        while time.monotonic() < paused_s + config.lease_ms / 1000 + 0.05:
+            follower.tick(0.005)
+        leader.tick(0)  # resumed: reads the answer sent during the pause
+        assert leader.is_leader()
+        assert leader.lease_until_s(config.lease_ms) <= paused_s + config.lease_ms / 1000
+        # and a leader that hears fresh answers has its lease back
+        wait_for(both_lead_or_follow, 5, "the lease back", poll_s=0)
+    finally:
+        for node in nodes:
+            node.close()
