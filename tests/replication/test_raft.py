@@ -7,7 +7,6 @@ import os
 import pickle
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pysyncobj.pickle
 import pysyncobj.syncobj
