@@ -1,4 +1,4 @@
-"""The tickwheel client library: schedule, cancel and consume delayed messages.
+"""The tickwheel client library: schedule, cancel, reschedule and consume delayed messages.
 
 `Client` blocks; `AsyncClient` is the same for asyncio. Both find the leader on their own
 (every response names it), and retry with jittered back-off (tenacity) on ``UNAVAILABLE`` and
@@ -14,6 +14,8 @@ from tickwheel.client._core import (
     Message,
     Received,
     RequestTooLarge,
+    Rescheduled,
+    RescheduleOutcome,
     Scheduled,
     TickwheelClientError,
     Unavailable,
@@ -31,6 +33,8 @@ __all__ = [
     "Message",
     "Received",
     "RequestTooLarge",
+    "RescheduleOutcome",
+    "Rescheduled",
     "Scheduled",
     "TickwheelClientError",
     "Unavailable",

@@ -202,6 +202,47 @@ def cancel_outcomes(response: pb.CancelResponse) -> list[CancelOutcome]:
     return [_CANCEL_OUTCOMES[outcome] for outcome in response.outcomes]
 
 
+class RescheduleOutcome(enum.Enum):
+    """What a reschedule did to one message. Repeating one is safe: a message already due at
+    the asked time reads ``RESCHEDULED`` and does not move."""
+
+    RESCHEDULED = "rescheduled"
+    """It is due at the new time (and will not be delivered at the old one)."""
+    CANCELLED = "cancelled"
+    """It had been cancelled: nothing to move."""
+    NOT_PENDING = "not_pending"
+    """Too late: delivered and acked, or its hour has passed."""
+    HANDED_OUT = "handed_out"
+    """Too late: a consumer group had it already; it stays due at its old time."""
+
+
+class Rescheduled(NamedTuple):
+    outcome: RescheduleOutcome
+    deliver_at_ms: int
+    """When it is due now: the new time, or the old one if ``HANDED_OUT``; 0 otherwise."""
+
+
+_RESCHEDULE_OUTCOMES = {
+    pb.RESCHEDULE_OUTCOME_RESCHEDULED: RescheduleOutcome.RESCHEDULED,
+    pb.RESCHEDULE_OUTCOME_CANCELLED: RescheduleOutcome.CANCELLED,
+    pb.RESCHEDULE_OUTCOME_NOT_PENDING: RescheduleOutcome.NOT_PENDING,
+    pb.RESCHEDULE_OUTCOME_HANDED_OUT: RescheduleOutcome.HANDED_OUT}
+
+
+def reschedule_request(handles: Sequence[int], deliver_at_ms: int | None,
+                       delay_ms: int | None) -> pb.RescheduleRequest:
+    """Every handle to one new time: ``deliver_at_ms`` or ``delay_ms`` (exactly one)."""
+    if (deliver_at_ms is None) == (delay_ms is None):
+        raise ValueError("give exactly one of deliver_at_ms and delay_ms")
+    when = {"deliver_at_ms": deliver_at_ms} if delay_ms is None else {"delay_ms": delay_ms}
+    return pb.RescheduleRequest(moves=[pb.Move(handle=handle, **when) for handle in handles])
+
+
+def reschedule_results(response: pb.RescheduleResponse) -> list[Rescheduled]:
+    return [Rescheduled(_RESCHEDULE_OUTCOMES[r.outcome], r.deliver_at_ms)
+            for r in response.results]
+
+
 @dataclass(slots=True)
 class Received:
     """A delivered message. Call `ack` once it is handled, or `nack` if it could not be: it

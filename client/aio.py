@@ -30,11 +30,14 @@ from tickwheel.client._core import (
     CancelOutcome,
     Message,
     Received,
+    Rescheduled,
     Router,
     Scheduled,
     cancel_outcomes,
     merged_requests,
     received,
+    reschedule_request,
+    reschedule_results,
     retry_policy,
     retryable,
     schedule_request,
@@ -93,6 +96,12 @@ class AsyncClient:
 
     async def cancel_outcomes(self, handles: Sequence[int]) -> list[CancelOutcome]:
         return cancel_outcomes(await self._call("Cancel", pb.CancelRequest(handles=handles)))
+
+    async def reschedule(self, handles: Sequence[int], *, deliver_at_ms: int | None = None,
+                         delay_ms: int | None = None) -> list[Rescheduled]:
+        """See `tickwheel.client.Client.reschedule`."""
+        return reschedule_results(await self._call(
+            "Reschedule", reschedule_request(handles, deliver_at_ms, delay_ms)))
 
     async def cluster_info(self) -> pb.ClusterInfoResponse:
         return await self._call("ClusterInfo", pb.ClusterInfoRequest())

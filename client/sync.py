@@ -35,11 +35,14 @@ from tickwheel.client._core import (
     CancelOutcome,
     Message,
     Received,
+    Rescheduled,
     Router,
     Scheduled,
     cancel_outcomes,
     merged_requests,
     received,
+    reschedule_request,
+    reschedule_results,
     retry_policy,
     retryable,
     schedule_request,
@@ -110,6 +113,13 @@ class Client:
     def cancel_outcomes(self, handles: Sequence[int]) -> list[CancelOutcome]:
         """Per handle, what the cancel did, telling a first cancel from a repeated one."""
         return cancel_outcomes(self._call("Cancel", pb.CancelRequest(handles=handles)))
+
+    def reschedule(self, handles: Sequence[int], *, deliver_at_ms: int | None = None,
+                   delay_ms: int | None = None) -> list[Rescheduled]:
+        """Move pending messages to ``deliver_at_ms``, or ``delay_ms`` from now on the leader's
+        clock (0: now); per handle, what that did. The handles stay valid. Safe to repeat."""
+        return reschedule_results(self._call(
+            "Reschedule", reschedule_request(handles, deliver_at_ms, delay_ms)))
 
     def cluster_info(self, target: str | None = None) -> pb.ClusterInfoResponse:
         """What one node (``target``, else any) says about the cluster."""

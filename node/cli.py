@@ -8,6 +8,7 @@
                                                               --file FILE)
     tickwheel consume --topic T [--count N] [--nack]         (T may be '%DLQ%orders')
     tickwheel cancel HANDLE [HANDLE ...]
+    tickwheel reschedule (--in DURATION | --at ISO8601) HANDLE [HANDLE ...]
     tickwheel status
 
 Client commands talk to ``--target`` (default ``$TICKWHEEL_TARGET`` or 127.0.0.1:7400; a
@@ -193,6 +194,15 @@ def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reschedule(args: argparse.Namespace) -> int:
+    with Client(args.target) as client:
+        results = client.reschedule(args.handles, deliver_at_ms=args.at, delay_ms=args.delay)
+        for handle, result in zip(args.handles, results, strict=True):
+            due = f" deliver_at={_iso(result.deliver_at_ms)}" if result.deliver_at_ms else ""
+            console.print(f"{handle}: {result.outcome.value.replace('_', ' ')}{due}")
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
     with Client(args.target) as client:
         info = client.cluster_info()
@@ -307,6 +317,15 @@ def _parser() -> argparse.ArgumentParser:
     cancel.add_argument("--target", default=target)
     cancel.add_argument("handles", type=int, nargs="+")
     cancel.set_defaults(handler=_cancel)
+    reschedule = commands.add_parser(
+        "reschedule", help="move pending messages to a new due time, by handle")
+    reschedule.add_argument("--target", default=target)
+    when = reschedule.add_mutually_exclusive_group(required=True)
+    when.add_argument("--in", dest="delay", type=duration_ms, metavar="DURATION",
+                      help="due this long from now ('0s': now)")
+    when.add_argument("--at", type=instant_ms, metavar="ISO8601")
+    reschedule.add_argument("handles", type=int, nargs="+")
+    reschedule.set_defaults(handler=_reschedule)
 
     status = commands.add_parser("status", help="the cluster as a table")
     status.add_argument("--target", default=target)

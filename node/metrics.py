@@ -94,6 +94,8 @@ class Metrics:
                                  "(retried ids not counted again).", registry=r)
         self.cancelled = Counter("tickwheel_cancelled_messages", "Messages cancelled while "
                                  "pending.", registry=r)
+        self.rescheduled = Counter("tickwheel_rescheduled_messages", "Messages moved to a "
+                                   "new due time while pending.", registry=r)
         self.rejected = Counter("tickwheel_rejected_requests", "Requests refused, by gRPC "
                                 "status code.", ["code"], registry=r)
         self.delivered = Counter("tickwheel_delivered_messages", "Deliveries to consumers, "

@@ -35,7 +35,7 @@ from tickwheel.node.metrics import Metrics
 from tickwheel.replication.clock import Clock
 from tickwheel.replication.handles import HandleCipher
 from tickwheel.replication.replica import Replica, ReplicaStatus
-from tickwheel.replication.state import Rejected, Scheduled
+from tickwheel.replication.state import MoveOutcome, Rejected, Scheduled
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 from tickwheel.wheel import CancelOutcome
@@ -126,6 +126,10 @@ class TickwheelService(pb_grpc.TickwheelServicer):
     async def Cancel(self, request: pb.CancelRequest,
                      context: grpc.aio.ServicerContext) -> pb.CancelResponse:
         return await self._unary(context, "Cancel", request, self._cancel_here)
+
+    async def Reschedule(self, request: pb.RescheduleRequest,
+                         context: grpc.aio.ServicerContext) -> pb.RescheduleResponse:
+        return await self._unary(context, "Reschedule", request, self._reschedule_here)
 
     async def ClusterInfo(self, request: pb.ClusterInfoRequest,
                           context: grpc.aio.ServicerContext) -> pb.ClusterInfoResponse:
@@ -242,6 +246,22 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         self._node.metrics.cancelled.inc(results.count(CancelOutcome.CANCELLED))
         return pb.CancelResponse(cancelled=[outcome.cancelled for outcome in results],
                                  outcomes=[int(outcome) for outcome in results])
+
+    async def _reschedule_here(self, request: pb.RescheduleRequest) -> pb.RescheduleResponse:
+        node = self._node
+        times = validation.move_times(request.moves, node.clock.now_ms(), node.limits)
+        moves = []
+        cipher = node.replica.handle_cipher()
+        for index, handle in enumerate(cipher.decode([move.handle for move in request.moves])):
+            if handle is None:
+                raise InvalidMessage(f"moves[{index}].handle",
+                                     "is not a handle this cluster issued")
+            moves.append((handle, times[index]))
+        results = await _committed(node.replica.reschedule(moves))
+        node.metrics.rescheduled.inc(sum(r.outcome is MoveOutcome.RESCHEDULED for r in results))
+        return pb.RescheduleResponse(results=[
+            pb.RescheduleResult(outcome=int(r.outcome), deliver_at_ms=r.deliver_at_ms)
+            for r in results])
 
     async def _forward(self, context: grpc.aio.ServicerContext, method: str, request: object,
                        error: NotLeader) -> object:

@@ -161,7 +161,8 @@ def _deliver_at_ms(message: pb.Message, index: int, now_ms: int, limits: Limits,
     return _deliver_at_ms_given(message, field, now_ms, limits), 0
 
 
-def _deliver_at_ms_given(message: pb.Message, field: str, now_ms: int, limits: Limits) -> int:
+def _deliver_at_ms_given(message: pb.Message | pb.Move, field: str, now_ms: int,
+                         limits: Limits) -> int:
     if message.HasField("delay_ms"):
         if not 0 <= message.delay_ms <= limits.max_delay_ms:
             raise InvalidMessage(f"{field}.delay_ms", f"is {message.delay_ms}, must be 0 to "
@@ -174,6 +175,22 @@ def _deliver_at_ms_given(message: pb.Message, field: str, now_ms: int, limits: L
         raise InvalidMessage(f"{field}.deliver_at_ms", f"is {message.deliver_at_ms - now_ms} ms "
                              f"ahead, beyond max_delay_ms {limits.max_delay_ms}")
     return message.deliver_at_ms
+
+
+def move_times(moves: Sequence[pb.Move], now_ms: int, limits: Limits) -> list[int]:
+    """The new due time of each move (``delay_ms`` from ``now_ms``, the leader's clock)."""
+    if not moves:
+        raise InvalidMessage("moves", "is empty")
+    if len(moves) > limits.max_batch_msgs:
+        raise InvalidMessage("moves", f"has {len(moves)}, at most {limits.max_batch_msgs}")
+    times = []
+    for index, move in enumerate(moves):
+        field = f"moves[{index}]"
+        if move.HasField("deliver_at_ms") == move.HasField("delay_ms"):
+            raise InvalidMessage(f"{field}.deliver_at_ms",
+                                 "give exactly one of deliver_at_ms and delay_ms")
+        times.append(_deliver_at_ms_given(move, field, now_ms, limits))
+    return times
 
 
 def _check_properties(properties: dict[str, str], field: str, limits: Limits) -> None:

@@ -19,6 +19,7 @@ Every write to the replicated state is one of these commands. Each carries the l
 - ``leases``: acks, releases and deadline changes of leases, by receipt (`LeaseRef`).
 - ``group``: create or delete a consumer group.
 - ``retry``: like ``reschedule``, for a leased message: resolves the lease and files the copy.
+- ``move``: handles of pending messages, each with a new due time (the Reschedule call).
 
 An entry is pickled by pysyncobj as one ``bytes`` argument, so pickling costs a copy, not a walk
 over messages. The layout is versioned and checksummed: a replica that reads a damaged entry
@@ -50,6 +51,8 @@ _MESSAGE: Final = struct.Struct("<q16sI")
 # then the copy's record
 _RETRY: Final = struct.Struct("<qqI")
 _HANDLE: Final = struct.Struct("<q")
+# a move: handle, new deliver_at_ms
+_MOVE: Final = struct.Struct("<qq")
 # cursor second i64, cursor local_index u32; then DoneRuns to the end
 _CURSOR: Final = struct.Struct("<qI")
 # the size of a done run (second i64, first local_index u32, count u32) in first-wave entries
@@ -73,6 +76,7 @@ class Kind(IntEnum):
     GROUP = 7
     RETRY = 8
     BARRIER = 9
+    MOVE = 10
 
 
 class LeaseOp(IntEnum):
@@ -167,6 +171,12 @@ def reschedule(stamp_ms: int, parts: Sequence[bytes]) -> bytes:
 def cancel(stamp_ms: int, handles: Sequence[int]) -> bytes:
     body = _COUNT.pack(len(handles)) + b"".join(_HANDLE.pack(h) for h in handles)
     return _framed(Kind.CANCEL, stamp_ms, body)
+
+
+def move(stamp_ms: int, moves: Sequence[tuple[int, int]]) -> bytes:
+    """Pending messages to move: ``(handle, deliver_at_ms)`` each."""
+    body = _COUNT.pack(len(moves)) + b"".join(_MOVE.pack(*m) for m in moves)
+    return _framed(Kind.MOVE, stamp_ms, body)
 
 
 def cursor(stamp_ms: int, position: Cursor) -> bytes:
@@ -353,6 +363,13 @@ def read_cancel(command: bytes) -> list[int]:
     start = _HEADER.size + _COUNT.size
     invariant(start + count * _HANDLE.size == len(command), "cancel command has a bad length")
     return [h for (h,) in _HANDLE.iter_unpack(command[start:])]
+
+
+def read_move(command: bytes) -> list[tuple[int, int]]:
+    (count,) = _COUNT.unpack_from(command, _HEADER.size)
+    start = _HEADER.size + _COUNT.size
+    invariant(start + count * _MOVE.size == len(command), "move command has a bad length")
+    return list(_MOVE.iter_unpack(command[start:]))
 
 
 def read_cursor(command: bytes) -> Cursor:

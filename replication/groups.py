@@ -248,23 +248,34 @@ class Groups:
             released += len(streamed)
         return released
 
+    def never_leased(self, handle: int, topic: str) -> bool | None:
+        """Of a readied message: None if no group holds it any more (all resolved it); True
+        if no group ever leased it; False if some group did."""
+        holding = self._holding(handle, topic)
+        return None if not holding else not self._handed_out(handle, holding)
+
     def cancel(self, handle: int, topic: str) -> bool | None:
-        """Cancel a readied message: None if no group holds it any more (all resolved it);
-        True if no group ever leased it (it leaves every group: it will never be handed
-        out); False if some group did (it leaves the groups that never leased it)."""
-        holding = [g for g in self._by_topic.get(topic, ()) if handle in g.ready
-                   or handle in g.leases]
+        """Cancel a readied message: `never_leased`, and the message leaves every group that
+        never leased it (all of them when True: it will never be handed out)."""
+        holding = self._holding(handle, topic)
         if not holding:
             return None
-        fanout = self._fanout.get(handle)
-        handed_out = (fanout is not None and fanout[1]) or any(
-            handle in g.leases or g.ready[handle][0] for g in holding)
+        handed_out = self._handed_out(handle, holding)
         for group in holding:
             if group.ready.get(handle, (1, 0))[0] == 0:
                 del group.ready[handle]
                 self._resolved(handle)
         self._retire_if_idle(topic)
         return not handed_out
+
+    def _holding(self, handle: int, topic: str) -> list[Group]:
+        return [g for g in self._by_topic.get(topic, ()) if handle in g.ready
+                or handle in g.leases]
+
+    def _handed_out(self, handle: int, holding: list[Group]) -> bool:
+        fanout = self._fanout.get(handle)
+        return (fanout is not None and bool(fanout[1])) or any(
+            handle in g.leases or g.ready[handle][0] for g in holding)
 
     # -- snapshots --------------------------------------------------------------------------
 

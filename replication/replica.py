@@ -146,7 +146,8 @@ class Replica:
                                        self._config.max_queued_msgs, self._raft.wake)
         self._dispatcher = Dispatcher(self._config.dispatch)
         self._planner: Planner | None = None
-        self._cancels: deque[tuple[list[int], Future]] = deque()
+        self._cancels: deque[tuple[Callable[[int], bytes], Future]] = deque()
+        """Cancels and reschedules: each a command to make (given the stamp), in order."""
         self._lease_ops: dict[LeaseOp, deque[tuple[list[LeaseRef], list[int], Future]]] = {
             op: deque() for op in LeaseOp}
         self._cipher: tuple[bytes, HandleCipher] | None = None
@@ -203,7 +204,20 @@ class Replica:
         future: Future = Future()
         if len(self._cancels) >= self._config.max_queued_msgs:
             raise Overloaded("max_queued_msgs")
-        self._cancels.append((list(handles), future))
+        handles = list(handles)
+        self._cancels.append((lambda stamp_ms: commands.cancel(stamp_ms, handles), future))
+        self._raft.wake()
+        return future
+
+    def reschedule(self, moves: Sequence[tuple[int, int]]) -> Future:
+        """Move pending messages: ``(handle, deliver_at_ms)`` each. The future gets a `Moved`
+        per move, or one `Rejected` (naming ``moves[i]``): then nothing moved."""
+        self._require_leader()
+        future: Future = Future()
+        if len(self._cancels) >= self._config.max_queued_msgs:
+            raise Overloaded("max_queued_msgs")
+        moves = list(moves)
+        self._cancels.append((lambda stamp_ms: commands.move(stamp_ms, moves), future))
         self._raft.wake()
         return future
 
@@ -480,8 +494,8 @@ class Replica:
         for entry in self._retries.drain():
             self._propose(commands.retry(now_ms, entry.parts), self._retry_applied(entry))
         while self._cancels:
-            handles, future = self._cancels.popleft()
-            self._propose(commands.cancel(now_ms, handles), future)
+            command, future = self._cancels.popleft()
+            self._propose(command(now_ms), future)
         while self._group_ops:
             create, topic, name, future = self._group_ops.popleft()
             self._propose(commands.group(now_ms, create, topic, name), future)
@@ -608,7 +622,7 @@ class Replica:
             fsync_files([state_root / name for name in manifest.files])
         write_snapshot(path, (tuple(manifest.cursor), manifest.stamp_ms, manifest.files,
                               manifest.pending, manifest.groups, manifest.readied,
-                              manifest.handle_key), raft_tail,
+                              manifest.handle_key, manifest.moves), raft_tail,
                        self._config.raft.fsync)
         self._state.snapshot_written(manifest)
         log.info("event=snapshot_taken files=%d cursor_second=%d cursor_local_index=%d "

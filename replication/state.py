@@ -16,6 +16,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import IntEnum
 from itertools import repeat
 from pathlib import Path
 from typing import NamedTuple, TypeVar
@@ -28,10 +29,17 @@ from tickwheel.replication.groups import Snapshot as GroupsSnapshot
 from tickwheel.replication.pending import PendingCounts
 from tickwheel.replication.pending import Snapshot as PendingSnapshot
 from tickwheel.wheel import CancelOutcome, Cursor, DueMessage, Wheel
-from tickwheel.wheel.errors import CorruptSegment, InvalidMessage, UnknownHandle, invariant
-from tickwheel.wheel.format import record_topics
+from tickwheel.wheel.errors import (
+    CorruptSegment,
+    InvalidMessage,
+    Overloaded,
+    UnknownHandle,
+    invariant,
+)
+from tickwheel.wheel.format import SECONDS_PER_HOUR, encode_record, record_topics
 from tickwheel.wheel.segment import APPEND_ONLY_FILES
 from tickwheel.wheel.types import WheelConfig
+from tickwheel.wheel.window import GLOBAL_INDEX_BITS
 
 _Copy = TypeVar("_Copy", commands.LeasedRetry, commands.RetryRecord)
 """A retry copy of a command: a leased message's (``retry``), or a first-wave
@@ -42,6 +50,8 @@ log = logging.getLogger("tickwheel.replication.state")
 _WHEEL = "wheel"
 _DEDUPE = "dedupe"
 FETCH_CHUNK_BYTES = 4 << 20
+PASSED_HOURS = 2
+"""How many hours behind the cursor a rescheduled message's handles are remembered."""
 
 Fetch = Callable[[str, int, int], bytes]
 """``fetch(path, offset, size)``: bytes ``[offset, offset + size)`` of a state file, from a peer."""
@@ -62,6 +72,10 @@ class StateConfig:
     consumer has leased are dropped (logged, counted): the retention of a group nobody reads."""
     max_groups: int = 1_024
     """Consumer groups, over all topics."""
+    max_moved_msgs: int = 100_000
+    """Rescheduled messages whose handles are remembered (while the hour of the handle, or
+    of the message's new due time, is ahead of the cursor); beyond it a reschedule of a
+    message not moved before is refused (``RESOURCE_EXHAUSTED``)."""
 
 
 class Scheduled(NamedTuple):
@@ -85,7 +99,28 @@ class Retried(NamedTuple):
 class Rejected(NamedTuple):
     """A message or handle refused at apply time (the same on every replica)."""
 
-    error: InvalidMessage | UnknownHandle
+    error: InvalidMessage | UnknownHandle | Overloaded
+
+
+class MoveOutcome(IntEnum):
+    """What rescheduling one message did (the values of the proto's ``RescheduleOutcome``)."""
+
+    RESCHEDULED = 1
+    """It was pending and is now due at the new time (also when it already was: a repeat)."""
+    CANCELLED = 2
+    """It had been cancelled: nothing to move."""
+    NOT_PENDING = 3
+    """Done: delivered and acked, or its hour has passed."""
+    HANDED_OUT = 4
+    """Too late: a consumer group had it already; it stays where it was."""
+
+
+class Moved(NamedTuple):
+    """What rescheduling one message returned: the outcome and the message's due time now
+    (the new one when ``RESCHEDULED``; the old one when ``HANDED_OUT``; else 0)."""
+
+    outcome: MoveOutcome
+    deliver_at_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +135,7 @@ class Manifest:
     groups: GroupsSnapshot = (1, [], {})
     readied: dict[int, set[int]] = field(default_factory=dict)
     handle_key: bytes | None = None
+    moves: dict[int, int] = field(default_factory=dict)
 
 
 class WheelState:
@@ -118,6 +154,10 @@ class WheelState:
         self.handle_key: bytes | None = None
         """The key of the handles clients see (`tickwheel.replication.handles`), set by the
         first barrier."""
+        self.moves: dict[int, int] = {}
+        """Rescheduled messages: the handle Schedule returned -> the handle of the copy filed
+        at the new due time. Clients keep their handle; cancels and reschedules follow this.
+        Kept while either handle's hour is ahead of the cursor (`_forget_moves`)."""
         self._last_manifest: Manifest | None = None
 
     @classmethod
@@ -158,6 +198,8 @@ class WheelState:
             return self._apply_retry(command, stamp_ms)
         if kind is Kind.CANCEL:
             return self._apply_cancel(command)
+        if kind is Kind.MOVE:
+            return self._apply_move(command, stamp_ms)
         if kind is Kind.GROUP:
             return self._apply_group(command, stamp_ms)
         if kind is Kind.RESCHEDULE:
@@ -302,27 +344,34 @@ class WheelState:
         leased is ``CANCELLED`` and never will be; one that some group leased is
         ``HANDED_OUT`` (the groups that did not lease it never will). A request naming an
         unknown handle changes nothing: one `Rejected` naming ``handles[i]``."""
-        handles = commands.read_cancel(command)
         located = []
-        for i, handle in enumerate(handles):
-            try:
-                located.append(self.wheel.read(handle))
-            except UnknownHandle:
-                if self.wheel.is_behind(handle):
-                    located.append(None)  # its hour is behind the cursor, and deleted
-                    continue
-                return [Rejected(UnknownHandle(f"handles[{i}]", f"{handle} was never "
-                                               "returned by schedule"))]
-            except CorruptSegment as error:
-                return [Rejected(UnknownHandle(f"handles[{i}]", f"{handle}: {error}"))]
+        for i, handle in enumerate(commands.read_cancel(command)):
+            found = self._locate(handle, f"handles[{i}]")
+            if isinstance(found, Rejected):
+                return [found]
+            located.append(found)
         return [self._cancel_one(found) for found in located]
+
+    def _locate(self, handle: int, name: str) -> tuple[DueMessage, bool] | Rejected | None:
+        """The message a client's handle names now (its latest copy, if it was moved) and
+        whether it is tombstoned; None when its hour is behind the cursor."""
+        current = self.moves.get(handle, handle)
+        try:
+            return self.wheel.read(current)
+        except UnknownHandle:
+            if self.wheel.is_behind(current):
+                return None  # its hour is behind the cursor, and deleted
+            return Rejected(UnknownHandle(name, f"{handle} was never returned by schedule"))
+        except CorruptSegment as error:
+            return Rejected(UnknownHandle(name, f"{handle}: {error}"))
 
     def _cancel_one(self, found: tuple[DueMessage, bool] | None) -> CancelOutcome:
         if found is None:
             return CancelOutcome.NOT_PENDING
         message, tombstoned = found
         if tombstoned:
-            return CancelOutcome.ALREADY_CANCELLED
+            return (CancelOutcome.NOT_PENDING if self._long_passed(message.handle)
+                    else CancelOutcome.ALREADY_CANCELLED)
         position = message.position
         if not self._readied(position.second, position.local_index):
             outcome, tag = self.wheel.cancel_tag(message.handle)
@@ -338,6 +387,95 @@ class WheelState:
         if position >= self.wheel.cursor:  # still counted pending: the cursor will not count it
             self.pending.remove({tag: 1})
         return CancelOutcome.CANCELLED
+
+    def _apply_move(self, command: bytes, stamp_ms: int) -> list[Moved] | list[Rejected]:
+        """Move each pending message to its new due time: the original is retired as a cancel
+        retires it (in log order with the handouts: a message some group leased stays put,
+        ``HANDED_OUT``) and a copy is filed at the new time, together. The client's handle
+        now names the copy (`moves`). A message already due at the asked time is left alone
+        and answers ``RESCHEDULED``, so a repeated request files nothing. A request naming an
+        unknown handle, a time too late, or more moved messages than ``max_moved_msgs``
+        changes nothing: one `Rejected`."""
+        stamp_ms = max(stamp_ms, self.wheel.stamp_ms)
+        moves = commands.read_move(command)
+        latest_ms = stamp_ms + self._config.wheel.max_delay_ms
+        located = []
+        for i, (handle, deliver_at_ms) in enumerate(moves):
+            if deliver_at_ms > latest_ms:
+                return [Rejected(InvalidMessage(f"moves[{i}].deliver_at_ms", (
+                    f"{deliver_at_ms} is more than {self._config.wheel.max_delay_ms} ms after "
+                    f"{stamp_ms}")))]
+            found = self._locate(handle, f"moves[{i}].handle")
+            if isinstance(found, Rejected):
+                return [found]
+            located.append(found)
+        new = {handle for handle, _ in moves} - self.moves.keys()
+        if len(self.moves) + len(new) > self._config.max_moved_msgs:
+            return [Rejected(Overloaded(
+                f"max_moved_msgs: {len(self.moves)} rescheduled messages are remembered, at "
+                f"most {self._config.max_moved_msgs}; retry once some are due"))]
+        return [self._move_one(handle, deliver_at_ms, found, stamp_ms)
+                for (handle, deliver_at_ms), found in zip(moves, located, strict=True)]
+
+    def _move_one(self, handle: int, deliver_at_ms: int,
+                  found: tuple[DueMessage, bool] | None, stamp_ms: int) -> Moved:
+        if found is None:
+            return Moved(MoveOutcome.NOT_PENDING, 0)
+        message, tombstoned = found
+        current = self.moves.get(handle, handle)
+        if current != message.handle:  # moved by an earlier move of this same request
+            found = self.wheel.read(self.moves[handle])
+            message, tombstoned = found
+        if tombstoned:
+            return Moved(MoveOutcome.NOT_PENDING if self._long_passed(message.handle)
+                         else MoveOutcome.CANCELLED, 0)
+        position = message.position
+        readied = self._readied(position.second, position.local_index)
+        if readied:
+            never_leased = self.groups.never_leased(message.handle, message.topic)
+            if never_leased is None:
+                return Moved(MoveOutcome.NOT_PENDING, 0)
+            if not never_leased:
+                return Moved(MoveOutcome.HANDED_OUT, message.deliver_at_ms)
+        if message.deliver_at_ms == deliver_at_ms:
+            return Moved(MoveOutcome.RESCHEDULED, deliver_at_ms)  # there already: a repeat
+        if readied:
+            self.groups.cancel(message.handle, message.topic)
+            tag = self.wheel.tombstone(message.handle)
+            if position >= self.wheel.cursor:
+                self.pending.remove({tag: 1})
+        else:
+            outcome, tag = self.wheel.cancel_tag(message.handle)
+            invariant(outcome is CancelOutcome.CANCELLED, f"a pending message's cancel: {outcome}")
+            self.pending.remove({tag: 1})
+        record = encode_record(message.id, message.topic, message.body, deliver_at_ms,
+                               message.properties, message.attempt)
+        tags = self._tags([record])
+        self.pending.add(tags)
+        (copy,) = self.wheel.schedule_records([record], [deliver_at_ms], stamp_ms, tags)
+        self.moves[handle] = copy
+        return Moved(MoveOutcome.RESCHEDULED, deliver_at_ms)
+
+    def _long_passed(self, handle: int) -> bool:
+        """Whether the hour of ``handle`` ended `PASSED_HOURS` or more before the cursor's.
+        A tombstoned message reads ``NOT_PENDING`` then, not cancelled: it may be the original
+        of a move that `_forget_moves` has forgotten. (A cancel repeated within the hour
+        after still reads ``ALREADY_CANCELLED``.)"""
+        return ((handle >> GLOBAL_INDEX_BITS) + PASSED_HOURS
+                <= self.wheel.cursor.second // SECONDS_PER_HOUR)
+
+    def _forget_moves(self, cursor: Cursor) -> None:
+        """Forget the moves whose two handles' hours ended `PASSED_HOURS` or more before the
+        cursor's and before any message a group still holds: nothing of them is pending, and
+        either handle then reads ``NOT_PENDING`` (`_long_passed`)."""
+        horizon = cursor.second // SECONDS_PER_HOUR
+        oldest_held = self.groups.oldest_hour()
+        if oldest_held is not None:
+            horizon = min(horizon, oldest_held)
+        passed = [handle for handle, copy in self.moves.items()
+                  if (max(handle, copy) >> GLOBAL_INDEX_BITS) + PASSED_HOURS <= horizon]
+        for handle in passed:
+            del self.moves[handle]
 
     def _apply_handout(self, command: bytes, stamp_ms: int) -> list[int]:
         """Ready the messages that came due (not one cancelled since the leader took it), then
@@ -398,8 +536,11 @@ class WheelState:
         The messages it passes are no longer pending (they are in their groups)."""
         position = max(proposed, self.wheel.cursor)
         self.pending.remove(self.wheel.live_tags_until(position))
+        hour = self.wheel.cursor.second // SECONDS_PER_HOUR
         self.wheel.advance_cursor(position, stamp_ms)
         self._forget_readied(self.wheel.cursor)
+        if self.moves and self.wheel.cursor.second // SECONDS_PER_HOUR != hour:
+            self._forget_moves(self.wheel.cursor)
         return self.wheel.cursor
 
     def _forget_readied(self, cursor: Cursor) -> None:
@@ -421,7 +562,7 @@ class WheelState:
         return Manifest(self.wheel.cursor, self.wheel.stamp_ms, files, self.pending.snapshot(),
                         self.groups.snapshot(),
                         {second: set(indexes) for second, indexes in self.readied.items()},
-                        self.handle_key)
+                        self.handle_key, dict(self.moves))
 
     def snapshot_written(self, manifest: Manifest) -> None:
         """``manifest`` is now the Raft snapshot: delete passed hours and forgotten dedupe
@@ -455,6 +596,7 @@ class WheelState:
         self.groups.restore(manifest.groups)
         self.readied = {second: set(indexes) for second, indexes in manifest.readied.items()}
         self.handle_key = manifest.handle_key
+        self.moves = dict(manifest.moves)
         self._last_manifest = manifest
         log.info("event=snapshot_installed files=%d fetched_bytes=%d cursor_second=%d "
                  "cursor_local_index=%d", len(manifest.files), fetched, *manifest.cursor)

@@ -21,7 +21,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tickwheel.client import AsyncClient, CancelOutcome, Client, InvalidArgument, Message
+from tickwheel.client import (
+    AsyncClient,
+    CancelOutcome,
+    Client,
+    InvalidArgument,
+    Message,
+    RescheduleOutcome,
+)
 from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
@@ -354,14 +361,18 @@ def test_cluster_info_lists_members_and_what_waits_per_topic(
     assert receive(client, name, 1)[0].id == "waiting"
 
 
-def test_the_asyncio_client_schedules_consumes_and_cancels(cluster: LocalCluster) -> None:
+def test_the_asyncio_client_schedules_reschedules_consumes_and_cancels(
+        cluster: LocalCluster) -> None:
     name = topic()
 
     async def run() -> tuple[list[tuple[str, int]], bool]:
         async with AsyncClient([n.grpc_address for n in cluster.nodes]) as client:
             later = await client.schedule(name, b"later", delay_ms=DAY_MS)
-            await client.schedule_many([Message(name, b"now", delay_ms=0, id=f"a-{i}")
-                                        for i in range(5)])
+            await client.schedule(name, b"now", delay_ms=0, id="a-4")
+            handles = [r.handle for r in await client.schedule_many(
+                [Message(name, b"now", delay_ms=DAY_MS, id=f"a-{i}") for i in range(4)])]
+            moved = await client.reschedule(handles, delay_ms=0)
+            assert {r.outcome for r in moved} == {RescheduleOutcome.RESCHEDULED}
             got = []
             async with client.consume(name) as consumer:
                 async for message in consumer:

@@ -26,7 +26,7 @@ def tickwheel(*args: str, timeout_s: float = 60, env: dict | None = None,
                           env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 
-def test_schedule_consume_cancel_and_status_against_a_cluster(tmp_path: Path) -> None:
+def test_schedule_consume_reschedule_cancel_and_status_against_a_cluster(tmp_path: Path) -> None:
     with LocalCluster(tmp_path / "cluster") as cluster:
         target = ",".join(n.grpc_address for n in cluster.nodes)
         cluster.leader()
@@ -42,6 +42,9 @@ def test_schedule_consume_cancel_and_status_against_a_cluster(tmp_path: Path) ->
         consumed = tickwheel("consume", "--target", target, "--topic", "cli", "--count", "2")
         assert consumed.returncode == 0
         assert "id=bulk-1 attempt=1" in consumed.stdout and "b'plain two'" in consumed.stdout
+        moved = tickwheel("reschedule", "--target", target, "--in", "2d", handle)
+        assert re.search(fr"{handle}: rescheduled deliver_at=\S+", moved.stdout), (
+            moved.stdout + moved.stderr)
         cancelled = tickwheel("cancel", "--target", target, handle, handle)
         assert f"{handle}: cancelled\n{handle}: already cancelled" in cancelled.stdout
         status = tickwheel("status", "--target", target)

@@ -10,7 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tickwheel.client import CancelOutcome, Client, Message
+from tickwheel.client import (
+    CancelOutcome,
+    Client,
+    InvalidArgument,
+    Message,
+    Rescheduled,
+    RescheduleOutcome,
+)
 from tickwheel.replication.local_cluster import LocalCluster, wait_for
 
 
@@ -152,3 +159,93 @@ def test_a_receipt_of_another_group_is_refused_and_changes_nothing(client: Clien
         wait_for(lambda: groups()["b"] == (0, 0), 10, "b's own ack applied")
     assert from_b.id == "only"
     assert groups()["a"] == (1, 0)  # a's message is still a's: released, not acked by b
+
+
+def test_reschedule_moves_messages_later_and_to_now_and_a_repeat_moves_nothing(
+        client: Client) -> None:
+    name = topic()
+    later, now_, kept = client.schedule_many([
+        Message(name, b"x", delay_ms=1_500, id="later"),
+        Message(name, b"x", delay_ms=3_600_000, id="now"),
+        Message(name, b"x", delay_ms=2_000, id="kept")])
+    new_due = now_ms() + 4_000
+    for _ in range(2):  # the second call is a client's retry after a lost answer
+        assert client.reschedule([later.handle], deliver_at_ms=new_due) == [
+            Rescheduled(RescheduleOutcome.RESCHEDULED, new_due)]
+    (to_now,) = client.reschedule([now_.handle], delay_ms=0)
+    assert to_now.outcome is RescheduleOutcome.RESCHEDULED
+    got = {m.id: m for m in take(client, name, 3)}
+    assert set(got) == {"later", "now", "kept"}
+    assert got["now"].deliver_at_ms == to_now.deliver_at_ms
+    assert got["later"].deliver_at_ms == new_due
+    assert got["later"].delivered_at_ms >= new_due  # not at its old time, 2.5 s earlier
+    assert not any(m.possible_duplicate for m in got.values())
+    # done now: acked; the handle still answers, and says so
+    assert client.reschedule([later.handle, kept.handle], delay_ms=0) == [
+        Rescheduled(RescheduleOutcome.NOT_PENDING, 0)] * 2
+
+
+def test_a_reschedule_naming_a_forged_handle_changes_nothing_and_names_the_field(
+        client: Client) -> None:
+    name = topic()
+    (real,) = client.schedule_many([Message(name, b"x", delay_ms=60_000, id="real")])
+    with pytest.raises(InvalidArgument) as refused:
+        client.reschedule([real.handle, real.handle ^ 1], delay_ms=0)
+    assert refused.value.field == "moves[1].handle"
+    with pytest.raises(InvalidArgument) as refused:
+        client.reschedule([real.handle], delay_ms=-5)
+    assert refused.value.field == "moves[0].delay_ms"
+    assert client.cancel_outcomes([real.handle]) == [CancelOutcome.CANCELLED]  # never moved
+    assert client.reschedule([real.handle], delay_ms=0) == [
+        Rescheduled(RescheduleOutcome.CANCELLED, 0)]
+
+
+def test_a_reschedule_racing_the_due_time_delivers_each_message_once_at_the_time_it_answers(
+        client: Client) -> None:
+    """Hundreds of reschedules a few ms before the due time, singly and in batches, while a
+    consumer takes what comes due: RESCHEDULED means delivered once, at the new time, never at
+    the old; HANDED_OUT (or NOT_PENDING: acked already) means delivered once, at the old
+    time."""
+    name = topic()
+    due_ms = now_ms() + 1_500
+    scheduled = client.schedule_many([Message(name, b"x", deliver_at_ms=due_ms + i % 5,
+                                              id=f"r{i}") for i in range(300)])
+    received: list = []
+
+    def consume() -> None:
+        with client.consume(name, prefetch=64) as consumer:
+            for message in consumer:
+                received.append((message, now_ms()))
+                message.ack()
+                if len(received) == 300:
+                    break
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    new_due = due_ms + 2_000
+    while now_ms() < due_ms - 8:
+        time.sleep(0.001)
+    outcomes = {}
+    for start in range(0, 300, 100):
+        chunk = scheduled[start:start + 100]
+        for result in chunk[:20]:
+            (outcomes[result.id],) = client.reschedule([result.handle], deliver_at_ms=new_due)
+        batch = chunk[20:]
+        for result, outcome in zip(batch, client.reschedule([r.handle for r in batch],
+                                                            deliver_at_ms=new_due),
+                                   strict=True):
+            outcomes[result.id] = outcome
+    wait_for(lambda: len(received) >= 300, 30, "every message delivered")
+    consumer.join(10)
+    by_id: dict[str, list] = {}
+    for message, at_ms in received:
+        by_id.setdefault(message.id, []).append((message, at_ms))
+    assert sorted(by_id) == sorted(outcomes) and all(len(v) == 1 for v in by_id.values())
+    moved = {i for i, r in outcomes.items() if r.outcome is RescheduleOutcome.RESCHEDULED}
+    assert moved, "no reschedule won the race: the test proved nothing"
+    assert {r.outcome for i, r in outcomes.items() if i not in moved} <= {
+        RescheduleOutcome.HANDED_OUT, RescheduleOutcome.NOT_PENDING}  # NOT_PENDING: acked
+    for message_id, [(message, at_ms)] in by_id.items():
+        if message_id in moved:
+            assert message.deliver_at_ms == new_due and at_ms >= new_due - 5, message_id
+        else:
+            assert message.deliver_at_ms < new_due and at_ms < new_due, message_id

@@ -19,9 +19,16 @@ from tickwheel.replication.handout import (
     decode_receipt,
     encode_receipt,
 )
-from tickwheel.replication.state import Rejected, Retried, StateConfig, WheelState
-from tickwheel.wheel import CancelOutcome, DueMessage, NewMessage
-from tickwheel.wheel.errors import InvalidMessage
+from tickwheel.replication.state import (
+    Moved,
+    MoveOutcome,
+    Rejected,
+    Retried,
+    StateConfig,
+    WheelState,
+)
+from tickwheel.wheel import CancelOutcome, Cursor, DueMessage, NewMessage
+from tickwheel.wheel.errors import InvalidMessage, Overloaded
 
 T0_MS = 1_800_000_000_000
 
@@ -260,3 +267,89 @@ def test_a_visibility_timeout_counts_from_the_send_not_from_the_grant(
     (expired,) = planner.expired(state.groups, T0_MS + 550, read)
     assert expired.lease == delivery.lease and expired.consumer == 1
     assert planner.expired(state.groups, T0_MS + 10_000, read) == []  # once
+
+
+# -- reschedule: a move is a cancel and a schedule in one command, ordered with the handouts --
+
+def move(state: WheelState, *moves: tuple[int, int]) -> list:
+    return state.apply(commands.move(T0_MS, list(moves)))
+
+
+def test_a_reschedule_moves_a_pending_message_once_and_its_handle_follows(
+        state: WheelState) -> None:
+    a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS + 60_000) for i in "ab"])
+    before = state.pending.snapshot()
+    assert move(state, (a, T0_MS + 5_000)) == [Moved(MoveOutcome.RESCHEDULED, T0_MS + 5_000)]
+    copy = state.moves[a]
+    message, tombstoned = state.wheel.read(copy)
+    assert (message.id, message.deliver_at_ms, tombstoned) == ("a", T0_MS + 5_000, False)
+    assert state.wheel.is_cancelled(a)  # the original will not come due
+    assert state.pending.snapshot() == before  # still one pending message each
+    # a repeat (its answer was lost) finds it there already: nothing moves again
+    assert move(state, (a, T0_MS + 5_000)) == [Moved(MoveOutcome.RESCHEDULED, T0_MS + 5_000)]
+    assert state.moves[a] == copy and state.pending.snapshot() == before
+    # the client's handle names the copy now: moved again, then cancelled through it
+    assert move(state, (a, T0_MS + 9_000)) == [Moved(MoveOutcome.RESCHEDULED, T0_MS + 9_000)]
+    assert state.wheel.is_cancelled(copy)
+    assert state.apply(commands.cancel(T0_MS, [a, b])) == [CancelOutcome.CANCELLED] * 2
+    assert move(state, (a, T0_MS), (b, T0_MS)) == [Moved(MoveOutcome.CANCELLED, 0)] * 2
+
+
+def test_a_reschedule_ordered_after_a_grant_answers_handed_out_and_moves_nothing(
+        state: WheelState) -> None:
+    state.apply(commands.group(T0_MS, True, "orders", "billing"))
+    a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
+    assert ready(state, [a, b], [grant(a, "billing")]) == [1]
+    assert move(state, (a, T0_MS + 60_000), (b, T0_MS + 60_000)) == [
+        Moved(MoveOutcome.HANDED_OUT, T0_MS), Moved(MoveOutcome.RESCHEDULED, T0_MS + 60_000)]
+    (billing,) = state.groups.of_topic("orders")
+    assert list(billing.leases) == [a] and list(billing.ready) == []  # b left the group
+    assert a not in state.moves
+    # the copy of b comes due later and is readied like any message
+    assert ready(state, [state.moves[b]], [grant(state.moves[b], "billing")]) == [1]
+    assert state.apply(commands.leases(T0_MS, LeaseOp.ACK, [LeaseRef(billing.id, a, 1, 7)])) == [
+        True]
+    assert move(state, (a, T0_MS)) == [Moved(MoveOutcome.NOT_PENDING, 0)]
+
+
+def test_a_reschedule_ordered_before_the_handout_means_the_old_time_never_comes(
+        state: WheelState) -> None:
+    (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS)])
+    # the leader took a from the wheel; the move is applied before its handout
+    assert move(state, (a, T0_MS + 60_000)) == [Moved(MoveOutcome.RESCHEDULED, T0_MS + 60_000)]
+    assert ready(state, [a], [grant(a)]) == [0]
+    assert state.groups.of_topic("orders") == []
+
+
+def test_a_rejected_reschedule_changes_nothing(state: WheelState) -> None:
+    (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS + 60_000)])
+    (refused,) = move(state, (a, T0_MS), (a | 0xFFFF, T0_MS))
+    assert isinstance(refused, Rejected) and refused.error.field == "moves[1].handle"
+    far = T0_MS + StateConfig().wheel.max_delay_ms + 1
+    (refused,) = move(state, (a, T0_MS), (a, far))
+    assert isinstance(refused, Rejected) and refused.error.field == "moves[1].deliver_at_ms"
+    assert state.moves == {} and not state.wheel.is_cancelled(a)
+
+
+def test_moved_messages_are_bounded_remembered_in_snapshots_and_forgotten_once_passed(
+        tmp_path: Path) -> None:
+    state = WheelState.open(tmp_path, StateConfig(max_moved_msgs=1), fresh=True)
+    a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS + 60_000) for i in "ab"])
+    assert move(state, (a, T0_MS + 3_600_000)) == [
+        Moved(MoveOutcome.RESCHEDULED, T0_MS + 3_600_000)]
+    (refused,) = move(state, (b, T0_MS))
+    assert isinstance(refused, Rejected) and isinstance(refused.error, Overloaded)
+    assert move(state, (a, T0_MS + 7_200_000)) == [  # a moved message may move again
+        Moved(MoveOutcome.RESCHEDULED, T0_MS + 7_200_000)]
+    assert state.manifest().moves == state.moves == {a: state.moves[a]}
+    # past a's first hour the handle still finds its copy, due two hours on
+    state.apply(commands.cursor(T0_MS + 3_700_000, Cursor((T0_MS + 3_700_000) // 1000, 0)))
+    assert move(state, (a, T0_MS + 7_200_000)) == [
+        Moved(MoveOutcome.RESCHEDULED, T0_MS + 7_200_000)]
+    # two hours after both hours, the move is forgotten: the handle reads passed
+    state.apply(commands.cursor(T0_MS + 11_000_000, Cursor((T0_MS + 11_000_000) // 1000, 0)))
+    assert list(state.moves) == [a]
+    state.apply(commands.cursor(T0_MS + 18_000_000, Cursor((T0_MS + 18_000_000) // 1000, 0)))
+    assert state.moves == {}
+    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelOutcome.NOT_PENDING]
+    state.close()
