@@ -285,6 +285,20 @@ def received(response: pb.ReceiveResponse, send: Callable[[str, str], None]) -> 
                      m.node, send, m.group) for m in response.messages]
 
 
+def receive_request(topic: str, consumer: str, group: str, max_messages: int,
+                    invisible_duration_ms: int, wait_ms: int) -> pb.ReceiveMessagesRequest:
+    return pb.ReceiveMessagesRequest(topic=topic, group=group, consumer=consumer,
+                                     max_messages=max_messages,
+                                     invisible_duration_ms=invisible_duration_ms,
+                                     wait_ms=wait_ms)
+
+
+def settle_request(topic: str, group: str, receipts: Sequence[str],
+                   invisible_duration_ms: int = 0) -> pb.SettleRequest:
+    return pb.SettleRequest(topic=topic, group=group, receipts=receipts,
+                            invisible_duration_ms=invisible_duration_ms)
+
+
 def subscribe_request(topic: str, credits: int, visibility_timeout_ms: int,
                       name: str, group: str = "") -> pb.ReceiveRequest:
     return pb.ReceiveRequest(subscribe=pb.Subscribe(

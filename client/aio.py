@@ -35,6 +35,7 @@ from tickwheel.client._core import (
     Scheduled,
     cancel_outcomes,
     merged_requests,
+    receive_request,
     received,
     reschedule_request,
     reschedule_results,
@@ -42,6 +43,7 @@ from tickwheel.client._core import (
     retryable,
     schedule_request,
     scheduled,
+    settle_request,
     subscribe_request,
     translate,
 )
@@ -60,6 +62,7 @@ class AsyncClient:
         self._timeout_s = timeout_s
         self._attempt_timeout_s = attempt_timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._settling: set[asyncio.Task] = set()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -68,6 +71,8 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        if self._settling:
+            await asyncio.gather(*self._settling, return_exceptions=True)
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
@@ -110,6 +115,38 @@ class AsyncClient:
                 name: str = "", group: str = "") -> AsyncConsumer:
         return AsyncConsumer(self, topic, prefetch, visibility_timeout_ms, name, group)
 
+    async def receive(self, topic: str, *, consumer: str, group: str = "",
+                      max_messages: int = 16, invisible_duration_ms: int = 0,
+                      wait_ms: int = 5_000) -> list[Received]:
+        """See `tickwheel.client.Client.receive`. ``ack()`` and ``nack()`` of what it returns
+        settle in the background (`close` waits for them); await `ack_receipts` to know."""
+        response = await self._call("ReceiveMessages", receive_request(
+            topic, consumer, group, max_messages, invisible_duration_ms, wait_ms),
+            timeout_s=wait_ms / 1000 + self._attempt_timeout_s)
+
+        def settle(kind: str, receipt: str) -> None:
+            task = asyncio.ensure_future(
+                self.ack_receipts(topic, group, [receipt]) if kind == "ack"
+                else self.change_invisible_duration(topic, group, [receipt], 0))
+            self._settling.add(task)
+            task.add_done_callback(self._settled)
+        return received(response, settle)
+
+    def _settled(self, task: asyncio.Task) -> None:
+        self._settling.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("event=settle_failed error=%r", task.exception())
+
+    async def ack_receipts(self, topic: str, group: str, receipts: Sequence[str]
+                           ) -> list[bool]:
+        return list((await self._call("AckMessages",
+                                      settle_request(topic, group, receipts))).settled)
+
+    async def change_invisible_duration(self, topic: str, group: str, receipts: Sequence[str],
+                                        invisible_duration_ms: int) -> list[bool]:
+        return list((await self._call("ChangeInvisibleDuration", settle_request(
+            topic, group, receipts, invisible_duration_ms))).settled)
+
     async def create_group(self, topic: str, group: str) -> bool:
         """See `tickwheel.client.Client.create_group`."""
         request = pb.GroupRequest(topic=topic, group=group)
@@ -129,11 +166,12 @@ class AsyncClient:
                 address, options=CHANNEL_OPTIONS)
         return pb_grpc.TickwheelStub(channel)
 
-    async def _call(self, method: str, request: object) -> object:
+    async def _call(self, method: str, request: object, timeout_s: float | None = None
+                    ) -> object:
         try:
             async for attempt in AsyncRetrying(**retry_policy(self._timeout_s)):
                 with attempt:
-                    return await self._attempt(method, request)
+                    return await self._attempt(method, request, timeout_s)
         except grpc.RpcError as error:
             raise translate(error) from None
 
@@ -144,9 +182,11 @@ class AsyncClient:
         with contextlib.suppress(grpc.RpcError):
             await self._attempt("ClusterInfo", pb.ClusterInfoRequest())
 
-    async def _attempt(self, method: str, request: object) -> object:
+    async def _attempt(self, method: str, request: object, timeout_s: float | None = None
+                       ) -> object:
         address = self._router.choose()
-        call = getattr(self._stub(address), method)(request, timeout=self._attempt_timeout_s)
+        call = getattr(self._stub(address), method)(
+            request, timeout=timeout_s or self._attempt_timeout_s)
         try:
             response = await call
         except grpc.aio.AioRpcError as error:

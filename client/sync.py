@@ -40,6 +40,7 @@ from tickwheel.client._core import (
     Scheduled,
     cancel_outcomes,
     merged_requests,
+    receive_request,
     received,
     reschedule_request,
     reschedule_results,
@@ -47,6 +48,7 @@ from tickwheel.client._core import (
     retryable,
     schedule_request,
     scheduled,
+    settle_request,
     subscribe_request,
     trailers,
     translate,
@@ -138,6 +140,35 @@ class Client:
         every group gets every message. ``prefetch`` messages may be on their way at once."""
         return Consumer(self, topic, prefetch, visibility_timeout_ms, name, group)
 
+    def receive(self, topic: str, *, consumer: str, group: str = "", max_messages: int = 16,
+                invisible_duration_ms: int = 0, wait_ms: int = 5_000) -> list[Received]:
+        """Receive without a stream: up to ``max_messages`` due messages, waiting up to
+        ``wait_ms`` for the first. Each stays leased to you until acked (`Received.ack`, or
+        `ack_receipts` from anywhere) or until ``invisible_duration_ms`` (0: the node's
+        default) passes; then it comes back as a retry. Calls naming one ``consumer`` share
+        it."""
+        response = self._call("ReceiveMessages", receive_request(
+            topic, consumer, group, max_messages, invisible_duration_ms, wait_ms),
+            timeout_s=wait_ms / 1000 + self._attempt_timeout_s)
+
+        def settle(kind: str, receipt: str) -> None:
+            if kind == "ack":
+                self.ack_receipts(topic, group, [receipt])
+            else:
+                self.change_invisible_duration(topic, group, [receipt], 0)
+        return received(response, settle)
+
+    def ack_receipts(self, topic: str, group: str, receipts: Sequence[str]) -> list[bool]:
+        """Per receipt, whether it acked a current lease of the group."""
+        return list(self._call("AckMessages", settle_request(topic, group, receipts)).settled)
+
+    def change_invisible_duration(self, topic: str, group: str, receipts: Sequence[str],
+                                  invisible_duration_ms: int) -> list[bool]:
+        """Move the leases' deadlines to ``invisible_duration_ms`` from now (0: retry now);
+        per receipt, whether it named a current lease of the group."""
+        return list(self._call("ChangeInvisibleDuration", settle_request(
+            topic, group, receipts, invisible_duration_ms)).settled)
+
     def create_group(self, topic: str, group: str) -> bool:
         """Create a consumer group (messages coming due from now on wait for it); whether it
         existed already."""
@@ -159,19 +190,20 @@ class Client:
                     address, options=CHANNEL_OPTIONS)
         return pb_grpc.TickwheelStub(channel)
 
-    def _call(self, method: str, request: object) -> object:
+    def _call(self, method: str, request: object, timeout_s: float | None = None) -> object:
         try:
             for attempt in Retrying(**retry_policy(self._timeout_s)):
                 with attempt:
-                    return self._attempt(method, request)
+                    return self._attempt(method, request, timeout_s)
         except grpc.RpcError as error:
             raise translate(error) from None
 
-    def _attempt(self, method: str, request: object) -> object:
+    def _attempt(self, method: str, request: object, timeout_s: float | None = None
+                 ) -> object:
         address = self._router.choose()
         try:
             response, call = getattr(self._stub(address), method).with_call(
-                request, timeout=self._attempt_timeout_s)
+                request, timeout=timeout_s or self._attempt_timeout_s)
         except grpc.RpcError as error:
             self._router.observe(trailers(error))
             if retryable(error):

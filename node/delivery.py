@@ -76,7 +76,7 @@ class Sent:
 
 @dataclass(eq=False)
 class Consumer:
-    """One `Receive` stream."""
+    """One `Receive` stream, or one stream-less consumer (`tickwheel.node.unary`)."""
 
     key: int
     topic: str
@@ -84,9 +84,13 @@ class Consumer:
     name: str
     visibility_timeout_ms: int
     credits: int
+    mode: int = STREAM
+    """Of its leases: `STREAM` (they end with it) or `DURABLE` (only at their deadline)."""
     outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
     unacked: dict[str, Sent] = field(default_factory=dict)
     closed: BaseException | None = None
+    spill: list[Sent] = field(default_factory=list)
+    """Sent to a stream-less consumer and not yet taken by a call."""
 
     async def next_batch(self) -> list[Sent]:
         """The next messages to send; raises the reason once the consumer is closed."""
@@ -148,7 +152,7 @@ class Hub:
         return self._epoch is not None
 
     async def subscribe(self, topic: str, group: str, name: str, credits: int,
-                        visibility_timeout_ms: int) -> Consumer:
+                        visibility_timeout_ms: int, mode: int = STREAM) -> Consumer:
         """A new consumer of ``group`` of ``topic`` (the group is created if new); raises
         `NotLeader` unless this node leads. A new leader takes consumers before it starts
         dispatching, so they are ready when it does."""
@@ -157,10 +161,10 @@ class Hub:
             raise NotLeader(replica.leader_hint())
         await self.ensure_group(topic, group)
         consumer = Consumer(next(self._keys), topic, group, name, visibility_timeout_ms,
-                            credits)
+                            credits, mode)
         self._consumers[consumer.key] = consumer
         replica.join(ConsumerSlot(consumer.key, topic, group, credits, visibility_timeout_ms,
-                                  STREAM))
+                                  mode))
         log.info("event=consumer_joined topic=%s group=%r consumer=%r credits=%d "
                  "visibility_timeout_ms=%d", topic, group, name, credits, visibility_timeout_ms)
         if group == DEFAULT_GROUP and replica.groups().of_topic(topic):
@@ -180,13 +184,13 @@ class Hub:
             await asyncio.wrap_future(replica.ensure_group(topic, DEFAULT_GROUP))
 
     def unsubscribe(self, consumer: Consumer) -> None:
-        """The consumer's stream ended: its leases are released (sent again at once)."""
+        """The consumer's stream ended: its stream leases are released (sent again at once)."""
         if self._consumers.pop(consumer.key, None) is None:
             return
         self._replica.leave(consumer.key)
         log.info("event=consumer_left topic=%s group=%r consumer=%r unacked=%d", consumer.topic,
                  consumer.group, consumer.name, len(consumer.unacked))
-        if consumer.unacked:
+        if consumer.unacked and consumer.mode == STREAM:
             self._metrics.redelivered.labels(self._metrics.topic(consumer.topic)).inc(
                 len(consumer.unacked))
         consumer.unacked.clear()

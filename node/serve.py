@@ -22,6 +22,7 @@ from tickwheel.node.journal import DeliveryJournal
 from tickwheel.node.metrics import Metrics
 from tickwheel.node.peers import PeerFiles
 from tickwheel.node.server import SERVICE_NAME, NodeContext, cursor_lag_ms, start_server
+from tickwheel.node.unary import UnaryConsumers
 from tickwheel.replication.clock import SystemClock
 from tickwheel.replication.replica import Replica
 
@@ -55,7 +56,7 @@ async def serve(settings: NodeSettings) -> None:
                       clock=clock, config=settings.replica_config())
     hub.attach(replica)
     node = NodeContext(replica, hub, members, settings.limits(), retry, clock, metrics,
-                       Forwarder())
+                       Forwarder(), UnaryConsumers(hub, replica, clock.now_ms))
     server, health_servicer = await start_server(node, settings.listen())
     replica.start()
     if settings.metrics_listen:

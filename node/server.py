@@ -32,6 +32,7 @@ from tickwheel.node.forward import (
 )
 from tickwheel.node.levels import RetryPolicy
 from tickwheel.node.metrics import Metrics
+from tickwheel.node.unary import UnaryConsumers
 from tickwheel.replication.clock import Clock
 from tickwheel.replication.handles import HandleCipher
 from tickwheel.replication.replica import Replica, ReplicaStatus
@@ -77,6 +78,7 @@ class NodeContext:
     clock: Clock
     metrics: Metrics
     forwarder: Forwarder
+    unary: UnaryConsumers
 
     def leader_grpc(self, raft_address: str | None) -> str | None:
         return None if raft_address is None else self.members.get(raft_address)
@@ -171,6 +173,19 @@ class TickwheelService(pb_grpc.TickwheelServicer):
             reader.cancel()
             node.hub.unsubscribe(consumer)
 
+    async def ReceiveMessages(self, request: pb.ReceiveMessagesRequest,
+                              context: grpc.aio.ServicerContext) -> pb.ReceiveResponse:
+        return await self._unary(context, "ReceiveMessages", request, self._receive_here)
+
+    async def AckMessages(self, request: pb.SettleRequest,
+                          context: grpc.aio.ServicerContext) -> pb.SettleResponse:
+        return await self._unary(context, "AckMessages", request, self._ack_here)
+
+    async def ChangeInvisibleDuration(self, request: pb.SettleRequest,
+                                      context: grpc.aio.ServicerContext) -> pb.SettleResponse:
+        return await self._unary(context, "ChangeInvisibleDuration", request,
+                                 self._change_here)
+
     async def CreateGroup(self, request: pb.GroupRequest,
                           context: grpc.aio.ServicerContext) -> pb.GroupResponse:
         return await self._unary(context, "CreateGroup", request, self._create_group_here)
@@ -262,6 +277,26 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         return pb.RescheduleResponse(results=[
             pb.RescheduleResult(outcome=int(r.outcome), deliver_at_ms=r.deliver_at_ms)
             for r in results])
+
+    async def _receive_here(self, request: pb.ReceiveMessagesRequest) -> pb.ReceiveResponse:
+        node = self._node
+        invisible_ms, wait_ms = validation.check_receive(
+            request, node.limits, node.hub.config.default_visibility_timeout_ms)
+        batch = await node.unary.receive(request.topic, request.group, request.consumer,
+                                         request.max_messages, invisible_ms, wait_ms / 1000)
+        return _receive_response(batch, request.group, node.replica.address,
+                                 node.replica.handle_cipher())
+
+    async def _ack_here(self, request: pb.SettleRequest) -> pb.SettleResponse:
+        validation.check_settle(request, self._node.limits, change=False)
+        return pb.SettleResponse(settled=await self._node.unary.settle(
+            request.topic, request.group, list(request.receipts), None))
+
+    async def _change_here(self, request: pb.SettleRequest) -> pb.SettleResponse:
+        validation.check_settle(request, self._node.limits, change=True)
+        return pb.SettleResponse(settled=await self._node.unary.settle(
+            request.topic, request.group, list(request.receipts),
+            request.invisible_duration_ms))
 
     async def _forward(self, context: grpc.aio.ServicerContext, method: str, request: object,
                        error: NotLeader) -> object:

@@ -27,6 +27,7 @@ CONSUMER_PATTERN = re.compile(r"[A-Za-z0-9._:@/\[\]-]{1,128}")
 """What a consumer may call itself: an id, a host and port, a pod name (it reaches logs and the
 delivery journal, so no spaces, no control characters)."""
 GROUP_PATTERN = re.compile(r"[A-Za-z0-9._-]{0,128}")
+MAX_RECEIVE_WAIT_MS = 30_000
 """A consumer group's name: empty for the default group; it names a dead-letter topic."""
 RESERVED_PROPERTY_PREFIX = "%"
 """Property keys the node uses itself (a retry copy's group); users' keys cannot start so."""
@@ -224,6 +225,44 @@ def check_subscribe(subscribe: pb.Subscribe, limits: Limits, default_visibility_
             f"is {timeout_ms}, must be {limits.min_visibility_timeout_ms} to "
             f"{limits.max_visibility_timeout_ms}"))
     return timeout_ms
+
+
+def check_receive(request: pb.ReceiveMessagesRequest, limits: Limits,
+                  default_visibility_ms: int) -> tuple[int, int]:
+    """Check a `ReceiveMessages` call; returns its invisible duration and wait in ms."""
+    check_topic(request.topic, "topic", dead_letter=True)
+    check_group(request.group, "group")
+    if not CONSUMER_PATTERN.fullmatch(request.consumer):
+        raise InvalidMessage("consumer", f"{request.consumer[:80]!r} is not 1-128 of "
+                             "[A-Za-z0-9._:@/[]-] (calls naming one consumer share it)")
+    if not 1 <= request.max_messages <= limits.max_credits:
+        raise InvalidMessage("max_messages", f"is {request.max_messages}, must be 1 to "
+                             f"{limits.max_credits}")
+    invisible_ms = request.invisible_duration_ms or default_visibility_ms
+    _check_invisible(invisible_ms, limits, limits.min_visibility_timeout_ms)
+    if not 0 <= request.wait_ms <= MAX_RECEIVE_WAIT_MS:
+        raise InvalidMessage("wait_ms", f"is {request.wait_ms}, must be 0 to "
+                             f"{MAX_RECEIVE_WAIT_MS}")
+    return invisible_ms, request.wait_ms
+
+
+def check_settle(request: pb.SettleRequest, limits: Limits, *, change: bool) -> None:
+    """Check an `AckMessages` or `ChangeInvisibleDuration` call."""
+    check_topic(request.topic, "topic", dead_letter=True)
+    check_group(request.group, "group")
+    if not request.receipts:
+        raise InvalidMessage("receipts", "is empty")
+    if len(request.receipts) > limits.max_batch_msgs:
+        raise InvalidMessage("receipts", f"has {len(request.receipts)}, at most "
+                             f"{limits.max_batch_msgs}")
+    if change:
+        _check_invisible(request.invisible_duration_ms, limits, 0)
+
+
+def _check_invisible(invisible_ms: int, limits: Limits, least_ms: int) -> None:
+    if not least_ms <= invisible_ms <= limits.max_visibility_timeout_ms:
+        raise InvalidMessage("invisible_duration_ms", (
+            f"is {invisible_ms}, must be {least_ms} to {limits.max_visibility_timeout_ms}"))
 
 
 def check_group(group: str, field: str) -> None:

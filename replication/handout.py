@@ -118,7 +118,7 @@ class Planner:
     def credit(self, key: int, credits: int) -> None:
         slot = self._consumers.get(key)
         if slot is not None:
-            slot.credits += credits
+            slot.credits = max(0, slot.credits + credits)  # a negative grant takes back
 
     def leave(self, key: int) -> list[LeaseRef]:
         """A consumer's stream closed: the stream leases it holds, to release."""

@@ -3,10 +3,12 @@ another, receipts bound to their group, a cancel that means never."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -249,3 +251,75 @@ def test_a_reschedule_racing_the_due_time_delivers_each_message_once_at_the_time
             assert message.deliver_at_ms == new_due and at_ms >= new_due - 5, message_id
         else:
             assert message.deliver_at_ms < new_due and at_ms < new_due, message_id
+
+
+# -- receiving without a stream: durable leases, settled by receipt from anywhere -----------
+
+def receive_all(client: Client, name: str, count: int, **kwargs: object) -> list:
+    got: list = []
+    deadline = time.monotonic() + 20
+    while len(got) < count and time.monotonic() < deadline:
+        got += client.receive(name, wait_ms=2_000, **kwargs)
+    return got
+
+
+def test_a_receive_without_a_stream_leases_until_acked_by_receipt_from_anywhere(
+        client: Client, cluster: LocalCluster) -> None:
+    name = topic()
+    client.schedule_many([Message(name, b"x", delay_ms=0, id=f"u{i}") for i in range(5)])
+    # two at a time: what comes due with them waits for the consumer's next call, unflagged
+    got = receive_all(client, name, 5, consumer="worker-1", max_messages=2,
+                      invisible_duration_ms=60_000)
+    assert sorted(m.id for m in got) == [f"u{i}" for i in range(5)]
+    assert not any(m.possible_duplicate for m in got) and {m.attempt for m in got} == {1}
+    receipts = [m.receipt for m in got]
+    with Client([node.grpc_address for node in cluster.nodes]) as other:
+        assert other.ack_receipts(name, "", receipts[:3]) == [True] * 3
+        assert other.ack_receipts(name, "", receipts[:3]) == [False] * 3  # once
+        assert other.ack_receipts(name, "billing", receipts[3:]) == [False] * 2  # not its group
+        assert other.change_invisible_duration(name, "", receipts[3:4], 0) == [True]
+        with pytest.raises(InvalidArgument) as refused:
+            other.ack_receipts(name, "", ["not-a-receipt"])
+        assert refused.value.field == "receipts[0]"
+
+    def leased() -> int:
+        return sum(g.leased for g in client.cluster_info().groups if g.topic == name)
+    wait_for(lambda: leased() == 1, 10, "u3's lease to run out at once (a retry copy waits)")
+    assert client.receive(name, consumer="worker-2", wait_ms=300) == []  # u4 stays invisible
+
+
+def test_a_receive_without_a_stream_waits_for_the_first_message_and_checks_its_fields(
+        client: Client) -> None:
+    name = topic()
+    started = time.monotonic()
+    assert client.receive(name, consumer="idle", wait_ms=400) == []
+    assert time.monotonic() - started >= 0.4
+    client.schedule(name, b"late", delay_ms=300, id="late")
+    started = time.monotonic()
+    (late,) = client.receive(name, consumer="idle", wait_ms=10_000)
+    assert late.id == "late" and time.monotonic() - started < 5
+    late.ack()
+    for field, kwargs in (("consumer", {"consumer": ""}),
+                          ("max_messages", {"consumer": "c", "max_messages": 0}),
+                          ("wait_ms", {"consumer": "c", "wait_ms": 31_000}),
+                          ("invisible_duration_ms", {"consumer": "c",
+                                                     "invisible_duration_ms": 5})):
+        with pytest.raises(InvalidArgument) as refused:
+            client.receive(name, **kwargs)
+        assert refused.value.field == field
+
+
+def test_leases_of_a_receive_without_a_stream_outlive_a_leader_kill(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path) as fresh, Client(
+            [n.grpc_address for n in fresh.nodes], timeout_s=60) as client:
+        old = fresh.leader()
+        client.schedule_many([Message("durable", b"x", delay_ms=0, id=f"d{i}")
+                              for i in range(20)])
+        got = receive_all(client, "durable", 20, consumer="w", max_messages=20,
+                          invisible_duration_ms=60_000)
+        assert len(got) == 20
+        fresh.signal(old, signal.SIGKILL)
+        fresh.leader(among=[n for n in fresh.nodes if n is not old])
+        # the new leader's barrier ends stream leases only: these are still leased, to us
+        assert client.receive("durable", consumer="w2", wait_ms=1_000) == []
+        assert client.ack_receipts("durable", "", [m.receipt for m in got]) == [True] * 20
