@@ -7,7 +7,10 @@ consumers acknowledge. Time jumps to the next thing that can happen (a replica's
 acknowledgement, a fault), so a run of a few simulated seconds takes milliseconds. A run ends by
 healing everything, letting one leader drain what is due, and checking what the chaos audit
 checks: nothing acknowledged is lost, every repeated delivery is flagged, nothing is delivered
-before its due time. A failure names its seed; `run(seed)` replays it exactly.
+before its due time, and cancels and reschedules sent close to the due time (through leader
+changes) mean what they answered: nothing answered ``CANCELLED`` is ever delivered, a message
+answered ``RESCHEDULED`` only at its new time, one answered ``HANDED_OUT`` only at its old one.
+A failure names its seed; `run(seed)` replays it exactly.
 
 The simulated Raft keeps Raft's promises and no more: one committed log that every member
 applies in order; a leader whose lease ran out is not replaced before it has (election timeout
@@ -36,8 +39,8 @@ from tickwheel.replication.groups import DEFAULT_GROUP, STREAM
 from tickwheel.replication.handout import ConsumerSlot
 from tickwheel.replication.raft import OnResult, RaftConfig, RaftStatus, Role
 from tickwheel.replication.replica import Replica, ReplicaConfig
-from tickwheel.replication.state import Scheduled
-from tickwheel.wheel import Cursor, NewMessage
+from tickwheel.replication.state import Moved, MoveOutcome, Scheduled
+from tickwheel.wheel import CancelOutcome, Cursor, NewMessage
 
 EPOCH_MS = 1_800_000_000_000
 LEASE_MS = RaftConfig().lease_ms
@@ -284,6 +287,18 @@ class Run:
         self.consumer_key = 0
         self.scheduled: dict[str, int] = {}
         """Id -> due time, for every schedule the cluster acknowledged."""
+        self.handles: dict[str, int] = {}
+        self._changes: list[tuple[Future, str, list[str], int]] = []
+        """Cancels and reschedules in flight: (future, "cancel" or "move", ids, new due)."""
+        self.changed: set[str] = set()
+        """Ids a cancel or a reschedule was sent for (one each)."""
+        self.cancelled: set[str] = set()
+        """Answered CANCELLED: never to be delivered."""
+        self.unsure: set[str] = set()
+        """A cancel whose answer was lost: delivered or not, either is right."""
+        self.due_now: dict[str, int] = {}
+        """Answered RESCHEDULED (the new time) or HANDED_OUT (the old one): every delivery of
+        the id must carry this due time."""
         self._next_id = 0
         self._requests: list[tuple[Future, list[NewMessage]]] = []
         self._retries: list[tuple[float, list[NewMessage]]] = []
@@ -332,12 +347,16 @@ class Run:
         wake_s = {a: 0.0 for a in self.addresses}
         next_fault_s = self.rng.uniform(0.2, 1.0)
         next_load_s = 0.0
+        next_change_s = self.rng.uniform(0.1, 0.5)
         while self.world.now_s < self.duration_s + 6.0:
             now_s = self.world.now_s
             producing = now_s < self.duration_s
             if producing and now_s >= next_load_s:
                 self._schedule_some()
                 next_load_s = now_s + self.rng.choice((0.05, 0.2, 0.7))
+            if producing and now_s >= next_change_s:
+                self._change_some()
+                next_change_s = now_s + self.rng.choice((0.01, 0.05, 0.3))
             if producing and now_s >= next_fault_s:
                 self._fault()
                 next_fault_s = now_s + self.rng.uniform(0.2, 1.0)
@@ -357,20 +376,21 @@ class Run:
                         self._crash(address)
             self.cluster.replicate()
             self._settle_requests()
+            self._settle_changes()
             times = [now_s + 0.05]
             times += [wake for address, wake in wake_s.items() if address not in self.crashed]
             times += [ack_s for ack_s, *_ in self.acks]
             times += [retry_s for retry_s, _ in self._retries]
             if producing:
-                times += [next_load_s, next_fault_s]
+                times += [next_load_s, next_fault_s, next_change_s]
             self.world.now_s = max(now_s + 0.001, min(times))
         return self._violations()
 
     def _drained(self) -> bool:
         """Everything acknowledged was delivered, and nothing is still being asked."""
         delivered = {delivery[0] for delivery in self.deliveries}
-        return (not self._requests and not self._retries
-                and delivered.issuperset(self.scheduled))
+        return (not self._requests and not self._retries and not self._changes
+                and delivered.issuperset(self.scheduled.keys() - self.cancelled - self.unsure))
 
     def _schedule_some(self) -> None:
         leader = self.cluster.leader
@@ -412,6 +432,48 @@ class Run:
                 for message, result in zip(messages, future.result(), strict=True):
                     if isinstance(result, Scheduled):
                         self.scheduled[message.id] = result.deliver_at_ms
+                        self.handles[message.id] = result.handle
+
+    def _change_some(self) -> None:
+        """A user's cancel or reschedule of a few messages due about now (the race)."""
+        wall_ms = self.world.wall_ms
+        near = [i for i, due in self.scheduled.items()
+                if i not in self.changed and -30 <= due - wall_ms <= 60]
+        chosen = self.rng.sample(near, min(len(near), self.rng.randint(1, 4)))
+        leader = self.cluster.leader
+        replica = self.replicas.get(leader) if leader else None
+        if not chosen or replica is None or not replica.is_leader():
+            return
+        kind = self.rng.choice(("cancel", "move"))
+        new_due_ms = wall_ms + self.rng.choice((-500, 0, 400, 1_500))
+        handles = [self.handles[i] for i in chosen]
+        try:
+            future = (replica.cancel(handles) if kind == "cancel"
+                      else replica.reschedule([(h, new_due_ms) for h in handles]))
+        except Exception:  # NotLeader, Overloaded: the user was told no; nothing changed
+            return
+        self.changed.update(chosen)
+        self._changes.append((future, kind, chosen, new_due_ms))
+
+    def _settle_changes(self) -> None:
+        waiting, self._changes = self._changes, []
+        for future, kind, ids, new_due_ms in waiting:
+            if not future.done():
+                self._changes.append((future, kind, ids, new_due_ms))
+            elif future.exception() is not None:
+                if kind == "cancel":
+                    self.unsure.update(ids)  # committed or not: nobody can tell
+            else:
+                for message_id, outcome in zip(ids, future.result(), strict=True):
+                    self._answered(message_id, kind, outcome, new_due_ms)
+
+    def _answered(self, message_id: str, kind: str, outcome: object, new_due_ms: int) -> None:
+        if outcome in (CancelOutcome.CANCELLED, CancelOutcome.ALREADY_CANCELLED):
+            self.cancelled.add(message_id)
+        elif isinstance(outcome, Moved) and outcome.outcome is MoveOutcome.RESCHEDULED:
+            self.due_now[message_id] = new_due_ms
+        elif isinstance(outcome, Moved) and outcome.outcome is MoveOutcome.HANDED_OUT:
+            self.due_now[message_id] = self.scheduled[message_id]
 
     def _fault(self) -> None:
         cluster, rng = self.cluster, self.rng
@@ -476,7 +538,15 @@ class Run:
             if at_ms + LEAD_MS < due_ms:  # the sink waits for the due time (the hub does)
                 found.append(f"{message_id} handed out early by {node}: {at_ms} < {due_ms} "
                              f"- {LEAD_MS} ms")
-        lost = sorted(set(self.scheduled) - set(by_id))
+        lost = sorted(self.scheduled.keys() - by_id.keys() - self.cancelled - self.unsure)
+        for message_id in sorted(self.cancelled & by_id.keys()):
+            found.append(f"{message_id} delivered though a cancel answered CANCELLED: "
+                         f"{by_id[message_id]}")
+        for message_id, due_ms in sorted(self.due_now.items()):
+            wrong = [entry for entry in by_id.get(message_id, []) if entry[2] != due_ms]
+            if wrong:
+                found.append(f"{message_id} delivered due at another time than its reschedule "
+                             f"answered ({due_ms}): {wrong}")
         if lost:
             found.append(f"lost: {lost[:10]} ({len(lost)} in all)")
         for message_id, seen in by_id.items():
@@ -510,6 +580,9 @@ class Run:
                                   terms=self.cluster.term, deaths=self.deaths,
                                   restarts=self.restarts)
         counts["flagged"] = sum(1 for d in self.deliveries if d[1])
+        counts["cancelled"] = len(self.cancelled)
+        counts["rescheduled"] = sum(1 for i, due in self.due_now.items()
+                                    if due != self.scheduled[i])
         seen: set[str] = set()
         for message_id, flagged, *_ in self.deliveries:
             counts["false_alarms"] += flagged and message_id not in seen

@@ -32,7 +32,8 @@ def first_failing_seed(seeds: range) -> tuple[int, list[str]] | None:
 
 def test_every_seeded_scenario_loses_nothing_flags_exactly_and_is_never_early() -> None:
     failures = {}
-    totals = {"scheduled": 0, "delivered": 0, "flagged": 0, "terms": 0, "restarts": 0}
+    totals = {"scheduled": 0, "delivered": 0, "flagged": 0, "terms": 0, "restarts": 0,
+              "cancelled": 0, "rescheduled": 0}
     for seed in range(SEEDS):
         violations, summary = simulation.run(seed)
         if violations:
@@ -44,6 +45,8 @@ def test_every_seeded_scenario_loses_nothing_flags_exactly_and_is_never_early() 
     assert totals["terms"] > 1.3 * SEEDS, totals  # about a third of the runs change leader
     assert totals["restarts"] > SEEDS / 10, totals  # nodes come back from their files
     assert totals["delivered"] > totals["scheduled"] > 10 * SEEDS, totals
+    # cancels and reschedules raced the due time and won often enough to prove something
+    assert totals["cancelled"] > SEEDS / 4 and totals["rescheduled"] > SEEDS / 4, totals
 
 
 def test_a_scenario_replays_exactly_from_its_seed() -> None:
@@ -96,3 +99,22 @@ def test_a_new_leader_that_keeps_its_predecessors_stream_leases_is_caught(
     found = first_failing_seed(range(300))
     assert found is not None, "the injected bug went unnoticed in 300 seeds"
     assert any("lost" in violation for violation in found[1]), found
+
+
+@pytest.mark.parametrize(("bug", "symptom"), [
+    ("cancel", "delivered though a cancel answered CANCELLED"),
+    ("move", "delivered due at another time"),
+])
+def test_a_cancel_or_reschedule_that_ignores_the_handout_is_caught(
+        monkeypatch: pytest.MonkeyPatch, bug: str, symptom: str) -> None:
+    """The injected bugs: a cancel of a readied message that answers CANCELLED but leaves it in
+    its group; a reschedule that moves a message a group has leased already."""
+    if bug == "cancel":
+        monkeypatch.setattr(groups.Groups, "cancel", lambda self, handle, topic: (
+            True if self._holding(handle, topic) else None))
+    else:
+        monkeypatch.setattr(groups.Groups, "never_leased", lambda self, handle, topic: (
+            True if self._holding(handle, topic) else None))
+    found = first_failing_seed(range(300))
+    assert found is not None, "the injected bug went unnoticed in 300 seeds"
+    assert any(symptom in violation for violation in found[1]), found
