@@ -124,6 +124,13 @@ class NodeSettings(BaseSettings):
     max_inflight_msgs: int = DispatchConfig().max_inflight_msgs
     max_inflight_bytes: int = DispatchConfig().max_inflight_bytes
     max_queued_msgs: int = ReplicaConfig().max_queued_msgs
+    max_ready_msgs: int = StateConfig().max_ready_msgs
+    """Due messages a consumer group keeps for its consumers; past it the oldest unleased
+    ones are dropped (logged, counted): the retention of a group nobody reads."""
+    max_groups: int = StateConfig().max_groups
+    """Named consumer groups, over all topics."""
+    max_moved_msgs: int = StateConfig().max_moved_msgs
+    """Rescheduled messages whose handles are remembered."""
     max_topic_labels: int = 1_000
     """Topics with a label of their own in ``/metrics``; later ones share ``%other%``."""
 
@@ -179,7 +186,8 @@ class NodeSettings(BaseSettings):
     @field_validator("max_body_bytes", "max_delay_ms", "max_batch_msgs", "max_stream_msgs",
                      "max_credits", "max_request_bytes", "max_concurrent_rpcs",
                      "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
-                     "max_queued_msgs", "snapshot_min_entries", "max_topic_labels")
+                     "max_queued_msgs", "snapshot_min_entries", "max_topic_labels",
+                     "max_ready_msgs", "max_groups", "max_moved_msgs")
     @classmethod
     def _positive(cls, value: int) -> int:
         if value <= 0:
@@ -304,7 +312,9 @@ class NodeSettings(BaseSettings):
                             snapshot_min_entries=self.snapshot_min_entries),
             dispatch=DispatchConfig(max_inflight_msgs=self.max_inflight_msgs,
                                     max_inflight_bytes=self.max_inflight_bytes),
-            state=StateConfig(wheel=WheelConfig(max_delay_ms=self.max_delay_ms)),
+            state=StateConfig(wheel=WheelConfig(max_delay_ms=self.max_delay_ms),
+                              max_ready_msgs=self.max_ready_msgs, max_groups=self.max_groups,
+                              max_moved_msgs=self.max_moved_msgs),
             max_queued_msgs=self.max_queued_msgs)
 
     @classmethod

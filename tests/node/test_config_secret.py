@@ -72,3 +72,10 @@ def test_the_secret_never_shows_in_the_settings_repr() -> None:
     settings = NodeSettings(members=THREE, raft_secret=SECRET)
     assert SECRET not in repr(settings)
     assert SECRET not in str(settings.model_dump())
+
+
+def test_the_group_and_reschedule_bounds_reach_the_replicated_state() -> None:
+    state = NodeSettings(max_ready_msgs=7, max_groups=3, max_moved_msgs=5).replica_config().state
+    assert (state.max_ready_msgs, state.max_groups, state.max_moved_msgs) == (7, 3, 5)
+    with pytest.raises(ValidationError, match="must be positive"):
+        NodeSettings(max_moved_msgs=0)
