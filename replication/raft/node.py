@@ -29,6 +29,9 @@ What pysyncobj 0.3.17 does, and what this module does about it (see ``docs/repli
   ``bind_address``). A cluster of more than one node needs the secret or an explicit
   ``insecure``; a node alone gets a random one, so nobody can join it. PreVote messages are
   checked field by field before use.
+- *A follower receiving a snapshot commits its own log* (``min(leader's commit, my last
+  index)`` from every AppendEntries, snapshot chunks too): a deposed leader applied its own
+  uncommitted entries and diverged. Snapshot chunks no longer move the commit index.
 - *Nothing is fsynced.* The ``fsync`` option makes the journal ``msync`` every entry before it is
   acknowledged and makes snapshots ``fsync`` the state files they name; see the docs for what
   survives power loss with and without it.
@@ -192,6 +195,7 @@ class RaftNode:
         """PreVote's messages (and the fields of others that PreVote reads) are checked field
         by field first: a malformed one is dropped and logged. pysyncobj's own messages come
         from authenticated members only."""
+        leader_commit = None
         if isinstance(message, dict):
             kind = message.get("type")
             if kind in SHAPES and not well_formed(message, SHAPES[kind]):
@@ -199,9 +203,30 @@ class RaftNode:
                             node, sorted(map(repr, message))[:8])
                 return
             self._lease.incoming(node, message)
+            if kind == "append_entries" and "prevLogIdx" not in message:
+                leader_commit = self._hold_commit(message)
             if self._pre_vote.on_message(node, kind, message):
                 return
         self._core._SyncObj__onMessageReceived(node, message)
+        if leader_commit is not None:  # status and health still report the leader's
+            self._core._SyncObj__leaderCommitIndex = leader_commit
+
+    def _hold_commit(self, message: dict[str, Any]) -> int | None:
+        """A chunk of the leader's snapshot says nothing about this follower's log, so it must
+        not move the commit index. pysyncobj takes the leader's commit index "as far as my log
+        goes" from every AppendEntries, these included: a deposed leader catching up by
+        snapshot applied its own uncommitted entries (proposals of its lost term, which the
+        new leader's log does not hold) and its state diverged for good (`make chaos`, stop
+        24: entries only it had filed, then a crash loop on its wheel's index). Raft allows
+        a commit only up to the last entry known to match the leader's; the snapshot's own
+        load sets the commit index when it is whole. Returns the leader's commit index when
+        it was held back."""
+        held = self._core._SyncObj__raftCommitIndex
+        leader_commit = message.get("commit_index")
+        if type(leader_commit) is not int or leader_commit <= held:
+            return None
+        message["commit_index"] = held
+        return leader_commit
 
 
 def _conf(config: RaftConfig, raft_dir: Path, snapshot: tuple[Serializer, Deserializer]

@@ -7,6 +7,7 @@ import os
 import pickle
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pysyncobj.pickle
 import pysyncobj.syncobj
@@ -175,3 +176,26 @@ def test_a_paused_leader_that_reads_answers_sent_during_its_pause_holds_no_lease
     finally:
         for node in nodes:
             node.close()
+
+
+def test_a_snapshot_chunk_does_not_commit_the_followers_own_log() -> None:
+    # pysyncobj commits "min(leader's commit, my last index)" on every AppendEntries, also on
+    # the chunks of a snapshot, which carry no log position: a deposed leader catching up by
+    # snapshot applied its own uncommitted entries (make chaos, stop 24: its wheel diverged).
+    source = Path(pysyncobj.syncobj.__file__).read_text()
+    assert ("self.__raftCommitIndex = min(leaderCommitIndex, self.__getCurrentLogIndex())"
+            in source)
+    assert "'serialized': transmissionData," in source  # and a chunk has no prevLogIdx
+    seen: list[dict] = []
+    node = RaftNode.__new__(RaftNode)
+    node._lease = LeaseClock()
+    node._pre_vote = SimpleNamespace(on_message=lambda *args: False)
+    node._core = SimpleNamespace(_SyncObj__raftCommitIndex=10, _SyncObj__leaderCommitIndex=0,
+                                 _SyncObj__onMessageReceived=lambda _, m: seen.append(dict(m)))
+    node._on_message("leader", {"type": "append_entries", "term": 5, "commit_index": 50,
+                                "serialized": b"chunk"})
+    assert seen[-1]["commit_index"] == 10  # what pysyncobj saw: no further than it was
+    assert node._core._SyncObj__leaderCommitIndex == 50  # what status reports: the leader's
+    node._on_message("leader", {"type": "append_entries", "term": 5, "commit_index": 50,
+                                "prevLogIdx": 12, "prevLogTerm": 5, "entries": []})
+    assert seen[-1]["commit_index"] == 50  # a positioned AppendEntries is pysyncobj's to judge
