@@ -200,24 +200,23 @@ class Replica:
     def cancel(self, handles: Sequence[int]) -> Future:
         """The future gets a `CancelOutcome` per handle, or one `Rejected` (naming
         ``handles[i]``) when a handle was never issued: then nothing was cancelled."""
-        self._require_leader()
-        future: Future = Future()
-        if len(self._cancels) >= self._config.max_queued_msgs:
-            raise Overloaded("max_queued_msgs")
         handles = list(handles)
-        self._cancels.append((lambda stamp_ms: commands.cancel(stamp_ms, handles), future))
-        self._raft.wake()
-        return future
+        return self._handle_op(lambda stamp_ms: commands.cancel(stamp_ms, handles))
 
     def reschedule(self, moves: Sequence[tuple[int, int]]) -> Future:
         """Move pending messages: ``(handle, deliver_at_ms)`` each. The future gets a `Moved`
         per move, or one `Rejected` (naming ``moves[i]``): then nothing moved."""
+        moves = list(moves)
+        return self._handle_op(lambda stamp_ms: commands.move(stamp_ms, moves))
+
+    def _handle_op(self, command: Callable[[int], bytes]) -> Future:
+        """Queue a cancel or a reschedule, made into its command (given the stamp) when the
+        Raft thread proposes it."""
         self._require_leader()
         future: Future = Future()
         if len(self._cancels) >= self._config.max_queued_msgs:
             raise Overloaded("max_queued_msgs")
-        moves = list(moves)
-        self._cancels.append((lambda stamp_ms: commands.move(stamp_ms, moves), future))
+        self._cancels.append((command, future))
         self._raft.wake()
         return future
 
