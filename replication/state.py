@@ -334,8 +334,9 @@ class WheelState:
         invariant(None not in results, "a copy's result was never filled in")
         return results
 
-    def _too_late(self, deliver_at_ms: int, stamp_ms: int) -> Rejected:
-        return Rejected(InvalidMessage("deliver_at_ms", (
+    def _too_late(self, deliver_at_ms: int, stamp_ms: int,
+                  field: str = "deliver_at_ms") -> Rejected:
+        return Rejected(InvalidMessage(field, (
             f"{deliver_at_ms} is more than {self._config.wheel.max_delay_ms} ms after "
             f"{stamp_ms}")))
 
@@ -402,9 +403,7 @@ class WheelState:
         located = []
         for i, (handle, deliver_at_ms) in enumerate(moves):
             if deliver_at_ms > latest_ms:
-                return [Rejected(InvalidMessage(f"moves[{i}].deliver_at_ms", (
-                    f"{deliver_at_ms} is more than {self._config.wheel.max_delay_ms} ms after "
-                    f"{stamp_ms}")))]
+                return [self._too_late(deliver_at_ms, stamp_ms, f"moves[{i}].deliver_at_ms")]
             found = self._locate(handle, f"moves[{i}].handle")
             if isinstance(found, Rejected):
                 return [found]
@@ -439,15 +438,8 @@ class WheelState:
                 return Moved(MoveOutcome.HANDED_OUT, message.deliver_at_ms)
         if message.deliver_at_ms == deliver_at_ms:
             return Moved(MoveOutcome.RESCHEDULED, deliver_at_ms)  # there already: a repeat
-        if readied:
-            self.groups.cancel(message.handle, message.topic)
-            tag = self.wheel.tombstone(message.handle)
-            if position >= self.wheel.cursor:
-                self.pending.remove({tag: 1})
-        else:
-            outcome, tag = self.wheel.cancel_tag(message.handle)
-            invariant(outcome is CancelOutcome.CANCELLED, f"a pending message's cancel: {outcome}")
-            self.pending.remove({tag: 1})
+        retired = self._cancel_one(found)
+        invariant(retired is CancelOutcome.CANCELLED, f"a pending message's cancel: {retired}")
         record = encode_record(message.id, message.topic, message.body, deliver_at_ms,
                                message.properties, message.attempt)
         tags = self._tags([record])
