@@ -1,37 +1,64 @@
 """``python -m tickwheel.chaos.audit OUT_DIR``: did every message arrive, once, on time?
 
 Reads the logs a chaos run left in ``OUT_DIR`` (``run.json``, ``scheduled.jsonl``,
-``cancels.jsonl``, ``received.jsonl``, ``journals/<node>.<generation>.jsonl``,
-``leaders.jsonl``, ``faults.jsonl``) with PySpark, writes ``OUT_DIR/audit/summary.json``,
-``report.md`` and two plots (`tickwheel.chaos.report`), and exits 0 when the verdict is clean, 1
-when it is not. Also ``spark-submit chaos/audit.py OUT_DIR``. Missing or empty ``.jsonl`` files
-are no rows; lines that are not JSON (a killed writer's torn last line) are skipped. Times are
-Unix ms on the harness machine, except ``delivered_at_ms`` (the sending leader's clock).
+``cancels.jsonl``, ``reschedules.jsonl``, ``received.jsonl``,
+``journals/<node>.<generation>.jsonl``, ``leaders.jsonl``, ``faults.jsonl``) with PySpark,
+writes ``OUT_DIR/audit/summary.json``, ``report.md`` and two plots (`tickwheel.chaos.report`),
+and exits 0 when the verdict is clean, 1 when it is not. Also ``spark-submit chaos/audit.py
+OUT_DIR``. Missing or empty ``.jsonl`` files are no rows; lines that are not JSON (a killed
+writer's torn last line) are skipped. Times are Unix ms on the harness machine, except
+``delivered_at_ms`` (the sending leader's clock).
 
 The definitions, which the chaos CI test relies on:
 
-- **lost**: scheduled and acked (``acked`` true; a message whose schedule call failed is never
-  counted lost, since it may or may not exist), not cancelled (no cancel with outcome
-  ``cancelled``, ``already_cancelled`` (a retried cancel whose first try got it) or
-  ``unknown``), due by the cutoff, and never received. The cutoff is ``ended_ms - grace_ms``,
-  and no later than ``drained_due_ms`` when ``run.json`` has it: the harness drains delivery
-  until every message due by the end of production has arrived, and a message due after that
-  may still sit, delivered, in a slow consumer's queue when the run ends.
-  Must be 0.
-- **duplicates**: every receipt of an id but its original: the first *plain* receipt
+- **deliveries owed**: every consumer group is owed every message of its topic. ``run.json``'s
+  ``groups`` maps each consumed topic to its groups ("": the default group); a topic it does not
+  name (``idle_topics``: written to, never read) is owed to nobody. A run without ``groups``
+  owes every topic's messages to its default group. A delivery is a ``(id, group)``; receipts
+  without a ``group`` are the default group's. Ids in the summary are ``id`` for the default
+  group and ``group/id`` otherwise.
+- **moved**: an id whose reschedule answered ``rescheduled`` is owed at that reschedule's
+  ``deliver_at_ms`` (the latest answered, if several); one whose reschedule's outcome is
+  ``unknown`` at the later of its old and asked times.
+- **lost**: owed deliveries of scheduled and acked messages (``acked`` true; a message whose
+  schedule call failed is never counted lost, since it may or may not exist), not cancelled (no
+  cancel with outcome ``cancelled``, ``already_cancelled`` (a retried cancel whose first try got
+  it), ``unknown``, or ``handed_out``: some group had it, and the groups that had not never
+  will), due (moved, as above) by the cutoff, and never received in their group.
+  The cutoff is ``ended_ms - grace_ms``, and no later than ``drained_due_ms`` when ``run.json``
+  has it: the harness drains delivery until every delivery due by the end of production has
+  arrived, and one due after that may still sit, delivered, in a slow consumer's queue when the
+  run ends. Must be 0.
+- **duplicates**: every receipt of a delivery but its original: the first *plain* receipt
   (``possible_duplicate`` false and ``attempt`` 1) if there is one, else the first by
   ``received_ms``. Each is ``flagged`` (``possible_duplicate``), else a ``redelivery``
   (``attempt`` > 1: the consumer is told it is a retry), else ``unflagged`` (a second plain
   receipt: the consumer could not tell, a bug). ``after_ack`` counts the
   duplicates whose previous receipt had been acknowledged by the consumer.
+- **false_alarms**: deliveries whose original is flagged ``possible_duplicate``: a first
+  receipt that says it may be a repeat. Most were sent before and never handled (they sat in a
+  consumer's buffer when its stream broke, or were granted to a receive call whose answer was
+  lost); ``false_alarms_unsent`` counts those no journal shows sent to the group before (fewer
+  than two ``delivered`` lines for the delivery): hand-outs a leader committed and died before
+  sending, the only false alarms the design allows.
 - **cancelled_but_delivered**: messages with a cancel of outcome ``cancelled`` or
-  ``already_cancelled`` and a receipt with
-  ``received_ms`` after that cancel's ``done_ms``.
+  ``already_cancelled`` and a receipt with ``received_ms`` after that cancel's ``done_ms``.
+  Must be 0.
+- **contrary_to_reschedule**: receipts of a moved message (answered ``rescheduled``) more than
+  ``allowed_early_ms`` before its new due time: a delivery at the time the answer said it had
+  left. Must be 0. (A move to an earlier time that also delivers at the old one shows as an
+  unflagged duplicate.)
 - **delivered_early**: receipts with ``received_ms < deliver_at_ms - allowed_early_ms``.
 - **lateness_ms** of first receipts: ``received_ms - max(deliver_at_ms, acked_ms or sent_ms)``, so
-  a message scheduled already due is judged from when it was accepted. ``p50`` and ``p99`` are
-  exact nearest-rank percentiles (the smallest lateness that at least that share of first
-  receipts does not exceed).
+  a message scheduled already due is judged from when it was accepted (``deliver_at_ms`` is the
+  receipt's: a moved message's new time). ``p50`` and ``p99`` are exact nearest-rank
+  percentiles (the smallest lateness that at least that share of first receipts does not
+  exceed).
+- **groups**: per ``topic/group`` owed: ``owed``, ``received``, ``lost``, duplicates by class,
+  ``false_alarms`` and the lateness ``p99``; ``idle``: per idle topic, messages ``acked`` and
+  ``received`` (nobody reads it: received is 0).
+- **races**: the cancels and reschedules the harness sent just before due (``raced``), by
+  outcome, and how long their answers took (``answer_ms`` p50, p99, max).
 - **failovers** (from ``leaders.jsonl``): an entry naming a leader other than the last leader
   named before it (the run's first leader is no failover). For each: ``old_leader``,
   ``new_leader``, ``term``, ``at_ms`` (when the harness saw the new leader); ``lost_at_ms``, the
@@ -44,26 +71,40 @@ The definitions, which the chaos CI test relies on:
   `CAUGHT_UP_MS` after its due time; ``duplicates``, by class, received in ``[lost_at_ms, the
   next failover's lost_at_ms)``; ``fault``, the latest fault started at or before
   ``lost_at_ms``. Both delivery figures are null when the journals have no such event.
-- **verdict**: ``clean`` iff nothing is lost, no duplicate is unflagged and nothing arrived early;
-  else ``dirty``.
+- **verdict**: ``clean`` iff nothing is lost, no duplicate is unflagged, nothing arrived early,
+  nothing was delivered after a ``cancelled`` answer or contrary to a ``rescheduled`` one; else
+  ``dirty``.
 
 The summary (`audit` returns it; ``--json`` prints it)::
 
     {"verdict": "clean" | "dirty",
-     "run": {started_ms, ended_ms, seed, grace_ms, allowed_early_ms},
-     "messages": {scheduled, acked, cancelled, received_unique, receipts},
+     "run": {started_ms, ended_ms, seed, grace_ms, allowed_early_ms, drained_due_ms, groups,
+             idle_topics},
+     "messages": {scheduled, acked, cancelled, rescheduled, owed, received_unique, receipts},
      "lost": {count, ids},
      "duplicates": {total, flagged, redelivery, unflagged, after_ack},  # receipts
-     "cancelled_but_delivered": count, "delivered_early": count of receipts,
+     "false_alarms": count, "false_alarms_unsent": count,
+     "cancelled_but_delivered": count, "contrary_to_reschedule": count of receipts,
+     "delivered_early": count of receipts,
      "lateness_ms": {p50, p99, max},
+     "groups": {"topic/group": {owed, received, lost, flagged, redelivery, unflagged,
+                                false_alarms, p99}},
+     "idle": {topic: {acked, received}},
+     "races": {cancels: {outcome: count}, reschedules: {outcome: count},
+               answer_ms: {p50, p99, max}},
      "failovers": [{old_leader, new_leader, term, at_ms, lost_at_ms, no_leader_ms,
                     first_delivery_ms, catch_up_ms,
-                    duplicates: {total, flagged, redelivery, unflagged},
+                    duplicates: {total, flagged, redelivery, unflagged}, false_alarms,
+                    false_alarms_unsent,
                     fault: {fault, node} | null}],
      "faults": [{fault, node, started_ms, ended_ms, detail}],
-     "examples": {unflagged_duplicates, cancelled_but_delivered, delivered_early}}  # ids
+     "examples": {unflagged_duplicates, cancelled_but_delivered, contrary_to_reschedule,
+                  delivered_early}}  # ids
 
-Counts are of messages (distinct ids) unless marked receipts; id lists (``lost.ids`` and the
+Counts are of messages (distinct ids) where a message is meant (``scheduled``, ``acked``,
+``cancelled``, ``rescheduled``, ``cancelled_but_delivered``), of deliveries (distinct
+``(id, group)``) for ``owed``, ``received_unique``, ``lost`` and the false alarms, and of
+receipts where marked; id lists (``lost.ids`` and the
 ``examples``) are sorted and hold at most `MAX_IDS`. ``scheduled`` counts ids (a retried schedule
 logged twice counts once, acked if any attempt was). ``--grace-ms`` and ``--allowed-early-ms``
 override ``run.json``.
@@ -83,11 +124,20 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from tickwheel.chaos import report
+from tickwheel.chaos.failovers import (
+    Failover,
+    Fault,
+    LeaderChange,
+    Leadership,
+    catch_up_ms,
+    failover_index,
+    find_failovers,
+    first_delivery_ms,
+    leaderships,
+)
 
 MAX_IDS = 50
 """At most this many example ids per problem class in the summary."""
-CAUGHT_UP_MS = 100
-"""A new leader has caught up once it delivers a message at most this late (its own clock)."""
 PERCENTILE_ACCURACY = 10_000_000
 """``percentile_approx`` is exact while there are fewer first receipts than this."""
 SHUFFLE_PARTITIONS = 4
@@ -96,15 +146,20 @@ CLASSES = ("flagged", "redelivery", "unflagged")
 """The duplicate classes, in order of precedence."""
 CANCELLED_OUTCOMES = ("cancelled", "already_cancelled")
 """Cancel outcomes that mean the message is cancelled (`tickwheel.client.CancelOutcome`)."""
+DELIVERY = ("id", "group")
+"""What is owed and received: a message, to one consumer group."""
 
 SCHEDULED_SCHEMA = ("id STRING, topic STRING, deliver_at_ms BIGINT, sent_ms BIGINT, "
                     "acked BOOLEAN, acked_ms BIGINT, handle BIGINT, kind STRING")
-CANCELS_SCHEMA = "id STRING, handle BIGINT, sent_ms BIGINT, done_ms BIGINT, outcome STRING"
-RECEIVED_SCHEMA = ("id STRING, topic STRING, deliver_at_ms BIGINT, delivered_at_ms BIGINT, "
-                   "received_ms BIGINT, attempt BIGINT, possible_duplicate BOOLEAN, "
-                   "node STRING, consumer STRING, acked BOOLEAN")
+CANCELS_SCHEMA = ("id STRING, handle BIGINT, sent_ms BIGINT, done_ms BIGINT, outcome STRING, "
+                  "deliver_at_ms BIGINT, raced BOOLEAN")
+RESCHEDULES_SCHEMA = ("id STRING, handle BIGINT, sent_ms BIGINT, done_ms BIGINT, outcome STRING, "
+                      "deliver_at_ms BIGINT, old_deliver_at_ms BIGINT, batch BIGINT, size BIGINT")
+RECEIVED_SCHEMA = ("id STRING, topic STRING, group STRING, deliver_at_ms BIGINT, "
+                   "delivered_at_ms BIGINT, received_ms BIGINT, attempt BIGINT, "
+                   "possible_duplicate BOOLEAN, node STRING, consumer STRING, acked BOOLEAN")
 JOURNAL_SCHEMA = ("event STRING, node STRING, term BIGINT, epoch BIGINT, cursor ARRAY<BIGINT>, "
-                  "takeover_ms BIGINT, id STRING, topic STRING, handle BIGINT, "
+                  "takeover_ms BIGINT, id STRING, topic STRING, group STRING, handle BIGINT, "
                   "deliver_at_ms BIGINT, delivered_at_ms BIGINT, position ARRAY<BIGINT>, "
                   "possible_duplicate BOOLEAN, attempt BIGINT")
 """``node`` is the Raft address; the audit names nodes by the journal's file name instead."""
@@ -126,6 +181,10 @@ class Run:
     drained_due_ms: int | None = None
     """What the harness drained for: every message due by then had arrived (or the drain
     timed out). None in runs recorded before the harness wrote it."""
+    groups: dict[str, list[str]] | None = None
+    """Consumed topics and their groups; None (runs before groups): every topic, its default
+    group."""
+    idle_topics: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def lost_cutoff_ms(self) -> int:
@@ -136,59 +195,17 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Logs:
-    """One run's logs as DataFrames (journals gain ``node_name``, from the file name)."""
+    """One run's logs as DataFrames (journals gain ``node_name``, from the file name;
+    receipts without a group are the default group's)."""
 
     run: Run
     scheduled: DataFrame
     cancels: DataFrame
+    reschedules: DataFrame
     received: DataFrame
     journals: DataFrame
     leaders: DataFrame
     faults: DataFrame
-
-
-@dataclass(frozen=True, slots=True)
-class LeaderChange:
-    """A line of ``leaders.jsonl``; ``leader`` is None while the harness sees none."""
-
-    at_ms: int
-    leader: str | None
-    term: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    """A line of ``faults.jsonl``: what was done to which node (None: the whole cluster)."""
-
-    fault: str
-    node: str | None
-    started_ms: int
-    ended_ms: int | None
-    detail: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Failover:
-    """Leadership moved from ``old_leader`` to ``new_leader`` (see the module docstring)."""
-
-    old_leader: str
-    new_leader: str
-    term: int | None
-    at_ms: int
-    lost_at_ms: int
-    fault: Fault | None
-
-
-@dataclass(frozen=True, slots=True)
-class Leadership:
-    """What one node's journals say about one term: when it took over, first delivered, and
-    first delivered a message at most `CAUGHT_UP_MS` late (each None if never)."""
-
-    node_name: str
-    term: int
-    takeover_ms: int | None
-    first_delivered_at_ms: int | None
-    caught_up_at_ms: int | None
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -207,7 +224,8 @@ def read_run(out_dir: Path, grace_ms: int | None = None,
                grace_ms=raw["grace_ms"] if grace_ms is None else grace_ms,
                allowed_early_ms=(raw["allowed_early_ms"] if allowed_early_ms is None
                                  else allowed_early_ms),
-               drained_due_ms=raw.get("drained_due_ms"))
+               drained_due_ms=raw.get("drained_due_ms"), groups=raw.get("groups"),
+               idle_topics=raw.get("idle_topics", []))
 
 
 def load_logs(spark: SparkSession, out_dir: Path, run: Run) -> Logs:
@@ -217,7 +235,9 @@ def load_logs(spark: SparkSession, out_dir: Path, run: Run) -> Logs:
         run=run,
         scheduled=_read_jsonl(spark, [out_dir / "scheduled.jsonl"], SCHEDULED_SCHEMA),
         cancels=_read_jsonl(spark, [out_dir / "cancels.jsonl"], CANCELS_SCHEMA),
-        received=_read_jsonl(spark, [out_dir / "received.jsonl"], RECEIVED_SCHEMA),
+        reschedules=_read_jsonl(spark, [out_dir / "reschedules.jsonl"], RESCHEDULES_SCHEMA),
+        received=_read_jsonl(spark, [out_dir / "received.jsonl"], RECEIVED_SCHEMA)
+        .withColumn("group", F.coalesce("group", F.lit(""))),
         journals=journals.withColumn(
             "node_name", F.regexp_extract(F.input_file_name(), JOURNAL_NAME, 1)),
         leaders=_read_jsonl(spark, [out_dir / "leaders.jsonl"], LEADERS_SCHEMA),
@@ -242,34 +262,54 @@ def audit(spark: SparkSession, out_dir: Path, grace_ms: int | None = None,
 
 def summarize(logs: Logs) -> dict[str, Any]:
     """Every figure of the summary, from the loaded logs."""
+    run = logs.run
     messages = _messages(logs.scheduled)
     cancels = _cancels(logs.cancels)
-    receipts = _ordered_receipts(logs.received)
+    moves = _moves(logs.reschedules)
+    owed = _owed(run, messages, moves)
+    receipts = _ordered_receipts(logs.received).join(_sends(logs.journals), list(DELIVERY),
+                                                     "left")
     duplicates = receipts.filter(F.col("duplicate"))
+    first = _first_receipts(receipts, messages)
+    lost = _lost(run, owed, cancels, logs.received)
     faults = [Fault(**row.asDict()) for row in logs.faults.orderBy("started_ms").collect()]
     changes = [LeaderChange(**row.asDict())
                for row in logs.leaders.orderBy("at_ms", "term").collect()]
     failovers = find_failovers(changes, faults)
     duplicate_counts, unflagged_ids = _duplicate_counts(duplicates)
     late_cancels = _problem(_cancelled_but_delivered(cancels, logs.received))
-    early = _problem(_delivered_early(logs.run, logs.received))
+    contrary = _problem(_contrary_to_reschedule(run, moves, logs.received))
+    early = _problem(_delivered_early(run, logs.received))
     summary: dict[str, Any] = {
-        "run": dataclasses.asdict(logs.run),
-        "messages": _message_counts(messages, cancels, logs.received),
-        "lost": _problem(_lost(logs.run, messages, cancels, logs.received)),
+        "run": dataclasses.asdict(run),
+        "messages": _message_counts(messages, cancels, moves, owed, logs.received),
+        "lost": _problem(lost.select(_label().alias("id"))),
         "duplicates": duplicate_counts,
+        "false_alarms": receipts.filter(_false_alarm()).count(),
+        "false_alarms_unsent": receipts.filter(_unsent_alarm()).count(),
         "cancelled_but_delivered": late_cancels["count"],
+        "contrary_to_reschedule": contrary["count"],
         "delivered_early": early["count"],
-        "lateness_ms": _lateness_percentiles(_first_receipts(receipts, messages)),
-        "failovers": _failover_figures(failovers, _leaderships(logs.journals), duplicates),
+        "lateness_ms": _lateness_percentiles(first),
+        "groups": _per_group(owed, receipts, first, lost),
+        "idle": _idle(run, messages, logs.received),
+        "races": _races(logs.cancels, logs.reschedules),
+        "failovers": _failover_figures(failovers, leaderships(logs.journals), receipts),
         "faults": [dataclasses.asdict(fault) for fault in faults],
         "examples": {"unflagged_duplicates": unflagged_ids,
                      "cancelled_but_delivered": late_cancels["ids"],
+                     "contrary_to_reschedule": contrary["ids"],
                      "delivered_early": early["ids"]},
     }
-    clean = (summary["lost"]["count"] == 0 and summary["duplicates"]["unflagged"] == 0
-             and summary["delivered_early"] == 0)
-    return {"verdict": "clean" if clean else "dirty", **summary}
+    return {"verdict": verdict(summary), **summary}
+
+
+def verdict(summary: dict[str, Any]) -> str:
+    """``clean`` iff no promise was broken (see the module docstring), else ``dirty``."""
+    broken = (summary["lost"]["count"], summary["duplicates"]["unflagged"],
+              summary["delivered_early"], summary["cancelled_but_delivered"],
+              summary["contrary_to_reschedule"])
+    return "dirty" if any(broken) else "clean"
 
 
 def lateness_points(logs: Logs, max_points: int = 100_000) -> list[tuple[int, int]]:
@@ -286,6 +326,7 @@ def lateness_points(logs: Logs, max_points: int = 100_000) -> list[tuple[int, in
 def _messages(scheduled: DataFrame) -> DataFrame:
     """One row per scheduled id; acked if any attempt to schedule it was."""
     return scheduled.groupBy("id").agg(
+        F.first("topic").alias("topic"),
         F.min("deliver_at_ms").alias("deliver_at_ms"), F.min("sent_ms").alias("sent_ms"),
         F.bool_or("acked").alias("acked"), F.min("acked_ms").alias("acked_ms"))
 
@@ -293,24 +334,76 @@ def _messages(scheduled: DataFrame) -> DataFrame:
 def _cancels(cancels: DataFrame) -> DataFrame:
     """One row per id cancels were sent for: ``cancelled_ms``, when the first cancel that
     says it is cancelled returned (None if none did), and ``maybe_cancelled``, true if any
-    cancel did or may have (outcome ``unknown``)."""
+    cancel did, may have (outcome ``unknown``), or did for the groups that had not had it yet
+    (``handed_out``)."""
     outcome = F.col("outcome")
     cancelled = outcome.isin(*CANCELLED_OUTCOMES)
     return cancels.groupBy("id").agg(
         F.min(F.when(cancelled, F.col("done_ms"))).alias("cancelled_ms"),
-        F.bool_or(cancelled | (outcome == "unknown")).alias("maybe_cancelled"))
+        F.bool_or(cancelled | outcome.isin("unknown", "handed_out")).alias("maybe_cancelled"))
+
+
+def _moves(reschedules: DataFrame) -> DataFrame:
+    """One row per id reschedules were sent for: ``moved_ms``, the new due time of the latest
+    answered ``rescheduled`` (None if none), and ``maybe_moved_ms``, the latest asked time of
+    those whose outcome is ``unknown``."""
+    moved = F.col("outcome") == "rescheduled"
+    return reschedules.groupBy("id").agg(
+        F.max_by(F.when(moved, F.col("deliver_at_ms")), F.when(moved, F.col("done_ms")))
+        .alias("moved_ms"),
+        F.max(F.when(F.col("outcome") == "unknown", F.col("deliver_at_ms")))
+        .alias("maybe_moved_ms"))
+
+
+def _owed(run: Run, messages: DataFrame, moves: DataFrame) -> DataFrame:
+    """One row per delivery owed (``id``, ``topic``, ``group``) of an acked message, with
+    ``owed_ms``: when it is due, moved as the module docstring says."""
+    spark = messages.sparkSession
+    if run.groups is None:
+        groups = messages.select("topic").distinct().withColumn("group", F.lit(""))
+    else:
+        pairs = [(topic, group) for topic, names in run.groups.items() for group in names]
+        groups = spark.createDataFrame(pairs, "topic STRING, group STRING")
+    due = F.coalesce("moved_ms", "deliver_at_ms")
+    return (messages.filter("acked").join(groups, "topic").join(moves, "id", "left")
+            .withColumn("owed_ms", F.greatest(due, F.col("maybe_moved_ms")))
+            .select("id", "topic", "group", "owed_ms"))
+
+
+def _label() -> Column:
+    """A delivery's name in the summary: ``id`` in the default group, else ``group/id``."""
+    return F.when(F.col("group") == "", F.col("id")).otherwise(
+        F.concat(F.col("group"), F.lit("/"), F.col("id")))
+
+
+def _false_alarm() -> Column:
+    """An original receipt (see `_ordered_receipts`) flagged as a possible duplicate."""
+    return ~F.col("duplicate") & F.col("possible_duplicate")
+
+
+def _unsent_alarm() -> Column:
+    """A false alarm that no journal shows sent to its group before (its own send only)."""
+    return _false_alarm() & (F.coalesce("sends", F.lit(0)) <= 1)
+
+
+def _sends(journals: DataFrame) -> DataFrame:
+    """``sends``: how many ``delivered`` journal lines each delivery has, on any node."""
+    return (journals.filter(F.col("event") == "delivered")
+            .withColumn("group", F.coalesce("group", F.lit("")))
+            .groupBy(*DELIVERY).agg(F.count("*").alias("sends")))
 
 
 def _ordered_receipts(received: DataFrame) -> DataFrame:
-    """Receipts numbered per id in order of arrival (``receipt``, from 1), with the duplicate
-    ``class`` (see `CLASSES`) and whether the previous receipt was acked (``after_ack``)."""
-    order = Window.partitionBy("id").orderBy("received_ms", "attempt", "possible_duplicate")
+    """Receipts numbered per delivery in order of arrival (``receipt``, from 1), with the
+    duplicate ``class`` (see `CLASSES`) and whether the previous receipt was acked
+    (``after_ack``)."""
+    order = Window.partitionBy(*DELIVERY).orderBy("received_ms", "attempt", "possible_duplicate")
     plain = ~F.col("possible_duplicate") & (F.col("attempt") == 1)
     # The original is the first plain receipt if there is one: a consumer may handle an early,
     # unflagged copy after the flagged re-send overtook it (it sat in a slow consumer's
     # buffer), and that is no bug; two plain receipts of one id are.
-    original = Window.partitionBy("id").orderBy(plain.desc(), "received_ms", "attempt",
-                                                "possible_duplicate")
+    original = Window.partitionBy(*DELIVERY).orderBy(plain.desc(), "received_ms", "attempt",
+                                                     "possible_duplicate")
     return (received
             .withColumn("receipt", F.row_number().over(order))
             .withColumn("duplicate", F.row_number().over(original) > 1)
@@ -328,28 +421,39 @@ def _first_receipts(receipts: DataFrame, messages: DataFrame) -> DataFrame:
                         - F.greatest("deliver_at_ms", "accepted_ms")))
 
 
-def _message_counts(messages: DataFrame, cancels: DataFrame,
+def _message_counts(messages: DataFrame, cancels: DataFrame, moves: DataFrame, owed: DataFrame,
                     received: DataFrame) -> dict[str, int]:
     """The ``messages`` figures, in one Spark job."""
     row = (messages.agg(F.count("*").alias("scheduled"), F.count_if("acked").alias("acked"))
            .crossJoin(cancels.agg(F.count("cancelled_ms").alias("cancelled")))
-           .crossJoin(received.agg(F.count_distinct("id").alias("received_unique"),
+           .crossJoin(moves.agg(F.count("moved_ms").alias("rescheduled")))
+           .crossJoin(owed.agg(F.count("*").alias("owed")))
+           .crossJoin(received.agg(F.count_distinct(*DELIVERY).alias("received_unique"),
                                    F.count("*").alias("receipts")))
            .first())
     return row.asDict()
 
 
-def _lost(run: Run, messages: DataFrame, cancels: DataFrame, received: DataFrame) -> DataFrame:
-    """Ids acked, due by the cutoff, not (maybe) cancelled, never received."""
-    due = messages.filter(F.col("acked") & (F.col("deliver_at_ms") <= run.lost_cutoff_ms))
+def _lost(run: Run, owed: DataFrame, cancels: DataFrame, received: DataFrame) -> DataFrame:
+    """Deliveries owed by the cutoff, of messages not (maybe) cancelled, never received in
+    their group."""
+    due = owed.filter(F.col("owed_ms") <= run.lost_cutoff_ms)
     return (due.join(cancels.filter("maybe_cancelled"), "id", "left_anti")
-            .join(received, "id", "left_anti").select("id"))
+            .join(received, list(DELIVERY), "left_anti"))
 
 
 def _cancelled_but_delivered(cancels: DataFrame, received: DataFrame) -> DataFrame:
     """Ids received after a cancel that found them pending had returned."""
     return (received.join(cancels, "id")
             .filter(F.col("received_ms") > F.col("cancelled_ms")).select("id").distinct())
+
+
+def _contrary_to_reschedule(run: Run, moves: DataFrame, received: DataFrame) -> DataFrame:
+    """Receipts (one row each) of moved messages more than ``allowed_early_ms`` before their
+    new due time."""
+    early = F.col("received_ms") < F.col("moved_ms") - run.allowed_early_ms
+    return (received.join(moves.filter(F.col("moved_ms").isNotNull()), "id").filter(early)
+            .select("id"))
 
 
 def _delivered_early(run: Run, received: DataFrame) -> DataFrame:
@@ -381,123 +485,97 @@ def _duplicate_counts(duplicates: DataFrame) -> tuple[dict[str, int], list[str]]
     return row, unflagged_ids
 
 
-def _lateness_percentiles(first: DataFrame) -> dict[str, int | None]:
-    """Exact nearest-rank p50 and p99, and the maximum (all None without receipts)."""
-    row = first.agg(F.percentile_approx("lateness_ms", [0.5, 0.99], PERCENTILE_ACCURACY)
-                    .alias("percentiles"), F.max("lateness_ms").alias("max")).first()
+def _lateness_percentiles(rows: DataFrame, column: str = "lateness_ms") -> dict[str, int | None]:
+    """Exact nearest-rank p50 and p99 of ``column``, and its maximum (all None without rows)."""
+    row = rows.agg(F.percentile_approx(column, [0.5, 0.99], PERCENTILE_ACCURACY)
+                   .alias("percentiles"), F.max(column).alias("max")).first()
     p50, p99 = row.percentiles or (None, None)
     return {"p50": p50, "p99": p99, "max": row.max}
 
 
-# -- failovers ---------------------------------------------------------------------------------
-
-def find_failovers(changes: list[LeaderChange], faults: list[Fault]) -> list[Failover]:
-    """The failovers in ``changes`` (in time order), each with when leadership was lost and the
-    fault blamed; ``faults`` in any order. See the module docstring for the rules."""
-    failovers: list[Failover] = []
-    named: int | None = None  # index of the latest change that named a leader
-    for index, change in enumerate(changes):
-        if change.leader is None:
-            continue
-        if named is not None and change.leader != changes[named].leader:
-            lost_at_ms = _lost_at_ms(changes, named, index, faults)
-            failovers.append(Failover(
-                old_leader=changes[named].leader, new_leader=change.leader, term=change.term,
-                at_ms=change.at_ms, lost_at_ms=lost_at_ms, fault=_blamed(faults, lost_at_ms)))
-        named = index
-    return failovers
-
-
-def _lost_at_ms(changes: list[LeaderChange], named: int, index: int,
-                faults: list[Fault]) -> int:
-    """When the old leader (last named at ``changes[named]``) was lost, for the failover at
-    ``changes[index]``."""
-    if named + 1 < index:
-        return changes[named + 1].at_ms
-    started = [fault.started_ms for fault in faults
-               if changes[named].at_ms < fault.started_ms <= changes[index].at_ms]
-    return max(started, default=changes[index].at_ms)
+def _per_group(owed: DataFrame, receipts: DataFrame, first: DataFrame,
+               lost: DataFrame) -> dict[str, dict[str, int | None]]:
+    """The ``groups`` figures, keyed ``topic/group``."""
+    keys = ["topic", "group"]
+    duplicate = F.col("duplicate")
+    counts = (
+        owed.groupBy(*keys).agg(F.count("*").alias("owed"))
+        .join(receipts.groupBy(*keys).agg(
+            F.count_distinct("id").alias("received"),
+            *(F.count_if(duplicate & (F.col("class") == name)).alias(name) for name in CLASSES),
+            F.count_if(_false_alarm()).alias("false_alarms")), keys, "full")
+        .join(first.groupBy(*keys).agg(F.percentile_approx(
+            "lateness_ms", 0.99, PERCENTILE_ACCURACY).alias("p99")), keys, "left")
+        .join(lost.groupBy(*keys).agg(F.count("*").alias("lost")), keys, "left"))
+    figures = ("owed", "received", "lost", *CLASSES, "false_alarms")
+    return {f"{row.topic}/{row.group}": {name: row[name] or 0 for name in figures}
+            | {"p99": row.p99}
+            for row in counts.orderBy(*keys).collect()}
 
 
-def _blamed(faults: list[Fault], at_ms: int) -> Fault | None:
-    """The latest fault started at or before ``at_ms``."""
-    return max((fault for fault in faults if fault.started_ms <= at_ms),
-               key=lambda fault: fault.started_ms, default=None)
+def _idle(run: Run, messages: DataFrame, received: DataFrame) -> dict[str, dict[str, int]]:
+    """Per idle topic: messages acked, and receipts (nobody reads it)."""
+    if not run.idle_topics:
+        return {}
+    acked = {row.topic: row["count"] for row in messages.filter(
+        F.col("acked") & F.col("topic").isin(*run.idle_topics)).groupBy("topic").count().collect()}
+    got = {row.topic: row["count"] for row in received.filter(
+        F.col("topic").isin(*run.idle_topics)).groupBy("topic").count().collect()}
+    return {topic: {"acked": acked.get(topic, 0), "received": got.get(topic, 0)}
+            for topic in run.idle_topics}
 
 
-def _leaderships(journals: DataFrame) -> list[Leadership]:
-    """Per node name and term, the journal figures a failover is measured by."""
-    delivered = F.col("event") == "delivered"
-    caught_up = delivered & (F.col("delivered_at_ms") - F.col("deliver_at_ms") <= CAUGHT_UP_MS)
-    rows = journals.groupBy("node_name", "term").agg(
-        F.min(F.when(F.col("event") == "dispatch_started", F.col("takeover_ms")))
-        .alias("takeover_ms"),
-        F.min(F.when(delivered, F.col("delivered_at_ms"))).alias("first_delivered_at_ms"),
-        F.min(F.when(caught_up, F.col("delivered_at_ms"))).alias("caught_up_at_ms")).collect()
-    return [Leadership(**row.asDict()) for row in rows]
+def _races(cancels: DataFrame, reschedules: DataFrame) -> dict[str, Any]:
+    """The ``races`` figures: raced calls by outcome, and their answer times."""
+    raced = cancels.filter(F.coalesce("raced", F.lit(False)))
+    outcomes = {name: {row.outcome: row["count"]
+                       for row in frame.groupBy("outcome").count().collect()}
+                for name, frame in (("cancels", raced), ("reschedules", reschedules))}
+    answers = (raced.select("sent_ms", "done_ms")
+               .unionByName(reschedules.select("sent_ms", "done_ms"))
+               .select((F.col("done_ms") - F.col("sent_ms")).alias("answer_ms")))
+    return outcomes | {"answer_ms": _lateness_percentiles(answers, "answer_ms")}
 
 
-def _failover_figures(failovers: list[Failover], leaderships: list[Leadership],
-                      duplicates: DataFrame) -> list[dict[str, Any]]:
-    per_failover = _duplicates_per_failover(failovers, duplicates)
+def _failover_figures(failovers: list[Failover], terms: list[Leadership],
+                      receipts: DataFrame) -> list[dict[str, Any]]:
+    per_failover = _duplicates_per_failover(failovers, receipts)
     return [{"old_leader": failover.old_leader, "new_leader": failover.new_leader,
              "term": failover.term, "at_ms": failover.at_ms, "lost_at_ms": failover.lost_at_ms,
              "no_leader_ms": failover.at_ms - failover.lost_at_ms,
-             "first_delivery_ms": _first_delivery_ms(failover, leaderships),
-             "catch_up_ms": _catch_up_ms(failover, leaderships),
-             "duplicates": counts,
+             "first_delivery_ms": first_delivery_ms(failover, terms),
+             "catch_up_ms": catch_up_ms(failover, terms),
+             "duplicates": {key: counts[key] for key in ("total", *CLASSES)},
+             "false_alarms": counts["false_alarms"],
+             "false_alarms_unsent": counts["false_alarms_unsent"],
              "fault": None if failover.fault is None else {"fault": failover.fault.fault,
                                                            "node": failover.fault.node}}
             for failover, counts in zip(failovers, per_failover, strict=True)]
 
 
-def _new_leaderships(failover: Failover, leaderships: list[Leadership]) -> list[Leadership]:
-    """The new leader's terms from the failover's on, in term order."""
-    term = failover.term or 0
-    return sorted((leadership for leadership in leaderships
-                   if leadership.node_name == failover.new_leader and leadership.term >= term),
-                  key=lambda leadership: leadership.term)
-
-
-def _first_delivery_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
-    delivered = [leadership.first_delivered_at_ms
-                 for leadership in _new_leaderships(failover, leaderships)
-                 if leadership.first_delivered_at_ms is not None]
-    return min(delivered) - failover.lost_at_ms if delivered else None
-
-
-def _catch_up_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
-    started = [leadership for leadership in _new_leaderships(failover, leaderships)
-               if leadership.takeover_ms is not None]
-    if not started or started[0].caught_up_at_ms is None:
-        return None
-    return started[0].caught_up_at_ms - started[0].takeover_ms
-
-
 def _duplicates_per_failover(failovers: list[Failover],
-                             duplicates: DataFrame) -> list[dict[str, int]]:
-    """Duplicates by class received in each failover's window ``[lost_at_ms, the next one's)``."""
-    counts = [{"total": 0, **dict.fromkeys(CLASSES, 0)} for _ in failovers]
+                             receipts: DataFrame) -> list[dict[str, int]]:
+    """Duplicates by class, their total, and false alarms (all, and unsent), received in each
+    failover's window ``[lost_at_ms, the next one's)``."""
+    counts = [{"total": 0, "false_alarms": 0, "false_alarms_unsent": 0,
+               **dict.fromkeys(CLASSES, 0)} for _ in failovers]
     if not failovers:
         return counts
-    rows = (duplicates.groupBy(_failover_index(failovers).alias("failover"), "class").count()
+    kind = (F.when(F.col("duplicate"), F.col("class"))
+            .when(_unsent_alarm(), F.lit("unsent")).when(_false_alarm(), F.lit("sent")))
+    rows = (receipts.withColumn("kind", kind).filter(F.col("kind").isNotNull())
+            .groupBy(failover_index(failovers).alias("failover"), "kind").count()
             .filter(F.col("failover").isNotNull()).collect())
     for row in rows:
-        counts[row.failover][row["class"]] += row["count"]
-        counts[row.failover]["total"] += row["count"]
+        figures = counts[row.failover]
+        if row.kind in CLASSES:
+            figures[row.kind] += row["count"]
+            figures["total"] += row["count"]
+        else:
+            figures["false_alarms"] += row["count"]
+            if row.kind == "unsent":
+                figures["false_alarms_unsent"] += row["count"]
     return counts
-
-
-def _failover_index(failovers: list[Failover]) -> Column:
-    """The index of the failover whose window holds ``received_ms`` (null: before the first)."""
-    received_ms = F.col("received_ms")
-    index = F.lit(None).cast("int")
-    for number in reversed(range(len(failovers))):
-        inside = received_ms >= failovers[number].lost_at_ms
-        if number + 1 < len(failovers):
-            inside &= received_ms < failovers[number + 1].lost_at_ms
-        index = F.when(inside, number).otherwise(index)
-    return index
 
 
 # -- the command -------------------------------------------------------------------------------

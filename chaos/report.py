@@ -8,8 +8,8 @@ recomputed. Times in the report are seconds since the run started.
   below zero) against when it arrived, a dashed line at each failover (when the harness saw the
   new leader) and the fault windows shaded.
 - ``duplicates.png``: duplicate receipts per failover, stacked by class.
-- ``report.md``: the verdict, the overall figures, the failover and fault tables, the plots, and
-  up to `MAX_EXAMPLES` ids for each problem class.
+- ``report.md``: the verdict, the overall figures, the per-group, race, failover and fault
+  tables, the plots, and up to `MAX_EXAMPLES` ids for each problem class.
 """
 
 from __future__ import annotations
@@ -30,7 +30,10 @@ LATENESS_PNG = "lateness.png"
 DUPLICATES_PNG = "duplicates.png"
 CLASS_COLOURS = {"flagged": "tab:blue", "redelivery": "tab:orange", "unflagged": "tab:red"}
 FAILOVER_HEADER = ["#", "old -> new", "term", "fault", "lost at (s)", "no leader (ms)",
-                   "first delivery (ms)", "catch-up (ms)", "duplicates f / r / u"]
+                   "first delivery (ms)", "catch-up (ms)", "duplicates f / r / u",
+                   "false alarms (unsent)"]
+GROUP_HEADER = ["topic/group", "owed", "received", "lost", "duplicates f / r / u",
+                "false alarms", "lateness p99 (ms)"]
 def write_report(audit_dir: Path, summary: dict[str, Any],
                  points: list[tuple[int, int]]) -> list[Path]:
     """Write ``summary.json``, ``report.md`` and the plots into ``audit_dir``; return the paths."""
@@ -52,6 +55,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
              f"grace {run['grace_ms']:,} ms, allowed early {run['allowed_early_ms']:,} ms. "
              "Times are seconds since the run started.", "",
              _markdown_table(["figure", "value"], [list(row) for row in overall_rows(summary)]),
+             "", "## Consumer groups", "", _markdown_table(GROUP_HEADER, group_rows(summary)),
+             "", "## Cancels and reschedules just before due", "", _races_markdown(summary),
              "", "## Failovers", "",
              _markdown_table(FAILOVER_HEADER, failover_rows(summary)) if summary["failovers"]
              else "None.", "", "## Faults", "", _faults_markdown(summary), "",
@@ -71,6 +76,10 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     for name, value in overall_rows(summary):
         overall.add_row(name, value)
     console.print(overall)
+    groups = Table(*GROUP_HEADER, title="consumer groups")
+    for row in group_rows(summary):
+        groups.add_row(*row)
+    console.print(groups)
     if summary["failovers"]:
         failovers = Table(*FAILOVER_HEADER, title="failovers")
         for row in failover_rows(summary):
@@ -85,13 +94,17 @@ def overall_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return [
         ("scheduled / acked", f"{messages['scheduled']:,} / {messages['acked']:,}"),
         ("cancelled", f"{messages['cancelled']:,}"),
-        ("received (unique / receipts)",
-         f"{messages['received_unique']:,} / {messages['receipts']:,}"),
+        ("deliveries owed / received (unique) / receipts",
+         f"{messages['owed']:,} / {messages['received_unique']:,} / {messages['receipts']:,}"),
         ("lost", f"{summary['lost']['count']:,}"),
         ("duplicates (flagged / redelivery / unflagged)",
          f"{duplicates['total']:,} ({_classes(duplicates)})"),
         ("duplicates after an ack", f"{duplicates['after_ack']:,}"),
+        ("flagged first receipts (false alarms; never sent before)",
+         f"{summary['false_alarms']:,}; {summary['false_alarms_unsent']:,}"),
+        ("rescheduled", f"{messages['rescheduled']:,}"),
         ("cancelled but delivered", f"{summary['cancelled_but_delivered']:,}"),
+        ("delivered contrary to a reschedule", f"{summary['contrary_to_reschedule']:,}"),
         ("receipts delivered early", f"{summary['delivered_early']:,}"),
         ("lateness p50 / p99 / max (ms)",
          " / ".join(_value(lateness[key]) for key in ("p50", "p99", "max"))),
@@ -106,8 +119,19 @@ def failover_rows(summary: dict[str, Any]) -> list[list[str]]:
              _value(failover["term"]), _fault_name(failover["fault"]),
              _seconds(failover["lost_at_ms"], started_ms), _value(failover["no_leader_ms"]),
              _value(failover["first_delivery_ms"]), _value(failover["catch_up_ms"]),
-             _classes(failover["duplicates"])]
+             _classes(failover["duplicates"]),
+             f"{failover['false_alarms']:,} ({failover['false_alarms_unsent']:,})"]
             for number, failover in enumerate(summary["failovers"], start=1)]
+
+
+def group_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """One row per consumer group, under `GROUP_HEADER`; then one per idle topic."""
+    rows = [[name, _value(group["owed"]), _value(group["received"]), _value(group["lost"]),
+             _classes(group), _value(group["false_alarms"]), _value(group["p99"])]
+            for name, group in summary["groups"].items()]
+    return rows + [[f"{topic} (idle: nobody reads it)", f"{idle['acked']:,} acked",
+                    _value(idle["received"]), "-", "-", "-", "-"]
+                   for topic, idle in summary["idle"].items()]
 
 
 def plot_lateness(summary: dict[str, Any], points: list[tuple[int, int]]) -> Figure:
@@ -172,8 +196,20 @@ def _problems(summary: dict[str, Any]) -> list[tuple[str, int, list[str]]]:
              examples["unflagged_duplicates"]),
             ("Cancelled but delivered", summary["cancelled_but_delivered"],
              examples["cancelled_but_delivered"]),
+            ("Delivered contrary to a reschedule", summary["contrary_to_reschedule"],
+             examples["contrary_to_reschedule"]),
             ("Receipts delivered early", summary["delivered_early"],
              examples["delivered_early"])]
+
+
+def _races_markdown(summary: dict[str, Any]) -> str:
+    races = summary["races"]
+    rows = [[kind, outcome, f"{count:,}"] for kind in ("cancels", "reschedules")
+            for outcome, count in sorted(races[kind].items())]
+    answer = races["answer_ms"]
+    table = _markdown_table(["call", "outcome", "messages"], rows) if rows else "None."
+    return (f"{table}\n\nAnswer times p50 / p99 / max (ms): "
+            + " / ".join(_value(answer[key]) for key in ("p50", "p99", "max")) + ".")
 
 
 def _faults_markdown(summary: dict[str, Any]) -> str:

@@ -23,6 +23,23 @@ The dirty run (times in ms after ``T0_MS``; the run lasts 100 s, grace 5 s, so m
   at 60,000, paused at 61,000, node2 seen at 63,000. node2's journal of an older generation holds
   a stale term 3, which must not count.
 
+The groups run (``run.json`` names the groups: ``orders`` -> ``a``, ``b``; ``reminders`` -> the
+default group; ``idle`` is read by nobody; one failover at 15,000):
+
+- ``g-0`` .. ``g-3`` arrive in both groups; ``g-lost`` only in ``a`` (lost: ``b/g-lost``);
+  ``g-false``'s only receipt in ``b`` is flagged (a false alarm, after the failover; only its
+  own send is journaled: unsent before); ``g-sent``'s too, but node0's journal shows it sent to
+  ``b`` before (a false alarm, not unsent); ``r-0``'s
+  receipt names no group (the default group's); ``idle-0`` is owed to nobody.
+- Reschedules: ``mv-ok`` moved from 30,000 to 35,000 and arrives then; ``mv-early`` moved too but
+  ``a`` got it at the old time (contrary to the answer); ``mv-lost`` moved to 50,000, never
+  arrives (lost in both groups); ``mv-unknown``'s move to 96,000 has no answer (owed then: after
+  the cutoff); ``mv-handed``'s answer was ``handed_out`` and it arrives at its old time.
+- Raced cancels: ``race-cancel`` answered ``cancelled`` 10 ms before due and ``b`` received it
+  after; ``race-handed``'s answered ``handed_out`` and both groups received it;
+  ``race-handed-a``'s answered ``handed_out`` and only ``a`` ever received it (``b`` never
+  will: not lost).
+
 The lines of every file are written in reverse, so nothing may rely on file order.
 """
 
@@ -40,15 +57,14 @@ import pytest
 from pyspark.sql import SparkSession
 
 from tickwheel.chaos.audit import (
-    Fault,
-    LeaderChange,
     audit,
     build_session,
-    find_failovers,
     lateness_points,
     load_logs,
     read_run,
+    verdict,
 )
+from tickwheel.chaos.failovers import Fault, LeaderChange, find_failovers
 
 T0_MS = 1_700_000_000_000
 SENT_MS = 1_000
@@ -64,29 +80,37 @@ def t(ms: int) -> int:
 
 
 def scheduled(id_: str, due_ms: int, *, acked: bool = True, sent_ms: int = SENT_MS,
-              acked_ms: int = ACKED_MS) -> dict[str, Any]:
-    return {"id": id_, "topic": "orders", "deliver_at_ms": t(due_ms), "sent_ms": t(sent_ms),
+              acked_ms: int = ACKED_MS, topic: str = "orders") -> dict[str, Any]:
+    return {"id": id_, "topic": topic, "deliver_at_ms": t(due_ms), "sent_ms": t(sent_ms),
             "acked": acked, "acked_ms": t(acked_ms) if acked else None,
             "handle": 1 if acked else None, "kind": "due"}
 
 
 def receipt(id_: str, due_ms: int, received_ms: int, *, attempt: int = 1,
-            possible_duplicate: bool = False, acked: bool = True,
-            node: str = "node0") -> dict[str, Any]:
-    return {"id": id_, "topic": "orders", "deliver_at_ms": t(due_ms),
+            possible_duplicate: bool = False, acked: bool = True, node: str = "node0",
+            topic: str = "orders", group: str | None = None) -> dict[str, Any]:
+    """A receipt; without ``group`` it has no such field, as the harness wrote before groups."""
+    return {"id": id_, "topic": topic, "deliver_at_ms": t(due_ms),
             "delivered_at_ms": t(received_ms - 1), "received_ms": t(received_ms),
             "attempt": attempt, "possible_duplicate": possible_duplicate, "node": node,
-            "consumer": "c0", "acked": acked}
+            "consumer": "c0", "acked": acked} | ({} if group is None else {"group": group})
 
 
-def cancel(id_: str, done_ms: int, outcome: str) -> dict[str, Any]:
+def cancel(id_: str, done_ms: int, outcome: str, **raced: Any) -> dict[str, Any]:
     return {"id": id_, "handle": 1, "sent_ms": t(done_ms - 5), "done_ms": t(done_ms),
-            "outcome": outcome}
+            "outcome": outcome} | raced
 
 
-def journal_delivered(raft: str, term: int, due_ms: int, delivered_ms: int) -> dict[str, Any]:
-    return {"event": "delivered", "node": raft, "term": term, "epoch": term, "id": "x",
-            "topic": "orders", "handle": 1, "deliver_at_ms": t(due_ms),
+def reschedule(id_: str, old_ms: int, new_ms: int, done_ms: int, outcome: str) -> dict[str, Any]:
+    return {"id": id_, "handle": 1, "sent_ms": t(done_ms - 10), "done_ms": t(done_ms),
+            "outcome": outcome, "deliver_at_ms": t(new_ms), "old_deliver_at_ms": t(old_ms),
+            "batch": 1, "size": 1}
+
+
+def journal_delivered(raft: str, term: int, due_ms: int, delivered_ms: int, id_: str = "x",
+                      **group: str) -> dict[str, Any]:
+    return {"event": "delivered", "node": raft, "term": term, "epoch": term, "id": id_,
+            "topic": "orders", "handle": 1, **group, "deliver_at_ms": t(due_ms),
             "delivered_at_ms": t(delivered_ms), "position": [0, 0],
             "possible_duplicate": False, "attempt": 1}
 
@@ -97,15 +121,16 @@ def journal_started(raft: str, term: int, takeover_ms: int) -> dict[str, Any]:
 
 
 def write_run(out_dir: Path, ended_ms: int, *, drained_due_ms: int | None = None,
-              **lines: list[Any]) -> Path:
-    """A run directory: ``run.json`` and, per keyword, a ``.jsonl`` file (``journals__node0_0``
-    is ``journals/node0.0.jsonl``) with its lines reversed; strings are written verbatim."""
+              groups: dict[str, Any] | None = None, **lines: list[Any]) -> Path:
+    """A run directory: ``run.json`` (with ``groups``' items when given) and, per keyword, a
+    ``.jsonl`` file (``journals__node0_0`` is ``journals/node0.0.jsonl``) with its lines
+    reversed; strings are written verbatim."""
     out_dir.mkdir(parents=True)
     drained = {} if drained_due_ms is None else {"drained_due_ms": t(drained_due_ms)}
     (out_dir / "run.json").write_text(json.dumps({
         "started_ms": T0_MS, "ended_ms": t(ended_ms), "seed": 7, "nodes": [],
         "faults": ["kill", "pause"], "grace_ms": 5_000, "max_skew_ms": 0,
-        "allowed_early_ms": 5} | drained))
+        "allowed_early_ms": 5} | drained | (groups or {})))
     for name, rows in lines.items():
         path = out_dir / (name.replace("__", "/").replace("_", ".") + ".jsonl")
         path.parent.mkdir(exist_ok=True)
@@ -195,6 +220,50 @@ def clean_run(out_dir: Path) -> Path:
                      received=got, leaders=leaders, faults=[])
 
 
+def groups_run(out_dir: Path) -> Path:
+    plan = [scheduled(f"g-{i}", 10_000 + 1_000 * i) for i in range(4)]
+    plan += [scheduled(id_, due_ms) for id_, due_ms in (
+        ("g-lost", 20_000), ("g-false", 21_000), ("g-sent", 21_500), ("mv-ok", 30_000),
+        ("mv-early", 30_000),
+        ("mv-lost", 30_000), ("mv-unknown", 30_000), ("mv-handed", 30_000),
+        ("race-cancel", 40_000), ("race-handed", 40_000), ("race-handed-a", 40_000))]
+    plan += [scheduled("r-0", 22_000, topic="reminders"), scheduled("idle-0", 23_000, topic="idle")]
+    both = [("g-0", 10_000), ("g-1", 11_000), ("g-2", 12_000), ("g-3", 13_000),
+            ("mv-handed", 30_000), ("race-handed", 40_000)]
+    got = [receipt(id_, due_ms, due_ms + lateness, group=group)
+           for id_, due_ms in both for group, lateness in (("a", 10), ("b", 20))]
+    got += [receipt("g-lost", 20_000, 20_010, group="a"),
+            receipt("g-false", 21_000, 21_010, group="a"),
+            receipt("g-false", 21_000, 21_030, group="b", possible_duplicate=True),
+            receipt("g-sent", 21_500, 21_510, group="a"),
+            receipt("g-sent", 21_500, 21_540, group="b", possible_duplicate=True),
+            receipt("r-0", 22_000, 22_015, topic="reminders"),
+            receipt("mv-ok", 35_000, 35_010, group="a"),
+            receipt("mv-ok", 35_000, 35_020, group="b"),
+            receipt("mv-early", 30_000, 30_005, group="a"),
+            receipt("mv-early", 35_000, 35_005, group="b"),
+            receipt("race-cancel", 40_000, 40_005, group="b"),
+            receipt("race-handed-a", 40_000, 40_010, group="a")]
+    reschedules = [reschedule("mv-ok", 30_000, 35_000, 29_990, "rescheduled"),
+                   reschedule("mv-early", 30_000, 35_000, 29_990, "rescheduled"),
+                   reschedule("mv-lost", 30_000, 50_000, 29_990, "rescheduled"),
+                   reschedule("mv-unknown", 30_000, 96_000, 29_990, "unknown"),
+                   reschedule("mv-handed", 30_000, 35_000, 29_990, "handed_out")]
+    cancels = [cancel("race-cancel", 39_990, "cancelled", deliver_at_ms=t(40_000), raced=True),
+               cancel("race-handed", 39_990, "handed_out", deliver_at_ms=t(40_000), raced=True),
+               cancel("race-handed-a", 39_990, "handed_out", deliver_at_ms=t(40_000),
+                      raced=True)]
+    leaders = [{"at_ms": t(0), "leader": "node0", "term": 1},
+               {"at_ms": t(15_000), "leader": "node1", "term": 2}]
+    return write_run(out_dir, 100_000, groups={
+        "groups": {"orders": ["a", "b"], "reminders": [""]}, "idle_topics": ["idle"]},
+        scheduled=plan, received=got, cancels=cancels, reschedules=reschedules,
+        leaders=leaders, faults=[],
+        journals__node0_0=[journal_delivered("n0", 1, 21_500, 21_500, "g-sent", group="b")],
+        journals__node1_0=[journal_delivered("n1", 2, 21_500, 21_530, "g-sent", group="b"),
+                           journal_delivered("n1", 2, 21_000, 21_025, "g-false", group="b")])
+
+
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
     with pytest.MonkeyPatch.context() as patch:
@@ -207,7 +276,8 @@ def spark() -> Iterator[SparkSession]:
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("audit")
-    return {"dirty": dirty_run(root / "dirty"), "clean": clean_run(root / "clean")}
+    return {"dirty": dirty_run(root / "dirty"), "clean": clean_run(root / "clean"),
+            "groups": groups_run(root / "groups")}
 
 
 @pytest.fixture(scope="module")
@@ -239,8 +309,8 @@ def dirty(commands: object, spark: SparkSession, dirs: dict[str, Path]) -> dict[
 
 def test_message_counts_and_losses(dirty: dict[str, Any]) -> None:
     assert dirty["verdict"] == "dirty"
-    assert dirty["messages"] == {"scheduled": 32, "acked": 30, "cancelled": 4,
-                                 "received_unique": 22, "receipts": 28}
+    assert dirty["messages"] == {"scheduled": 32, "acked": 30, "cancelled": 4, "rescheduled": 0,
+                                 "owed": 30, "received_unique": 22, "receipts": 28}
     assert dirty["lost"] == {"count": 5, "ids": ["boundary-0", "lost-0", "lost-1", "lost-2",
                                                  "not-pending-0"]}
 
@@ -251,7 +321,8 @@ def test_duplicates_cancels_and_early_receipts(dirty: dict[str, Any]) -> None:
     assert (dirty["cancelled_but_delivered"], dirty["delivered_early"]) == (1, 1)
     assert dirty["examples"] == {"unflagged_duplicates": ["dup-unflagged-0"],
                                  "cancelled_but_delivered": ["cbd-0"],
-                                 "delivered_early": ["early-0"]}
+                                 "contrary_to_reschedule": [], "delivered_early": ["early-0"]}
+    assert dirty["false_alarms"] == 0
 
 
 def test_lateness_is_judged_from_acceptance(spark: SparkSession, dirs: dict[str, Path],
@@ -271,12 +342,14 @@ def test_failover_figures(dirty: dict[str, Any]) -> None:
         "old_leader": "node0", "new_leader": "node1", "term": 2, "at_ms": t(32_000),
         "lost_at_ms": t(30_500), "no_leader_ms": 1_500, "first_delivery_ms": 1_800,
         "catch_up_ms": 300, "fault": {"fault": "kill", "node": "node0"},
-        "duplicates": {"total": 2, "flagged": 1, "redelivery": 1, "unflagged": 0}}
+        "duplicates": {"total": 2, "flagged": 1, "redelivery": 1, "unflagged": 0},
+        "false_alarms": 0, "false_alarms_unsent": 0}
     assert second == {
         "old_leader": "node1", "new_leader": "node2", "term": 4, "at_ms": t(63_000),
         "lost_at_ms": t(61_000), "no_leader_ms": 2_000, "first_delivery_ms": 2_500,
         "catch_up_ms": 500, "fault": {"fault": "pause", "node": "node1"},
-        "duplicates": {"total": 3, "flagged": 1, "redelivery": 1, "unflagged": 1}}
+        "duplicates": {"total": 3, "flagged": 1, "redelivery": 1, "unflagged": 1},
+        "false_alarms": 0, "false_alarms_unsent": 0}
     assert [fault["fault"] for fault in dirty["faults"]] == ["kill", "pause", "partition"]
 
 
@@ -316,12 +389,64 @@ def test_a_clean_run(finished: dict[str, tuple[int, str, str]]) -> None:
     summary = json.loads(finished["clean"][1])
     assert summary["lateness_ms"] == {"p50": 50, "p99": 99, "max": 100}
     assert summary["messages"] == {"scheduled": 101, "acked": 100, "cancelled": 0,
-                                   "received_unique": 100, "receipts": 103}
+                                   "rescheduled": 0, "owed": 100, "received_unique": 100,
+                                   "receipts": 103}
+    assert summary["groups"] == {"orders/": {
+        "owed": 100, "received": 100, "lost": 0, "flagged": 2, "redelivery": 1, "unflagged": 0,
+        "false_alarms": 0, "p99": 99}}
+    assert (summary["idle"], summary["races"]["cancels"]) == ({}, {})
     (failover,) = summary["failovers"]
     assert (failover["lost_at_ms"], failover["no_leader_ms"]) == (t(50_000), 0)
     assert (failover["first_delivery_ms"], failover["catch_up_ms"], failover["fault"]) == (
         None, None, None)
     assert failover["duplicates"] == {"total": 3, "flagged": 2, "redelivery": 1, "unflagged": 0}
+
+
+def test_groups_reschedules_and_races(finished: dict[str, tuple[int, str, str]]) -> None:
+    code, stdout, stderr = finished["groups"]
+    summary = json.loads(stdout)
+    assert (code, summary["verdict"]) == (1, "dirty"), stderr
+    # 15 orders messages in two groups, one reminder in the default group; idle-0 owed to none.
+    assert summary["messages"] == {"scheduled": 17, "acked": 17, "cancelled": 1,
+                                   "rescheduled": 3, "owed": 31, "received_unique": 24,
+                                   "receipts": 24}
+    assert summary["lost"] == {"count": 3, "ids": ["a/mv-lost", "b/g-lost", "b/mv-lost"]}
+    assert summary["groups"] == {
+        "orders/a": {"owed": 15, "received": 12, "lost": 1, "flagged": 0, "redelivery": 0,
+                     "unflagged": 0, "false_alarms": 0, "p99": 10},
+        "orders/b": {"owed": 15, "received": 11, "lost": 2, "flagged": 0, "redelivery": 0,
+                     "unflagged": 0, "false_alarms": 2, "p99": 40},
+        "reminders/": {"owed": 1, "received": 1, "lost": 0, "flagged": 0, "redelivery": 0,
+                       "unflagged": 0, "false_alarms": 0, "p99": 15}}
+    assert summary["idle"] == {"idle": {"acked": 1, "received": 0}}
+    assert summary["duplicates"]["total"] == 0
+    assert (summary["false_alarms"], summary["false_alarms_unsent"]) == (2, 1)
+    (failover,) = summary["failovers"]
+    assert (failover["false_alarms"], failover["false_alarms_unsent"]) == (2, 1)
+    assert (summary["cancelled_but_delivered"], summary["contrary_to_reschedule"]) == (1, 1)
+    assert summary["examples"]["cancelled_but_delivered"] == ["race-cancel"]
+    assert summary["examples"]["contrary_to_reschedule"] == ["mv-early"]
+    assert summary["delivered_early"] == 0
+    assert summary["races"] == {
+        "cancels": {"cancelled": 1, "handed_out": 2},
+        "reschedules": {"rescheduled": 3, "unknown": 1, "handed_out": 1},
+        "answer_ms": {"p50": 10, "p99": 10, "max": 10}}
+
+
+@pytest.mark.parametrize("broken", ["lost", "unflagged", "delivered_early",
+                                    "cancelled_but_delivered", "contrary_to_reschedule"])
+def test_every_broken_promise_makes_the_verdict_dirty(broken: str) -> None:
+    def summary(**counts: int) -> dict[str, Any]:
+        figures = dict.fromkeys(("lost", "unflagged", "delivered_early",
+                                 "cancelled_but_delivered", "contrary_to_reschedule"), 0)
+        figures |= counts
+        return {"lost": {"count": figures["lost"], "ids": []},
+                "duplicates": {"unflagged": figures["unflagged"], "flagged": 9},
+                "false_alarms": 9, **{key: figures[key] for key in (
+                    "delivered_early", "cancelled_but_delivered", "contrary_to_reschedule")}}
+
+    assert verdict(summary()) == "clean"
+    assert verdict(summary(**{broken: 1})) == "dirty"
 
 
 def test_failovers_follow_the_named_leader() -> None:

@@ -1,0 +1,141 @@
+"""Who led when, and how each change of leader went: the failover figures of the audit.
+
+A *failover* is an entry of ``leaders.jsonl`` naming a leader other than the last leader named
+before it; `find_failovers` finds them and when leadership was lost, and blames a fault;
+the new leader's journals (`leaderships`) say when it first delivered and caught up. The
+definitions are those of `tickwheel.chaos.audit`'s module docstring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+CAUGHT_UP_MS = 100
+"""A new leader has caught up once it delivers a message at most this late (its own clock)."""
+
+@dataclass(frozen=True, slots=True)
+class LeaderChange:
+    """A line of ``leaders.jsonl``; ``leader`` is None while the harness sees none."""
+
+    at_ms: int
+    leader: str | None
+    term: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """A line of ``faults.jsonl``: what was done to which node (None: the whole cluster)."""
+
+    fault: str
+    node: str | None
+    started_ms: int
+    ended_ms: int | None
+    detail: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failover:
+    """Leadership moved from ``old_leader`` to ``new_leader`` (see the module docstring)."""
+
+    old_leader: str
+    new_leader: str
+    term: int | None
+    at_ms: int
+    lost_at_ms: int
+    fault: Fault | None
+
+
+@dataclass(frozen=True, slots=True)
+class Leadership:
+    """What one node's journals say about one term: when it took over, first delivered, and
+    first delivered a message at most `CAUGHT_UP_MS` late (each None if never)."""
+
+    node_name: str
+    term: int
+    takeover_ms: int | None
+    first_delivered_at_ms: int | None
+    caught_up_at_ms: int | None
+
+
+def find_failovers(changes: list[LeaderChange], faults: list[Fault]) -> list[Failover]:
+    """The failovers in ``changes`` (in time order), each with when leadership was lost and the
+    fault blamed; ``faults`` in any order. See the module docstring for the rules."""
+    failovers: list[Failover] = []
+    named: int | None = None  # index of the latest change that named a leader
+    for index, change in enumerate(changes):
+        if change.leader is None:
+            continue
+        if named is not None and change.leader != changes[named].leader:
+            lost_at_ms = _lost_at_ms(changes, named, index, faults)
+            failovers.append(Failover(
+                old_leader=changes[named].leader, new_leader=change.leader, term=change.term,
+                at_ms=change.at_ms, lost_at_ms=lost_at_ms, fault=_blamed(faults, lost_at_ms)))
+        named = index
+    return failovers
+
+
+def _lost_at_ms(changes: list[LeaderChange], named: int, index: int,
+                faults: list[Fault]) -> int:
+    """When the old leader (last named at ``changes[named]``) was lost, for the failover at
+    ``changes[index]``."""
+    if named + 1 < index:
+        return changes[named + 1].at_ms
+    started = [fault.started_ms for fault in faults
+               if changes[named].at_ms < fault.started_ms <= changes[index].at_ms]
+    return max(started, default=changes[index].at_ms)
+
+
+def _blamed(faults: list[Fault], at_ms: int) -> Fault | None:
+    """The latest fault started at or before ``at_ms``."""
+    return max((fault for fault in faults if fault.started_ms <= at_ms),
+               key=lambda fault: fault.started_ms, default=None)
+
+
+def leaderships(journals: DataFrame) -> list[Leadership]:
+    """Per node name and term, the journal figures a failover is measured by."""
+    delivered = F.col("event") == "delivered"
+    caught_up = delivered & (F.col("delivered_at_ms") - F.col("deliver_at_ms") <= CAUGHT_UP_MS)
+    rows = journals.groupBy("node_name", "term").agg(
+        F.min(F.when(F.col("event") == "dispatch_started", F.col("takeover_ms")))
+        .alias("takeover_ms"),
+        F.min(F.when(delivered, F.col("delivered_at_ms"))).alias("first_delivered_at_ms"),
+        F.min(F.when(caught_up, F.col("delivered_at_ms"))).alias("caught_up_at_ms")).collect()
+    return [Leadership(**row.asDict()) for row in rows]
+
+
+def _new_leaderships(failover: Failover, leaderships: list[Leadership]) -> list[Leadership]:
+    """The new leader's terms from the failover's on, in term order."""
+    term = failover.term or 0
+    return sorted((leadership for leadership in leaderships
+                   if leadership.node_name == failover.new_leader and leadership.term >= term),
+                  key=lambda leadership: leadership.term)
+
+
+def first_delivery_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
+    delivered = [leadership.first_delivered_at_ms
+                 for leadership in _new_leaderships(failover, leaderships)
+                 if leadership.first_delivered_at_ms is not None]
+    return min(delivered) - failover.lost_at_ms if delivered else None
+
+
+def catch_up_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
+    started = [leadership for leadership in _new_leaderships(failover, leaderships)
+               if leadership.takeover_ms is not None]
+    if not started or started[0].caught_up_at_ms is None:
+        return None
+    return started[0].caught_up_at_ms - started[0].takeover_ms
+
+
+def failover_index(failovers: list[Failover]) -> Column:
+    """The index of the failover whose window holds ``received_ms`` (null: before the first)."""
+    received_ms = F.col("received_ms")
+    index = F.lit(None).cast("int")
+    for number in reversed(range(len(failovers))):
+        inside = received_ms >= failovers[number].lost_at_ms
+        if number + 1 < len(failovers):
+            inside &= received_ms < failovers[number + 1].lost_at_ms
+        index = F.when(inside, number).otherwise(index)
+    return index
