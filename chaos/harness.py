@@ -24,14 +24,17 @@ from rich.progress import Progress
 from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.nemesis import Nemesis, NemesisConfig
 from tickwheel.chaos.workload import (
-    CONSUMERS,
-    TOPICS,
+    GROUPS,
+    IDLE_TOPIC,
+    SUBSCRIPTIONS,
     Canceller,
     ConsumerWorker,
     EventLog,
     LeaderMonitor,
     Mix,
     Producer,
+    Race,
+    Racer,
     now_ms,
 )
 from tickwheel.replication.local_cluster import wait_for
@@ -49,6 +52,9 @@ class RunConfig:
     seed: int = 1
     producers: int = 2
     cancel_fraction: float = 0.03
+    race_fraction: float = 0.03
+    """Of the consumed topics' messages, the share cancelled or rescheduled just before due."""
+    race: Race = field(default_factory=Race)
     grace_ms: int = 5_000
     """The audit counts a message lost only if it was due this long before the run ended."""
     drain_max_s: float = 60.0
@@ -59,32 +65,50 @@ class RunConfig:
 
 
 class _Expected:
-    """Which accepted messages are still owed a delivery; read to know when to stop
-    draining. Fed by wrapping the event logs' writers."""
+    """Which accepted messages are still owed a delivery to which group; read to know when to
+    stop draining. Fed by wrapping the event logs' writers."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._due: dict[str, int] = {}
-        self._gone: set[str] = set()
+        self._due: dict[tuple[str, str], int] = {}
+        self._groups: dict[str, tuple[str, ...]] = {}
+        self._cancelled: set[str] = set()
+        self._received: set[tuple[str, str]] = set()
 
     def scheduled(self, event: dict) -> None:
         if event["acked"]:
             with self._lock:
-                self._due[event["id"]] = event["deliver_at_ms"]
+                self._groups[event["id"]] = groups = GROUPS.get(event["topic"], ())
+                for group in groups:
+                    self._due[(event["id"], group)] = event["deliver_at_ms"]
 
     def cancelled(self, event: dict) -> None:
+        """Cancelled, maybe cancelled, or (``handed_out``) cancelled for the groups that had
+        not had it: owed to no group that has not received it yet."""
         if event["outcome"] != "not_pending":
             with self._lock:
-                self._gone.add(event["id"])
+                self._cancelled.add(event["id"])
+
+    def rescheduled(self, event: dict) -> None:
+        """A moved message is owed at its new time; one whose move may or may not have
+        happened, at the later of the two."""
+        if event["outcome"] in ("rescheduled", "unknown"):
+            moved_ms = event["deliver_at_ms"]
+            with self._lock:
+                for group in self._groups.get(event["id"], ()):
+                    key = (event["id"], group)
+                    self._due[key] = (moved_ms if event["outcome"] == "rescheduled"
+                                      else max(self._due[key], moved_ms))
 
     def received(self, event: dict) -> None:
         with self._lock:
-            self._gone.add(event["id"])
+            self._received.add((event["id"], event.get("group") or ""))
 
     def missing(self, due_by_ms: int) -> int:
         with self._lock:
-            return sum(1 for message_id, due_ms in self._due.items()
-                       if due_ms <= due_by_ms and message_id not in self._gone)
+            return sum(1 for key, due_ms in self._due.items()
+                       if due_ms <= due_by_ms and key not in self._received
+                       and key[0] not in self._cancelled)
 
 
 class _TappedLog(EventLog):
@@ -107,6 +131,7 @@ def run(config: RunConfig, console: Console | None = None) -> dict:
     expected = _Expected()
     logs = {"scheduled": _TappedLog(out / "scheduled.jsonl", expected.scheduled),
             "cancels": _TappedLog(out / "cancels.jsonl", expected.cancelled),
+            "reschedules": _TappedLog(out / "reschedules.jsonl", expected.rescheduled),
             "received": _TappedLog(out / "received.jsonl", expected.received),
             "leaders": EventLog(out / "leaders.jsonl"),
             "faults": EventLog(out / "faults.jsonl")}
@@ -125,6 +150,7 @@ def run(config: RunConfig, console: Console | None = None) -> dict:
               "drained_due_ms": summary.pop("drained_due_ms"),
               "seed": config.seed, "nodes": nodes, "faults": list(config.nemesis.faults),
               "grace_ms": config.grace_ms, "max_skew_ms": summary["max_skew_ms"],
+              "groups": GROUPS, "idle_topics": [IDLE_TOPIC],
               "allowed_early_ms": summary["max_skew_ms"] + 5,
               "config": {key: value for key, value in asdict(config).items() if key != "out"}
               | {"out": str(out)}, "summary": summary}
@@ -139,21 +165,23 @@ def _scenario(config: RunConfig, cluster: ChaosCluster, logs: dict[str, EventLog
     stop_all, stop_producing = threading.Event(), threading.Event()
     monitor = LeaderMonitor({cluster.name(n): n.grpc_address for n in cluster.nodes},
                             logs["leaders"], stop_all)
-    consumers = [ConsumerWorker(targets, topic, behaviour, config.seed * 1_000 + i,
+    consumers = [ConsumerWorker(targets, topic, group, behaviour, config.seed * 1_000 + i,
                                 cluster.names, logs["received"], stop_all)
-                 for i, (topic, behaviour) in enumerate(
-                     (t, b) for t in TOPICS for b in CONSUMERS)]
+                 for i, (topic, group, behaviour) in enumerate(SUBSCRIPTIONS)]
     for thread in (monitor, *consumers):
         thread.start()
-    wait_for(lambda: _subscribed(cluster) >= len(consumers), 30, "every consumer to subscribe")
+    streams = sum(not behaviour.unary for _, _, behaviour in SUBSCRIPTIONS)
+    wait_for(lambda: _subscribed(cluster) >= streams, 30, "every consumer to subscribe")
     accepted: deque = deque()
     producers = [Producer(i, targets, config.rate / config.producers, config.mix,
                           config.seed * 100 + i, logs["scheduled"], accepted, stop_producing)
                  for i in range(config.producers)]
+    racer = Racer(targets, config.seed * 10 + 8, logs["cancels"], logs["reschedules"],
+                  stop_producing, config.race)
     canceller = Canceller(targets, config.cancel_fraction, config.seed * 10 + 7,
-                          logs["cancels"], accepted, stop_producing)
+                          logs["cancels"], accepted, stop_producing, racer, config.race_fraction)
     nemesis = Nemesis(cluster, config.nemesis, config.seed, logs["faults"], stop_producing)
-    production = [*producers, canceller, nemesis]
+    production = [*producers, canceller, racer, nemesis]
     for thread in production:
         thread.start()
     _watch(config, logs, monitor, console)

@@ -263,9 +263,9 @@ class Received:
     node: str
     """The Raft address of the leader that sent it."""
     _send: Callable[[str, str], None] = field(repr=False)
+    """``send(kind, receipt)``: queue an "ack" or a "nack" on the consumer's stream."""
     group: str = ""
     """The consumer group it was handed out to ("" : the topic's default group)."""
-    """``send(kind, receipt)``: queue an "ack" or a "nack" on the consumer's stream."""
 
     @property
     def lateness_ms(self) -> int:

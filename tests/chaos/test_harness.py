@@ -142,6 +142,16 @@ def test_kill_pause_and_partition_lose_nothing_and_flag_every_duplicate(
     assert summary["lost"]["count"] == 0, summary["lost"]
     assert summary["duplicates"]["unflagged"] == 0, summary["duplicates"]
     assert summary["delivered_early"] == 0
+    # Two groups of one topic and the default group of another each got everything; the idle
+    # topic held nothing back; cancels and reschedules raced the due time and kept their word.
+    assert set(summary["groups"]) == {"orders/billing", "orders/shipping", "reminders/"}
+    assert all(group["lost"] == 0 and group["received"] > 1_000
+               for group in summary["groups"].values()), summary["groups"]
+    assert summary["idle"]["idle"]["acked"] > 300
+    assert sum(summary["races"]["cancels"].values()) > 20
+    assert summary["races"]["reschedules"].get("rescheduled", 0) > 5, summary["races"]
+    assert summary["cancelled_but_delivered"] == 0
+    assert summary["contrary_to_reschedule"] == 0
     faults = {fault["fault"] for fault in summary["faults"]}
     assert faults >= {"kill", "pause", "partition"}
     assert len(summary["failovers"]) >= 3
