@@ -319,9 +319,12 @@ CRASHY = Behaviour("crashy", crash_probability=0.01)
 RECEIVER = Behaviour("receiver", crash_probability=0.01, unary=True)
 SUBSCRIPTIONS: tuple[tuple[str, str, Behaviour], ...] = (
     ("orders", "billing", STEADY), ("orders", "billing", SLOW),
-    ("orders", "shipping", CRASHY), ("orders", "shipping", RECEIVER),
+    ("orders", "shipping", STEADY), ("orders", "shipping", CRASHY),
+    ("orders", "shipping", RECEIVER),
     ("reminders", "", STEADY), ("reminders", "", SLOW), ("reminders", "", CRASHY))
-"""``(topic, group, behaviour)`` of every consumer: each group of `GROUPS` has two."""
+"""``(topic, group, behaviour)`` of every consumer. Each group has a steady one: without it,
+a group of a crashy consumer (down a second after every crash) and a receiver fell 2 s behind
+(lateness p50 1.9 s in a 10-minute run), which measures the workload, not the service."""
 
 
 class ConsumerWorker(threading.Thread):
