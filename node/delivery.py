@@ -347,18 +347,20 @@ class Hub:
             self._journal.delivered(batch, consumer.group, self._term, now_ms)
             self._metrics.observe_delivered(consumer.topic, batch, now_ms)
         if orphaned:
-            self._release(orphaned)
+            self._give_back(orphaned)
 
     def _send_held(self) -> None:
         self._lease_retry = None
         held, self._held = self._held, []
         self._send_all(held)
 
-    def _release(self, leases: list[LeaseRef]) -> None:
+    def _give_back(self, leases: list[LeaseRef]) -> None:
+        """End leases whose messages never left (their consumer went first): ready again,
+        and the next delivery is not flagged for them."""
         try:
-            self._replica.release(leases)
+            self._replica.give_back(leases)
         except TickwheelError as error:
-            log.warning("event=release_failed leases=%d error=%r", len(leases), error)
+            log.warning("event=give_back_failed leases=%d error=%r", len(leases), error)
 
     def _expire(self, expired: list[Expired]) -> None:
         """A lease deadline (visibility timeout) that passes counts as a nack."""

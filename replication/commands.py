@@ -83,6 +83,9 @@ class LeaseOp(IntEnum):
     ACK = 1
     RELEASE = 2
     EXTEND = 3
+    RETURN = 4
+    """A release of leases whose messages were never sent: they do not count as handed out to
+    the next delivery's ``possible_duplicate``."""
 
 
 # strings of a handout: count u16, then per string its size u16 and its UTF-8 bytes

@@ -228,6 +228,21 @@ class Groups:
         _back_to_ready(current[0], ref.handle, current[1])
         return True
 
+    def give_back(self, ref: LeaseRef) -> bool:
+        """The lease ends before its message was ever sent: ready again, first in line, as
+        if the lease had not been granted, so the next one is not flagged for it (its number
+        is taken again, under a new nonce). A receipt of the lease before it stops counting,
+        as if that one had been given back too (only an ack of a released lease's receipt
+        would have used it)."""
+        current = self._current(ref)
+        if current is None:
+            return False
+        group, lease = current
+        del group.leases[ref.handle]
+        group.ready[ref.handle] = (lease.seq - 1, 0)
+        group.ready.move_to_end(ref.handle, last=False)
+        return True
+
     def extend(self, ref: LeaseRef, deadline_ms: int) -> bool:
         """Move a current lease's deadline."""
         current = self._current(ref)

@@ -120,18 +120,24 @@ class Planner:
         if slot is not None:
             slot.credits = max(0, slot.credits + credits)  # a negative grant takes back
 
-    def leave(self, key: int) -> list[LeaseRef]:
-        """A consumer's stream closed: the stream leases it holds, to release."""
+    def leave(self, key: int) -> tuple[list[LeaseRef], list[LeaseRef]]:
+        """A consumer's stream closed: the stream leases it holds, to release, as those whose
+        messages the hub sent (`sent`) and those it never did."""
         slot = self._consumers.pop(key, None)
         if slot is None:
-            return []
+            return [], []
         demand = self._demand[slot.topic, slot.group]
         demand.consumers.remove(slot)
         if not demand.consumers and not demand.granting:
             del self._demand[slot.topic, slot.group]
-        if slot.mode != STREAM:
-            return []
-        return [lease for holder, _, lease in self._holders.values() if holder == key]
+        sent: list[LeaseRef] = []
+        unsent: list[LeaseRef] = []
+        if slot.mode == STREAM:
+            for holder, _, lease in self._holders.values():
+                if holder == key:
+                    was_sent = (lease.group_id, lease.handle) in self._sent
+                    (sent if was_sent else unsent).append(lease)
+        return sent, unsent
 
     def has(self, key: int) -> bool:
         return key in self._consumers

@@ -229,6 +229,11 @@ class Replica:
         """End leases early: their messages are ready again for their groups."""
         return self._lease_op(LeaseOp.RELEASE, leases)
 
+    def give_back(self, leases: Sequence[LeaseRef]) -> Future:
+        """End leases whose messages were never sent: ready again, and their next delivery
+        is not flagged for them."""
+        return self._lease_op(LeaseOp.RETURN, leases)
+
     def extend(self, leases: Sequence[LeaseRef], deadlines_ms: Sequence[int]) -> Future:
         """Move the deadlines of current leases (shorter or longer)."""
         return self._lease_op(LeaseOp.EXTEND, leases, deadlines_ms)
@@ -256,11 +261,13 @@ class Replica:
         self._consumer_op(lambda planner: planner.sent(key, leases, sent_ms))
 
     def leave(self, key: int) -> None:
-        """The consumer's stream closed: its stream leases are released."""
+        """The consumer's stream closed: its stream leases are released (given back, for
+        those whose messages were never sent)."""
         def leave(planner: Planner) -> None:
-            released = planner.leave(key)
-            if released:
-                self._lease_ops[LeaseOp.RELEASE].append((released, [], Future()))
+            sent, unsent = planner.leave(key)
+            for op, leases in ((LeaseOp.RELEASE, sent), (LeaseOp.RETURN, unsent)):
+                if leases:
+                    self._lease_ops[op].append((leases, [], Future()))
         self._consumer_op(leave)
 
     def _consumer_op(self, op: Callable[[Planner], None]) -> None:

@@ -503,6 +503,8 @@ class WheelState:
             return [groups.resolve(ref) for ref, _ in refs]
         if op is LeaseOp.RELEASE:
             return [groups.release(ref) for ref, _ in refs]
+        if op is LeaseOp.RETURN:
+            return [groups.give_back(ref) for ref, _ in refs]
         return [groups.extend(ref, deadline_ms) for ref, deadline_ms in refs]
 
     def _apply_group(self, command: bytes, stamp_ms: int) -> bool:

@@ -3,6 +3,7 @@ another, receipts bound to their group, a cancel that means never."""
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -113,6 +114,38 @@ def test_an_idle_topic_and_an_unread_dead_letter_topic_stall_nothing(client: Cli
     assert max(m.lateness_ms for m in got) < 2_000
     (idle_group,) = [g for g in client.cluster_info().groups if g.topic == idle]
     assert idle_group.ready == 12_000 and idle_group.leased == 0
+
+
+def test_only_what_a_consumer_was_sent_comes_back_flagged_after_it_leaves(
+        cluster: LocalCluster, client: Client) -> None:
+    """Consumers that take one message and close while grants keep coming (a message is due
+    every 2 ms): grants committed for a stream that closed before the node sent them are
+    given back, not released, so their next delivery is not a possible duplicate. Before, the
+    flag also marked messages no consumer had ever been sent."""
+    name = topic()
+    first_ms = now_ms() + 500
+    client.schedule_many([Message(name, b"x", deliver_at_ms=first_ms + 2 * i, id=f"m{i}")
+                          for i in range(1_500)])
+    quitters = 0
+    while now_ms() < first_ms + 3_000:
+        with client.consume(name, prefetch=200) as quitter:
+            next(iter(quitter))  # never acked: it comes back, flagged, and rightly so
+        quitters += 1
+    got = take(client, name, 1_500)
+    assert sorted(m.id for m in got) == sorted(f"m{i}" for i in range(1_500))
+    # The leader's journal has a line per message sent, in order, with its flag: every
+    # flagged send must follow a send of the same message.
+    journal = cluster.leader().data / "deliveries.jsonl"
+    sent_before: set[str] = set()
+    flagged, unfounded = 0, []
+    for event in map(json.loads, journal.read_text().splitlines()):
+        if event.get("topic") == name and event["event"] == "delivered":
+            flagged += event["possible_duplicate"]
+            if event["possible_duplicate"] and event["id"] not in sent_before:
+                unfounded.append(event["id"])
+            sent_before.add(event["id"])
+    assert quitters > 10 and flagged >= quitters
+    assert unfounded == []
 
 
 def test_a_cancel_answered_cancelled_is_never_delivered(client: Client) -> None:

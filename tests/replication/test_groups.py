@@ -151,6 +151,44 @@ def test_a_released_lease_comes_back_first_and_its_next_lease_is_the_second(
     assert ready(state, [], [grant(b, nonce=8)]) == [2]  # flagged possible_duplicate
 
 
+def test_a_lease_given_back_unsent_does_not_count_toward_the_next_flag(
+        state: WheelState) -> None:
+    a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
+    assert ready(state, [a, b], [grant(a, nonce=5), grant(b, nonce=6)]) == [1, 1]
+    (group,) = state.groups.of_topic("orders")
+    forged = [LeaseRef(group.id, a, 1, 4), LeaseRef(group.id, a, 2, 5)]
+    assert state.apply(commands.leases(T0_MS, LeaseOp.RETURN, forged)) == [False, False]
+    # a's consumer left before the hub sent it; b's had it sent, then left
+    assert state.apply(commands.leases(T0_MS, LeaseOp.RETURN, [LeaseRef(group.id, a, 1, 5)])) == [
+        True]
+    assert state.apply(commands.leases(T0_MS, LeaseOp.RELEASE, [LeaseRef(group.id, b, 1, 6)])) == [
+        True]
+    assert list(group.ready) == [b, a]  # both first in line, latest first
+    assert ready(state, [], [grant(a, nonce=8), grant(b, nonce=9)]) == [1, 2]  # only b flagged
+    # the given-back lease's receipt is nobody's: it acks nothing, the new one does
+    assert state.apply(commands.leases(T0_MS, LeaseOp.ACK, [LeaseRef(group.id, a, 1, 5)])) == [
+        False]
+    assert state.apply(commands.leases(T0_MS, LeaseOp.ACK, [LeaseRef(group.id, a, 1, 8)])) == [
+        True]
+
+
+def test_a_planner_gives_back_what_a_departing_consumer_was_never_sent(
+        state: WheelState) -> None:
+    planner = Planner(DispatchConfig(), epoch=1)
+    planner.join(ConsumerSlot(1, "orders", "", 10, visibility_ms=500, mode=STREAM))
+    a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
+
+    def read(handle: int) -> DueMessage | None:
+        return state.wheel.read(handle)[0]
+
+    plan = planner.plan(state.groups, [read(a), read(b)], T0_MS, T0_MS, read)
+    seqs = state.apply(commands.handout(T0_MS, plan.ready, plan.grants))
+    sent, unsent = (d.lease for d in planner.granted(plan, seqs, state.groups))
+    planner.sent(1, [sent], T0_MS + 5)  # the stream closed before the hub sent the other
+    assert planner.leave(1) == ([sent], [unsent])
+    assert planner.leave(1) == ([], [])
+
+
 def test_a_group_nobody_reads_drops_its_oldest_past_its_bound_and_says_so(
         state: WheelState, caplog: pytest.LogCaptureFixture) -> None:
     handles = schedule(state, [NewMessage(f"m{i}", "orders", b"x", T0_MS) for i in range(8)])
