@@ -32,6 +32,17 @@ def test_client_handles_round_trip_stay_positive_int64_and_depend_on_the_key() -
     assert cipher.encode([]) == [] and cipher.decode([]) == []
 
 
+def test_the_permutation_is_the_one_handles_were_issued_under() -> None:
+    """Handles outlive restarts and upgrades: the permutation may get faster, never other.
+    (Known answers from the first implementation, one AES call per block.)"""
+    cipher = HandleCipher(bytes(range(16)))
+    wheel_handles = [0, 1, 1 << 32 | 7, 493_000 << 32 | 12_345, (1 << HANDLE_BITS) - 1]
+    issued = [2393774031703241099, 2207164226572558264, 282425651336130263, 733767847889472675,
+              2001020080158264850]
+    assert cipher.encode(wheel_handles) == issued
+    assert cipher.decode(issued) == wheel_handles
+
+
 def test_the_first_barrier_sets_the_key_once_and_a_manifest_keeps_it(tmp_path: Path) -> None:
     state = WheelState.open(tmp_path / "a", StateConfig(), fresh=True)
     assert state.handle_key is None
