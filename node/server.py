@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -22,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tickwheel.node import validation
+from tickwheel.node.commits import WRITE_TIMEOUT_S, applied, committed
 from tickwheel.node.delivery import Consumer, Hub, Sent
 from tickwheel.node.forward import (
     CHANNEL_OPTIONS,
@@ -36,7 +36,7 @@ from tickwheel.node.unary import UnaryConsumers
 from tickwheel.replication.clock import Clock
 from tickwheel.replication.handles import HandleCipher
 from tickwheel.replication.replica import Replica, ReplicaStatus
-from tickwheel.replication.state import MoveOutcome, Rejected, Scheduled
+from tickwheel.replication.state import MoveOutcome, Scheduled
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 from tickwheel.wheel import CancelOutcome
@@ -56,7 +56,6 @@ _STATUS: list[tuple[type[TickwheelError], grpc.StatusCode]] = [
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
     (TickwheelError, grpc.StatusCode.INTERNAL),
 ]
-WRITE_TIMEOUT_S = 10.0
 STREAM_WINDOW = 64
 """`ScheduleStream` requests proposed and not yet answered, per stream."""
 CHUNK_BYTES = 1 << 20
@@ -211,7 +210,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
     async def _delete_group_here(self, request: pb.GroupRequest) -> pb.GroupResponse:
         validation.check_topic(request.topic, "topic", dead_letter=True)
         validation.check_group(request.group, "group")
-        existed = await _applied(self._node.replica.delete_group(request.topic, request.group))
+        existed = await applied(self._node.replica.delete_group(request.topic, request.group))
         return pb.GroupResponse(existed=existed)
 
     async def _unary(self, context: grpc.aio.ServicerContext, method: str, request: object,
@@ -230,7 +229,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         node = self._node
         checked = validation.new_messages(request.messages, node.clock.now_ms(), node.limits,
                                           node.retry.levels)
-        results = await _committed(node.replica.schedule(checked.messages))
+        results = await committed(node.replica.schedule(checked.messages))
         node.metrics.scheduled.inc(sum(1 for r in results if not r.duplicate))
         response = pb.ScheduleResponse()
         add = response.results.add  # in place: a ScheduleResult built apart is copied in
@@ -257,7 +256,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
             if handle is None:
                 raise InvalidMessage(f"handles[{index}]", "is not a handle this cluster issued")
             handles.append(handle)
-        results = await _committed(self._node.replica.cancel(handles))
+        results = await committed(self._node.replica.cancel(handles))
         self._node.metrics.cancelled.inc(results.count(CancelOutcome.CANCELLED))
         return pb.CancelResponse(cancelled=[outcome.cancelled for outcome in results],
                                  outcomes=[int(outcome) for outcome in results])
@@ -272,7 +271,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                 raise InvalidMessage(f"moves[{index}].handle",
                                      "is not a handle this cluster issued")
             moves.append((handle, times[index]))
-        results = await _committed(node.replica.reschedule(moves))
+        results = await committed(node.replica.reschedule(moves))
         node.metrics.rescheduled.inc(sum(r.outcome is MoveOutcome.RESCHEDULED for r in results))
         return pb.RescheduleResponse(results=[
             pb.RescheduleResult(outcome=int(r.outcome), deliver_at_ms=r.deliver_at_ms)
@@ -406,26 +405,6 @@ def _decoder(message_class: type[RequestT]) -> Callable[[bytes], RequestT]:
         except DecodeError as error:
             raise InvalidMessage("request", f"could not be decoded: {error}") from None
     return decode
-
-
-async def _applied(future: Future) -> object:
-    """Wait for a replicated command's result."""
-    try:
-        return await asyncio.wait_for(asyncio.wrap_future(future), WRITE_TIMEOUT_S)
-    except TimeoutError:
-        raise Unavailable("not committed in time; retry") from None
-
-
-async def _committed(future: Future) -> list:
-    """Wait for a replicated write; raise the first result the state machine rejected."""
-    try:
-        results = await asyncio.wait_for(asyncio.wrap_future(future), WRITE_TIMEOUT_S)
-    except TimeoutError:
-        raise Unavailable("not committed in time; retry (ids make it safe)") from None
-    for result in results:
-        if isinstance(result, Rejected):
-            raise result.error
-    return results
 
 
 def _receive_response(batch: list[Sent], group: str, node: str,

@@ -18,21 +18,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 
+from tickwheel.node.commits import committed
 from tickwheel.node.delivery import Consumer, Hub, Sent
 from tickwheel.replication.commands import LeaseRef
 from tickwheel.replication.groups import DURABLE
 from tickwheel.replication.handout import decode_receipt
 from tickwheel.replication.replica import Replica
-from tickwheel.wheel.errors import Unavailable
 
 IDLE_S = 60.0
 """A consumer without a call this long is dropped (its leases stay)."""
 LINGER_S = 0.03
 """After the first messages, how long a call waits for more: a little over the hand-out's lead
 (20 ms), so messages granted in the same step as the first are not left behind."""
-SETTLE_TIMEOUT_S = 10.0
 
 
 class UnaryConsumers:
@@ -96,7 +94,7 @@ class UnaryConsumers:
             else:
                 deadline_ms = self._clock_ms() + invisible_ms
                 future = self._replica.extend(mine, [deadline_ms] * len(mine))
-            taken = list(await _committed(future))
+            taken = list(await committed(future))
         self._forget_sent(topic, group, receipts)
         answers = iter(taken)
         return [lease is not None and next(answers) for lease in leases]
@@ -140,10 +138,3 @@ class UnaryConsumers:
             consumer, _ = self._consumers.pop(key)
             del self._used_s[key]
             self._hub.unsubscribe(consumer)
-
-
-async def _committed(future: Future) -> list[bool]:
-    try:
-        return list(await asyncio.wait_for(asyncio.wrap_future(future), SETTLE_TIMEOUT_S))
-    except TimeoutError:
-        raise Unavailable("not committed in time; retry") from None

@@ -8,7 +8,6 @@ import asyncio
 import shutil
 import signal
 import threading
-import time
 import urllib.request
 import uuid
 from collections import Counter
@@ -20,6 +19,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from nodetests import now_ms, topic
 
 from tickwheel.client import (
     AsyncClient,
@@ -36,26 +36,8 @@ from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 DAY_MS = 86_400_000
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
-def topic() -> str:
-    """A fresh topic per test, so tests sharing the cluster do not see each other's messages."""
-    return f"t-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path_factory.mktemp("cluster")) as started:
-        started.leader()
-        yield started
-
-
-@pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
-    with Client([node.grpc_address for node in cluster.nodes], timeout_s=30) as opened:
-        yield opened
 
 
 def follower(cluster: LocalCluster) -> LocalNode:

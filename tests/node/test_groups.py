@@ -7,11 +7,10 @@ import json
 import signal
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from nodetests import now_ms, topic
 
 from tickwheel.client import (
     CancelOutcome,
@@ -22,27 +21,6 @@ from tickwheel.client import (
     RescheduleOutcome,
 )
 from tickwheel.replication.local_cluster import LocalCluster, wait_for
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def topic() -> str:
-    return f"t-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path_factory.mktemp("cluster")) as started:
-        started.leader()
-        yield started
-
-
-@pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
-    with Client([node.grpc_address for node in cluster.nodes], timeout_s=30) as opened:
-        yield opened
 
 
 def take(client: Client, name: str, count: int, group: str = "", ack: bool = True) -> list:

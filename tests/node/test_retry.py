@@ -7,13 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from nodetests import now_ms, topic
 
 from tickwheel.client import Client, Consumer, Message, Received
 from tickwheel.node.levels import DEFAULT_LEVELS, parse_levels
@@ -26,12 +25,6 @@ LADDER = ("--delay-levels", "1s 2s 3s", "--retry-start-level", "1", "--max-attem
 last."""
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def topic() -> str:
-    return f"r-{uuid.uuid4().hex[:12]}"
 
 
 def client_of(cluster: LocalCluster) -> Client:
@@ -62,7 +55,7 @@ def test_every_delay_level_on_the_real_and_on_a_skewed_clock_and_clamping(
         tmp_path: Path) -> None:
     table = parse_levels(DEFAULT_LEVELS)
     asked = [*range(1, table.max_level + 1), 19, 1_000]
-    name = topic()
+    name = topic("r")
     with LocalCluster(tmp_path) as cluster, client_of(cluster) as client:
         cluster.leader()
         before_ms = now_ms()
@@ -98,7 +91,7 @@ def test_every_delay_level_on_the_real_and_on_a_skewed_clock_and_clamping(
 
 def test_nacks_climb_the_ladder_a_visibility_timeout_counts_and_the_last_goes_to_the_dlq(
         ladder: LocalCluster) -> None:
-    name = topic()
+    name = topic("r")
     with client_of(ladder) as client:
         client.schedule(name, b"poison", delay_ms=0, id="poison", properties={"k": "v"})
         seen: list[Received] = []
@@ -125,7 +118,7 @@ def test_nacks_climb_the_ladder_a_visibility_timeout_counts_and_the_last_goes_to
 
 
 def test_a_nack_across_a_leader_kill_gives_each_message_back_once(tmp_path: Path) -> None:
-    name = topic()
+    name = topic("r")
     ids = {f"n-{i}" for i in range(40)}
     with LocalCluster(tmp_path, extra_args=LADDER) as cluster, client_of(cluster) as client:
         old = cluster.leader()
@@ -168,7 +161,7 @@ def test_a_nack_across_a_leader_kill_gives_each_message_back_once(tmp_path: Path
 def test_the_cli_schedules_by_level_nacks_and_reads_the_dead_letter_topic(
         ladder: LocalCluster) -> None:
     target = ",".join(node.grpc_address for node in ladder.nodes)
-    name = topic()
+    name = topic("r")
 
     def tickwheel(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "tickwheel.node", *args, "--target",

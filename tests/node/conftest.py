@@ -1,0 +1,23 @@
+"""Fixtures the node tests share: a 3-node cluster per test module, and a client of it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tickwheel.client import Client
+from tickwheel.replication.local_cluster import LocalCluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("cluster")) as started:
+        started.leader()
+        yield started
+
+
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[Client]:
+    with Client([node.grpc_address for node in cluster.nodes], timeout_s=30) as opened:
+        yield opened
