@@ -102,15 +102,16 @@ def test_only_what_a_consumer_was_sent_comes_back_flagged_after_it_leaves(
     flag also marked messages no consumer had ever been sent."""
     name = topic()
     first_ms = now_ms() + 500
-    client.schedule_many([Message(name, b"x", deliver_at_ms=first_ms + 2 * i, id=f"m{i}")
-                          for i in range(1_500)])
+    ids = [f"{name}-{i}" for i in range(1_500)]  # ids are unique cluster-wide: not "m{i}"
+    client.schedule_many([Message(name, b"x", deliver_at_ms=first_ms + 2 * i, id=message_id)
+                          for i, message_id in enumerate(ids)])
     quitters = 0
     while now_ms() < first_ms + 3_000:
         with client.consume(name, prefetch=200) as quitter:
             next(iter(quitter))  # never acked: it comes back, flagged, and rightly so
         quitters += 1
     got = take(client, name, 1_500)
-    assert sorted(m.id for m in got) == sorted(f"m{i}" for i in range(1_500))
+    assert sorted(m.id for m in got) == sorted(ids)
     # The leader's journal has a line per message sent, in order, with its flag: every
     # flagged send must follow a send of the same message.
     journal = cluster.leader().data / "deliveries.jsonl"
