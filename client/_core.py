@@ -163,7 +163,8 @@ class Scheduled(NamedTuple):
     handle: int
     deliver_at_ms: int
     duplicate: bool
-    """The id was scheduled before (a retry); these are the first scheduling's results."""
+    """The id was scheduled before (a retry); these are the first scheduling's handle, and
+    the due time the message has now (a reschedule moves it)."""
     clamped_delay_level: int = 0
     """The level used when ``delay_level`` was above the node's last level; else 0."""
 

@@ -80,7 +80,8 @@ class StateConfig:
 
 class Scheduled(NamedTuple):
     """What scheduling one message returned. ``duplicate``: its id was seen in the window, and
-    these are the first scheduling's handle and due time."""
+    these are the first scheduling's handle and the message's due time now (a reschedule
+    moves it)."""
 
     handle: int
     deliver_at_ms: int
@@ -249,7 +250,7 @@ class WheelState:
         for deliver_at_ms, key, record in zip(due_ms, keys, records, strict=True):
             earlier = remembered.get(key)
             if earlier is not None:
-                results.append(Scheduled(*earlier, duplicate=True))
+                results.append(Scheduled(*self._due_now(*earlier), duplicate=True))
             elif key in first_at:
                 results.append(key)  # the first one's result, once it is filed
             elif deliver_at_ms > latest_ms:
@@ -264,6 +265,17 @@ class WheelState:
         for key, handle, deliver_at_ms in zip(new_keys, handles, new_due_ms, strict=True):
             results[first_at[key]] = Scheduled(handle, deliver_at_ms, duplicate=False)
         return [_filled(result, results, first_at) for result in results]
+
+    def _due_now(self, handle: int, deliver_at_ms: int) -> tuple[int, int]:
+        """A remembered schedule's handle and when its message is due now: a rescheduled
+        one's latest copy's time (the first time, once the copy's hour is gone)."""
+        copy = self.moves.get(handle)
+        if copy is None:
+            return handle, deliver_at_ms
+        try:
+            return handle, self.wheel.read(copy)[0].deliver_at_ms
+        except (UnknownHandle, CorruptSegment):
+            return handle, deliver_at_ms
 
     def _file(self, records: list[bytes], due_ms: list[int], keys: list[bytes],
               stamp_ms: int) -> list[int]:

@@ -24,6 +24,7 @@ from tickwheel.replication.state import (
     MoveOutcome,
     Rejected,
     Retried,
+    Scheduled,
     StateConfig,
     WheelState,
 )
@@ -331,6 +332,16 @@ def test_a_reschedule_moves_a_pending_message_once_and_its_handle_follows(
     assert state.wheel.is_cancelled(copy)
     assert state.apply(commands.cancel(T0_MS, [a, b])) == [CancelOutcome.CANCELLED] * 2
     assert move(state, (a, T0_MS), (b, T0_MS)) == [Moved(MoveOutcome.CANCELLED, 0)] * 2
+
+
+def test_a_retried_schedule_of_a_moved_message_answers_its_new_time(state: WheelState) -> None:
+    """A producer whose schedule answer was lost retries it after someone rescheduled the
+    message: the answer is the same handle, flagged duplicate, due when it now is."""
+    (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS + 60_000)])
+    move(state, (a, T0_MS + 5_000))
+    parts = [commands.encoded_message(NewMessage("a", "orders", b"x", T0_MS + 60_000))]
+    assert state.apply(commands.schedule(T0_MS, parts)) == [
+        Scheduled(a, T0_MS + 5_000, duplicate=True)]
 
 
 def test_a_reschedule_ordered_after_a_grant_answers_handed_out_and_moves_nothing(
