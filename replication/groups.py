@@ -238,9 +238,7 @@ class Groups:
         if current is None:
             return False
         group, lease = current
-        del group.leases[ref.handle]
-        group.ready[ref.handle] = (lease.seq - 1, 0)
-        group.ready.move_to_end(ref.handle, last=False)
+        _back_to_ready(group, ref.handle, lease._replace(seq=lease.seq - 1, nonce=0))
         return True
 
     def extend(self, ref: LeaseRef, deadline_ms: int) -> bool:
@@ -375,7 +373,8 @@ class Groups:
 
 
 def _back_to_ready(group: Group, handle: int, lease: Lease) -> None:
-    """End a lease early: the message is ready again, first in line, under its lease number."""
+    """End a lease early: the message is ready again, first in line, under ``lease``'s number
+    and nonce (what the next grant counts from, and what an ack of the old receipt matches)."""
     del group.leases[handle]
     group.ready[handle] = (lease.seq, lease.nonce)
     group.ready.move_to_end(handle, last=False)
