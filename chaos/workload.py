@@ -23,6 +23,7 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -196,17 +197,25 @@ class Canceller(threading.Thread):
         self._client.close()
 
 
-def write_cancels(client: Client, chosen: list[tuple[str, int, int]], cancels: EventLog, *,
-                  raced: bool) -> None:
-    """Cancel ``(id, handle, due_ms)``s in one call and log each answer (``unknown`` when the
-    call failed after the client's retries)."""
+def timed(call: Callable[[], list[str]], count: int, what: str) -> tuple[int, int, list[str]]:
+    """``(sent_ms, done_ms, outcomes)`` of a call about ``count`` messages; every outcome is
+    ``unknown`` when it failed after the client's retries."""
     sent_ms = now_ms()
     try:
-        outcomes = [outcome.value for outcome in client.cancel_outcomes([h for _, h, _ in chosen])]
+        outcomes = call()
     except TickwheelClientError as error:
-        log.warning("event=cancel_failed messages=%d error=%s", len(chosen), error)
-        outcomes = ["unknown"] * len(chosen)
-    done_ms = now_ms()
+        log.warning("event=%s_failed messages=%d error=%s", what, count, error)
+        outcomes = ["unknown"] * count
+    return sent_ms, now_ms(), outcomes
+
+
+def write_cancels(client: Client, chosen: list[tuple[str, int, int]], cancels: EventLog, *,
+                  raced: bool) -> None:
+    """Cancel ``(id, handle, due_ms)``s in one call and log each answer."""
+    handles = [handle for _, handle, _ in chosen]
+    sent_ms, done_ms, outcomes = timed(
+        lambda: [outcome.value for outcome in client.cancel_outcomes(handles)],
+        len(chosen), "cancel")
     for (message_id, handle, due_ms), outcome in zip(chosen, outcomes, strict=True):
         cancels.write({"id": message_id, "handle": handle, "sent_ms": sent_ms,
                        "done_ms": done_ms, "outcome": outcome, "deliver_at_ms": due_ms,
@@ -282,14 +291,10 @@ class Racer(threading.Thread):
 
     def _reschedule(self, chosen: list[tuple[str, int, int]], deliver_at_ms: int) -> None:
         self._batches += 1
-        sent_ms = now_ms()
-        try:
-            outcomes = [result.outcome.value for result in self._client.reschedule(
-                [handle for _, handle, _ in chosen], deliver_at_ms=deliver_at_ms)]
-        except TickwheelClientError as error:
-            log.warning("event=reschedule_failed messages=%d error=%s", len(chosen), error)
-            outcomes = ["unknown"] * len(chosen)
-        done_ms = now_ms()
+        handles = [handle for _, handle, _ in chosen]
+        sent_ms, done_ms, outcomes = timed(
+            lambda: [result.outcome.value for result in self._client.reschedule(
+                handles, deliver_at_ms=deliver_at_ms)], len(chosen), "reschedule")
         for (message_id, handle, due_ms), outcome in zip(chosen, outcomes, strict=True):
             self._reschedules.write({
                 "id": message_id, "handle": handle, "sent_ms": sent_ms, "done_ms": done_ms,
