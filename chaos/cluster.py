@@ -45,9 +45,10 @@ class ChaosCluster(LocalCluster):
         finally:
             self.mesh.stop()
 
-    def members_of(self, node: LocalNode) -> list[tuple[str, str]]:
+    def members_of(self, node: LocalNode) -> list[tuple[str, str, str]]:
         seen = self.mesh.members_of(self.nodes.index(node))
-        return [(raft, other.grpc_address) for raft, other in zip(seen, self.nodes, strict=True)]
+        return [(raft, other.grpc_address, other.peer_address)
+                for raft, other in zip(seen, self.nodes, strict=True)]
 
     def name(self, node: LocalNode) -> str:
         return self.names[node.raft]

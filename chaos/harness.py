@@ -29,6 +29,7 @@ from tickwheel.chaos.workload import (
     SUBSCRIPTIONS,
     Canceller,
     ConsumerWorker,
+    Endpoint,
     EventLog,
     LeaderMonitor,
     Mix,
@@ -160,11 +161,11 @@ def run(config: RunConfig, console: Console | None = None) -> dict:
 
 def _scenario(config: RunConfig, cluster: ChaosCluster, logs: dict[str, EventLog],
               expected: _Expected, console: Console) -> dict:
-    targets = [node.grpc_address for node in cluster.nodes]
+    targets = Endpoint([node.grpc_address for node in cluster.nodes], cluster.credentials())
     cluster.leader(30)
     stop_all, stop_producing = threading.Event(), threading.Event()
     monitor = LeaderMonitor({cluster.name(n): n.grpc_address for n in cluster.nodes},
-                            logs["leaders"], stop_all)
+                            targets.credentials, logs["leaders"], stop_all)
     consumers = [ConsumerWorker(targets, topic, group, behaviour, config.seed * 1_000 + i,
                                 cluster.names, logs["received"], stop_all)
                  for i, (topic, group, behaviour) in enumerate(SUBSCRIPTIONS)]

@@ -28,7 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from tickwheel.client import Client, Consumer, Message, Received, TickwheelClientError
+from tickwheel.client import (
+    Client,
+    Consumer,
+    Credentials,
+    Message,
+    Received,
+    TickwheelClientError,
+)
 
 log = logging.getLogger("tickwheel.chaos")
 
@@ -45,6 +52,18 @@ DAY_MS = 86_400_000
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """The cluster's gRPC addresses, and the credentials the workload calls with."""
+
+    targets: list[str]
+    credentials: Credentials
+
+    def client(self, timeout_s: float, attempt_timeout_s: float) -> Client:
+        return Client(self.targets, timeout_s=timeout_s, attempt_timeout_s=attempt_timeout_s,
+                      credentials=self.credentials)
 
 
 class EventLog:
@@ -89,12 +108,12 @@ class Producer(threading.Thread):
     with whether the cluster acknowledged it (``acked`` false: the call failed after the
     client's retries, and the outcome is unknown)."""
 
-    def __init__(self, index: int, targets: list[str], rate: float, mix: Mix, seed: int,
+    def __init__(self, index: int, cluster: Endpoint, rate: float, mix: Mix, seed: int,
                  scheduled: EventLog, accepted: deque, stop: threading.Event,
                  tick_s: float = 0.05) -> None:
         super().__init__(name=f"producer-{index}", daemon=True)
         self._index = index
-        self._client = Client(targets, timeout_s=15, attempt_timeout_s=3)
+        self._client = cluster.client(timeout_s=15, attempt_timeout_s=3)
         self._rate = rate
         self._mix = mix
         self._random = random.Random(seed)
@@ -167,11 +186,11 @@ class Canceller(threading.Thread):
     ``min_ahead_ms`` later (so a cancel is not a race with delivery), and hands a
     ``race_fraction`` of the consumed topics' messages to the `Racer`."""
 
-    def __init__(self, targets: list[str], fraction: float, seed: int, cancels: EventLog,
+    def __init__(self, cluster: Endpoint, fraction: float, seed: int, cancels: EventLog,
                  accepted: deque, stop: threading.Event, racer: Racer | None = None,
                  race_fraction: float = 0.0, min_ahead_ms: int = 5_000) -> None:
         super().__init__(name="canceller", daemon=True)
-        self._client = Client(targets, timeout_s=15, attempt_timeout_s=3)
+        self._client = cluster.client(timeout_s=15, attempt_timeout_s=3)
         self._fraction = fraction
         self._random = random.Random(seed)
         self._cancels = cancels
@@ -242,10 +261,10 @@ class Racer(threading.Thread):
     Every message whose moment has come goes out in one call per kind (singly or in batches,
     as they fall), each answer logged with when it was sent and returned."""
 
-    def __init__(self, targets: list[str], seed: int, cancels: EventLog, reschedules: EventLog,
+    def __init__(self, cluster: Endpoint, seed: int, cancels: EventLog, reschedules: EventLog,
                  stop: threading.Event, race: Race = Race()) -> None:
         super().__init__(name="racer", daemon=True)
-        self._client = Client(targets, timeout_s=15, attempt_timeout_s=3)
+        self._client = cluster.client(timeout_s=15, attempt_timeout_s=3)
         self._random = random.Random(seed)
         self._cancels = cancels
         self._reschedules = reschedules
@@ -336,12 +355,12 @@ class ConsumerWorker(threading.Thread):
     """One consumer of ``group`` of ``topic`` with a `Behaviour`; notes every message it
     receives."""
 
-    def __init__(self, targets: list[str], topic: str, group: str, behaviour: Behaviour,
+    def __init__(self, cluster: Endpoint, topic: str, group: str, behaviour: Behaviour,
                  seed: int, names: dict[str, str], received: EventLog,
                  stop: threading.Event) -> None:
         super().__init__(name=f"consumer-{topic}-{group or 'default'}-{behaviour.name}",
                          daemon=True)
-        self._client = Client(targets, timeout_s=30, attempt_timeout_s=3)
+        self._client = cluster.client(timeout_s=30, attempt_timeout_s=3)
         self._topic = topic
         self._group = group
         self._behaviour = behaviour
@@ -428,11 +447,12 @@ class LeaderMonitor(threading.Thread):
     """Polls every node's `ClusterInfo` every ``poll_s`` and writes a line whenever the
     leader it sees changes: the node that says it leads, in the highest term heard."""
 
-    def __init__(self, nodes: dict[str, str], leaders: EventLog, stop: threading.Event,
-                 poll_s: float = 0.1) -> None:
+    def __init__(self, nodes: dict[str, str], credentials: Credentials, leaders: EventLog,
+                 stop: threading.Event, poll_s: float = 0.1) -> None:
         super().__init__(name="leader-monitor", daemon=True)
         self._nodes = nodes
-        self._client = Client(list(nodes.values()), timeout_s=1, attempt_timeout_s=0.3)
+        self._client = Client(list(nodes.values()), timeout_s=1, attempt_timeout_s=0.3,
+                              credentials=credentials)
         self._leaders = leaders
         self._halt = stop
         self._poll_s = poll_s

@@ -5,22 +5,29 @@
 leader changes; scheduling is idempotent because every message carries an id (generated here
 when you give none). Errors: `InvalidArgument` (``.field`` names what to fix), `Unavailable`
 (no leader through every retry), `RequestTooLarge` (a batch above the node's
-``max_request_bytes``: split it), all `TickwheelClientError`.
+``max_request_bytes``: split it), `Unauthenticated` and `PermissionDenied`, all
+`TickwheelClientError`.
+
+Both dial TLS with `Credentials` (a CA, a bearer token, a client certificate); without them,
+`Credentials.from_env` reads ``TICKWHEEL_CA_FILE``, ``TICKWHEEL_TOKEN_FILE`` and the like.
 """
 
 from tickwheel.client._core import (
     CancelOutcome,
     InvalidArgument,
     Message,
+    PermissionDenied,
     Received,
     RequestTooLarge,
     Rescheduled,
     RescheduleOutcome,
     Scheduled,
     TickwheelClientError,
+    Unauthenticated,
     Unavailable,
 )
 from tickwheel.client.aio import AsyncClient, AsyncConsumer
+from tickwheel.client.credentials import Credentials
 from tickwheel.client.sync import Client, Consumer
 
 __all__ = [
@@ -29,13 +36,16 @@ __all__ = [
     "CancelOutcome",
     "Client",
     "Consumer",
+    "Credentials",
     "InvalidArgument",
     "Message",
+    "PermissionDenied",
     "Received",
     "RequestTooLarge",
     "RescheduleOutcome",
     "Rescheduled",
     "Scheduled",
     "TickwheelClientError",
+    "Unauthenticated",
     "Unavailable",
 ]

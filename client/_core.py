@@ -56,6 +56,20 @@ class Unavailable(TickwheelClientError):
     """No leader answered in time (or the cluster was overloaded) through every retry."""
 
 
+class Unauthenticated(TickwheelClientError):
+    """The node does not know who is calling: no token or client certificate, or one it does
+    not know (`tickwheel.client.credentials`). Not retried."""
+
+
+class PermissionDenied(TickwheelClientError):
+    """The caller's grants do not cover this topic or group; ``field`` names what was
+    refused. Not retried."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(code, details)
+        self.field = details.split(":", 1)[0]
+
+
 class RequestTooLarge(TickwheelClientError):
     """The request is larger than the node reads (its ``max_request_bytes``, 8 MiB by
     default): split the batch. Not retried: it would be refused again."""
@@ -66,6 +80,10 @@ def translate(error: grpc.RpcError) -> TickwheelClientError:
     code, details = error.code(), error.details() or ""
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidArgument(code, details)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return Unauthenticated(code, details)
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDenied(code, details)
     if _too_large(error):
         return RequestTooLarge(code, f"{details}: split the batch")
     if code in _RETRYABLE or _connection_torn(error):

@@ -47,6 +47,7 @@ from tickwheel.client._core import (
     subscribe_request,
     translate,
 )
+from tickwheel.client.credentials import Credentials, open_aio_channel
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -57,8 +58,10 @@ class AsyncClient:
     """See `tickwheel.client.Client`; create and use it on one event loop."""
 
     def __init__(self, targets: str | Sequence[str] = DEFAULT_TARGET, *,
-                 timeout_s: float = 30.0, attempt_timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 30.0, attempt_timeout_s: float = 10.0,
+                 credentials: Credentials | None = None) -> None:
         self._router = Router(targets)
+        self._credentials = Credentials.from_env() if credentials is None else credentials
         self._timeout_s = timeout_s
         self._attempt_timeout_s = attempt_timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -162,8 +165,8 @@ class AsyncClient:
     def _stub(self, address: str) -> pb_grpc.TickwheelStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(
-                address, options=CHANNEL_OPTIONS)
+            channel = self._channels[address] = open_aio_channel(
+                address, self._credentials, CHANNEL_OPTIONS)
         return pb_grpc.TickwheelStub(channel)
 
     async def _call(self, method: str, request: object, timeout_s: float | None = None

@@ -53,6 +53,7 @@ from tickwheel.client._core import (
     trailers,
     translate,
 )
+from tickwheel.client.credentials import Credentials, open_channel
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -65,8 +66,10 @@ class Client:
     jittered back-off on ``UNAVAILABLE`` and leader changes for up to ``timeout_s``."""
 
     def __init__(self, targets: str | Sequence[str] = DEFAULT_TARGET, *,
-                 timeout_s: float = 30.0, attempt_timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 30.0, attempt_timeout_s: float = 10.0,
+                 credentials: Credentials | None = None) -> None:
         self._router = Router(targets)
+        self._credentials = Credentials.from_env() if credentials is None else credentials
         self._timeout_s = timeout_s
         self._attempt_timeout_s = attempt_timeout_s
         self._channels: dict[str, grpc.Channel] = {}
@@ -186,8 +189,8 @@ class Client:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = grpc.insecure_channel(
-                    address, options=CHANNEL_OPTIONS)
+                channel = self._channels[address] = open_channel(
+                    address, self._credentials, CHANNEL_OPTIONS)
         return pb_grpc.TickwheelStub(channel)
 
     def _call(self, method: str, request: object, timeout_s: float | None = None) -> object:

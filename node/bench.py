@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tickwheel.client import Client, Message
+from tickwheel.client import Client, Credentials, Message
 from tickwheel.replication.local_cluster import LocalCluster, wait_for
 
 BODY = b"x" * 100
@@ -44,18 +44,27 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _targets(cluster: LocalCluster) -> list[str]:
-    return [node.grpc_address for node in cluster.nodes]
+Endpoint = tuple[list[str], Credentials]
+"""The nodes' gRPC addresses, and the credentials to call them with (picklable: producer and
+consumer processes are given it)."""
+
+
+def _endpoint(cluster: LocalCluster) -> Endpoint:
+    return [node.grpc_address for node in cluster.nodes], cluster.credentials()
+
+
+def _client(endpoint: Endpoint, timeout_s: float) -> Client:
+    return Client(endpoint[0], timeout_s=timeout_s, credentials=endpoint[1])
 
 
 # -- schedule throughput ----------------------------------------------------------------------
 
-def _produce(targets: list[str], prefix: str, requests: int, batch: int, threads: int,
+def _produce(endpoint: Endpoint, prefix: str, requests: int, batch: int, threads: int,
              due_ms: int, start: multiprocessing.Event) -> None:
     """One producer process: ``threads`` threads sharing ``requests`` batches."""
     batches = [[Message("bench", BODY, deliver_at_ms=due_ms + (r * batch + i) % HOUR_MS,
                         id=f"{prefix}-{r}-{i}") for i in range(batch)] for r in range(requests)]
-    with Client(targets, timeout_s=120) as client:
+    with _client(endpoint, 120) as client:
         client.cluster_info()  # connected, before the clock starts
         start.wait()
         with ThreadPoolExecutor(threads) as pool:
@@ -69,7 +78,7 @@ def schedule_batched(cluster: LocalCluster, total: int, producers: int, threads:
     due_ms = now_ms() + 2 * HOUR_MS
     per_producer = total // batch // producers
     processes = [context.Process(target=_produce, args=(
-        _targets(cluster), f"b{p}", per_producer, batch, threads, due_ms, start))
+        _endpoint(cluster), f"b{p}", per_producer, batch, threads, due_ms, start))
         for p in range(producers)]
     for process in processes:
         process.start()
@@ -87,7 +96,7 @@ def schedule_single(cluster: LocalCluster, seconds: float, threads: int) -> floa
     due_ms = now_ms() + 3 * HOUR_MS
     counts = [0] * threads
     deadline = time.perf_counter() + seconds
-    with Client(_targets(cluster), timeout_s=60) as client:
+    with _client(_endpoint(cluster), 60) as client:
         client.cluster_info()
 
         def run(thread: int) -> None:
@@ -103,11 +112,11 @@ def schedule_single(cluster: LocalCluster, seconds: float, threads: int) -> floa
 
 # -- lateness at a due rate -------------------------------------------------------------------
 
-def _consume(targets: list[str], topic: str, received: multiprocessing.Value,
+def _consume(endpoint: Endpoint, topic: str, received: multiprocessing.Value,
              stop: multiprocessing.Event, results: multiprocessing.Queue) -> None:
     """One consumer process: receive and ack, noting each message's lateness on receipt."""
     lateness: list[float] = []
-    with Client(targets, timeout_s=120) as client:
+    with _client(endpoint, 120) as client:
         consumer = client.consume(topic, prefetch=2_000, name=f"bench-{topic}")
         threading.Thread(target=lambda: (stop.wait(), consumer.close(0.5)), daemon=True).start()
         for message in consumer:
@@ -122,7 +131,7 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
     context = multiprocessing.get_context("spawn")
     topic = f"due-{rate}"
     received, stop, results = context.Value("q", 0), context.Event(), context.Queue()
-    processes = [context.Process(target=_consume, args=(_targets(cluster), topic, received,
+    processes = [context.Process(target=_consume, args=(_endpoint(cluster), topic, received,
                                                          stop, results))
                  for _ in range(consumers)]
     for process in processes:
@@ -131,7 +140,7 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
                          if t.topic == topic) == consumers, 30, "the consumers to subscribe")
     total = int(rate * seconds)
     tick_s = 0.01
-    with Client(_targets(cluster), timeout_s=60) as client:
+    with _client(_endpoint(cluster), 60) as client:
         began = time.monotonic()
         first_due_ms = now_ms() + int(LEAD_S * 1000)
         sent = 0
@@ -171,15 +180,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=PHASES, help="run one phase (figures keep their keys)")
     parser.add_argument("--insecure-raft", action="store_true",
                         help="Raft links in the clear, to measure what their encryption costs")
+    parser.add_argument("--insecure-grpc", action="store_true",
+                        help="gRPC in plaintext without tokens, to measure what TLS costs")
     args = parser.parse_args(argv)
     batched_total = 40_000 if args.quick else 400_000
     single_s = 2.0 if args.quick else 10.0
     due_s = 2.0 if args.quick else 10.0
-    figures: dict = {"raft_links": "insecure" if args.insecure_raft else "secret"}
+    figures: dict = {"raft_links": "insecure" if args.insecure_raft else "secret",
+                     "grpc": "plaintext" if args.insecure_grpc else "tls+token"}
+    secured = {"insecure_raft": args.insecure_raft, "insecure_grpc": args.insecure_grpc}
     with tempfile.TemporaryDirectory(prefix="tickwheel-node-bench-") as root:
         if args.only in (None, "schedule"):
-            with LocalCluster(Path(root) / "schedule", insecure_raft=args.insecure_raft
-                              ) as cluster:
+            with LocalCluster(Path(root) / "schedule", **secured) as cluster:
                 cluster.leader(30)
                 figures["grpc_schedule_msgs_per_s"] = round(schedule_batched(
                     cluster, batched_total, args.producers, args.threads, args.batch))
@@ -188,8 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         rates = [] if args.only == "schedule" else [int(r) for r in args.rates.split(",")]
         for rate in rates:
             # A fresh cluster per rate: nothing left over from the previous load.
-            with LocalCluster(Path(root) / f"due{rate}", insecure_raft=args.insecure_raft
-                              ) as cluster:
+            with LocalCluster(Path(root) / f"due{rate}", **secured) as cluster:
                 cluster.leader(30)
                 run = lateness_at(cluster, rate, due_s, args.consumers)
             for key in ("p50", "p99", "max"):

@@ -10,9 +10,14 @@
     tickwheel cancel HANDLE [HANDLE ...]
     tickwheel reschedule (--in DURATION | --at ISO8601) HANDLE [HANDLE ...]
     tickwheel status
+    tickwheel certs DIR [--host H ...]             TLS files, a token and an access file to try
+    tickwheel token [--name N]                     a bearer token and its access file lines
 
 Client commands talk to ``--target`` (default ``$TICKWHEEL_TARGET`` or 127.0.0.1:7400; a
-comma-separated list is fine) and find the leader on their own.
+comma-separated list is fine) and find the leader on their own. They dial TLS and show a
+token: ``--ca-file``, ``--token-file`` (or ``--cert-file`` and ``--key-file``), by default
+``$TICKWHEEL_CA_FILE``, ``$TICKWHEEL_TOKEN_FILE``, ...; ``--insecure`` for a node run
+``--insecure-grpc``.
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from tickwheel.client import Client, Message, TickwheelClientError
+from tickwheel.client import Client, Credentials, Message, TickwheelClientError
 from tickwheel.node import config as node_config
+from tickwheel.node.access import new_token, token_digest
 from tickwheel.node.serve import run
+from tickwheel.replication import dev_credentials
 from tickwheel.replication.local_cluster import LocalCluster
 from tickwheel.v1 import tickwheel_pb2 as pb
 
@@ -71,8 +78,25 @@ def main(argv: list[str] | None = None) -> int:
     except TickwheelClientError as error:
         console.print(f"[red]error[/red] {error}")
         return 1
+    except _BadCredentials as error:
+        console.print(f"[red]bad credentials[/red] {error}")
+        return 2
     except KeyboardInterrupt:
         return 130
+
+
+class _BadCredentials(Exception):
+    """A client command's credentials cannot be read."""
+
+
+def _client(args: argparse.Namespace) -> Client:
+    try:
+        credentials = Credentials.load(ca_file=args.ca_file, token_file=args.token_file,
+                                       cert_file=args.cert_file, key_file=args.key_file,
+                                       insecure=args.insecure)
+    except ValueError as error:
+        raise _BadCredentials(str(error)) from None
+    return Client(args.target, credentials=credentials)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -88,7 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _cluster_up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(args.data.resolve(), args.nodes, base_port=args.base_port,
-                           metrics=True)
+                           metrics=True, insecure_grpc=args.insecure_grpc)
     with cluster:
         leader = cluster.leader(timeout_s=30)
         table = Table(title=f"tickwheel: {args.nodes}-node cluster (Ctrl-C stops it)")
@@ -100,7 +124,12 @@ def _cluster_up(args: argparse.Namespace) -> int:
                           str(node.log_path))
         console.print(table)
         targets = ",".join(node.grpc_address for node in cluster.nodes)
-        console.print(f"try: tickwheel status --target {targets}")
+        environment = cluster.security.environment() if cluster.security else {
+            "TICKWHEEL_INSECURE": "1"}
+        console.print("try:\n  export " + " ".join(
+            f"{name}={value}" for name, value in {"TICKWHEEL_TARGET": targets,
+                                                  **environment}.items())
+            + "\n  tickwheel status", highlight=False, soft_wrap=True)
         try:
             while all(node.alive() for node in cluster.nodes):
                 time.sleep(0.5)
@@ -112,7 +141,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
 
 
 def _schedule(args: argparse.Namespace) -> int:
-    with Client(args.target) as client:
+    with _client(args) as client:
         if args.file is None:
             body = args.body if args.body is not None else ""
             result = client.schedule(args.topic, body, deliver_at_ms=args.at,
@@ -168,7 +197,7 @@ def _batches(items: Iterator[Message], size: int) -> Iterator[list[Message]]:
 
 def _consume(args: argparse.Namespace) -> int:
     received = 0
-    with Client(args.target) as client, client.consume(
+    with _client(args) as client, client.consume(
             args.topic, prefetch=args.prefetch,
             visibility_timeout_ms=args.visibility_timeout or 0) as consumer:
         for message in consumer:
@@ -187,7 +216,7 @@ def _consume(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    with Client(args.target) as client:
+    with _client(args) as client:
         for handle, outcome in zip(args.handles, client.cancel_outcomes(args.handles),
                                    strict=True):
             console.print(f"{handle}: {outcome.value.replace('_', ' ')}")
@@ -195,7 +224,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _reschedule(args: argparse.Namespace) -> int:
-    with Client(args.target) as client:
+    with _client(args) as client:
         results = client.reschedule(args.handles, deliver_at_ms=args.at, delay_ms=args.delay)
         for handle, result in zip(args.handles, results, strict=True):
             due = f" deliver_at={_iso(result.deliver_at_ms)}" if result.deliver_at_ms else ""
@@ -204,7 +233,7 @@ def _reschedule(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    with Client(args.target) as client:
+    with _client(args) as client:
         info = client.cluster_info()
         table = Table(title=f"term {info.term}, leader {info.leader_grpc or 'unknown'}")
         for column in ("member (gRPC)", "Raft", "role", "term", "applied", "lag", "cursor"):
@@ -278,12 +307,28 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--data", type=Path, default=Path("data/cluster"))
     up.add_argument("--base-port", type=int, default=7400,
-                    help="gRPC on BASE+i, Raft on BASE+100+i, metrics on BASE+2000+i")
+                    help="gRPC on BASE+i, Raft on BASE+100+i, peers on BASE+200+i, metrics "
+                         "on BASE+2000+i")
+    up.add_argument("--insecure-grpc", action="store_true",
+                    help="serve gRPC in plaintext to anyone (default: TLS and a token, made "
+                         "under DATA/security)")
     up.set_defaults(handler=_cluster_up)
-    target = os.environ.get("TICKWHEEL_TARGET", "127.0.0.1:7400")
+    connection = _connection_parser()
 
-    schedule = commands.add_parser("schedule", help="schedule a message (or a file of them)")
-    schedule.add_argument("--target", default=target)
+    certs = commands.add_parser(
+        "certs", help="make a CA, a node certificate, an admin token and an access file "
+                      "to try a node with (not for production)")
+    certs.add_argument("dir", type=Path)
+    certs.add_argument("--host", action="append", default=[],
+                       help="a name or IP the node certificate covers (repeatable; default "
+                            "127.0.0.1 and localhost)")
+    certs.set_defaults(handler=_certs)
+    token = commands.add_parser("token", help="make a bearer token and its access file lines")
+    token.add_argument("--name", default="my-service", help="the principal's name")
+    token.set_defaults(handler=_token)
+
+    schedule = commands.add_parser("schedule", parents=[connection],
+                                   help="schedule a message (or a file of them)")
     schedule.add_argument("--topic", required=True)
     when = schedule.add_mutually_exclusive_group(required=True)
     when.add_argument("--in", dest="delay", type=duration_ms, metavar="DURATION")
@@ -299,8 +344,8 @@ def _parser() -> argparse.ArgumentParser:
                           metavar="KEY=VALUE")
     schedule.set_defaults(handler=_schedule)
 
-    consume = commands.add_parser("consume", help="print (and acknowledge) due messages")
-    consume.add_argument("--target", default=target)
+    consume = commands.add_parser("consume", parents=[connection],
+                                  help="print (and acknowledge) due messages")
     consume.add_argument("--topic", required=True,
                          help="a topic, or its dead letters: '%%DLQ%%TOPIC'")
     consume.add_argument("--count", type=int, default=0, help="stop after this many")
@@ -313,13 +358,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="nack each: retried on the back-off ladder, then dead-lettered")
     consume.set_defaults(handler=_consume)
 
-    cancel = commands.add_parser("cancel", help="cancel scheduled messages by handle")
-    cancel.add_argument("--target", default=target)
+    cancel = commands.add_parser("cancel", parents=[connection],
+                                 help="cancel scheduled messages by handle")
     cancel.add_argument("handles", type=int, nargs="+")
     cancel.set_defaults(handler=_cancel)
     reschedule = commands.add_parser(
-        "reschedule", help="move pending messages to a new due time, by handle")
-    reschedule.add_argument("--target", default=target)
+        "reschedule", parents=[connection],
+        help="move pending messages to a new due time, by handle")
     when = reschedule.add_mutually_exclusive_group(required=True)
     when.add_argument("--in", dest="delay", type=duration_ms, metavar="DURATION",
                       help="due this long from now ('0s': now)")
@@ -327,10 +372,48 @@ def _parser() -> argparse.ArgumentParser:
     reschedule.add_argument("handles", type=int, nargs="+")
     reschedule.set_defaults(handler=_reschedule)
 
-    status = commands.add_parser("status", help="the cluster as a table")
-    status.add_argument("--target", default=target)
+    status = commands.add_parser("status", parents=[connection], help="the cluster as a table")
     status.set_defaults(handler=_status)
     return parser
+
+
+def _connection_parser() -> argparse.ArgumentParser:
+    """Where client commands connect, and as whom; defaults from ``TICKWHEEL_*``."""
+    connection = argparse.ArgumentParser(add_help=False)
+    env = os.environ.get
+    connection.add_argument("--target", default=env("TICKWHEEL_TARGET", "127.0.0.1:7400"))
+    connection.add_argument("--ca-file", type=Path, default=env("TICKWHEEL_CA_FILE"),
+                            help="the CA of the nodes' certificates (default: "
+                                 "$TICKWHEEL_CA_FILE, else the system's roots)")
+    connection.add_argument("--token-file", type=Path, default=env("TICKWHEEL_TOKEN_FILE"),
+                            help="a file holding the bearer token (default: "
+                                 "$TICKWHEEL_TOKEN_FILE)")
+    connection.add_argument("--cert-file", type=Path, default=env("TICKWHEEL_CERT_FILE"),
+                            help="a client certificate, for nodes that ask for one")
+    connection.add_argument("--key-file", type=Path, default=env("TICKWHEEL_KEY_FILE"))
+    connection.add_argument("--insecure", action="store_true",
+                            default=env("TICKWHEEL_INSECURE", "").lower() in ("1", "true"),
+                            help="plaintext, no credentials: for a node run --insecure-grpc")
+    return connection
+
+
+def _certs(args: argparse.Namespace) -> int:
+    hosts = args.host or ["127.0.0.1", "localhost"]
+    made = dev_credentials.make(args.dir.resolve(), hosts)
+    console.print(f"made in {made.root} (an existing set is kept; not for production):\n"
+                  f"  tickwheel serve {' '.join(made.node_flags())}\n"
+                  f"  export {' '.join(f'{k}={v}' for k, v in made.environment().items())}",
+                  highlight=False, soft_wrap=True)
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    token = new_token()
+    console.print(f"token (give it to the client; it is not stored anywhere):\n  {token}\n"
+                  f"for the node's access file:\n"
+                  f"  [[principal]]\n  name = {json.dumps(args.name)}\n"
+                  f"  tokens = [\"{token_digest(token)}\"]", highlight=False, soft_wrap=True)
+    return 0
 
 
 def _serve_parser(serve: argparse.ArgumentParser) -> None:
@@ -339,7 +422,7 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--raft-address")
     serve.add_argument("--raft-listen", help="where to bind Raft (default: --raft-address)")
     serve.add_argument("--member", dest="members", action="append",
-                       metavar="RAFT_ADDRESS=GRPC_ADDRESS")
+                       metavar="RAFT_ADDRESS=GRPC_ADDRESS=PEER_ADDRESS")
     serve.add_argument("--grpc-listen")
     serve.add_argument("--metrics-listen", help="HOST:PORT, or '' for none")
     serve.add_argument("--data", type=Path)
@@ -350,6 +433,18 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--insecure-raft", action="store_true", default=None,
                        help="run a cluster's Raft links without a secret: anyone who can "
                             "reach the port can join it")
+    serve.add_argument("--peer-listen", help="where to bind the peer listener (default: this "
+                                             "node's PEER in --member)")
+    serve.add_argument("--tls-cert-file", type=Path, help="this node's certificate (PEM)")
+    serve.add_argument("--tls-key-file", type=Path)
+    serve.add_argument("--tls-ca-file", type=Path,
+                       help="the CA of the members' (and client) certificates")
+    serve.add_argument("--tls-client-certs", action="store_true", default=None,
+                       help="clients must present a certificate signed by --tls-ca-file")
+    serve.add_argument("--access-file", type=Path,
+                       help="principals, their tokens and grants (TOML; reread on change)")
+    serve.add_argument("--insecure-grpc", action="store_true", default=None,
+                       help="serve gRPC in plaintext to anyone, with every permission")
     serve.add_argument("--clock-skew-ms", type=int, help="fault injection only")
     serve.add_argument("--clock-skew-allowance-ms", type=int,
                        help="the largest clock difference between members a hand-over "

@@ -5,18 +5,23 @@ TOML file, which overrides the defaults. The defaults are the embedded single-no
 A TOML file uses the same names as the flags, with underscores::
 
     raft_address = "10.0.0.1:7500"
-    members = ["10.0.0.1:7500=10.0.0.1:7400", "10.0.0.2:7500=10.0.0.2:7400",
-               "10.0.0.3:7500=10.0.0.3:7400"]
+    members = ["10.0.0.1:7500=10.0.0.1:7400=10.0.0.1:7600",
+               "10.0.0.2:7500=10.0.0.2:7400=10.0.0.2:7600",
+               "10.0.0.3:7500=10.0.0.3:7400=10.0.0.3:7600"]
     data = "/var/lib/tickwheel"
+    tls_cert_file = "/etc/tickwheel/tls/tls.crt"
+    tls_key_file = "/etc/tickwheel/tls/tls.key"
+    tls_ca_file = "/etc/tickwheel/tls/ca.crt"
+    access_file = "/etc/tickwheel/access/access.toml"
     max_body_bytes = 1048576
 
-In the environment, lists are comma-separated: ``TICKWHEEL_MEMBERS=a:7500=a:7400,b:7500=...``.
+In the environment, lists are comma-separated: ``TICKWHEEL_MEMBERS=a:7500=a:7400=a:7600,...``.
 
 In a Kubernetes StatefulSet a node is given its pod name, the replica count, the headless
 Service and its namespace (``TICKWHEEL_POD_NAME``, ``TICKWHEEL_REPLICAS``,
-``TICKWHEEL_PEER_SERVICE``, ``TICKWHEEL_NAMESPACE``) and derives ``raft_address``, ``members``,
-``raft_listen`` and ``grpc_listen`` from them (`tickwheel.node.statefulset`); any of those four
-given explicitly still wins.
+``TICKWHEEL_PEER_SERVICE``, ``TICKWHEEL_NAMESPACE``) and derives ``raft_address``,
+``members``, ``raft_listen``, ``grpc_listen`` and ``peer_listen`` from them
+(`tickwheel.node.statefulset`); any of those given explicitly still wins.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from pydantic_settings import (
 )
 
 from tickwheel.node import statefulset
+from tickwheel.node.access import AccessFile
 from tickwheel.node.delivery import HubConfig
 from tickwheel.node.levels import DEFAULT_LEVELS, RetryPolicy, parse_levels
 from tickwheel.node.validation import Limits
@@ -47,8 +53,8 @@ DEFAULT_RAFT = "127.0.0.1:7500"
 DEFAULT_GRPC = "127.0.0.1:7400"
 _POD_FIELDS = ("pod_name", "replicas", "peer_service", "namespace")
 _POD_KNOB_FIELDS = ("cluster_domain", "peer_host_template", "raft_port", "grpc_port",
-                    "port_stride", "listen_host")
-_DERIVED_FIELDS = ("raft_address", "members", "raft_listen", "grpc_listen")
+                    "peer_port", "port_stride", "listen_host")
+_DERIVED_FIELDS = ("raft_address", "members", "raft_listen", "grpc_listen", "peer_listen")
 _MESSAGE_OVERHEAD_BYTES = 64 << 10
 """Room in a request for a message's id, topic and framing besides its body and properties."""
 MIN_SECRET_BYTES = 16
@@ -75,10 +81,31 @@ class NodeSettings(BaseSettings):
     """Where to bind Raft; default: ``raft_address``. Set it when the identity is a name the
     node cannot bind (a Kubernetes DNS name: bind ``0.0.0.0:7500``) or a proxy fronts it."""
     members: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """``RAFT=GRPC`` for every member, this one included; empty: a cluster of this node alone
-    (at ``raft_address`` and ``grpc_listen``)."""
+    """``RAFT=GRPC=PEER`` for every member, this one included: its Raft address, its client
+    gRPC address and its peer listener's; empty: a cluster of this node alone (at
+    ``raft_address`` and ``grpc_listen``, with no peer listener)."""
     grpc_listen: str | None = None
-    """Where to bind gRPC; default: this node's gRPC address in ``members``."""
+    """Where to bind the client gRPC listener; default: this node's gRPC address in
+    ``members``."""
+    peer_listen: str | None = None
+    """Where to bind the peer listener (members only: snapshot files, forwarded calls);
+    default: this node's peer address in ``members``."""
+    tls_cert_file: Path | None = None
+    """This node's TLS certificate (PEM, the chain), for both gRPC listeners. Its names must
+    cover every address clients and members dial it at."""
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None
+    """The CA that signed the members' certificates: a node checks its peers with it. With
+    ``tls_client_certs``, also the CA of client certificates."""
+    tls_client_certs: bool = False
+    """Clients must present a certificate signed by ``tls_ca_file`` (mutual TLS); its common
+    name names the principal (or a bearer token does)."""
+    access_file: Path | None = None
+    """The principals, their tokens and certificates, and their grants
+    (`tickwheel.node.access`); reread when it changes."""
+    insecure_grpc: bool = False
+    """Serve gRPC in plaintext to anyone, with every permission: no TLS, no tokens. Logged
+    loudly at every start; for a laptop behind a firewall, never a shared network."""
     metrics_listen: str | None = "127.0.0.1:9400"
     """Where to serve Prometheus ``/metrics``; empty to serve none."""
     data: Path = Path("data")
@@ -95,6 +122,7 @@ class NodeSettings(BaseSettings):
     what ``tickwheel cluster up`` writes."""
     insecure_raft: bool = False
     _secrets: tuple[bytes, ...] = PrivateAttr(default=())
+    _access: AccessFile | None = PrivateAttr(default=None)
     """Run a cluster's Raft links without a secret, in the clear: anyone who can reach the
     Raft port can join, read every message and rewrite the log. Logged loudly; never needed by
     a single node, which locks its port with a random secret of its own."""
@@ -149,6 +177,7 @@ class NodeSettings(BaseSettings):
     """How a pod name becomes a host; tests map every pod to ``127.0.0.1``."""
     raft_port: int = statefulset.RAFT_PORT
     grpc_port: int = statefulset.GRPC_PORT
+    peer_port: int = statefulset.PEER_PORT
     port_stride: int = 0
     """Tests only: pod ``i`` uses ``raft_port + i * port_stride`` (and the same for gRPC), so
     pods on one host do not collide."""
@@ -167,7 +196,7 @@ class NodeSettings(BaseSettings):
         parse_levels(value)
         return value
 
-    @field_validator("raft_address", "raft_listen", "grpc_listen")
+    @field_validator("raft_address", "raft_listen", "grpc_listen", "peer_listen")
     @classmethod
     def _check_address(cls, value: str | None) -> str | None:
         return value if value is None else _address(value)
@@ -176,11 +205,17 @@ class NodeSettings(BaseSettings):
     @classmethod
     def _check_members(cls, value: list[str]) -> list[str]:
         for member in value:
-            raft, sep, grpc_address = member.partition("=")
-            if not sep:
-                raise ValueError(f"{member!r} is not RAFT_ADDRESS=GRPC_ADDRESS")
-            _address(raft)
-            _address(grpc_address)
+            parts = member.split("=")
+            if len(parts) not in (2, 3):
+                raise ValueError(f"{member!r} is not RAFT_ADDRESS=GRPC_ADDRESS=PEER_ADDRESS")
+            for part in parts:
+                _address(part)
+        if len(value) > 1:
+            missing = [member for member in value if member.count("=") != 2]
+            if missing:
+                raise ValueError(f"{missing[0]!r} has no peer address: the members of a "
+                                 "cluster reach each other's peer listeners, "
+                                 "RAFT_ADDRESS=GRPC_ADDRESS=PEER_ADDRESS")
         return value
 
     @field_validator("max_body_bytes", "max_delay_ms", "max_batch_msgs", "max_stream_msgs",
@@ -212,7 +247,8 @@ class NodeSettings(BaseSettings):
             pod_name=self.pod_name, replicas=self.replicas, service=self.peer_service,
             namespace=self.namespace, domain=self.cluster_domain,
             host_template=self.peer_host_template, raft_port=self.raft_port,
-            grpc_port=self.grpc_port, port_stride=self.port_stride,
+            grpc_port=self.grpc_port, peer_port=self.peer_port,
+            port_stride=self.port_stride,
             listen_host=self.listen_host))
         for name in _DERIVED_FIELDS:
             if name not in self.model_fields_set:
@@ -266,6 +302,40 @@ class NodeSettings(BaseSettings):
                 "open to anyone who can reach its Raft port")
         return self
 
+    @model_validator(mode="after")
+    def _check_grpc_security(self) -> NodeSettings:
+        """TLS and an access file, unless ``insecure_grpc`` says otherwise on purpose; the
+        files are read now, so that a missing or malformed one stops the start."""
+        tls = {"tls_cert_file": self.tls_cert_file, "tls_key_file": self.tls_key_file,
+               "tls_ca_file": self.tls_ca_file, "access_file": self.access_file}
+        given = [name for name, value in tls.items() if value is not None]
+        if self.insecure_grpc:
+            if given or self.tls_client_certs:
+                raise ValueError(f"insecure_grpc with {', '.join(given) or 'tls_client_certs'}"
+                                 ": drop one of them")
+            return self
+        missing = [name for name in ("tls_cert_file", "tls_key_file", "access_file")
+                   if tls[name] is None]
+        if missing:
+            raise ValueError(
+                f"gRPC is served over TLS to authenticated callers: give {', '.join(missing)} "
+                "(flags --tls-cert-file, --tls-key-file, --access-file; `tickwheel certs DIR` "
+                "makes a set to try things with); --insecure-grpc serves plaintext to anyone, "
+                "with every permission")
+        if self.tls_client_certs and self.tls_ca_file is None:
+            raise ValueError("tls_client_certs needs tls_ca_file: the CA of client certificates")
+        for name in given:
+            path = tls[name]
+            if not path.is_file():
+                raise ValueError(f"{name} {path}: no such file")
+        self._access = AccessFile(self.access_file)
+        return self
+
+    def access(self) -> AccessFile | None:
+        """The access file, read once when the settings were checked; None with
+        ``insecure_grpc``."""
+        return self._access
+
     def raft_secrets(self) -> tuple[bytes, ...]:
         """The Raft secrets as given (read once, when the settings were checked), the one to
         dial with first; none if none is given."""
@@ -290,10 +360,19 @@ class NodeSettings(BaseSettings):
         """Raft address -> gRPC address, this node included."""
         if not self.members:
             return {self.raft_address: self.grpc_listen or DEFAULT_GRPC}
-        return dict(member.split("=", 1) for member in self.members)
+        return {parts[0]: parts[1] for parts in map(_member_parts, self.members)}
+
+    def peer_map(self) -> dict[str, str]:
+        """Raft address -> peer listener address, of every member (none for a node alone)."""
+        return {parts[0]: parts[2] for parts in map(_member_parts, self.members)
+                if len(parts) == 3}
 
     def listen(self) -> str:
         return self.grpc_listen or self.member_map()[self.raft_address]
+
+    def listen_peers(self) -> str | None:
+        """Where to bind the peer listener; None for a node alone."""
+        return self.peer_listen or self.peer_map().get(self.raft_address)
 
     def limits(self) -> Limits:
         return Limits(max_body_bytes=self.max_body_bytes, max_delay_ms=self.max_delay_ms,
@@ -325,6 +404,10 @@ class NodeSettings(BaseSettings):
             file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+def _member_parts(member: str) -> list[str]:
+    return member.split("=")
 
 
 def load(config_file: Path | None, flags: dict[str, Any]) -> NodeSettings:

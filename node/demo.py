@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     with LocalCluster(args.data.resolve()) as cluster:
         leader = cluster.leader(timeout_s=30)
         console.print(f"leader: {leader.raft} (gRPC {leader.grpc_address}, pid {leader.pid})")
-        with Client([n.grpc_address for n in cluster.nodes], timeout_s=60) as client:
+        with cluster.client(timeout_s=60) as client:
             got = _run(cluster, client, leader, args.messages, args.span_s)
     return _report(got, args.messages)
 

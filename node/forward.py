@@ -1,6 +1,7 @@
-"""Followers forward client calls to the leader, once.
+"""Followers forward client calls to the leader's peer listener, once.
 
-A forwarded call carries ``tickwheel-forwarded``; a node that receives one and does not lead
+A forwarded call carries ``tickwheel-forwarded``, the peer token and the caller's principal
+(`tickwheel.node.identity`); a node that receives one and does not lead
 answers ``UNAVAILABLE`` instead of forwarding again, so calls never loop during an election (the
 client retries). Channels to the other members are opened on first use and kept.
 """
@@ -28,16 +29,20 @@ def was_forwarded(context: grpc.aio.ServicerContext) -> bool:
 
 
 class Forwarder:
-    """Stubs for the other members, by gRPC address."""
+    """Stubs for the other members, by peer listener address; ``credentials`` None: plaintext
+    (``insecure_grpc``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, credentials: grpc.ChannelCredentials | None) -> None:
+        self._credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    def stub(self, grpc_address: str) -> pb_grpc.TickwheelStub:
-        channel = self._channels.get(grpc_address)
+    def stub(self, peer_address: str) -> pb_grpc.TickwheelStub:
+        channel = self._channels.get(peer_address)
         if channel is None:
-            channel = self._channels[grpc_address] = grpc.aio.insecure_channel(
-                grpc_address, options=CHANNEL_OPTIONS)
+            channel = self._channels[peer_address] = (
+                grpc.aio.insecure_channel(peer_address, options=CHANNEL_OPTIONS)
+                if self._credentials is None else grpc.aio.secure_channel(
+                    peer_address, self._credentials, options=CHANNEL_OPTIONS))
         return pb_grpc.TickwheelStub(channel)
 
     async def close(self) -> None:

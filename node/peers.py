@@ -20,12 +20,17 @@ class ShortRead(Exception):
 
 
 class PeerFiles:
-    """``fetch(peers, path, offset, size)`` over gRPC; ``grpc_address`` maps Raft addresses to
-    the peers' gRPC addresses. Tries the peers in the order given, and retries the round with
-    jittered back-off for up to ``FETCH_TIMEOUT_S``."""
+    """``fetch(peers, path, offset, size)`` over gRPC; ``peer_address`` maps Raft addresses to
+    the peers' peer listeners, dialed with ``credentials`` (None: plaintext) and showing
+    ``metadata`` (the peer token). Tries the peers in the order given, and retries the round
+    with jittered back-off for up to ``FETCH_TIMEOUT_S``."""
 
-    def __init__(self, grpc_address: Mapping[str, str]) -> None:
-        self._grpc_address = dict(grpc_address)
+    def __init__(self, peer_address: Mapping[str, str],
+                 credentials: grpc.ChannelCredentials | None,
+                 metadata: tuple[tuple[str, str], ...]) -> None:
+        self._peer_address = dict(peer_address)
+        self._credentials = credentials
+        self._metadata = metadata
         self._channels: dict[str, grpc.Channel] = {}
 
     @retry(retry=retry_if_exception_type((grpc.RpcError, ShortRead)), reraise=True,
@@ -45,10 +50,14 @@ class PeerFiles:
     def _read(self, peer: str, path: str, offset: int, size: int) -> bytes:
         channel = self._channels.get(peer)
         if channel is None:
-            channel = self._channels[peer] = grpc.insecure_channel(self._grpc_address[peer])
+            address = self._peer_address[peer]
+            channel = self._channels[peer] = (
+                grpc.insecure_channel(address) if self._credentials is None
+                else grpc.secure_channel(address, self._credentials))
         stub = tickwheel_pb2_grpc.PeerStub(channel)
         request = tickwheel_pb2.ReadStateFileRequest(path=path, offset=offset, size=size)
-        data = b"".join(chunk.data for chunk in stub.ReadStateFile(request, timeout=10))
+        data = b"".join(chunk.data for chunk in stub.ReadStateFile(
+            request, timeout=10, metadata=self._metadata))
         if len(data) != size:
             raise ShortRead(f"{peer} returned {len(data)} bytes of {path}, wanted {size}")
         return data

@@ -12,19 +12,34 @@ import gc
 import logging
 import signal
 import sys
+import time
 
 from grpc_health.v1 import health, health_pb2
 
+from tickwheel.node.access import AccessFile
 from tickwheel.node.config import NodeSettings
 from tickwheel.node.delivery import Hub, HubConfig
 from tickwheel.node.forward import Forwarder
+from tickwheel.node.identity import (
+    ClientCallers,
+    PeerCallers,
+    peer_channel_credentials,
+    server_credentials,
+)
 from tickwheel.node.journal import DeliveryJournal
 from tickwheel.node.metrics import Metrics
 from tickwheel.node.peers import PeerFiles
-from tickwheel.node.server import SERVICE_NAME, NodeContext, cursor_lag_ms, start_server
+from tickwheel.node.server import (
+    SERVICE_NAME,
+    Listeners,
+    NodeContext,
+    cursor_lag_ms,
+    start_server,
+)
 from tickwheel.node.unary import UnaryConsumers
 from tickwheel.replication.clock import SystemClock
 from tickwheel.replication.replica import Replica
+from tickwheel.wheel.errors import invariant
 
 log = logging.getLogger("tickwheel.node")
 
@@ -37,6 +52,8 @@ The Raft thread (commits, dispatch) and the event loop (validating a 5,000-messa
 takes ~15 ms) each wait on the other; at 20,000 due msg/s 1 ms cut the lateness p99 by a
 fifth in three alternating pairs of runs (53-71 -> 44-54 ms), for ~2% of batched
 scheduling (within its noise)."""
+ACCESS_CHECK_S = 2.0
+"""How often a node looks whether its access file changed."""
 HEALTH_MAX_LAG_ENTRIES = 1_000
 """A node serves (health) when it knows a leader and has applied to within this many entries
 of the leader's commit index."""
@@ -50,37 +67,62 @@ async def serve(settings: NodeSettings) -> None:
     retry = settings.retry_policy()
     hub = Hub(HubConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms), retry,
               clock.now_ms, journal, metrics)
-    fetch = PeerFiles(members)
+    access = settings.access()
+    peer_callers = PeerCallers(settings.raft_secrets(), access)
+    secure = not settings.insecure_grpc
+    peer_credentials = peer_channel_credentials(settings.tls_ca_file) if secure else None
+    fetch = PeerFiles(settings.peer_map(), peer_credentials, peer_callers.metadata())
     peers = [address for address in members if address != settings.raft_address]
     replica = Replica(settings.raft_address, peers, settings.data, hub, fetch=fetch,
                       clock=clock, config=settings.replica_config())
     hub.attach(replica)
-    node = NodeContext(replica, hub, members, settings.limits(), retry, clock, metrics,
-                       Forwarder(), UnaryConsumers(hub, replica, clock.now_ms))
-    server, health_servicer = await start_server(node, settings.listen())
+    node = NodeContext(replica, hub, members, settings.peer_map(), peer_callers,
+                       settings.limits(), retry, clock, metrics, Forwarder(peer_credentials),
+                       UnaryConsumers(hub, replica, clock.now_ms))
+    servers, health_servicer = await start_server(node, _listeners(settings))
     replica.start()
     if settings.metrics_listen:
         metrics.serve(settings.metrics_listen)
-    log.info("event=node_started raft=%s grpc=%s metrics=%s data=%s members=%d "
-             "clock_skew_ms=%d", settings.raft_address, settings.listen(),
-             settings.metrics_listen or "-", settings.data, len(members), settings.clock_skew_ms)
+    if not secure:
+        log.warning("event=grpc_insecure gRPC is served in plaintext to anyone, with every "
+                    "permission (--insecure-grpc): anyone who can reach %s can schedule, read "
+                    "and cancel every topic's messages", settings.listen())
+    log.info("event=node_started raft=%s grpc=%s peer=%s metrics=%s data=%s members=%d "
+             "tls=%s client_certs=%s principals=%s clock_skew_ms=%d", settings.raft_address,
+             settings.listen(), settings.listen_peers() or "-", settings.metrics_listen or "-",
+             settings.data, len(members), secure, settings.tls_client_certs,
+             len(access.current) if access else "-", settings.clock_skew_ms)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    keeper = asyncio.create_task(_housekeeping(node, health_servicer))
+    keeper = asyncio.create_task(_housekeeping(node, health_servicer, access))
     _settle_gc()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     await stop.wait()
     log.info("event=node_stopping")
     keeper.cancel()
     await health_servicer.enter_graceful_shutdown()
-    await server.stop(grace=1)
+    await asyncio.gather(*(server.stop(grace=1) for server in servers))
     hub.close()
     await node.forwarder.close()
     await asyncio.to_thread(replica.stop)
     journal.close()
     fetch.close()
+
+
+def _listeners(settings: NodeSettings) -> Listeners:
+    client_credentials = peer_credentials = None
+    if not settings.insecure_grpc:
+        invariant(settings.tls_cert_file is not None and settings.tls_key_file is not None,
+                  "TLS settings were checked")
+        client_credentials = server_credentials(
+            settings.tls_cert_file, settings.tls_key_file,
+            settings.tls_ca_file if settings.tls_client_certs else None)
+        peer_credentials = server_credentials(settings.tls_cert_file, settings.tls_key_file,
+                                              None)
+    return Listeners(settings.listen(), client_credentials, ClientCallers(settings.access()),
+                     settings.listen_peers(), peer_credentials)
 
 
 def _settle_gc() -> None:
@@ -95,9 +137,11 @@ def _settle_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, oldest)
 
 
-async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthServicer) -> None:
-    """Health, gauges, and one log line per leader change."""
+async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthServicer,
+                        access_file: AccessFile | None) -> None:
+    """Health, gauges, one log line per leader change, and a changed access file reread."""
     leader, serving = None, None
+    access, next_access_check = access_file, 0.0
     while True:
         status = node.replica.status()
         if status.leader != leader:
@@ -124,6 +168,9 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
         metrics.set_topics(node.hub.topics())
         metrics.set_dropped(status.groups)
         metrics.set_pending(status.pending, status.pending_untracked)
+        if access is not None and time.monotonic() >= next_access_check:
+            next_access_check = time.monotonic() + ACCESS_CHECK_S
+            await asyncio.to_thread(access.refresh)
         await asyncio.sleep(HOUSEKEEPING_S)
 
 

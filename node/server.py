@@ -1,10 +1,12 @@
-"""The gRPC face of a node (grpc.aio): `Tickwheel` for clients, `Peer` for other nodes, standard
-health and reflection.
+"""The gRPC face of a node (grpc.aio), on two listeners: the client listener serves `Tickwheel`,
+standard health and reflection to authenticated callers; the peer listener serves `Peer` and
+the calls followers forward, to members only (`tickwheel.node.identity`). Every call is
+authorized as its principal (`tickwheel.node.access`) before anything is done.
 
 Errors map to status codes in one table (`_STATUS`); a request that does not decode is one
-of them (`InvalidMessage` naming ``request``). A follower forwards client calls to the leader
-(`tickwheel.node.forward`); every answer carries the leader's gRPC address in the
-``tickwheel-leader`` trailer, so clients can go there directly.
+of them (`InvalidMessage` naming ``request``). A follower forwards client calls to the
+leader's peer listener (`tickwheel.node.forward`); every answer carries the leader's gRPC
+address in the ``tickwheel-leader`` trailer, so clients can go there directly.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tickwheel.node import validation
+from tickwheel.node.access import ANYONE, Action, Principal
 from tickwheel.node.commits import WRITE_TIMEOUT_S, applied, committed
 from tickwheel.node.delivery import Consumer, Hub, Sent
 from tickwheel.node.forward import (
@@ -30,6 +33,7 @@ from tickwheel.node.forward import (
     Forwarder,
     was_forwarded,
 )
+from tickwheel.node.identity import ClientCallers, PeerCallers
 from tickwheel.node.levels import RetryPolicy
 from tickwheel.node.metrics import Metrics
 from tickwheel.node.unary import UnaryConsumers
@@ -45,12 +49,16 @@ from tickwheel.wheel.errors import (
     InvalidMessage,
     NotLeader,
     Overloaded,
+    PermissionDenied,
     TickwheelError,
+    Unauthenticated,
     Unavailable,
     invariant,
 )
 
 _STATUS: list[tuple[type[TickwheelError], grpc.StatusCode]] = [
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (ClientError, grpc.StatusCode.INVALID_ARGUMENT),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
@@ -61,6 +69,7 @@ STREAM_WINDOW = 64
 CHUNK_BYTES = 1 << 20
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Tickwheel"].full_name
 RequestT = TypeVar("RequestT", bound=Message)
+Callers = ClientCallers | PeerCallers
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +80,9 @@ class NodeContext:
     hub: Hub
     members: dict[str, str]
     """Raft address -> gRPC address, for every member."""
+    peers: dict[str, str]
+    """Raft address -> peer listener address, for every member (none for a node alone)."""
+    peer_callers: PeerCallers
     limits: validation.Limits
     retry: RetryPolicy
     """The delay level table (``delay_level``) and the retry ladder."""
@@ -82,14 +94,30 @@ class NodeContext:
     def leader_grpc(self, raft_address: str | None) -> str | None:
         return None if raft_address is None else self.members.get(raft_address)
 
+    def leader_peer(self, raft_address: str | None) -> str | None:
+        return None if raft_address is None else self.peers.get(raft_address)
+
+
+def _require(principal: Principal, action: Action, topic: str, field: str,
+             group: str | None = None) -> None:
+    """Raise `PermissionDenied` naming ``field`` unless ``principal`` may."""
+    if not principal.may(action, topic, group):
+        of_group = "" if group is None else f" in group {group!r}"
+        raise PermissionDenied(field, f"principal {principal.name!r} may not {action} on "
+                                      f"topic {topic!r}{of_group}")
+
 
 class _EndOfStream(Exception):
     """The consumer closed its side of a `Receive` stream."""
 
 
 class TickwheelService(pb_grpc.TickwheelServicer):
-    def __init__(self, node: NodeContext) -> None:
+    """``callers`` says who calls: applications (the client listener) or members forwarding
+    for them (the peer listener)."""
+
+    def __init__(self, node: NodeContext, callers: Callers) -> None:
         self._node = node
+        self._callers = callers
 
     async def Schedule(self, request: pb.ScheduleRequest,
                        context: grpc.aio.ServicerContext) -> pb.ScheduleResponse:
@@ -105,14 +133,15 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         pending: deque[asyncio.Future] = deque()
         results: list[pb.ScheduleResult] = []
         streamed = 0
+        principal = await self._principal(context)
         try:
             async for request in request_iterator:
                 streamed += len(request.messages)
                 if streamed > limit:
                     await self._abort(context, InvalidMessage(
                         "messages", f"a stream carries at most {limit} messages; open another"))
-                pending.append(asyncio.ensure_future(
-                    self._unary(context, "Schedule", request, self._schedule_here)))
+                pending.append(asyncio.ensure_future(self._unary(
+                    context, "Schedule", request, self._schedule_here, principal)))
                 while pending and (len(pending) > STREAM_WINDOW or pending[0].done()):
                     results.extend((await pending.popleft()).results)
             while pending:
@@ -134,13 +163,14 @@ class TickwheelService(pb_grpc.TickwheelServicer):
 
     async def ClusterInfo(self, request: pb.ClusterInfoRequest,
                           context: grpc.aio.ServicerContext) -> pb.ClusterInfoResponse:
-        info = cluster_info(self._node)
+        info = cluster_info(self._node, await self._principal(context))
         context.set_trailing_metadata(((LEADER_KEY, info.leader_grpc),))
         return info
 
     async def Receive(self, request_iterator: AsyncIterator[pb.ReceiveRequest],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReceiveResponse]:
         node = self._node
+        principal = await self._principal(context)
         try:
             first = await anext(aiter(request_iterator), None)
             if first is None or first.WhichOneof("kind") != "subscribe":
@@ -148,11 +178,14 @@ class TickwheelService(pb_grpc.TickwheelServicer):
             subscribe = first.subscribe
             timeout_ms = validation.check_subscribe(
                 subscribe, node.limits, node.hub.config.default_visibility_timeout_ms)
+            _require(principal, Action.CONSUME, subscribe.topic, "subscribe.topic",
+                     subscribe.group)
             consumer = await node.hub.subscribe(subscribe.topic, subscribe.group,
                                                 subscribe.consumer or context.peer(),
                                                 subscribe.credits, timeout_ms)
         except NotLeader as error:
-            async for response in self._proxy_receive(first, request_iterator, context, error):
+            async for response in self._proxy_receive(first, request_iterator, context, error,
+                                                      principal):
                 yield response
             return
         except TickwheelError as error:
@@ -195,10 +228,12 @@ class TickwheelService(pb_grpc.TickwheelServicer):
 
     # -- writes -----------------------------------------------------------------------------
 
-    async def _create_group_here(self, request: pb.GroupRequest) -> pb.GroupResponse:
+    async def _create_group_here(self, request: pb.GroupRequest,
+                                 principal: Principal) -> pb.GroupResponse:
         replica = self._node.replica
         validation.check_topic(request.topic, "topic", dead_letter=True)
         validation.check_group(request.group, "group")
+        _require(principal, Action.ADMIN, request.topic, "topic", request.group)
         existed = replica.groups().get(request.topic, request.group) is not None
         try:
             await asyncio.wait_for(self._node.hub.ensure_group(request.topic, request.group),
@@ -207,26 +242,47 @@ class TickwheelService(pb_grpc.TickwheelServicer):
             raise Unavailable("not committed in time; retry") from None
         return pb.GroupResponse(existed=existed)
 
-    async def _delete_group_here(self, request: pb.GroupRequest) -> pb.GroupResponse:
+    async def _delete_group_here(self, request: pb.GroupRequest,
+                                 principal: Principal) -> pb.GroupResponse:
         validation.check_topic(request.topic, "topic", dead_letter=True)
         validation.check_group(request.group, "group")
+        _require(principal, Action.ADMIN, request.topic, "topic", request.group)
         existed = await applied(self._node.replica.delete_group(request.topic, request.group))
         return pb.GroupResponse(existed=existed)
 
     async def _unary(self, context: grpc.aio.ServicerContext, method: str, request: object,
-                     here: Callable[[object], Awaitable[object]]) -> object:
-        """Answer here if this node leads, else forward once; errors become status codes."""
+                     here: Callable[[object, Principal], Awaitable[object]],
+                     principal: Principal | None = None) -> object:
+        """Answer as the caller's principal here if this node leads, else forward once; errors
+        become status codes."""
+        if principal is None:
+            principal = await self._principal(context)
         try:
-            response = await here(request)
+            response = await here(request, principal)
         except NotLeader as error:
-            response = await self._forward(context, method, request, error)
+            response = await self._forward(context, method, request, error, principal)
         except TickwheelError as error:
             await self._abort(context, error)
         self._set_leader(context)
         return response
 
-    async def _schedule_here(self, request: pb.ScheduleRequest) -> pb.ScheduleResponse:
+    async def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
+        try:
+            return self._callers.principal(context)
+        except Unauthenticated as error:
+            await self._abort(context, error)
+            raise  # not reached: abort raises
+
+    async def _schedule_here(self, request: pb.ScheduleRequest,
+                             principal: Principal) -> pb.ScheduleResponse:
         node = self._node
+        if principal is not ANYONE:
+            checked_topic = None
+            for index, message in enumerate(request.messages):
+                if message.topic != checked_topic:
+                    _require(principal, Action.SCHEDULE, message.topic,
+                             f"messages[{index}].topic")
+                    checked_topic = message.topic
         checked = validation.new_messages(request.messages, node.clock.now_ms(), node.limits,
                                           node.retry.levels)
         results = await committed(node.replica.schedule(checked.messages))
@@ -244,7 +300,8 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                     result.clamped_delay_level = clamped
         return response
 
-    async def _cancel_here(self, request: pb.CancelRequest) -> pb.CancelResponse:
+    async def _cancel_here(self, request: pb.CancelRequest,
+                           principal: Principal) -> pb.CancelResponse:
         if not request.handles:
             raise InvalidMessage("handles", "is empty")
         if len(request.handles) > self._node.limits.max_batch_msgs:
@@ -256,12 +313,14 @@ class TickwheelService(pb_grpc.TickwheelServicer):
             if handle is None:
                 raise InvalidMessage(f"handles[{index}]", "is not a handle this cluster issued")
             handles.append(handle)
-        results = await committed(self._node.replica.cancel(handles))
+        results = await committed(self._node.replica.cancel(
+            handles, _may(principal, Action.CANCEL)))
         self._node.metrics.cancelled.inc(results.count(CancelOutcome.CANCELLED))
         return pb.CancelResponse(cancelled=[outcome.cancelled for outcome in results],
                                  outcomes=[int(outcome) for outcome in results])
 
-    async def _reschedule_here(self, request: pb.RescheduleRequest) -> pb.RescheduleResponse:
+    async def _reschedule_here(self, request: pb.RescheduleRequest,
+                               principal: Principal) -> pb.RescheduleResponse:
         node = self._node
         times = validation.move_times(request.moves, node.clock.now_ms(), node.limits)
         moves = []
@@ -271,40 +330,47 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                 raise InvalidMessage(f"moves[{index}].handle",
                                      "is not a handle this cluster issued")
             moves.append((handle, times[index]))
-        results = await committed(node.replica.reschedule(moves))
+        results = await committed(node.replica.reschedule(moves, _may(principal, Action.CANCEL)))
         node.metrics.rescheduled.inc(sum(r.outcome is MoveOutcome.RESCHEDULED for r in results))
         return pb.RescheduleResponse(results=[
             pb.RescheduleResult(outcome=int(r.outcome), deliver_at_ms=r.deliver_at_ms)
             for r in results])
 
-    async def _receive_here(self, request: pb.ReceiveMessagesRequest) -> pb.ReceiveResponse:
+    async def _receive_here(self, request: pb.ReceiveMessagesRequest,
+                            principal: Principal) -> pb.ReceiveResponse:
         node = self._node
         invisible_ms, wait_ms = validation.check_receive(
             request, node.limits, node.hub.config.default_visibility_timeout_ms)
+        _require(principal, Action.CONSUME, request.topic, "topic", request.group)
         batch = await node.unary.receive(request.topic, request.group, request.consumer,
                                          request.max_messages, invisible_ms, wait_ms / 1000)
         return _receive_response(batch, request.group, node.replica.address,
                                  node.replica.handle_cipher())
 
-    async def _ack_here(self, request: pb.SettleRequest) -> pb.SettleResponse:
+    async def _ack_here(self, request: pb.SettleRequest,
+                        principal: Principal) -> pb.SettleResponse:
         validation.check_settle(request, self._node.limits, change=False)
+        _require(principal, Action.CONSUME, request.topic, "topic", request.group)
         return pb.SettleResponse(settled=await self._node.unary.settle(
             request.topic, request.group, list(request.receipts), None))
 
-    async def _change_here(self, request: pb.SettleRequest) -> pb.SettleResponse:
+    async def _change_here(self, request: pb.SettleRequest,
+                           principal: Principal) -> pb.SettleResponse:
         validation.check_settle(request, self._node.limits, change=True)
+        _require(principal, Action.CONSUME, request.topic, "topic", request.group)
         return pb.SettleResponse(settled=await self._node.unary.settle(
             request.topic, request.group, list(request.receipts),
             request.invisible_duration_ms))
 
     async def _forward(self, context: grpc.aio.ServicerContext, method: str, request: object,
-                       error: NotLeader) -> object:
-        leader = self._node.leader_grpc(error.leader_hint)
+                       error: NotLeader, principal: Principal) -> object:
+        leader = self._node.leader_peer(error.leader_hint)
         if leader is None or was_forwarded(context):
             await self._abort(context, Unavailable(
                 f"no leader reachable from here yet ({error}); retry"))
         call = getattr(self._node.forwarder.stub(leader), method)(
-            request, metadata=FORWARDED, timeout=context.time_remaining() or WRITE_TIMEOUT_S)
+            request, metadata=self._forwarded(principal),
+            timeout=context.time_remaining() or WRITE_TIMEOUT_S)
         try:
             return await call
         except grpc.aio.AioRpcError as failed:
@@ -336,14 +402,14 @@ class TickwheelService(pb_grpc.TickwheelServicer):
 
     async def _proxy_receive(self, first: pb.ReceiveRequest,
                              request_iterator: AsyncIterator[pb.ReceiveRequest],
-                             context: grpc.aio.ServicerContext, error: NotLeader
-                             ) -> AsyncIterator[pb.ReceiveResponse]:
+                             context: grpc.aio.ServicerContext, error: NotLeader,
+                             principal: Principal) -> AsyncIterator[pb.ReceiveResponse]:
         """A follower passes a consumer stream through to the leader, both ways."""
-        leader = self._node.leader_grpc(error.leader_hint)
+        leader = self._node.leader_peer(error.leader_hint)
         if leader is None or was_forwarded(context):
             await self._abort(context, Unavailable(
                 f"no leader reachable from here yet ({error}); retry"))
-        call = self._node.forwarder.stub(leader).Receive(metadata=FORWARDED)
+        call = self._node.forwarder.stub(leader).Receive(metadata=self._forwarded(principal))
         refused: list[TickwheelError] = []
 
         async def upstream() -> None:
@@ -383,6 +449,9 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                 await self._abort(context, error)
             return await method(request, context)
         return handle
+
+    def _forwarded(self, principal: Principal) -> tuple[tuple[str, str], ...]:
+        return FORWARDED + self._node.peer_callers.metadata(principal)
 
     def _set_leader(self, context: grpc.aio.ServicerContext) -> None:
         leader = self._node.leader_grpc(self._node.replica.leader_hint())
@@ -427,8 +496,20 @@ def _receive_response(batch: list[Sent], group: str, node: str,
     return response
 
 
-def cluster_info(node: NodeContext) -> pb.ClusterInfoResponse:
+def _may(principal: Principal, action: Action) -> Callable[[str], bool] | None:
+    """What the replica asks of a handle's topic before it proposes a cancel or a move
+    (a handle does not say its topic: the replica reads it); None when every topic is
+    allowed."""
+    if principal.unlimited(action):
+        return None
+    return lambda topic: principal.may(action, topic)
+
+
+def cluster_info(node: NodeContext, principal: Principal = ANYONE) -> pb.ClusterInfoResponse:
+    """The cluster as this node sees it; topics and groups only those ``principal`` has some
+    grant on."""
     status = node.replica.status()
+    sees = principal.sees
     leading = status.role == "leader"
     members = [pb.Member(raft_address=status.address, grpc_address=node.members[status.address],
                          role=status.role, connected=True)]
@@ -439,7 +520,7 @@ def cluster_info(node: NodeContext) -> pb.ClusterInfoResponse:
         members.append(pb.Member(raft_address=peer, grpc_address=node.members[peer], role=role,
                                  connected=peer in status.connected, lag_entries=lag))
     topics = [pb.TopicInfo(topic=topic, ready=ready, unacked=unacked, consumers=consumers)
-              for topic, ready, unacked, consumers in node.hub.topics()]
+              for topic, ready, unacked, consumers in node.hub.topics() if sees(topic)]
     lag_ms = cursor_lag_ms(status, node.clock.now_ms())
     return pb.ClusterInfoResponse(
         address=status.address, role=status.role, leader=status.leader or "",
@@ -451,9 +532,9 @@ def cluster_info(node: NodeContext) -> pb.ClusterInfoResponse:
         groups=[pb.GroupInfo(topic=g.topic, group=g.name, ready=g.ready, leased=g.leased,
                              dropped=g.dropped,
                              consumers=node.hub.consumers_of(g.topic, g.name) if leading else 0)
-                for g in status.groups],
+                for g in status.groups if sees(g.topic)],
         pending=[pb.TopicPending(topic=topic, pending=count)
-                 for topic, count in sorted(status.pending.items())],
+                 for topic, count in sorted(status.pending.items()) if sees(topic)],
         pending_untracked=status.pending_untracked)
 
 
@@ -467,11 +548,16 @@ def cursor_lag_ms(status: ReplicaStatus, now_ms: int) -> int:
 
 
 class PeerService(pb_grpc.PeerServicer):
-    def __init__(self, replica: Replica) -> None:
+    def __init__(self, replica: Replica, callers: PeerCallers) -> None:
         self._replica = replica
+        self._callers = callers
 
     async def ReadStateFile(self, request: pb.ReadStateFileRequest,
                             context: grpc.aio.ServicerContext) -> AsyncIterator[pb.FileChunk]:
+        try:
+            self._callers.member(context)
+        except Unauthenticated as error:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
         offset, end = request.offset, request.offset + request.size
         while offset < end:
             try:
@@ -512,9 +598,46 @@ def _add_tickwheel_service(service: TickwheelService, server: grpc.aio.Server) -
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
-async def start_server(node: NodeContext, listen: str) -> tuple[grpc.aio.Server,
-                                                                health.aio.HealthServicer]:
-    """Bind and start; the health service starts NOT_SERVING (`Housekeeping` updates it)."""
+@dataclass(frozen=True, slots=True)
+class Listeners:
+    """Where a node serves, and how it secures each listener (credentials None: plaintext,
+    ``insecure_grpc``)."""
+
+    client: str
+    client_credentials: grpc.ServerCredentials | None
+    client_callers: ClientCallers
+    peer: str | None
+    """None for a node alone: it has no peers."""
+    peer_credentials: grpc.ServerCredentials | None
+
+
+async def start_server(node: NodeContext, listeners: Listeners
+                       ) -> tuple[list[grpc.aio.Server], health.aio.HealthServicer]:
+    """Bind and start both listeners; the health service starts NOT_SERVING (`Housekeeping`
+    updates it)."""
+    client = _server(node)
+    _add_tickwheel_service(TickwheelService(node, listeners.client_callers), client)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, client)
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME), client)
+    _bind(client, listeners.client, listeners.client_credentials, "gRPC")
+    servers = [client]
+    if listeners.peer is not None:
+        peer = _server(node)
+        _add_tickwheel_service(TickwheelService(node, node.peer_callers), peer)
+        pb_grpc.add_PeerServicer_to_server(PeerService(node.replica, node.peer_callers), peer)
+        _bind(peer, listeners.peer, listeners.peer_credentials, "the peer listener")
+        servers.append(peer)
+    for server in servers:
+        await server.start()
+    return servers, health_servicer
+
+
+def _server(node: NodeContext) -> grpc.aio.Server:
     limits = node.limits
     options = [(key, value) for key, value in CHANNEL_OPTIONS
                if key != "grpc.max_receive_message_length"]
@@ -523,17 +646,12 @@ async def start_server(node: NodeContext, listen: str) -> tuple[grpc.aio.Server,
     # and the bytes of a request that will be refused as too large pile up in it (8 such
     # requests at once grew a node by 2-33 MB with it, 0-0.3 MB without).
     options.append(("grpc.http2.bdp_probe", 0))
-    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=limits.max_concurrent_rpcs)
-    _add_tickwheel_service(TickwheelService(node), server)
-    pb_grpc.add_PeerServicer_to_server(PeerService(node.replica), server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME), server)
-    if server.add_insecure_port(listen) == 0:
-        raise OSError(f"cannot bind gRPC to {listen}")
-    await server.start()
-    return server, health_servicer
+    return grpc.aio.server(options=options, maximum_concurrent_rpcs=limits.max_concurrent_rpcs)
+
+
+def _bind(server: grpc.aio.Server, address: str,
+          credentials: grpc.ServerCredentials | None, what: str) -> None:
+    port = (server.add_insecure_port(address) if credentials is None
+            else server.add_secure_port(address, credentials))
+    if port == 0:
+        raise OSError(f"cannot bind {what} to {address}")

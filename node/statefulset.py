@@ -10,21 +10,25 @@ and its namespace knows the whole membership, and no member list has to be writt
     >>> found = addresses(pod)
     >>> found.raft_address                        # its identity, as peers reach it
     'tw-2.tw-peers.prod.svc.cluster.local:7500'
-    >>> found.members[0]                          # RAFT=GRPC, one per ordinal
-    'tw-0.tw-peers.prod.svc.cluster.local:7500=tw-0.tw-peers.prod.svc.cluster.local:7400'
-    >>> len(found.members), found.raft_listen, found.grpc_listen
-    (3, '0.0.0.0:7500', '0.0.0.0:7400')
+    >>> for address in found.members[0].split("="):  # RAFT=GRPC=PEER, one per ordinal
+    ...     print(address)
+    tw-0.tw-peers.prod.svc.cluster.local:7500
+    tw-0.tw-peers.prod.svc.cluster.local:7400
+    tw-0.tw-peers.prod.svc.cluster.local:7600
+    >>> len(found.members), found.raft_listen, found.grpc_listen, found.peer_listen
+    (3, '0.0.0.0:7500', '0.0.0.0:7400', '0.0.0.0:7600')
 
 Tests run every "pod" on one machine: ``host_template`` maps every pod name to a host
-(``"127.0.0.1"``), ``port_stride`` gives pod ``i`` the ports ``raft_port + i * port_stride`` and
-``grpc_port + i * port_stride``, and ``listen_host`` binds loopback only::
+(``"127.0.0.1"``), ``port_stride`` gives pod ``i`` the ports ``raft_port + i * port_stride``,
+``grpc_port + i * port_stride`` and ``peer_port + i * port_stride``, and ``listen_host`` binds
+loopback only::
 
     >>> local = StatefulSetPod("tw-1", replicas=3, service="tw-peers", namespace="prod",
     ...                        host_template="127.0.0.1", raft_port=9000, grpc_port=9100,
-    ...                        port_stride=10, listen_host="127.0.0.1")
+    ...                        peer_port=9200, port_stride=10, listen_host="127.0.0.1")
     >>> found = addresses(local)
     >>> found.raft_address, found.members[2], found.grpc_listen
-    ('127.0.0.1:9010', '127.0.0.1:9020=127.0.0.1:9120', '127.0.0.1:9110')
+    ('127.0.0.1:9010', '127.0.0.1:9020=127.0.0.1:9120=127.0.0.1:9220', '127.0.0.1:9110')
 
 A pod name without an ordinal, or an ordinal outside ``0 .. replicas - 1``, is a configuration
 error (`ValueError`): the node refuses to start rather than join a cluster it is not part of.
@@ -41,6 +45,7 @@ HOST_TEMPLATE = "{pod}.{service}.{namespace}.svc.{domain}"
 CLUSTER_DOMAIN = "cluster.local"
 RAFT_PORT = 7500
 GRPC_PORT = 7400
+PEER_PORT = 7600
 LISTEN_HOST = "0.0.0.0"
 MAX_PORT = 65_535
 
@@ -59,6 +64,7 @@ class StatefulSetPod:
     host_template: str = HOST_TEMPLATE
     raft_port: int = RAFT_PORT
     grpc_port: int = GRPC_PORT
+    peer_port: int = PEER_PORT
     port_stride: int = 0
     listen_host: str = LISTEN_HOST
 
@@ -71,6 +77,7 @@ class Addresses:
     members: list[str]
     raft_listen: str
     grpc_listen: str
+    peer_listen: str
 
 
 def split_pod_name(pod_name: str) -> tuple[str, int]:
@@ -83,17 +90,19 @@ def split_pod_name(pod_name: str) -> tuple[str, int]:
 
 
 def addresses(pod: StatefulSetPod) -> Addresses:
-    """This pod's Raft identity, every member's ``RAFT=GRPC``, and where to bind."""
+    """This pod's Raft identity, every member's ``RAFT=GRPC=PEER``, and where to bind."""
     set_name, ordinal = split_pod_name(pod.pod_name)
     _check(pod, ordinal)
     hosts = [_host(pod, f"{set_name}-{i}", i) for i in range(pod.replicas)]
-    members = [f"{host}:{_port(pod.raft_port, pod, i)}={host}:{_port(pod.grpc_port, pod, i)}"
+    members = ["=".join(f"{host}:{_port(port, pod, i)}"
+                        for port in (pod.raft_port, pod.grpc_port, pod.peer_port))
                for i, host in enumerate(hosts)]
     return Addresses(
         raft_address=f"{hosts[ordinal]}:{_port(pod.raft_port, pod, ordinal)}",
         members=members,
         raft_listen=f"{pod.listen_host}:{_port(pod.raft_port, pod, ordinal)}",
-        grpc_listen=f"{pod.listen_host}:{_port(pod.grpc_port, pod, ordinal)}")
+        grpc_listen=f"{pod.listen_host}:{_port(pod.grpc_port, pod, ordinal)}",
+        peer_listen=f"{pod.listen_host}:{_port(pod.peer_port, pod, ordinal)}")
 
 
 def _check(pod: StatefulSetPod, ordinal: int) -> None:
@@ -105,7 +114,8 @@ def _check(pod: StatefulSetPod, ordinal: int) -> None:
                          "TICKWHEEL_REPLICAS match the StatefulSet's spec.replicas?")
     if pod.port_stride < 0:
         raise ValueError(f"port_stride must not be negative, not {pod.port_stride}")
-    for name, port in (("raft_port", pod.raft_port), ("grpc_port", pod.grpc_port)):
+    for name, port in (("raft_port", pod.raft_port), ("grpc_port", pod.grpc_port),
+                       ("peer_port", pod.peer_port)):
         last_port = _port(port, pod, pod.replicas - 1)
         if not 0 < port <= last_port <= MAX_PORT:
             raise ValueError(f"{name} {port} with port_stride {pod.port_stride} gives port "

@@ -6,7 +6,9 @@ stops those processes (by PID) and talks to them over their public gRPC API.
 
 The nodes share a random Raft secret, kept in ``ROOT/raft.secret`` (readable by its owner only;
 an existing one is reused, so a cluster restarted on the same folder finds its members again)
-and handed to each node as a file, never on its command line.
+and handed to each node as a file, never on its command line. They serve gRPC over TLS to
+authenticated callers, with certificates and tokens made in ``ROOT/security``
+(`tickwheel.replication.dev_credentials`): `credentials` and `client` call as one of them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ from pathlib import Path
 
 import grpc
 
-from tickwheel.client import Client, Received
+from tickwheel.client import Client, Credentials, Received
+from tickwheel.client.credentials import open_channel
+from tickwheel.replication import dev_credentials
+from tickwheel.replication.dev_credentials import DevCredentials, Grants
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -70,8 +75,11 @@ def ensure_secret(path: Path) -> Path:
 class LocalNode:
     raft: str
     grpc_address: str
+    peer_address: str
     data: Path
     log_path: Path
+    credentials: Credentials = field(repr=False)
+    """How tests and tools reach it: as the cluster's admin."""
     metrics_address: str | None = None
     process: subprocess.Popen | None = None
     clock_skew_ms: int = 0
@@ -80,7 +88,7 @@ class LocalNode:
     @property
     def stub(self) -> pb_grpc.TickwheelStub:
         if self._channel is None:
-            self._channel = grpc.insecure_channel(self.grpc_address)
+            self._channel = open_channel(self.grpc_address, self.credentials, ())
         return pb_grpc.TickwheelStub(self._channel)
 
     @property
@@ -108,28 +116,66 @@ class LocalCluster:
     """``size`` nodes under ``root``; a context manager that stops every process it started.
 
     Ports are free ones picked at random, or with ``base_port``: gRPC on ``base_port + i``, Raft
-    on ``base_port + 100 + i``, and (with ``metrics``) Prometheus on ``base_port + 2000 + i``.
+    on ``base_port + 100 + i``, the peer listener on ``base_port + 200 + i``, and (with
+    ``metrics``) Prometheus on ``base_port + 2000 + i``.
+
+    Principals beyond ``admin`` (every permission): ``principals`` maps names to grants
+    (`tickwheel.replication.dev_credentials`); ``client_certificates`` gives each a
+    certificate too and makes the nodes require one (mutual TLS). ``insecure_grpc`` serves
+    plaintext to anyone instead.
     """
 
     def __init__(self, root: Path, size: int = 3, extra_args: tuple[str, ...] = (), *,
                  base_port: int | None = None, metrics: bool = False,
-                 insecure_raft: bool = False) -> None:
+                 insecure_raft: bool = False, insecure_grpc: bool = False,
+                 principals: dict[str, Grants] | None = None,
+                 client_certificates: bool = False) -> None:
         if base_port is None:
-            ports = free_ports(3 * size)
-            grpc_ports, raft_ports, metrics_ports = (ports[:size], ports[size:2 * size],
-                                                     ports[2 * size:])
+            ports = free_ports(4 * size)
+            grpc_ports, raft_ports, peer_ports, metrics_ports = (
+                ports[i * size:(i + 1) * size] for i in range(4))
         else:
             grpc_ports = [base_port + i for i in range(size)]
             raft_ports = [base_port + 100 + i for i in range(size)]
+            peer_ports = [base_port + 200 + i for i in range(size)]
             metrics_ports = [base_port + 2000 + i for i in range(size)]
         self.root = root
-        self.extra_args = (("--insecure-raft",) if insecure_raft
-                           else ("--raft-secret-file", str(ensure_secret(root / "raft.secret")))
-                           ) + tuple(extra_args)
+        self.security: DevCredentials | None = None
+        self._client_certificates = client_certificates
+        if insecure_grpc:
+            self.grpc_args: tuple[str, ...] = ("--insecure-grpc",)
+        else:
+            self.security = dev_credentials.make(
+                root / "security", principals={**dev_credentials.ADMIN, **(principals or {})},
+                client_certificates=client_certificates)
+            self.grpc_args = self.security.node_flags(client_certificates)
+        self.raft_args = (("--insecure-raft",) if insecure_raft
+                          else ("--raft-secret-file", str(ensure_secret(root / "raft.secret"))))
+        self.extra_args = tuple(extra_args)
+        """Flags for every node besides the addresses and ``raft_args`` and ``grpc_args``
+        (how Raft links and gRPC are secured)."""
+        admin = self.credentials()
         self.nodes = [LocalNode(f"127.0.0.1:{raft_ports[i]}", f"127.0.0.1:{grpc_ports[i]}",
-                                root / f"node{i}", root / f"node{i}.log",
+                                f"127.0.0.1:{peer_ports[i]}", root / f"node{i}",
+                                root / f"node{i}.log", admin,
                                 f"127.0.0.1:{metrics_ports[i]}" if metrics else None)
                       for i in range(size)]
+
+    def credentials(self, principal: str = "admin") -> Credentials:
+        """How to call the nodes as ``principal`` (its token, and its certificate when the
+        cluster requires them)."""
+        if self.security is None:
+            return Credentials(insecure=True)
+        cert_file, key_file = (self.security.client_certificate(principal)
+                               if self._client_certificates else (None, None))
+        return Credentials.load(ca_file=self.security.ca_file,
+                                token_file=self.security.token_file(principal),
+                                cert_file=cert_file, key_file=key_file)
+
+    def client(self, principal: str = "admin", **options: float) -> Client:
+        """A `Client` of every node, as ``principal``; ``options``: its timeouts."""
+        return Client([node.grpc_address for node in self.nodes],
+                      credentials=self.credentials(principal), **options)
 
     def __enter__(self) -> LocalCluster:
         for node in self.nodes:
@@ -142,20 +188,20 @@ class LocalCluster:
     def start(self, node: LocalNode, clock_skew_ms: int | None = None) -> None:
         if clock_skew_ms is not None:
             node.clock_skew_ms = clock_skew_ms
-        members = [arg for raft, grpc_address in self.members_of(node)
-                   for arg in ("--member", f"{raft}={grpc_address}")]
+        members = [arg for addresses in self.members_of(node)
+                   for arg in ("--member", "=".join(addresses))]
         command = [sys.executable, "-m", "tickwheel.node", "serve", "--raft-address", node.raft,
                    *members, "--data", str(node.data), "--clock-skew-ms",
                    str(node.clock_skew_ms), "--metrics-listen", node.metrics_address or "",
-                   *self.extra_args]
+                   *self.raft_args, *self.grpc_args, *self.extra_args]
         node.data.mkdir(parents=True, exist_ok=True)
         with open(node.log_path, "ab") as log:
             node.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
-    def members_of(self, node: LocalNode) -> list[tuple[str, str]]:
-        """``(raft, grpc)`` of every member as ``node`` is told them (the same for every node
-        here; the chaos harness puts proxies in between)."""
-        return [(n.raft, n.grpc_address) for n in self.nodes]
+    def members_of(self, node: LocalNode) -> list[tuple[str, str, str]]:
+        """``(raft, grpc, peer)`` of every member as ``node`` is told them (the same for every
+        node here; the chaos harness puts proxies in between)."""
+        return [(n.raft, n.grpc_address, n.peer_address) for n in self.nodes]
 
     def signal(self, node: LocalNode, signum: int) -> None:
         os.kill(node.pid, signum)
@@ -233,7 +279,7 @@ class AckingConsumer:
 
     def __init__(self, cluster: LocalCluster, topic: str = "orders", *, prefetch: int = 1_000,
                  on_message: Callable[[Received], None] | None = None) -> None:
-        self._client = Client([node.grpc_address for node in cluster.nodes], timeout_s=60)
+        self._client = cluster.client(timeout_s=60)
         self._consumer = self._client.consume(topic, prefetch=prefetch, name=f"acking-{topic}")
         self._on_message = on_message
         self._thread = threading.Thread(target=self._run, name=f"consumer-{topic}", daemon=True)

@@ -48,7 +48,7 @@ from tickwheel.replication.raft import (
     read_snapshot,
     write_snapshot,
 )
-from tickwheel.replication.state import Manifest, Retried, StateConfig, WheelState
+from tickwheel.replication.state import Manifest, Rejected, Retried, StateConfig, WheelState
 from tickwheel.wheel import Cursor, DueMessage, NewMessage
 from tickwheel.wheel.errors import (
     CorruptSegment,
@@ -146,7 +146,8 @@ class Replica:
                                        self._config.max_queued_msgs, self._raft.wake)
         self._dispatcher = Dispatcher(self._config.dispatch)
         self._planner: Planner | None = None
-        self._cancels: deque[tuple[Callable[[int], bytes], Future]] = deque()
+        self._cancels: deque[tuple[Callable[[int], bytes], Future,
+                                   Callable[[], Rejected | None] | None]] = deque()
         """Cancels and reschedules: each a command to make (given the stamp), in order."""
         self._lease_ops: dict[LeaseOp, deque[tuple[list[LeaseRef], list[int], Future]]] = {
             op: deque() for op in LeaseOp}
@@ -197,26 +198,38 @@ class Replica:
         return self._retries.submit([commands.encoded_leased_retry(lease, copy)
                                      for lease, copy in retries])
 
-    def cancel(self, handles: Sequence[int]) -> Future:
+    def cancel(self, handles: Sequence[int],
+               may: Callable[[str], bool] | None = None) -> Future:
         """The future gets a `CancelOutcome` per handle, or one `Rejected` (naming
-        ``handles[i]``) when a handle was never issued: then nothing was cancelled."""
+        ``handles[i]``) when a handle was never issued, or names a message of a topic ``may``
+        refuses: then nothing was cancelled."""
         handles = list(handles)
-        return self._handle_op(lambda stamp_ms: commands.cancel(stamp_ms, handles))
+        return self._handle_op(lambda stamp_ms: commands.cancel(stamp_ms, handles),
+                               handles, "handles[{}]", may)
 
-    def reschedule(self, moves: Sequence[tuple[int, int]]) -> Future:
+    def reschedule(self, moves: Sequence[tuple[int, int]],
+                   may: Callable[[str], bool] | None = None) -> Future:
         """Move pending messages: ``(handle, deliver_at_ms)`` each. The future gets a `Moved`
-        per move, or one `Rejected` (naming ``moves[i]``): then nothing moved."""
+        per move, or one `Rejected` (naming ``moves[i]``; also when ``may`` refuses a
+        message's topic): then nothing moved."""
         moves = list(moves)
-        return self._handle_op(lambda stamp_ms: commands.move(stamp_ms, moves))
+        return self._handle_op(lambda stamp_ms: commands.move(stamp_ms, moves),
+                               [handle for handle, _ in moves], "moves[{}].handle", may)
 
-    def _handle_op(self, command: Callable[[int], bytes]) -> Future:
+    def _handle_op(self, command: Callable[[int], bytes], handles: list[int], field: str,
+                   may: Callable[[str], bool] | None) -> Future:
         """Queue a cancel or a reschedule, made into its command (given the stamp) when the
-        Raft thread proposes it."""
+        Raft thread proposes it. With ``may``, the Raft thread first reads the topic of each
+        handle's message (a handle does not carry it; a message never changes topic, so
+        the answer holds when the command applies) and refuses the whole request if ``may``
+        refuses one."""
         self._require_leader()
         future: Future = Future()
         if len(self._cancels) >= self._config.max_queued_msgs:
             raise Overloaded("max_queued_msgs")
-        self._cancels.append((command, future))
+        check = None if may is None else (
+            lambda: self._state.refused_topic(handles, field, may))
+        self._cancels.append((command, future, check))
         self._raft.wake()
         return future
 
@@ -500,7 +513,11 @@ class Replica:
         for entry in self._retries.drain():
             self._propose(commands.retry(now_ms, entry.parts), self._retry_applied(entry))
         while self._cancels:
-            command, future = self._cancels.popleft()
+            command, future, check = self._cancels.popleft()
+            refused = None if check is None else check()
+            if refused is not None:
+                resolve(future, result=[refused])
+                continue
             self._propose(command(now_ms), future)
         while self._group_ops:
             create, topic, name, future = self._group_ops.popleft()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from itertools import repeat
@@ -33,6 +33,7 @@ from tickwheel.wheel.errors import (
     CorruptSegment,
     InvalidMessage,
     Overloaded,
+    PermissionDenied,
     UnknownHandle,
     invariant,
 )
@@ -100,7 +101,7 @@ class Retried(NamedTuple):
 class Rejected(NamedTuple):
     """A message or handle refused at apply time (the same on every replica)."""
 
-    error: InvalidMessage | UnknownHandle | Overloaded
+    error: InvalidMessage | UnknownHandle | Overloaded | PermissionDenied
 
 
 class MoveOutcome(IntEnum):
@@ -364,6 +365,18 @@ class WheelState:
                 return [found]
             located.append(found)
         return [self._cancel_one(found) for found in located]
+
+    def refused_topic(self, handles: Sequence[int], field: str,
+                      may: Callable[[str], bool]) -> Rejected | None:
+        """`Rejected` naming ``field.format(i)`` for the first handle whose message is of a
+        topic ``may`` refuses; handles this replica cannot read are left to the command."""
+        for index, handle in enumerate(handles):
+            found = self._locate(handle, field)
+            if found is not None and not isinstance(found, Rejected) and not may(
+                    found[0].topic):
+                return Rejected(PermissionDenied(field.format(index), "names a message of a "
+                                                 "topic the caller may not change"))
+        return None
 
     def _locate(self, handle: int, name: str) -> tuple[DueMessage, bool] | Rejected | None:
         """The message a client's handle names now (its latest copy, if it was moved) and

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tickwheel.replication import dev_credentials
+from tickwheel.replication.dev_credentials import DevCredentials
 from tickwheel.replication.local_cluster import AckingConsumer, LocalCluster
 
 settings.register_profile("ci", max_examples=150, stateful_step_count=40, deadline=None,
@@ -33,3 +35,19 @@ def acking_consumer() -> Iterator[Callable[..., AckingConsumer]]:
     yield start
     for consumer in started:
         consumer.close()
+
+
+@pytest.fixture(scope="session")
+def dev_security(tmp_path_factory: pytest.TempPathFactory) -> DevCredentials:
+    """One set of development TLS files and an access file, for settings tests."""
+    return dev_credentials.make(tmp_path_factory.mktemp("security"))
+
+
+@pytest.fixture
+def tls_env(monkeypatch: pytest.MonkeyPatch, dev_security: DevCredentials
+            ) -> pytest.MonkeyPatch:
+    """``TICKWHEEL_TLS_*`` and ``TICKWHEEL_ACCESS_FILE`` set, as a deployment sets them: the
+    settings a node refuses to start without."""
+    for name, value in dev_security.node_environment().items():
+        monkeypatch.setenv(name, value)
+    return monkeypatch

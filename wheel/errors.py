@@ -5,7 +5,9 @@
     TickwheelError
     ├── ClientError             the caller can fix it; names the field at fault
     │   ├── InvalidMessage      a message field is malformed or over a limit
-    │   └── UnknownHandle       a handle that no scheduling ever returned
+    │   ├── UnknownHandle       a handle that no scheduling ever returned
+    │   └── PermissionDenied    the caller may not do this to this topic or group
+    ├── Unauthenticated         no credentials, or credentials nobody issued
     ├── StorageLocked           another process has the data folder open
     ├── Unavailable             try again, maybe elsewhere
     │   ├── NotLeader           this node cannot order writes; ``leader_hint`` says who can
@@ -39,6 +41,15 @@ class InvalidMessage(ClientError):
 
 class UnknownHandle(ClientError):
     """A cancel named a handle that no scheduling returned."""
+
+
+class PermissionDenied(ClientError):
+    """The caller is authenticated but its grants do not cover this action on this topic (or
+    group); ``field`` names the part of the request refused."""
+
+
+class Unauthenticated(TickwheelError):
+    """The call carried no credentials, or credentials this cluster does not know."""
 
 
 class StorageLocked(TickwheelError):

@@ -24,10 +24,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import ValidationError
 
-from tickwheel.client import Client
+from tickwheel.client import Client, Credentials
+from tickwheel.client.credentials import open_channel
 from tickwheel.node import statefulset
 from tickwheel.node.config import NodeSettings, load
 from tickwheel.node.statefulset import StatefulSetPod, addresses, split_pod_name
+from tickwheel.replication import dev_credentials
+from tickwheel.replication.dev_credentials import DevCredentials
 from tickwheel.replication.local_cluster import free_ports, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
@@ -58,27 +61,32 @@ def test_the_module_example_runs() -> None:
 def test_a_pod_derives_its_identity_every_member_and_where_to_bind() -> None:
     found = addresses(pod("tickwheel-1"))
     assert found.raft_address == f"tickwheel-1.{PEERS}:7500"
-    assert found.members == [f"tickwheel-{i}.{PEERS}:7500=tickwheel-{i}.{PEERS}:7400"
-                             for i in range(3)]
-    assert (found.raft_listen, found.grpc_listen) == ("0.0.0.0:7500", "0.0.0.0:7400")
+    assert found.members == [
+        f"tickwheel-{i}.{PEERS}:7500=tickwheel-{i}.{PEERS}:7400=tickwheel-{i}.{PEERS}:7600"
+        for i in range(3)]
+    assert (found.raft_listen, found.grpc_listen, found.peer_listen) == (
+        "0.0.0.0:7500", "0.0.0.0:7400", "0.0.0.0:7600")
 
 
 def test_the_cluster_domain_and_the_host_template_are_configurable() -> None:
     found = addresses(pod("tickwheel-0", replicas=1, domain="corp.example"))
     assert found.raft_address == "tickwheel-0.tickwheel-peers.prod.svc.corp.example:7500"
     found = addresses(pod("tw-2", host_template="{service}-{ordinal}.{namespace}"))
-    assert found.members[0] == "tickwheel-peers-0.prod:7500=tickwheel-peers-0.prod:7400"
+    assert found.members[0] == ("tickwheel-peers-0.prod:7500=tickwheel-peers-0.prod:7400="
+                                "tickwheel-peers-0.prod:7600")
     assert found.raft_address == "tickwheel-peers-2.prod:7500"
 
 
 def test_the_port_stride_gives_each_ordinal_its_own_ports() -> None:
     found = addresses(pod("tickwheel-2", host_template="127.0.0.1", raft_port=20_001,
-                          grpc_port=20_000, port_stride=2, listen_host="127.0.0.1"))
-    assert found.members == ["127.0.0.1:20001=127.0.0.1:20000",
-                             "127.0.0.1:20003=127.0.0.1:20002",
-                             "127.0.0.1:20005=127.0.0.1:20004"]
-    assert found.raft_address == "127.0.0.1:20005"
-    assert (found.raft_listen, found.grpc_listen) == ("127.0.0.1:20005", "127.0.0.1:20004")
+                          grpc_port=20_000, peer_port=20_002, port_stride=3,
+                          listen_host="127.0.0.1"))
+    assert found.members == ["127.0.0.1:20001=127.0.0.1:20000=127.0.0.1:20002",
+                             "127.0.0.1:20004=127.0.0.1:20003=127.0.0.1:20005",
+                             "127.0.0.1:20007=127.0.0.1:20006=127.0.0.1:20008"]
+    assert found.raft_address == "127.0.0.1:20007"
+    assert (found.raft_listen, found.grpc_listen, found.peer_listen) == (
+        "127.0.0.1:20007", "127.0.0.1:20006", "127.0.0.1:20008")
 
 
 def test_pod_names_split_into_the_set_and_the_ordinal() -> None:
@@ -96,6 +104,7 @@ def test_pod_names_split_into_the_set_and_the_ordinal() -> None:
     (pod("tickwheel-0", port_stride=-1), "port_stride must not be negative"),
     (pod("tickwheel-0", raft_port=65_535, port_stride=1), "raft_port 65535"),
     (pod("tickwheel-0", grpc_port=0), "grpc_port 0"),
+    (pod("tickwheel-0", peer_port=70_000), "peer_port 70000"),
     (pod("tickwheel-0", host_template="{pod}.{zone}"), "peer_host_template"),
 ])
 def test_impossible_places_are_configuration_errors(bad_pod: StatefulSetPod,
@@ -107,12 +116,14 @@ def test_impossible_places_are_configuration_errors(bad_pod: StatefulSetPod,
 # -- NodeSettings -----------------------------------------------------------------------------
 
 @pytest.fixture
-def pod_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """The StatefulSet's environment for pod tickwheel-1 of 3, and no other TICKWHEEL_*."""
+def pod_env(monkeypatch: pytest.MonkeyPatch, dev_security: DevCredentials
+            ) -> Iterator[pytest.MonkeyPatch]:
+    """The StatefulSet's environment for pod tickwheel-1 of 3 (with TLS files that exist),
+    and no other TICKWHEEL_*."""
     for name in list(os.environ):
         if name.startswith("TICKWHEEL_"):
             monkeypatch.delenv(name)
-    for name, value in POD_ENV.items():
+    for name, value in {**POD_ENV, **dev_security.node_environment()}.items():
         monkeypatch.setenv(name, value)
     yield monkeypatch
 
@@ -134,7 +145,8 @@ def test_explicit_settings_win_over_derived_ones(pod_env: pytest.MonkeyPatch,
     assert (settings.raft_listen, settings.grpc_listen) == ("10.1.2.3:7500", "10.1.2.3:7400")
     assert settings.raft_address == f"tickwheel-1.{PEERS}:7500"
     config = tmp_path / "node.toml"
-    config.write_text('raft_address = "a:7500"\nmembers = ["a:7500=a:7400", "b:7500=b:7400"]\n')
+    config.write_text('raft_address = "a:7500"\n'
+                      'members = ["a:7500=a:7400=a:7600", "b:7500=b:7400=b:7600"]\n')
     settings = load(config, {})
     assert settings.raft_address == "a:7500"
     assert settings.member_map() == {"a:7500": "a:7400", "b:7500": "b:7400"}
@@ -165,9 +177,10 @@ def test_without_a_pod_environment_nothing_is_derived(pod_env: pytest.MonkeyPatc
         NodeSettings()
 
 
-def test_serve_refuses_to_start_as_a_pod_outside_the_set(tmp_path: Path) -> None:
-    env = {**_clean_environment(), **POD_ENV, "TICKWHEEL_POD_NAME": "tickwheel-3",
-           "TICKWHEEL_DATA": str(tmp_path)}
+def test_serve_refuses_to_start_as_a_pod_outside_the_set(
+        tmp_path: Path, dev_security: DevCredentials) -> None:
+    env = {**_clean_environment(), **POD_ENV, **dev_security.node_environment(),
+           "TICKWHEEL_POD_NAME": "tickwheel-3", "TICKWHEEL_DATA": str(tmp_path)}
     run = subprocess.run([sys.executable, "-m", "tickwheel.node", "serve"], env=env,
                          capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 2
@@ -268,16 +281,22 @@ def _serving(channels: list[grpc.Channel]) -> bool:
 
 def test_three_pods_with_the_statefulset_environment_form_one_cluster_and_serve(
         tmp_path: Path) -> None:
+    """The pods' TLS files and access file come from a Secret's mount in Kubernetes; here
+    from a development set at the same paths' variables."""
     replicas = 3
-    first_port = _consecutive_free_ports(2 * replicas)
+    first_port = _consecutive_free_ports(3 * replicas)
+    security = dev_credentials.make(tmp_path / "security")
     knobs = {"TICKWHEEL_PEER_HOST_TEMPLATE": "127.0.0.1", "TICKWHEEL_LISTEN_HOST": "127.0.0.1",
              "TICKWHEEL_GRPC_PORT": str(first_port), "TICKWHEEL_RAFT_PORT": str(first_port + 1),
-             "TICKWHEEL_PORT_STRIDE": "2", "TICKWHEEL_METRICS_LISTEN": ""}
+             "TICKWHEEL_PEER_PORT": str(first_port + 2), "TICKWHEEL_PORT_STRIDE": "3",
+             "TICKWHEEL_METRICS_LISTEN": "", **security.node_environment()}
     secrets = {("tickwheel-raft", "secret"): secrets_module.token_urlsafe(32)}
-    grpc_addresses = [f"127.0.0.1:{first_port + 2 * i}" for i in range(replicas)]
+    grpc_addresses = [f"127.0.0.1:{first_port + 3 * i}" for i in range(replicas)]
     logs = [tmp_path / f"tickwheel-{i}.log" for i in range(replicas)]
     processes: list[subprocess.Popen] = []
-    channels = [grpc.insecure_channel(address) for address in grpc_addresses]
+    credentials = Credentials.load(ca_file=security.ca_file,
+                                   token_file=security.token_file("admin"))
+    channels = [open_channel(address, credentials, ()) for address in grpc_addresses]
     try:
         for ordinal in range(replicas):
             env = {**_clean_environment(),
@@ -292,9 +311,9 @@ def test_three_pods_with_the_statefulset_environment_form_one_cluster_and_serve(
         leader = wait_for(lambda: _one_cluster(stubs, processes, logs), FORM_TIMEOUT_S,
                           "one cluster of three")
         assert {member.raft_address for member in leader.members} == {
-            f"127.0.0.1:{first_port + 2 * i + 1}" for i in range(replicas)}
+            f"127.0.0.1:{first_port + 3 * i + 1}" for i in range(replicas)}
         wait_for(lambda: _serving(channels), FORM_TIMEOUT_S, "every node SERVING")
-        _schedule_and_consume(grpc_addresses)
+        _schedule_and_consume(grpc_addresses, credentials)
     finally:
         for channel in channels:
             channel.close()
@@ -303,8 +322,8 @@ def test_three_pods_with_the_statefulset_environment_form_one_cluster_and_serve(
         log.read_text()[-2_000:] for log in logs]
 
 
-def _schedule_and_consume(grpc_addresses: list[str]) -> None:
-    with Client(grpc_addresses, timeout_s=FORM_TIMEOUT_S) as client:
+def _schedule_and_consume(grpc_addresses: list[str], credentials: Credentials) -> None:
+    with Client(grpc_addresses, timeout_s=FORM_TIMEOUT_S, credentials=credentials) as client:
         client.schedule("deploy", b"hello from a pod", delay_ms=0, id="deploy-1")
         with client.consume("deploy", prefetch=1) as consumer:
             deadline = threading.Timer(FORM_TIMEOUT_S, consumer.close)

@@ -19,5 +19,5 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def client(cluster: LocalCluster) -> Iterator[Client]:
-    with Client([node.grpc_address for node in cluster.nodes], timeout_s=30) as opened:
+    with cluster.client(timeout_s=30) as opened:
         yield opened

@@ -25,10 +25,12 @@ from tickwheel.client import (
     AsyncClient,
     CancelOutcome,
     Client,
+    Credentials,
     InvalidArgument,
     Message,
     RescheduleOutcome,
 )
+from tickwheel.client.credentials import open_channel
 from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
@@ -224,7 +226,7 @@ def test_a_request_that_does_not_decode_is_invalid_argument(
     node = cluster.leader() if on == "leader" else follower(cluster)
     rpc = pb.DESCRIPTOR.services_by_name["Tickwheel"].methods_by_name[method]
     path = f"/{rpc.containing_service.full_name}/{method}"
-    with grpc.insecure_channel(node.grpc_address) as channel, \
+    with open_channel(node.grpc_address, cluster.credentials(), ()) as channel, \
             pytest.raises(grpc.RpcError) as caught:
         if not rpc.client_streaming:
             channel.unary_unary(path)(requests[0], timeout=10)
@@ -313,7 +315,7 @@ def test_a_schedule_stream_answers_in_order_and_refuses_past_its_cap(tmp_path: P
 def test_health_serves_once_there_is_a_leader_and_reflection_lists_the_api(
         cluster: LocalCluster) -> None:
     node = follower(cluster)
-    with grpc.insecure_channel(node.grpc_address) as channel:
+    with open_channel(node.grpc_address, cluster.credentials(), ()) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", "tickwheel.v1.Tickwheel"):
             wait_for(lambda service=service: health.Check(health_pb2.HealthCheckRequest(
@@ -348,7 +350,8 @@ def test_the_asyncio_client_schedules_reschedules_consumes_and_cancels(
     name = topic()
 
     async def run() -> tuple[list[tuple[str, int]], bool]:
-        async with AsyncClient([n.grpc_address for n in cluster.nodes]) as client:
+        async with AsyncClient([n.grpc_address for n in cluster.nodes],
+                               credentials=cluster.credentials()) as client:
             later = await client.schedule(name, b"later", delay_ms=DAY_MS)
             await client.schedule(name, b"now", delay_ms=0, id="a-4")
             handles = [r.handle for r in await client.schedule_many(
@@ -370,8 +373,7 @@ def test_the_asyncio_client_schedules_reschedules_consumes_and_cancels(
 
 def test_the_client_retries_across_a_leader_kill_without_scheduling_twice(
         tmp_path: Path) -> None:
-    with LocalCluster(tmp_path) as fresh, Client(
-            [n.grpc_address for n in fresh.nodes], timeout_s=60) as client:
+    with LocalCluster(tmp_path) as fresh, fresh.client(timeout_s=60) as client:
         old = fresh.leader()
         cancelled = client.schedule("c", b"x", delay_ms=DAY_MS, id="cancelled-before-kill")
         assert client.cancel_outcomes([cancelled.handle]) == [CancelOutcome.CANCELLED]
@@ -407,8 +409,7 @@ def test_a_new_leader_flags_exactly_the_leases_left_unacknowledged(tmp_path: Pat
     committed); what comes due after the takeover, and 1,000 messages already past due, are
     first deliveries and arrive unflagged (the first version flagged everything due within
     two seconds of a takeover, and every past-due message on a fresh cluster)."""
-    with LocalCluster(tmp_path) as fresh, Client(
-            [n.grpc_address for n in fresh.nodes], timeout_s=60) as client:
+    with LocalCluster(tmp_path) as fresh, fresh.client(timeout_s=60) as client:
         old = fresh.leader()
         start_ms = now_ms()
         overdue = client.schedule_many([Message("late", b"x", deliver_at_ms=start_ms - 60_000,
@@ -442,8 +443,7 @@ def test_a_consumer_survives_its_node_stopping_gracefully(tmp_path: Path) -> Non
     """SIGTERM (a rolling restart) stops the node's server with a grace period, after which
     the streams still open are cut (gRPC says UNAVAILABLE here): the consumer reconnects to
     the new leader and goes on."""
-    with LocalCluster(tmp_path) as fresh, Client(
-            [n.grpc_address for n in fresh.nodes], timeout_s=60) as client:
+    with LocalCluster(tmp_path) as fresh, fresh.client(timeout_s=60) as client:
         old = fresh.leader()
         client.schedule("g", b"x", delay_ms=0, id="before")
         with client.consume("g", prefetch=8) as consumer:
@@ -486,7 +486,8 @@ def test_a_consumer_reconnects_when_its_stream_is_cut(code: grpc.StatusCode,
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        with Client(f"127.0.0.1:{port}", timeout_s=10) as client, client.consume(
+        with Client(f"127.0.0.1:{port}", timeout_s=10,
+                    credentials=Credentials(insecure=True)) as client, client.consume(
                 "t") as consumer:
             assert next(iter(consumer)).id == "after"
         assert servicer.streams == 2
@@ -507,8 +508,7 @@ def wait_pending(nodes: list[LocalNode], expected: dict[str, int], what: str) ->
 def test_pending_per_topic_is_replicated_falls_with_cancels_and_acks_and_survives_restarts(
         tmp_path: Path) -> None:
     with LocalCluster(tmp_path, extra_args=("--snapshot-min-entries", "20"),
-                      metrics=True) as fresh, Client(
-            [n.grpc_address for n in fresh.nodes], timeout_s=30) as client:
+                      metrics=True) as fresh, fresh.client(timeout_s=30) as client:
         fresh.leader()
         soon_ms, later_ms = now_ms() + 1_500, now_ms() + DAY_MS
         handles = {}

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from tickwheel.node.cli import duration_ms
 from tickwheel.node.config import NodeSettings, load
+from tickwheel.replication.dev_credentials import DevCredentials
 from tickwheel.replication.local_cluster import LocalCluster, wait_for
 
 TICKWHEEL = [sys.executable, "-m", "tickwheel.node"]
@@ -21,50 +22,70 @@ TICKWHEEL = [sys.executable, "-m", "tickwheel.node"]
 
 def tickwheel(*args: str, timeout_s: float = 60, env: dict | None = None,
               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {name: value for name, value in os.environ.items()
+             if not name.startswith("TICKWHEEL_")}
     return subprocess.run([*TICKWHEEL, *args], check=False, capture_output=True, text=True,
                           timeout=timeout_s, cwd=cwd,
-                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+                          env={**clean, "COLUMNS": "200", **(env or {})})
 
 
 def test_schedule_consume_reschedule_cancel_and_status_against_a_cluster(tmp_path: Path) -> None:
     with LocalCluster(tmp_path / "cluster") as cluster:
         target = ",".join(n.grpc_address for n in cluster.nodes)
         cluster.leader()
-        later = tickwheel("schedule", "--target", target, "--topic", "cli", "--in", "1d",
-                          "--body", "later", "--property", "k=v")
+        anonymous = tickwheel("schedule", "--target", target, "--topic", "cli", "--in", "1d",
+                              "--ca-file", str(cluster.security.ca_file))
+        assert anonymous.returncode == 1 and "UNAUTHENTICATED" in anonymous.stdout
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return tickwheel(*args, env=cluster.security.environment())
+        later = cli("schedule", "--target", target, "--topic", "cli", "--in", "1d",
+                    "--body", "later", "--property", "k=v")
         assert later.returncode == 0, later.stdout + later.stderr
         handle = re.search(r"handle=(\d+)", later.stdout).group(1)
         lines = tmp_path / "bulk.jsonl"
         lines.write_text('{"id": "bulk-1", "body": "one"}\nplain two\n')
-        bulk = tickwheel("schedule", "--target", target, "--topic", "cli", "--in", "0s",
-                         "--file", str(lines))
+        bulk = cli("schedule", "--target", target, "--topic", "cli", "--in", "0s",
+                   "--file", str(lines))
         assert "scheduled 2 messages" in bulk.stdout, bulk.stdout + bulk.stderr
-        consumed = tickwheel("consume", "--target", target, "--topic", "cli", "--count", "2")
+        consumed = cli("consume", "--target", target, "--topic", "cli", "--count", "2")
         assert consumed.returncode == 0
         assert "id=bulk-1 attempt=1" in consumed.stdout and "b'plain two'" in consumed.stdout
-        moved = tickwheel("reschedule", "--target", target, "--in", "2d", handle)
+        moved = cli("reschedule", "--target", target, "--in", "2d", handle)
         assert re.search(fr"{handle}: rescheduled deliver_at=\S+", moved.stdout), (
             moved.stdout + moved.stderr)
-        cancelled = tickwheel("cancel", "--target", target, handle, handle)
+        cancelled = cli("cancel", "--target", target, handle, handle)
         assert f"{handle}: cancelled\n{handle}: already cancelled" in cancelled.stdout
-        status = tickwheel("status", "--target", target)
+        status = cli("status", "--target", target)
         assert status.returncode == 0
         assert status.stdout.count("follower") == 2 and "leader" in status.stdout
-        bad = tickwheel("schedule", "--target", target, "--topic", "no spaces", "--in", "1s")
+        bad = cli("schedule", "--target", target, "--topic", "no spaces", "--in", "1s")
         assert bad.returncode == 1 and "messages[0].topic" in bad.stdout
 
 
-def test_serve_with_no_configuration_runs_a_single_node_cluster_in_dot_data(
+def test_serve_without_tls_refuses_and_says_how_then_certs_make_a_single_node_work(
         tmp_path: Path) -> None:
-    node = subprocess.Popen([*TICKWHEEL, "serve"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    """What a new user types: ``tickwheel serve`` alone is refused (plaintext to anyone is
+    not a default) with the way out; ``tickwheel certs`` makes what it needs, and the node
+    then runs as a single-node cluster in ./data, with the CLI talking TLS and a token."""
+    bare = tickwheel("serve", cwd=tmp_path)
+    assert bare.returncode == 2
+    said = " ".join(bare.stdout.split())
+    assert "--tls-cert-file" in said and "tickwheel certs DIR" in said
+    assert "--insecure-grpc" in said
+    made = tickwheel("certs", "security", cwd=tmp_path)
+    assert made.returncode == 0, made.stdout + made.stderr
+    security = DevCredentials(tmp_path / "security")
+    node = subprocess.Popen([*TICKWHEEL, "serve", *security.node_flags()], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         def answered() -> bool:
             run = tickwheel("schedule", "--topic", "solo", "--in", "0s", "--body", "hi",
-                            cwd=tmp_path)
+                            cwd=tmp_path, env=security.environment())
             return run.returncode == 0
         wait_for(answered, 30, "the default node to take a schedule", poll_s=0.5)
-        consumed = tickwheel("consume", "--topic", "solo", "--count", "1", cwd=tmp_path)
+        consumed = tickwheel("consume", "--topic", "solo", "--count", "1", cwd=tmp_path,
+                             env=security.environment())
         assert "body=b'hi'" in consumed.stdout
     finally:
         node.send_signal(signal.SIGTERM)
@@ -75,12 +96,14 @@ def test_serve_with_no_configuration_runs_a_single_node_cluster_in_dot_data(
 
 
 def test_flags_override_the_environment_which_overrides_the_toml_file(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, tls_env: pytest.MonkeyPatch) -> None:
+    monkeypatch = tls_env
     config = tmp_path / "node.toml"
     secret = tmp_path / "raft.secret"
     secret.write_text("a-secret-for-settings-tests-only\n")
     config.write_text('raft_address = "10.0.0.1:7500"\n'
-                      'members = ["10.0.0.1:7500=10.0.0.1:7400", "10.0.0.2:7500=10.0.0.2:7400"]\n'
+                      'members = ["10.0.0.1:7500=10.0.0.1:7400=10.0.0.1:7600",'
+                      ' "10.0.0.2:7500=10.0.0.2:7400=10.0.0.2:7600"]\n'
                       f'raft_secret_file = "{secret}"\n'
                       'max_body_bytes = 1000\nvisibility_timeout_ms = 5000\n')
     monkeypatch.setenv("TICKWHEEL_MAX_BODY_BYTES", "2000")
@@ -92,7 +115,7 @@ def test_flags_override_the_environment_which_overrides_the_toml_file(
     assert settings.member_map()["10.0.0.2:7500"] == "10.0.0.2:7400"
     assert settings.listen() == "10.0.0.1:7400"
     assert settings.raft_secrets() == (b"a-secret-for-settings-tests-only",)
-    monkeypatch.setenv("TICKWHEEL_MEMBERS", "10.0.0.9:7500=10.0.0.9:7400")
+    monkeypatch.setenv("TICKWHEEL_MEMBERS", "10.0.0.9:7500=10.0.0.9:7400=10.0.0.9:7600")
     with pytest.raises(ValidationError, match="not among members"):
         load(config, {})
 
@@ -121,7 +144,8 @@ def test_the_demo_kills_the_leader_and_every_message_still_arrives(tmp_path: Pat
     assert len(re.findall(r"demo-\d+ +late", demo.stdout)) >= 30
 
 
-def test_a_request_limit_that_cannot_hold_one_message_is_refused() -> None:
+def test_a_request_limit_that_cannot_hold_one_message_is_refused(
+        tls_env: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValidationError, match="max_request_bytes"):
         NodeSettings(max_request_bytes=1 << 20)  # below the 4 MiB body limit
     settings = NodeSettings(max_request_bytes=16 << 20, max_concurrent_rpcs=64)

@@ -9,13 +9,16 @@ from pydantic import ValidationError
 
 from tickwheel.node.config import NodeSettings
 
-THREE = ["127.0.0.1:7500=127.0.0.1:7400", "127.0.0.1:7501=127.0.0.1:7401",
-         "127.0.0.1:7502=127.0.0.1:7402"]
+THREE = ["127.0.0.1:7500=127.0.0.1:7400=127.0.0.1:7600",
+         "127.0.0.1:7501=127.0.0.1:7401=127.0.0.1:7601",
+         "127.0.0.1:7502=127.0.0.1:7402=127.0.0.1:7602"]
 SECRET = "Zm9yLXRlc3RzLW9ubHktMzItYnl0ZXMtb2YtcmFuZG9t"
 
 
 @pytest.fixture(autouse=True)
-def no_tickwheel_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def no_tickwheel_environment(tls_env: pytest.MonkeyPatch) -> None:
+    """No Raft secret or members from the environment; TLS files that exist."""
+    monkeypatch = tls_env
     for name in ("TICKWHEEL_RAFT_SECRET", "TICKWHEEL_RAFT_SECRET_FILE",
                  "TICKWHEEL_INSECURE_RAFT", "TICKWHEEL_MEMBERS"):
         monkeypatch.delenv(name, raising=False)

@@ -285,7 +285,7 @@ def test_a_receive_without_a_stream_leases_until_acked_by_receipt_from_anywhere(
     assert sorted(m.id for m in got) == [f"u{i}" for i in range(5)]
     assert not any(m.possible_duplicate for m in got) and {m.attempt for m in got} == {1}
     receipts = [m.receipt for m in got]
-    with Client([node.grpc_address for node in cluster.nodes]) as other:
+    with cluster.client() as other:
         assert other.ack_receipts(name, "", receipts[:3]) == [True] * 3
         assert other.ack_receipts(name, "", receipts[:3]) == [False] * 3  # once
         assert other.ack_receipts(name, "billing", receipts[3:]) == [False] * 2  # not its group
@@ -322,8 +322,7 @@ def test_a_receive_without_a_stream_waits_for_the_first_message_and_checks_its_f
 
 
 def test_leases_of_a_receive_without_a_stream_outlive_a_leader_kill(tmp_path: Path) -> None:
-    with LocalCluster(tmp_path) as fresh, Client(
-            [n.grpc_address for n in fresh.nodes], timeout_s=60) as client:
+    with LocalCluster(tmp_path) as fresh, fresh.client(timeout_s=60) as client:
         old = fresh.leader()
         client.schedule_many([Message("durable", b"x", delay_ms=0, id=f"d{i}")
                               for i in range(20)])

@@ -104,7 +104,8 @@ def test_a_ladder_that_does_not_fit_its_table_is_refused() -> None:
 
 
 def test_level_settings_come_from_flags_env_and_toml_and_fail_at_start_up(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, tls_env: pytest.MonkeyPatch) -> None:
+    monkeypatch = tls_env
     config = tmp_path / "node.toml"
     config.write_text('delay_levels = "1s 2s 3s"\nmax_attempts = 5\n')
     monkeypatch.setenv("TICKWHEEL_RETRY_START_LEVEL", "2")

@@ -28,7 +28,7 @@ last."""
 
 
 def client_of(cluster: LocalCluster) -> Client:
-    return Client([node.grpc_address for node in cluster.nodes], timeout_s=60)
+    return cluster.client(timeout_s=60)
 
 
 def until_seen(consumer: Consumer, ids: set[str]) -> list[Received]:

@@ -21,6 +21,7 @@ import grpc
 import pytest
 
 from tickwheel.client import Client, Message, RequestTooLarge
+from tickwheel.client.credentials import open_aio_channel, open_channel
 from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
@@ -108,7 +109,7 @@ def test_made_up_topic_names_do_not_grow_metrics(node: LocalNode) -> None:
         return series if counted == len(topics) else None
 
     async def hold_streams() -> dict[str, float]:
-        async with grpc.aio.insecure_channel(node.grpc_address) as channel:
+        async with open_aio_channel(node.grpc_address, node.credentials, ()) as channel:
             stub = pb_grpc.TickwheelStub(channel)
             calls = []
             for topic in topics:
@@ -146,8 +147,8 @@ def test_eight_concurrent_56_mib_requests_cost_under_32_mb(node: LocalNode) -> N
     codes: list[grpc.StatusCode] = []
 
     def send() -> None:
-        with grpc.insecure_channel(node.grpc_address, options=[
-                ("grpc.max_send_message_length", 128 << 20)]) as channel:
+        with open_channel(node.grpc_address, node.credentials, (
+                ("grpc.max_send_message_length", 128 << 20),)) as channel:
             try:
                 pb_grpc.TickwheelStub(channel).Schedule(request, timeout=60)
             except grpc.RpcError as error:
@@ -166,7 +167,7 @@ def test_the_client_library_says_a_batch_is_too_large_at_once(node: LocalNode) -
     messages = [Message(topic="orders", body=b"x" * (4 << 20), delay_ms=60_000)
                 for _ in range(3)]
     started = time.monotonic()
-    with Client(node.grpc_address, timeout_s=30) as client, pytest.raises(RequestTooLarge,
-                                                                            match="split"):
+    with Client(node.grpc_address, timeout_s=30, credentials=node.credentials) as client, \
+            pytest.raises(RequestTooLarge, match="split"):
         client.schedule_many(messages)
     assert time.monotonic() - started < 5  # refused for good, not retried for 30 s

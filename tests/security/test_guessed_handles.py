@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tickwheel.client import CancelOutcome, Client, InvalidArgument, Message
+from tickwheel.client import CancelOutcome, InvalidArgument, Message
 from tickwheel.replication.local_cluster import LocalCluster
 
 
@@ -18,7 +18,7 @@ def test_neighbours_of_a_known_handle_cancel_nothing_and_handles_outlive_a_full_
     topic = f"h-{uuid.uuid4().hex[:12]}"
     with LocalCluster(tmp_path) as cluster:
         cluster.leader()
-        with Client([n.grpc_address for n in cluster.nodes], timeout_s=30) as client:
+        with cluster.client(timeout_s=30) as client:
             victims = client.schedule_many([Message(topic, b"v", delay_ms=60_000, id=f"v{i}")
                                             for i in range(20)])
             (mine,) = client.schedule_many([Message(topic, b"a", delay_ms=60_000, id="a")])
@@ -37,7 +37,7 @@ def test_neighbours_of_a_known_handle_cancel_nothing_and_handles_outlive_a_full_
         for node in cluster.nodes:
             cluster.start(node)
         cluster.leader(30)
-        with Client([n.grpc_address for n in cluster.nodes], timeout_s=30) as client:
+        with cluster.client(timeout_s=30) as client:
             # the handles a client kept still name its messages after a full stop
             assert client.cancel_outcomes([victims[0].handle, mine.handle]) == [
                 CancelOutcome.CANCELLED, CancelOutcome.CANCELLED]

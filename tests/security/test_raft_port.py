@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from tickwheel.replication import dev_credentials
 from tickwheel.replication.local_cluster import (
     AckingConsumer,
     LocalCluster,
@@ -170,10 +171,10 @@ def test_a_node_with_another_secret_cannot_join(tmp_path: Path) -> None:
     try:
         cluster.start(first)
         cluster.start(second)
-        members = cluster.extra_args
+        members = cluster.raft_args
         other = tmp_path / "other.secret"
         other.write_text("a-completely-different-secret-0123456789")
-        cluster.extra_args = ("--raft-secret-file", str(other))
+        cluster.raft_args = ("--raft-secret-file", str(other))
         cluster.start(stranger)
         leader = cluster.leader(timeout_s=30, among=[first, second])
         wait_for(lambda: any("event=raft_link_refused" in node.log_path.read_text()
@@ -184,7 +185,7 @@ def test_a_node_with_another_secret_cannot_join(tmp_path: Path) -> None:
             id="m", topic="t", body=b"x", deliver_at_ms=int(time.time() * 1000))]), timeout=10)
         assert len(scheduled.results) == 1
         cluster.stop(stranger)
-        cluster.extra_args = members
+        cluster.raft_args = members
         cluster.start(stranger)
         wait_for(lambda: (stranger.info() or pb.ClusterInfoResponse()).leader_grpc
                  == leader.grpc_address, RAFT_TIMEOUT_S, "the node to join with the secret")
@@ -204,7 +205,7 @@ def test_the_secret_rotates_node_by_node_while_messages_flow_and_none_is_lost(
         for step, secrets in enumerate((f"{old} {new}", f"{new} {old}", new)):
             secret_file = tmp_path / f"step{step}.secret"
             secret_file.write_text(secrets)
-            cluster.extra_args = ("--raft-secret-file", str(secret_file))
+            cluster.raft_args = ("--raft-secret-file", str(secret_file))
             for node in cluster.nodes:
                 ids = [f"step{step}-{node.grpc_address}-{i}" for i in range(20)]
                 now_ms = int(time.time() * 1000)
@@ -218,17 +219,18 @@ def test_the_secret_rotates_node_by_node_while_messages_flow_and_none_is_lost(
                          .last_applied >= cluster.leader().info().commit_index,
                          RAFT_TIMEOUT_S, f"{node.raft} to catch up")
         wait_for(lambda: received >= set(scheduled), 60, "every message of the rotation")
-        assert "--insecure-raft" not in cluster.extra_args
+        assert "--insecure-raft" not in cluster.raft_args
 
 
 def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None
           ) -> subprocess.Popen[str]:
-    raft, grpc_port, other_raft, other_grpc = free_ports(4)
-    members = [f"127.0.0.1:{raft}=127.0.0.1:{grpc_port}",
-               f"127.0.0.1:{other_raft}=127.0.0.1:{other_grpc}"]
+    raft, grpc_port, peer, other_raft, other_grpc, other_peer = free_ports(6)
+    members = [f"127.0.0.1:{raft}=127.0.0.1:{grpc_port}=127.0.0.1:{peer}",
+               f"127.0.0.1:{other_raft}=127.0.0.1:{other_grpc}=127.0.0.1:{other_peer}"]
     command = [sys.executable, "-m", "tickwheel.node", "serve", "--raft-address",
                f"127.0.0.1:{raft}", "--member", members[0], "--member", members[1],
-               "--data", str(tmp_path / "data"), "--metrics-listen", "", *args]
+               "--data", str(tmp_path / "data"), "--metrics-listen", "",
+               *dev_credentials.make(tmp_path / "security").node_flags(), *args]
     clean = {key: value for key, value in os.environ.items()
              if not key.startswith("TICKWHEEL_")}
     return subprocess.Popen(command, env={**clean, **(env or {})}, stdout=subprocess.PIPE,

@@ -1,0 +1,123 @@
+"""Who is calling: the principal behind a gRPC call, on each of a node's two listeners.
+
+- The **client listener** (``grpc_listen``) serves `Tickwheel` to applications over TLS. A
+  caller is the principal of its bearer token (``authorization: Bearer ...``) or of its
+  client certificate's common name (`tickwheel.node.access`); anyone else is refused
+  ``UNAUTHENTICATED``. With ``insecure_grpc`` every caller is `ANYONE`.
+- The **peer listener** (``peer_listen``) serves `Peer` (state files for a snapshot install)
+  and the calls followers forward to their leader, to members only. A member proves itself
+  with the peer token, an HMAC of the Raft secret (whoever holds the secret is a member: the
+  Raft port trusts the same); a forwarded call names the principal the follower authenticated,
+  and the leader authorizes it as that principal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+from tickwheel.node.access import ANYONE, AccessFile, Principal
+from tickwheel.wheel.errors import Unauthenticated
+
+AUTHORIZATION_KEY = "authorization"
+PEER_KEY = "tickwheel-peer"
+"""A member's peer token, on calls to the peer listener."""
+PRINCIPAL_KEY = "tickwheel-principal"
+"""On a forwarded call: the principal the forwarding member authenticated."""
+_BEARER = "Bearer "
+_PEER_TOKEN_LABEL = b"tickwheel peer listener v1"
+
+
+def peer_token(secret: bytes) -> str:
+    """What a member shows the peer listener: an HMAC of the Raft secret, never the secret."""
+    return hmac.new(secret, _PEER_TOKEN_LABEL, hashlib.sha256).hexdigest()
+
+
+def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return value if isinstance(value, str) else value.decode(errors="replace")
+    return None
+
+
+class ClientCallers:
+    """Callers of the client listener. ``access`` None: TLS is off on purpose, anyone may do
+    anything."""
+
+    def __init__(self, access: AccessFile | None) -> None:
+        self._access = access
+
+    def principal(self, context: grpc.aio.ServicerContext) -> Principal:
+        if self._access is None:
+            return ANYONE
+        access = self._access.current
+        authorization = _metadata(context, AUTHORIZATION_KEY)
+        if authorization is not None:
+            principal = (access.by_token(authorization[len(_BEARER):])
+                         if authorization.startswith(_BEARER) else None)
+            if principal is None:
+                raise Unauthenticated("the bearer token is not one this cluster knows")
+            return principal
+        for name in context.auth_context().get("x509_common_name", ()):
+            principal = access.by_certificate(name.decode(errors="replace"))
+            if principal is not None:
+                return principal
+        raise Unauthenticated("no credentials: call with a bearer token (TICKWHEEL_TOKEN_FILE) "
+                              "or a client certificate this cluster knows")
+
+
+class PeerCallers:
+    """Callers of the peer listener: members, with the peer token of one of ``secrets`` (none:
+    the Raft links run without a secret on purpose, and so does this listener)."""
+
+    def __init__(self, secrets: Sequence[bytes], access: AccessFile | None) -> None:
+        self._tokens = tuple(peer_token(secret) for secret in secrets)
+        self._access = access
+
+    def member(self, context: grpc.aio.ServicerContext) -> None:
+        """Raise `Unauthenticated` unless a member calls."""
+        if not self._tokens:
+            return
+        shown = (_metadata(context, PEER_KEY) or "").encode()
+        if not any(hmac.compare_digest(shown, token.encode()) for token in self._tokens):
+            raise Unauthenticated("the peer listener serves members of this cluster only")
+
+    def principal(self, context: grpc.aio.ServicerContext) -> Principal:
+        """The principal a member forwards a call for."""
+        self.member(context)
+        if self._access is None:
+            return ANYONE
+        name = _metadata(context, PRINCIPAL_KEY) or ""
+        principal = self._access.current.by_name(name)
+        if principal is None:
+            raise Unauthenticated(f"a member forwarded a call of principal {name[:128]!r}, "
+                                  "which this node's access file does not name")
+        return principal
+
+    def metadata(self, principal: Principal | None = None) -> tuple[tuple[str, str], ...]:
+        """What a call to a member's peer listener carries: the peer token, and the principal
+        of a forwarded call."""
+        token = ((PEER_KEY, self._tokens[0]),) if self._tokens else ()
+        return token if principal is None else (*token, (PRINCIPAL_KEY, principal.name))
+
+
+# -- TLS ----------------------------------------------------------------------------------------
+
+def server_credentials(cert_file: Path, key_file: Path, client_ca_file: Path | None
+                       ) -> grpc.ServerCredentials:
+    """TLS with this node's certificate; with ``client_ca_file``, callers must present a
+    certificate it signed (mutual TLS)."""
+    return grpc.ssl_server_credentials(
+        [(key_file.read_bytes(), cert_file.read_bytes())],
+        root_certificates=client_ca_file.read_bytes() if client_ca_file else None,
+        require_client_auth=client_ca_file is not None)
+
+
+def peer_channel_credentials(ca_file: Path | None) -> grpc.ChannelCredentials:
+    """How a member dials another's peer listener: TLS, trusting ``ca_file`` (the CA of the
+    members' certificates), or the system's roots without one."""
+    return grpc.ssl_channel_credentials(ca_file.read_bytes() if ca_file else None)
