@@ -166,7 +166,8 @@ def test_the_cli_schedules_by_level_nacks_and_reads_the_dead_letter_topic(
     def tickwheel(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "tickwheel.node", *args, "--target",
                                target], check=False, capture_output=True, text=True,
-                              timeout=60, env={**os.environ, "COLUMNS": "200"})
+                              timeout=60, env={**os.environ, **ladder.security.environment(),
+                                   "COLUMNS": "200"})
     scheduled = tickwheel("schedule", "--topic", name, "--level", "9", "--body", "cli")
     assert scheduled.returncode == 0, scheduled.stdout + scheduled.stderr
     assert "(level clamped to 3, the last)" in scheduled.stdout
