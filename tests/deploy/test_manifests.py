@@ -343,3 +343,19 @@ def test_the_build_context_holds_every_folder_the_wheel_is_built_from() -> None:
     generated = {path for path in package_dirs.values() if path.startswith("build/")}
     assert set(package_dirs.values()) - generated <= included
     assert {"pyproject.toml", "setup.py", "README.md", "proto"} <= included
+
+
+def test_the_wheel_holds_every_package_of_the_code_folders() -> None:
+    # setuptools puts in the wheel only the packages listed, not their subpackages: one left
+    # out installs fine and fails at the first import (the editable install of .venv finds
+    # every folder, so no other test sees it).
+    setuptools = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for package, folder in setuptools["package-dir"].items():
+        if folder.startswith("build/"):
+            continue  # generated at build time
+        for init in sorted((PROJECT / folder).rglob("__init__.py")):
+            parts = init.parent.relative_to(PROJECT / folder).parts
+            name = ".".join((package, *parts))
+            assert name in setuptools["packages"], (
+                f"{name} ({init.parent.relative_to(PROJECT)}) is not in [tool.setuptools] "
+                "packages: the image would lack it")
