@@ -282,7 +282,7 @@ def exec_form(argument: str | None) -> list[str]:
 def test_the_image_builds_the_wheel_in_one_stage_and_runs_it_in_a_slim_one(image: Image) -> None:
     args, stages, default = image
     assert list(stages) == ["builder", "runtime", "audit", "node"]
-    assert re.fullmatch(r"python:3\.11-slim(-\w+)?", args["PYTHON_IMAGE"])
+    assert re.fullmatch(r"python:3\.11-slim(-\w+)?(@sha256:[0-9a-f]{64})?", args["PYTHON_IMAGE"])
     assert stages["builder"].base == stages["runtime"].base == "${PYTHON_IMAGE}"
     assert any("pip wheel" in run for run in stages["builder"].all("RUN"))
     assert any("from=builder" in run and "install" in run for run in stages["runtime"].all(
