@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck demo bench bench-quick chaos clean
+.PHONY: test lint typecheck demo bench bench-quick chaos lock clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tickwheel needs Python >= 3.11")'
@@ -48,6 +48,39 @@ chaos: $(STAMP)
 	rm -rf $(CHAOS_OUT)
 	$(PY) -m tickwheel.chaos run --out $(CHAOS_OUT) --duration 600 --rate 300 --faults all
 	$(PY) -m tickwheel.chaos.audit $(CHAOS_OUT)
+
+# The hashed lock files that deploy/Dockerfile installs from with pip --require-hashes, resolved
+# by uv (a dev dependency) for CPython 3.11 on Linux (the image's Debian 12: glibc 2.36):
+#   requirements.lock        the node's dependencies ([project] dependencies), the node image
+#   requirements-audit.lock  the same plus the audit extra, held to the same versions (-c)
+#   requirements-build.lock  what builds the wheel and generates its gRPC stubs (build-system)
+# Each pin lists the hashes of every file of its version, so one file serves x86_64 and aarch64;
+# the aarch64 resolution is made too and must pin the same versions with the same hashes.
+# Pins already in the files are kept; `make lock LOCK_ARGS=--upgrade` takes the newest allowed.
+LOCKS      := requirements.lock requirements-audit.lock requirements-build.lock
+LOCK_TMP   := build/lock
+LOCK_ARGS  ?=
+UV_COMPILE  = $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 \
+              --custom-compile-command 'make lock' $(LOCK_ARGS)
+# $(call compile-locks,PLATFORM,DIR): the three files for one platform, written into DIR.
+define compile-locks
+	$(UV_COMPILE) --python-platform $(1) pyproject.toml -o $(2)requirements.lock
+	$(UV_COMPILE) --python-platform $(1) pyproject.toml --extra audit \
+	    -c $(2)requirements.lock -o $(2)requirements-audit.lock
+	$(UV_COMPILE) --python-platform $(1) $(LOCK_TMP)/build-system.in -o $(2)requirements-build.lock
+endef
+lock: $(STAMP)
+	@rm -rf $(LOCK_TMP) && mkdir -p $(LOCK_TMP)/aarch64
+	$(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' > $(LOCK_TMP)/build-system.in
+	$(call compile-locks,x86_64-manylinux_2_36,)
+	cp $(LOCKS) $(LOCK_TMP)/aarch64/
+	$(call compile-locks,aarch64-manylinux_2_36,$(LOCK_TMP)/aarch64/)
+	@for lock in $(LOCKS); do \
+	    sed '/^ *#/d' $$lock > $(LOCK_TMP)/x86_64.pins; \
+	    sed '/^ *#/d' $(LOCK_TMP)/aarch64/$$lock > $(LOCK_TMP)/aarch64.pins; \
+	    diff -u $(LOCK_TMP)/x86_64.pins $(LOCK_TMP)/aarch64.pins \
+	        || { echo "$$lock: aarch64 resolves differently from x86_64" >&2; exit 1; }; \
+	done
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis *.egg-info chaos-out

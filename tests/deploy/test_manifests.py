@@ -282,7 +282,7 @@ def exec_form(argument: str | None) -> list[str]:
 def test_the_image_builds_the_wheel_in_one_stage_and_runs_it_in_a_slim_one(image: Image) -> None:
     args, stages, default = image
     assert list(stages) == ["builder", "runtime", "audit", "node"]
-    assert re.fullmatch(r"python:3\.11-slim(-\w+)?", args["PYTHON_IMAGE"])
+    assert re.fullmatch(r"python:3\.11-slim(-\w+)?(@sha256:[0-9a-f]{64})?", args["PYTHON_IMAGE"])
     assert stages["builder"].base == stages["runtime"].base == "${PYTHON_IMAGE}"
     assert any("pip wheel" in run for run in stages["builder"].all("RUN"))
     assert any("from=builder" in run and "install" in run for run in stages["runtime"].all(
@@ -343,3 +343,131 @@ def test_the_build_context_holds_every_folder_the_wheel_is_built_from() -> None:
     generated = {path for path in package_dirs.values() if path.startswith("build/")}
     assert set(package_dirs.values()) - generated <= included
     assert {"pyproject.toml", "setup.py", "README.md", "proto"} <= included
+
+
+def test_the_wheel_holds_every_package_of_the_code_folders() -> None:
+    # setuptools puts in the wheel only the packages listed, not their subpackages: one left
+    # out installs fine and fails at the first import (the editable install of .venv finds
+    # every folder, so no other test sees it).
+    setuptools = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for package, folder in setuptools["package-dir"].items():
+        if folder.startswith("build/"):
+            continue  # generated at build time
+        for init in sorted((PROJECT / folder).rglob("__init__.py")):
+            parts = init.parent.relative_to(PROJECT / folder).parts
+            name = ".".join((package, *parts))
+            assert name in setuptools["packages"], (
+                f"{name} ({init.parent.relative_to(PROJECT)}) is not in [tool.setuptools] "
+                "packages: the image would lack it")
+
+
+# -- the network policy -----------------------------------------------------------------------
+
+RAFT_PORT = 7500
+PEER_PORT = 7600
+"""The members-only gRPC listener: not declared by every version of the StatefulSet."""
+MONITORING = {"kubernetes.io/metadata.name": "monitoring"}
+KUBE_SYSTEM = {"kubernetes.io/metadata.name": "kube-system"}
+DNS_PORT = 53
+
+
+def allowed_peers(rules: list[Manifest], port: int, protocol: str = "TCP") -> list[Any]:
+    """The peers (``from`` or ``to`` entries) of the rules that let ``protocol`` to ``port``
+    through; ``None`` stands for a rule without peers, which admits everyone."""
+    found: list[Any] = []
+    for rule in rules:
+        ports = rule.get("ports") or [{}]  # no ports: every port
+        for entry in ports:
+            number = entry.get("port")
+            assert number is None or isinstance(number, int), f"port {number!r} by name"
+            if entry.get("protocol", "TCP") == protocol and (
+                    number is None or number <= port <= entry.get("endPort", number)):
+                found.extend(rule.get("from", rule.get("to")) or [None])
+                break
+    return found
+
+
+def the_members(objects: list[Manifest]) -> dict[str, Any]:
+    """The peer that stands for the pods of the StatefulSet (in the policy's namespace)."""
+    labels = one(objects, "StatefulSet")["spec"]["selector"]["matchLabels"]
+    return {"podSelector": {"matchLabels": labels}}
+
+
+def test_the_network_policy_is_in_the_base_and_so_in_every_overlay(
+        rendered: dict[str, list[Manifest]]) -> None:
+    base = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
+    assert "networkpolicy.yaml" in base["resources"]
+    for name, objects in rendered.items():
+        assert len(by_kind(objects).get("NetworkPolicy", [])) == 1, name
+
+
+def test_the_network_policy_selects_every_pod_of_the_statefulset_both_ways(
+        rendered: dict[str, list[Manifest]]) -> None:
+    for name, objects in rendered.items():
+        policy = one(objects, "NetworkPolicy")["spec"]
+        statefulset = one(objects, "StatefulSet")["spec"]
+        assert set(policy["podSelector"]) == {"matchLabels"}, name
+        selector = policy["podSelector"]["matchLabels"]
+        assert selector == statefulset["selector"]["matchLabels"], name
+        assert selector.items() <= statefulset["template"]["metadata"]["labels"].items(), name
+        assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"], name
+
+
+def test_clients_reach_grpc_from_the_whole_cluster_and_only_members_reach_raft_and_peer(
+        rendered: dict[str, list[Manifest]]) -> None:
+    for name, objects in rendered.items():
+        ingress = one(objects, "NetworkPolicy")["spec"]["ingress"]
+        assert {"namespaceSelector": {}} in allowed_peers(ingress, GRPC_PORT), name
+        for port in (RAFT_PORT, PEER_PORT):
+            assert allowed_peers(ingress, port) == [the_members(objects)], (name, port)
+            assert allowed_peers(ingress, port, "UDP") == [], (name, port)
+
+
+def test_metrics_are_open_to_the_monitoring_namespace_only(
+        rendered: dict[str, list[Manifest]]) -> None:
+    for name, objects in rendered.items():
+        ingress = one(objects, "NetworkPolicy")["spec"]["ingress"]
+        assert allowed_peers(ingress, METRICS_PORT) == [
+            {"namespaceSelector": {"matchLabels": MONITORING}}], name
+
+
+def test_every_port_the_pods_declare_is_let_in(rendered: dict[str, list[Manifest]]) -> None:
+    for name, objects in rendered.items():
+        ingress = one(objects, "NetworkPolicy")["spec"]["ingress"]
+        for port in node_container(objects)["ports"]:
+            assert allowed_peers(ingress, port["containerPort"], port.get("protocol", "TCP")), (
+                f"{name}: the policy shuts port {port['name']} ({port['containerPort']})")
+
+
+def test_pods_may_call_only_their_peers_and_dns(rendered: dict[str, list[Manifest]]) -> None:
+    for name, objects in rendered.items():
+        egress = one(objects, "NetworkPolicy")["spec"]["egress"]
+        members = the_members(objects)
+        for port in (GRPC_PORT, RAFT_PORT, PEER_PORT):
+            assert allowed_peers(egress, port) == [members], (name, port)
+        dns = [{"namespaceSelector": {"matchLabels": KUBE_SYSTEM}}]
+        assert allowed_peers(egress, DNS_PORT, "UDP") == dns, name
+        assert allowed_peers(egress, DNS_PORT, "TCP") == dns, name
+        for rule in egress:  # nothing else: every rule names its peers and its ports
+            assert rule.get("to") in ([members], dns), f"{name}: egress to {rule.get('to')}"
+            assert {entry["port"] for entry in rule["ports"]} <= {
+                GRPC_PORT, RAFT_PORT, PEER_PORT, DNS_PORT}, name
+            assert all("endPort" not in entry for entry in rule["ports"]), name
+
+
+def test_the_readmes_recipe_moves_metrics_to_another_namespace(tmp_path: Path) -> None:
+    readme = (DEPLOY / "README.md").read_text()
+    [recipe] = [block for block in re.findall(r"```yaml\n(.*?)```", readme, re.DOTALL)
+                if "kind: NetworkPolicy" in block]
+    overlay = tmp_path / "observability"
+    overlay.mkdir()
+    kustomization = yaml.safe_load(recipe)
+    kustomization["resources"] = [os.path.relpath(K8S / "overlays/prod", overlay)]
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    objects = render(overlay)
+    ingress = one(objects, "NetworkPolicy")["spec"]["ingress"]
+    [peer] = allowed_peers(ingress, METRICS_PORT)
+    assert peer != {"namespaceSelector": {"matchLabels": MONITORING}}
+    assert set(peer) == {"namespaceSelector"}
+    for port in (RAFT_PORT, PEER_PORT):
+        assert allowed_peers(ingress, port) == [the_members(objects)]
