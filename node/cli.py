@@ -425,6 +425,8 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
                        metavar="RAFT_ADDRESS=GRPC_ADDRESS=PEER_ADDRESS")
     serve.add_argument("--grpc-listen")
     serve.add_argument("--metrics-listen", help="HOST:PORT, or '' for none")
+    serve.add_argument("--health-listen",
+                       help="HOST:PORT for grpc.health.v1 alone, in plaintext (probes)")
     serve.add_argument("--data", type=Path)
     serve.add_argument("--fsync", action="store_true", default=None)
     serve.add_argument("--raft-secret-file", type=Path,

@@ -41,6 +41,7 @@ from pydantic_settings import (
 from tickwheel.node import statefulset
 from tickwheel.node.access import AccessFile
 from tickwheel.node.delivery import HubConfig
+from tickwheel.node.identity import check_certificate_pair
 from tickwheel.node.levels import DEFAULT_LEVELS, RetryPolicy, parse_levels
 from tickwheel.node.validation import Limits
 from tickwheel.replication.dispatcher import DispatchConfig
@@ -108,6 +109,10 @@ class NodeSettings(BaseSettings):
     loudly at every start; for a laptop behind a firewall, never a shared network."""
     metrics_listen: str | None = "127.0.0.1:9400"
     """Where to serve Prometheus ``/metrics``; empty to serve none."""
+    health_listen: str | None = None
+    """Where to serve ``grpc.health.v1`` alone, in plaintext and to anyone: for probes that
+    cannot speak TLS (a kubelet's gRPC probe). It tells only whether the node serves. The
+    health service is also on the gRPC listener, behind its TLS."""
     data: Path = Path("data")
     fsync: bool = False
     raft_secret: SecretStr | None = None
@@ -121,11 +126,11 @@ class NodeSettings(BaseSettings):
     """A file holding the Raft secret(s), as ``raft_secret``: a Kubernetes Secret's mount, or
     what ``tickwheel cluster up`` writes."""
     insecure_raft: bool = False
-    _secrets: tuple[bytes, ...] = PrivateAttr(default=())
-    _access: AccessFile | None = PrivateAttr(default=None)
     """Run a cluster's Raft links without a secret, in the clear: anyone who can reach the
     Raft port can join, read every message and rewrite the log. Logged loudly; never needed by
     a single node, which locks its port with a random secret of its own."""
+    _secrets: tuple[bytes, ...] = PrivateAttr(default=())
+    _access: AccessFile | None = PrivateAttr(default=None)
     clock_skew_ms: int = 0
     """Fault injection only: offsets this node's clock."""
     snapshot_min_entries: int = RaftConfig().snapshot_min_entries
@@ -328,6 +333,7 @@ class NodeSettings(BaseSettings):
             path = tls[name]
             if not path.is_file():
                 raise ValueError(f"{name} {path}: no such file")
+        check_certificate_pair(self.tls_cert_file, self.tls_key_file)
         self._access = AccessFile(self.access_file)
         return self
 

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from tickwheel.node.access import ANYONE, AccessFile, Principal
 from tickwheel.wheel.errors import Unauthenticated
@@ -30,6 +34,8 @@ PRINCIPAL_KEY = "tickwheel-principal"
 """On a forwarded call: the principal the forwarding member authenticated."""
 _BEARER = "Bearer "
 _PEER_TOKEN_LABEL = b"tickwheel peer listener v1"
+
+log = logging.getLogger(__name__)
 
 
 def peer_token(secret: bytes) -> str:
@@ -107,14 +113,71 @@ class PeerCallers:
 
 # -- TLS ----------------------------------------------------------------------------------------
 
-def server_credentials(cert_file: Path, key_file: Path, client_ca_file: Path | None
-                       ) -> grpc.ServerCredentials:
-    """TLS with this node's certificate; with ``client_ca_file``, callers must present a
-    certificate it signed (mutual TLS)."""
-    return grpc.ssl_server_credentials(
-        [(key_file.read_bytes(), cert_file.read_bytes())],
-        root_certificates=client_ca_file.read_bytes() if client_ca_file else None,
-        require_client_auth=client_ca_file is not None)
+class ServerCertificates:
+    """A listener's TLS: this node's certificate and key and, for mutual TLS, the CA client
+    certificates must be signed by; reread when one of the files changes, so a renewed
+    certificate (cert-manager rewrites its Secret's mount in place) serves every connection
+    made after it, without a restart. gRPC asks before each handshake; a pair that does not
+    load, or whose key does not match the certificate (files replaced one at a time), is
+    logged and the last good pair kept."""
+
+    def __init__(self, cert_file: Path, key_file: Path, client_ca_file: Path | None) -> None:
+        self._files = (cert_file, key_file, *((client_ca_file,) if client_ca_file else ()))
+        self._mutual = client_ca_file is not None
+        self._stamp = self._stat()
+        self._initial = self._load()
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(self._initial, self._fetch,
+                                                   require_client_authentication=self._mutual)
+
+    def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        stamp = self._stat()
+        if stamp == self._stamp:
+            return None
+        self._stamp = stamp
+        try:
+            configuration = self._load()
+        except (OSError, ValueError) as error:
+            log.error("event=tls_certificate_refused cert=%s error=%r (the previous one stays "
+                      "in force)", self._files[0], str(error)[:500])
+            return None
+        log.info("event=tls_certificate_loaded cert=%s", self._files[0])
+        return configuration
+
+    def _stat(self) -> tuple[tuple[int, int, int] | None, ...]:
+        return tuple(_stamp(path) for path in self._files)
+
+    def _load(self) -> grpc.ServerCertificateConfiguration:
+        cert_pem, key_pem = check_certificate_pair(*self._files[:2])
+        client_ca = self._files[2].read_bytes() if self._mutual else None
+        return grpc.ssl_server_certificate_configuration([(key_pem, cert_pem)],
+                                                         root_certificates=client_ca)
+
+
+def check_certificate_pair(cert_file: Path, key_file: Path) -> tuple[bytes, bytes]:
+    """The PEM of a certificate and its private key; ValueError naming the file if one does
+    not parse or the key is not the certificate's."""
+    cert_pem, key_pem = cert_file.read_bytes(), key_file.read_bytes()
+    try:
+        certificate = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError as error:
+        raise ValueError(f"{cert_file}: not a PEM certificate ({error})") from None
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{key_file}: not an unencrypted PEM private key ({error})") from None
+    if certificate.public_key() != key.public_key():
+        raise ValueError(f"{key_file} is not the key of {cert_file}")
+    return cert_pem, key_pem
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
 def peer_channel_credentials(ca_file: Path | None) -> grpc.ChannelCredentials:

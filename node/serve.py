@@ -23,8 +23,8 @@ from tickwheel.node.forward import Forwarder
 from tickwheel.node.identity import (
     ClientCallers,
     PeerCallers,
+    ServerCertificates,
     peer_channel_credentials,
-    server_credentials,
 )
 from tickwheel.node.journal import DeliveryJournal
 from tickwheel.node.metrics import Metrics
@@ -87,9 +87,10 @@ async def serve(settings: NodeSettings) -> None:
         log.warning("event=grpc_insecure gRPC is served in plaintext to anyone, with every "
                     "permission (--insecure-grpc): anyone who can reach %s can schedule, read "
                     "and cancel every topic's messages", settings.listen())
-    log.info("event=node_started raft=%s grpc=%s peer=%s metrics=%s data=%s members=%d "
-             "tls=%s client_certs=%s principals=%s clock_skew_ms=%d", settings.raft_address,
-             settings.listen(), settings.listen_peers() or "-", settings.metrics_listen or "-",
+    log.info("event=node_started raft=%s grpc=%s peer=%s health=%s metrics=%s data=%s "
+             "members=%d tls=%s client_certs=%s principals=%s clock_skew_ms=%d",
+             settings.raft_address, settings.listen(), settings.listen_peers() or "-",
+             settings.health_listen or "-", settings.metrics_listen or "-",
              settings.data, len(members), secure, settings.tls_client_certs,
              len(access.current) if access else "-", settings.clock_skew_ms)
     stop = asyncio.Event()
@@ -116,13 +117,13 @@ def _listeners(settings: NodeSettings) -> Listeners:
     if not settings.insecure_grpc:
         invariant(settings.tls_cert_file is not None and settings.tls_key_file is not None,
                   "TLS settings were checked")
-        client_credentials = server_credentials(
+        client_credentials = ServerCertificates(
             settings.tls_cert_file, settings.tls_key_file,
-            settings.tls_ca_file if settings.tls_client_certs else None)
-        peer_credentials = server_credentials(settings.tls_cert_file, settings.tls_key_file,
-                                              None)
+            settings.tls_ca_file if settings.tls_client_certs else None).credentials()
+        peer_credentials = ServerCertificates(settings.tls_cert_file, settings.tls_key_file,
+                                              None).credentials()
     return Listeners(settings.listen(), client_credentials, ClientCallers(settings.access()),
-                     settings.listen_peers(), peer_credentials)
+                     settings.listen_peers(), peer_credentials, settings.health_listen or None)
 
 
 def _settle_gc() -> None:

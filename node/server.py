@@ -609,11 +609,13 @@ class Listeners:
     peer: str | None
     """None for a node alone: it has no peers."""
     peer_credentials: grpc.ServerCredentials | None
+    health: str | None = None
+    """Where to serve the health service alone, in plaintext; None for nowhere."""
 
 
 async def start_server(node: NodeContext, listeners: Listeners
                        ) -> tuple[list[grpc.aio.Server], health.aio.HealthServicer]:
-    """Bind and start both listeners; the health service starts NOT_SERVING (`Housekeeping`
+    """Bind and start the listeners; the health service starts NOT_SERVING (`Housekeeping`
     updates it)."""
     client = _server(node)
     _add_tickwheel_service(TickwheelService(node, listeners.client_callers), client)
@@ -632,6 +634,12 @@ async def start_server(node: NodeContext, listeners: Listeners
         pb_grpc.add_PeerServicer_to_server(PeerService(node.replica, node.peer_callers), peer)
         _bind(peer, listeners.peer, listeners.peer_credentials, "the peer listener")
         servers.append(peer)
+    if listeners.health is not None:
+        probes = grpc.aio.server(options=[("grpc.max_receive_message_length", 1024)],
+                                 maximum_concurrent_rpcs=16)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, probes)
+        _bind(probes, listeners.health, None, "the health listener")
+        servers.append(probes)
     for server in servers:
         await server.start()
     return servers, health_servicer

@@ -38,8 +38,12 @@ SCHEMA_VERSION = kubernetes_validate.latest_version()
 KUBECTL = shutil.which("kubectl")
 DATA_PATH = "/var/lib/tickwheel"
 GRPC_PORT = 7400
+HEALTH_PORT = 7700
 METRICS_PORT = 9400
 RAFT_SECRET = ("tickwheel-raft", "secret")
+TLS_SECRET = "tickwheel-tls"
+ACCESS_SECRET = "tickwheel-access"
+CERT_MANAGER = K8S / "cert-manager.yaml"
 
 
 def kubectl_kustomize(directory: Path) -> list[Manifest]:
@@ -149,13 +153,16 @@ def test_pods_run_as_a_non_root_user_with_bounded_resources(
         assert pod["enableServiceLinks"] is False, name
 
 
-def test_probes_use_the_grpc_health_service_and_liveness_is_patient(
+def test_probes_use_the_plaintext_health_port_and_liveness_is_patient(
         rendered: dict[str, list[Manifest]]) -> None:
+    """A kubelet's gRPC probe cannot speak TLS: on the TLS gRPC port it would fail forever."""
     for name, objects in rendered.items():
         container = node_container(objects)
         readiness, liveness = container["readinessProbe"], container["livenessProbe"]
-        assert readiness["grpc"] == {"port": GRPC_PORT}, name
-        assert liveness["grpc"] == {"port": GRPC_PORT}, name
+        assert readiness["grpc"] == {"port": HEALTH_PORT}, name
+        assert liveness["grpc"] == {"port": HEALTH_PORT}, name
+        config = one(objects, "ConfigMap", "tickwheel-config")["data"]
+        assert config["TICKWHEEL_HEALTH_LISTEN"] == f"0.0.0.0:{HEALTH_PORT}", name
         patience_s = liveness["failureThreshold"] * liveness["periodSeconds"]
         assert patience_s >= 120, f"{name}: liveness gives up after {patience_s} s"
         assert patience_s > readiness["failureThreshold"] * readiness["periodSeconds"], name
@@ -199,6 +206,7 @@ def test_peers_find_each_other_before_they_are_ready_and_clients_reach_ready_nod
         assert config["TICKWHEEL_PEER_SERVICE"] == statefulset["spec"]["serviceName"], name
         assert peers["clusterIP"] == "None" and peers["publishNotReadyAddresses"] is True, name
         assert peers["selector"] == pod_labels, name
+        assert {port["port"] for port in peers["ports"]} == {RAFT_PORT, PEER_PORT}, name
         client = one(objects, "Service", "tickwheel")
         assert client["spec"]["selector"] == pod_labels, name
         assert {port["port"] for port in client["spec"]["ports"]} == {GRPC_PORT, METRICS_PORT}
@@ -224,7 +232,28 @@ def test_settings_come_from_the_configmap_and_the_raft_secret_from_a_secret(
         secret_ref = env["TICKWHEEL_RAFT_SECRET"]["valueFrom"]["secretKeyRef"]
         assert (secret_ref["name"], secret_ref["key"]) == RAFT_SECRET, name
         assert "TICKWHEEL_RAFT_SECRET" not in config, name
-        assert "Secret" not in by_kind(objects), f"{name} must not ship a Raft secret"
+        assert "Secret" not in by_kind(objects), f"{name} must not ship a Secret"
+
+
+def test_tls_and_the_access_file_come_from_secrets_mounted_where_the_configmap_points(
+        rendered: dict[str, list[Manifest]]) -> None:
+    for name, objects in rendered.items():
+        config = one(objects, "ConfigMap", "tickwheel-config")["data"]
+        assert "TICKWHEEL_INSECURE_GRPC" not in config, name
+        pod = one(objects, "StatefulSet")["spec"]["template"]["spec"]
+        secrets = {volume["name"]: volume["secret"] for volume in pod["volumes"]
+                   if "secret" in volume}
+        mounts = {mount["mountPath"]: mount for mount in node_container(objects)["volumeMounts"]}
+        expected = {"TICKWHEEL_TLS_CERT_FILE": (TLS_SECRET, "tls.crt"),
+                    "TICKWHEEL_TLS_KEY_FILE": (TLS_SECRET, "tls.key"),
+                    "TICKWHEEL_TLS_CA_FILE": (TLS_SECRET, "ca.crt"),
+                    "TICKWHEEL_ACCESS_FILE": (ACCESS_SECRET, "access.toml")}
+        for variable, (secret_name, key) in expected.items():
+            path = Path(config[variable])
+            assert path.name == key, (name, variable)
+            mount = mounts[str(path.parent)]  # the folder: an updated Secret reaches the pod
+            assert "subPath" not in mount and mount["readOnly"] is True, (name, variable)
+            assert secrets[mount["name"]]["secretName"] == secret_name, (name, variable)
 
 
 # -- the image --------------------------------------------------------------------------------
@@ -365,7 +394,7 @@ def test_the_wheel_holds_every_package_of_the_code_folders() -> None:
 
 RAFT_PORT = 7500
 PEER_PORT = 7600
-"""The members-only gRPC listener: not declared by every version of the StatefulSet."""
+"""The members-only gRPC listener."""
 MONITORING = {"kubernetes.io/metadata.name": "monitoring"}
 KUBE_SYSTEM = {"kubernetes.io/metadata.name": "kube-system"}
 DNS_PORT = 53
@@ -431,27 +460,38 @@ def test_metrics_are_open_to_the_monitoring_namespace_only(
             {"namespaceSelector": {"matchLabels": MONITORING}}], name
 
 
-def test_every_port_the_pods_declare_is_let_in(rendered: dict[str, list[Manifest]]) -> None:
+def test_every_port_the_pods_declare_is_let_in_but_the_plaintext_health_port(
+        rendered: dict[str, list[Manifest]]) -> None:
+    """The kubelet probes from the pod's own machine, which NetworkPolicy does not block: no
+    pod needs the health port, so none is let in."""
     for name, objects in rendered.items():
         ingress = one(objects, "NetworkPolicy")["spec"]["ingress"]
+        declared = {port["containerPort"] for port in node_container(objects)["ports"]}
+        assert HEALTH_PORT in declared, name
         for port in node_container(objects)["ports"]:
-            assert allowed_peers(ingress, port["containerPort"], port.get("protocol", "TCP")), (
-                f"{name}: the policy shuts port {port['name']} ({port['containerPort']})")
+            allowed = allowed_peers(ingress, port["containerPort"], port.get("protocol", "TCP"))
+            if port["containerPort"] == HEALTH_PORT:
+                assert allowed == [], f"{name}: the health port is open to {allowed}"
+            else:
+                assert allowed, (
+                    f"{name}: the policy shuts port {port['name']} ({port['containerPort']})")
 
 
 def test_pods_may_call_only_their_peers_and_dns(rendered: dict[str, list[Manifest]]) -> None:
     for name, objects in rendered.items():
         egress = one(objects, "NetworkPolicy")["spec"]["egress"]
         members = the_members(objects)
-        for port in (GRPC_PORT, RAFT_PORT, PEER_PORT):
+        for port in (RAFT_PORT, PEER_PORT):
             assert allowed_peers(egress, port) == [members], (name, port)
+        # forwarding and snapshot files go to the peer port: nothing calls another's gRPC
+        assert allowed_peers(egress, GRPC_PORT) == [], name
         dns = [{"namespaceSelector": {"matchLabels": KUBE_SYSTEM}}]
         assert allowed_peers(egress, DNS_PORT, "UDP") == dns, name
         assert allowed_peers(egress, DNS_PORT, "TCP") == dns, name
         for rule in egress:  # nothing else: every rule names its peers and its ports
             assert rule.get("to") in ([members], dns), f"{name}: egress to {rule.get('to')}"
             assert {entry["port"] for entry in rule["ports"]} <= {
-                GRPC_PORT, RAFT_PORT, PEER_PORT, DNS_PORT}, name
+                RAFT_PORT, PEER_PORT, DNS_PORT}, name
             assert all("endPort" not in entry for entry in rule["ports"]), name
 
 

@@ -37,6 +37,7 @@ from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
 from . import kustomize_lite
 
+HEALTH_PORT = 7700
 PROD = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "overlays" / "prod"
 POD_ENV = {"TICKWHEEL_POD_NAME": "tickwheel-1", "TICKWHEEL_REPLICAS": "3",
            "TICKWHEEL_PEER_SERVICE": "tickwheel-peers", "TICKWHEEL_NAMESPACE": "prod",
@@ -284,25 +285,31 @@ def test_three_pods_with_the_statefulset_environment_form_one_cluster_and_serve(
     """The pods' TLS files and access file come from a Secret's mount in Kubernetes; here
     from a development set at the same paths' variables."""
     replicas = 3
-    first_port = _consecutive_free_ports(3 * replicas)
+    first_port = _consecutive_free_ports(4 * replicas)
     security = dev_credentials.make(tmp_path / "security")
     knobs = {"TICKWHEEL_PEER_HOST_TEMPLATE": "127.0.0.1", "TICKWHEEL_LISTEN_HOST": "127.0.0.1",
              "TICKWHEEL_GRPC_PORT": str(first_port), "TICKWHEEL_RAFT_PORT": str(first_port + 1),
-             "TICKWHEEL_PEER_PORT": str(first_port + 2), "TICKWHEEL_PORT_STRIDE": "3",
+             "TICKWHEEL_PEER_PORT": str(first_port + 2), "TICKWHEEL_PORT_STRIDE": "4",
              "TICKWHEEL_METRICS_LISTEN": "", **security.node_environment()}
     secrets = {("tickwheel-raft", "secret"): secrets_module.token_urlsafe(32)}
-    grpc_addresses = [f"127.0.0.1:{first_port + 3 * i}" for i in range(replicas)]
+    grpc_addresses = [f"127.0.0.1:{first_port + 4 * i}" for i in range(replicas)]
+    # The kubelet probes in plaintext (it cannot speak TLS): the health port, as in the
+    # ConfigMap, here one per ordinal.
+    health_addresses = [f"127.0.0.1:{first_port + 4 * i + 3}" for i in range(replicas)]
     logs = [tmp_path / f"tickwheel-{i}.log" for i in range(replicas)]
     processes: list[subprocess.Popen] = []
     credentials = Credentials.load(ca_file=security.ca_file,
                                    token_file=security.token_file("admin"))
     channels = [open_channel(address, credentials, ()) for address in grpc_addresses]
+    probes = [grpc.insecure_channel(address) for address in health_addresses]
     try:
         for ordinal in range(replicas):
             env = {**_clean_environment(),
                    **_statefulset_environment(ordinal, "tickwheel-test", secrets), **knobs,
                    "TICKWHEEL_DATA": str(tmp_path / f"data-tickwheel-{ordinal}")}
             assert env["TICKWHEEL_REPLICAS"] == str(replicas)
+            assert env["TICKWHEEL_HEALTH_LISTEN"] == f"0.0.0.0:{HEALTH_PORT}"
+            env["TICKWHEEL_HEALTH_LISTEN"] = health_addresses[ordinal]
             with open(logs[ordinal], "wb") as log:
                 processes.append(subprocess.Popen(
                     [sys.executable, "-m", "tickwheel.node", "serve"], env=env, stdout=log,
@@ -311,11 +318,16 @@ def test_three_pods_with_the_statefulset_environment_form_one_cluster_and_serve(
         leader = wait_for(lambda: _one_cluster(stubs, processes, logs), FORM_TIMEOUT_S,
                           "one cluster of three")
         assert {member.raft_address for member in leader.members} == {
-            f"127.0.0.1:{first_port + 3 * i + 1}" for i in range(replicas)}
-        wait_for(lambda: _serving(channels), FORM_TIMEOUT_S, "every node SERVING")
+            f"127.0.0.1:{first_port + 4 * i + 1}" for i in range(replicas)}
+        wait_for(lambda: _serving(channels), FORM_TIMEOUT_S, "every node SERVING (TLS)")
+        wait_for(lambda: _serving(probes), FORM_TIMEOUT_S, "every node SERVING (probe)")
+        for probe in probes:  # the plaintext port tells health, and nothing else
+            with pytest.raises(grpc.RpcError) as refused:
+                pb_grpc.TickwheelStub(probe).ClusterInfo(pb.ClusterInfoRequest(), timeout=2)
+            assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
         _schedule_and_consume(grpc_addresses, credentials)
     finally:
-        for channel in channels:
+        for channel in channels + probes:
             channel.close()
         _stop(processes)
     assert all(process.returncode == 0 for process in processes), [

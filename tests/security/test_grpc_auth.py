@@ -7,6 +7,7 @@ On the build before this, every call below succeeded: the port was plaintext and
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from tickwheel.client import (
 )
 from tickwheel.client.credentials import open_channel
 from tickwheel.node.identity import PEER_KEY, PRINCIPAL_KEY
+from tickwheel.replication import dev_credentials
 from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
@@ -209,3 +211,43 @@ def test_mutual_tls_names_the_principal_by_its_certificate(tmp_path: Path) -> No
                     credentials=token_only) as admin, pytest.raises(Exception) as refused:
             admin.cluster_info()  # no certificate: the handshake itself fails
         assert "UNAVAILABLE" in str(refused.value)
+
+
+def test_a_renewed_certificate_serves_new_connections_without_a_restart(tmp_path: Path) -> None:
+    """As cert-manager renews a Secret's mount: the files change under a running node. A
+    certificate from another CA makes the switch visible: clients trusting only the old CA
+    are refused once the node serves the new one."""
+    with LocalCluster(tmp_path / "cluster", size=1) as single:
+        single.leader(timeout_s=30)
+        security = single.security
+        assert security is not None
+        renewed = dev_credentials.make(tmp_path / "renewed")
+        node = single.nodes[0]
+
+        def info(ca_file: Path, timeout_s: float = 10) -> object:
+            credentials = Credentials.load(ca_file=ca_file,
+                                           token_file=security.token_file("admin"))
+            with Client(node.grpc_address, timeout_s=timeout_s,
+                        credentials=credentials) as client:
+                return client.cluster_info()
+
+        info(security.ca_file)
+        # Half a renewal (the certificate replaced, not yet its key): refused, the old pair
+        # still serves.
+        replace_file(security.cert_file, renewed.cert_file.read_bytes())
+        info(security.ca_file)
+        assert "event=tls_certificate_refused" in node.log_path.read_text()
+        replace_file(security.key_file, renewed.key_file.read_bytes())
+        info(renewed.ca_file)
+        assert "event=tls_certificate_loaded" in node.log_path.read_text()
+        with pytest.raises(Exception) as refused:
+            info(security.ca_file, timeout_s=2)
+        assert "UNAVAILABLE" in str(refused.value)
+        assert node.process is not None and node.process.poll() is None
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Swap ``path``'s content at once, as a Secret's mount does."""
+    staged = path.with_name(path.name + ".new")
+    staged.write_bytes(data)
+    os.replace(staged, path)
