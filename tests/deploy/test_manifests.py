@@ -209,8 +209,9 @@ def test_peers_find_each_other_before_they_are_ready_and_clients_reach_ready_nod
         assert {port["port"] for port in peers["ports"]} == {RAFT_PORT, PEER_PORT}, name
         client = one(objects, "Service", "tickwheel")
         assert client["spec"]["selector"] == pod_labels, name
-        assert {port["port"] for port in client["spec"]["ports"]} == {GRPC_PORT, METRICS_PORT}
-        annotations = client["metadata"]["annotations"]
+        # clients only: no peer port (members only) and no metrics
+        assert [port["port"] for port in client["spec"]["ports"]] == [GRPC_PORT], name
+        annotations = statefulset["spec"]["template"]["metadata"]["annotations"]
         assert annotations["prometheus.io/scrape"] == "true", name
         assert annotations["prometheus.io/port"] == str(METRICS_PORT), name
         assert config["TICKWHEEL_METRICS_LISTEN"] == f"0.0.0.0:{METRICS_PORT}", name
@@ -331,6 +332,15 @@ def test_the_node_runs_tickwheel_serve_as_the_pods_user_on_the_pods_volume(
     pod = one(rendered["overlays/prod"], "StatefulSet")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsUser"] == int(user)
     assert pod["securityContext"]["runAsGroup"] == int(group)
+
+
+def test_the_image_exposes_every_port_the_pods_declare(
+        image: Image, rendered: dict[str, list[Manifest]]) -> None:
+    _, stages, _ = image
+    exposed = {int(port) for line in stages["runtime"].all("EXPOSE") for port in line.split()}
+    for name, objects in rendered.items():
+        declared = {port["containerPort"] for port in node_container(objects)["ports"]}
+        assert declared == exposed, name
 
 
 def test_java_is_only_in_the_audit_image_and_the_audit_job_runs_spark_on_it(
