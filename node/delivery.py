@@ -48,7 +48,7 @@ from tickwheel.replication.handout import (
 from tickwheel.replication.replica import Replica
 from tickwheel.replication.state import Retried
 from tickwheel.wheel import Cursor, DueMessage, NewMessage
-from tickwheel.wheel.errors import NotLeader, Overloaded, TickwheelError
+from tickwheel.wheel.errors import ConsumerStalled, NotLeader, Overloaded, TickwheelError
 
 log = logging.getLogger("tickwheel.delivery")
 
@@ -72,6 +72,8 @@ class Sent:
     attempt: int
     delivered_at_ms: int
     properties: Mapping[str, str]
+    taken: bool = False
+    """Taken from the outbox by its stream (being written to the consumer, or written)."""
 
 
 @dataclass(eq=False)
@@ -97,7 +99,16 @@ class Consumer:
         batch = await self.outbox.get()
         if batch is None:
             raise self.closed
+        for sent in batch:
+            sent.taken = True
         return batch
+
+    def stalled(self) -> None:
+        """Close a stream that does not read (`ConsumerStalled`), dropping what waits in its
+        outbox: the one response being written is all it still pins."""
+        while not self.outbox.empty():
+            self.outbox.get_nowait()
+        self.close(ConsumerStalled(self.visibility_timeout_ms))
 
     def close(self, reason: BaseException) -> None:
         """End the stream: `next_batch` raises ``reason`` (the first reason given wins)."""
@@ -367,15 +378,33 @@ class Hub:
         if not expired or expired[0].epoch != self._epoch:
             return
         retries = []
+        stalled: dict[int, Consumer] = {}
         for item in expired:
             attempt = item.message.attempt + item.lease.seq - 1
             holder = self._consumers.get(item.consumer) if item.consumer is not None else None
             if holder is not None:
-                holder.unacked.pop(encode_receipt(item.lease), None)
+                sent = holder.unacked.pop(encode_receipt(item.lease), None)
+                if sent is not None and not sent.taken and holder.mode == STREAM:
+                    stalled[holder.key] = holder
             log.info("event=visibility_timeout topic=%s group=%r id=%r attempt=%d",
                      item.message.topic, item.group, item.message.id, attempt)
             retries.append((item.message, item.lease, item.group, attempt))
         self._retry(retries, "visibility_timeout")
+        for consumer in stalled.values():
+            self._stall(consumer)
+
+    def _stall(self, consumer: Consumer) -> None:
+        """A stream whose messages waited in its outbox past their visibility timeout does not
+        read (a consumer that never reads, or one stuck for longer than it said it might
+        take): left open, it would pin the bodies of every message granted to it, retries
+        included. It is closed and leaves at once, its queued messages dropped and its
+        leases released to the other consumers of its group."""
+        log.warning("event=consumer_stalled topic=%s group=%r consumer=%r queued_batches=%d "
+                    "unacked=%d visibility_timeout_ms=%d", consumer.topic, consumer.group,
+                    consumer.name, consumer.outbox.qsize(), len(consumer.unacked),
+                    consumer.visibility_timeout_ms)
+        consumer.stalled()
+        self.unsubscribe(consumer)
 
     def _retry(self, items: list[tuple[DueMessage, LeaseRef, str, int]], reason: str) -> None:
         """Propose a retry copy of each message for its group; the lease ends with it."""

@@ -12,6 +12,7 @@
     ├── Unavailable             try again, maybe elsewhere
     │   ├── NotLeader           this node cannot order writes; ``leader_hint`` says who can
     │   └── Overloaded          a bounded queue is full
+    │       └── ConsumerStalled a consumer stream did not read what was sent to it
     └── InternalError           a bug or damaged storage; never the caller's fault
         ├── CorruptSegment      stored bytes fail their CRC or framing
         └── InvariantViolation  a rule that must never break did; the node must stop
@@ -78,6 +79,17 @@ class Overloaded(Unavailable):
     def __init__(self, limit: str) -> None:
         super().__init__(f"overloaded: {limit} reached")
         self.limit = limit
+
+
+class ConsumerStalled(Overloaded):
+    """A consumer stream did not read what was sent to it: messages waited unsent past their
+    visibility timeout. The stream is closed, and its messages go to other consumers."""
+
+    def __init__(self, visibility_timeout_ms: int) -> None:
+        Unavailable.__init__(self, f"the consumer did not read: messages waited for it longer "
+                                   f"than their visibility timeout ({visibility_timeout_ms} ms); "
+                                   "they go to other consumers of its group")
+        self.limit = "visibility_timeout_ms"
 
 
 class InternalError(TickwheelError):
