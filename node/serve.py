@@ -39,7 +39,7 @@ from tickwheel.node.server import (
 from tickwheel.node.unary import UnaryConsumers
 from tickwheel.replication.clock import SystemClock
 from tickwheel.replication.replica import Replica
-from tickwheel.wheel.errors import invariant
+from tickwheel.wheel.errors import StorageIncomplete, StorageLocked, invariant
 
 log = logging.getLogger("tickwheel.node")
 
@@ -54,6 +54,9 @@ fifth in three alternating pairs of runs (53-71 -> 44-54 ms), for ~2% of batched
 scheduling (within its noise)."""
 ACCESS_CHECK_S = 2.0
 """How often a node looks whether its access file changed."""
+EXIT_STORAGE = 3
+"""The exit status of a node that will not serve its data folder: locked by another process,
+or missing state it needs (`StorageIncomplete`)."""
 HEALTH_MAX_LAG_ENTRIES = 1_000
 """A node serves (health) when it knows a leader and has applied to within this many entries
 of the leader's commit index."""
@@ -176,5 +179,11 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
 
 
 def run(settings: NodeSettings) -> int:
-    asyncio.run(serve(settings))
+    """Serve until SIGTERM or SIGINT; `EXIT_STORAGE` if the data folder cannot be served."""
+    try:
+        asyncio.run(serve(settings))
+    except (StorageLocked, StorageIncomplete) as error:
+        log.critical("event=node_refused reason=%s data=%s %s", type(error).__name__,
+                     settings.data, error)
+        return EXIT_STORAGE
     return 0

@@ -45,6 +45,7 @@ from tickwheel.replication.raft import (
     RaftNode,
     RaftPort,
     fsync_files,
+    journal_first_index,
     read_snapshot,
     write_snapshot,
 )
@@ -54,6 +55,7 @@ from tickwheel.wheel.errors import (
     CorruptSegment,
     NotLeader,
     Overloaded,
+    StorageIncomplete,
     TickwheelError,
     Unavailable,
     UnknownHandle,
@@ -137,6 +139,15 @@ class Replica:
         self._config = config or ReplicaConfig()
         raft_dir = self._data_dir / "raft"
         fresh = not (raft_dir / "snapshot").exists()
+        first_entry = journal_first_index(raft_dir / "journal")
+        if fresh and first_entry is not None and first_entry > 1:
+            raise StorageIncomplete(
+                f"{raft_dir / 'snapshot'} is missing, but the Raft journal starts at entry "
+                f"{first_entry}: entries 1 to {first_entry - 1} were only in that snapshot, and "
+                "without them this node would serve, vote and lead on a partial state. Restore "
+                f"the snapshot, or move {self._data_dir} away: the node then starts empty and "
+                "catches up from the leader (do that only while a majority of the other members "
+                "has its data)")
         self._state = WheelState.open(self._data_dir / "state", self._config.state, fresh=fresh)
         self._raft = raft(address, list(peers), raft_dir, self._config.raft,
                           self._apply, (self._serialize, self._deserialize))

@@ -9,6 +9,7 @@
     │   └── PermissionDenied    the caller may not do this to this topic or group
     ├── Unauthenticated         no credentials, or credentials nobody issued
     ├── StorageLocked           another process has the data folder open
+    ├── StorageIncomplete       stored state the node needs is missing; it will not start
     ├── Unavailable             try again, maybe elsewhere
     │   ├── NotLeader           this node cannot order writes; ``leader_hint`` says who can
     │   └── Overloaded          a bounded queue is full
@@ -59,6 +60,11 @@ class StorageLocked(TickwheelError):
     def __init__(self, path: str) -> None:
         super().__init__(f"{path} is locked by another process")
         self.path = path
+
+
+class StorageIncomplete(TickwheelError):
+    """Part of the stored state a node needs is gone (a lost snapshot under a compacted
+    journal): it refuses to start rather than serve, vote or lead without it."""
 
 
 class Unavailable(TickwheelError):

@@ -8,10 +8,15 @@
 """
 
 from tickwheel.replication.raft.config import MAX_MESSAGE_ENTRY_BYTES, InsecureCluster, RaftConfig
-from tickwheel.replication.raft.files import fsync_files, read_snapshot, write_snapshot
+from tickwheel.replication.raft.files import (
+    fsync_files,
+    journal_first_index,
+    read_snapshot,
+    write_snapshot,
+)
 from tickwheel.replication.raft.node import PICKLE_PROTOCOL, RaftNode
 from tickwheel.replication.raft.port import OnResult, RaftPort, RaftStatus, Role
 
 __all__ = ["MAX_MESSAGE_ENTRY_BYTES", "PICKLE_PROTOCOL", "InsecureCluster", "OnResult",
            "RaftConfig", "RaftNode", "RaftPort", "RaftStatus", "Role", "fsync_files",
-           "read_snapshot", "write_snapshot"]
+           "journal_first_index", "read_snapshot", "write_snapshot"]

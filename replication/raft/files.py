@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import struct
 from pathlib import Path
 from typing import Any
 
-from pysyncobj.journal import FileJournal
+from pysyncobj.journal import FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET, FileJournal
 
 from tickwheel.replication.raft.link_protocol import safe_load
 
@@ -58,3 +59,21 @@ def fsync_files(paths: list[Path]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def journal_first_index(path: Path) -> int | None:
+    """The Raft index of the first entry in pysyncobj's journal file at ``path``, read without
+    opening it for pysyncobj (which would create it); None if there is no file or no entry.
+    A fresh journal starts at 1; a compacted one after the last snapshot."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(FIRST_RECORD_OFFSET + 12)
+    except FileNotFoundError:
+        return None
+    if len(header) < FIRST_RECORD_OFFSET + 12:
+        return None
+    (last_offset,) = struct.unpack_from("<I", header, LAST_RECORD_OFFSET_OFFSET)
+    if last_offset <= FIRST_RECORD_OFFSET:
+        return None
+    (index,) = struct.unpack_from("<Q", header, FIRST_RECORD_OFFSET + 4)
+    return int(index)

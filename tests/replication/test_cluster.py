@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tickwheel.node.serve import EXIT_STORAGE
 from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
+from tickwheel.replication.raft import journal_first_index
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 AckingConsumer = Callable[[LocalCluster], object]
@@ -195,6 +197,32 @@ def test_a_wiped_follower_rejoins_from_a_snapshot_and_catches_up(tmp_path: Path)
     assert {p: d for p, d in mine.items() if not p.endswith("heads")} == {
         p: d for p, d in theirs.items() if not p.endswith("heads")}
     assert all(theirs[p] == d for p, d in mine.items() if p.endswith("heads"))
+
+
+def test_a_follower_that_lost_its_snapshot_refuses_to_start_and_rejoins_once_moved_away(
+        tmp_path: Path) -> None:
+    """Issue 18: the first releases wiped the state, replayed the compacted journal onto
+    nothing and served (SERVING, electable; as leader it delivered 0 of 1,800)."""
+    with LocalCluster(tmp_path, extra_args=("--snapshot-min-entries", "20")) as cluster:
+        start_ms = now_ms()
+        schedule_all(cluster, messages("order", 2_000, start_ms + 3_600_000, 3_600_000), 50)
+        leader = cluster.leader()
+        follower = next(n for n in cluster.nodes if n is not leader)
+        wait_for(lambda: (journal_first_index(follower.data / "raft" / "journal") or 0) > 1,
+                 15, "the follower's journal compacted behind a snapshot")
+        cluster.stop(follower)
+        (follower.data / "raft" / "snapshot").unlink()
+        cluster.start(follower)
+        assert follower.process is not None
+        assert follower.process.wait(30) == EXIT_STORAGE
+        refusal = follower.log_path.read_text()
+        assert "event=node_refused reason=StorageIncomplete" in refusal
+        assert "snapshot is missing" in refusal and "move" in refusal
+        assert (follower.data / "state").exists()  # nothing wiped: the operator decides
+        # the remedy the message names: move the folder away, start empty, catch up
+        follower.data.rename(tmp_path / "moved-away")
+        cluster.start(follower)
+        wait_for(lambda: caught_up(cluster, cluster.nodes), 30, "the emptied follower")
 
 
 def test_an_entry_far_above_the_64_kib_chunk_threshold_replicates(tmp_path: Path) -> None:
