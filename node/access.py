@@ -201,7 +201,7 @@ class AccessFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._stamp = self._stat()
+        self._stamp = file_stamp(path)
         try:
             self.current = Access.parse(path.read_text())
         except ValueError as error:
@@ -210,7 +210,7 @@ class AccessFile:
     def refresh(self) -> bool:
         """Reread the file if it changed since; whether a new one is in force. A file that
         does not parse is logged and kept out."""
-        stamp = self._stat()
+        stamp = file_stamp(self.path)
         if stamp == self._stamp:
             return False
         self._stamp = stamp
@@ -224,9 +224,14 @@ class AccessFile:
                  len(self.current))
         return True
 
-    def _stat(self) -> tuple[int, int, int] | None:
-        try:
-            stat = os.stat(self.path)
-        except OSError:
-            return None
-        return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is replaced or rewritten (inode, modification time, size);
+    None while it is missing. A Kubernetes Secret's mount swaps a symlink: ``stat`` follows
+    it to the new file."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from tickwheel.node.access import ANYONE, AccessFile, Principal
+from tickwheel.node.access import ANYONE, AccessFile, Principal, file_stamp
 from tickwheel.wheel.errors import Unauthenticated
 
 AUTHORIZATION_KEY = "authorization"
@@ -146,7 +145,7 @@ class ServerCertificates:
         return configuration
 
     def _stat(self) -> tuple[tuple[int, int, int] | None, ...]:
-        return tuple(_stamp(path) for path in self._files)
+        return tuple(map(file_stamp, self._files))
 
     def _load(self) -> grpc.ServerCertificateConfiguration:
         cert_pem, key_pem = check_certificate_pair(*self._files[:2])
@@ -170,14 +169,6 @@ def check_certificate_pair(cert_file: Path, key_file: Path) -> tuple[bytes, byte
     if certificate.public_key() != key.public_key():
         raise ValueError(f"{key_file} is not the key of {cert_file}")
     return cert_pem, key_pem
-
-
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return None
-    return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
 def peer_channel_credentials(ca_file: Path | None) -> grpc.ChannelCredentials:
