@@ -88,7 +88,8 @@ def _read(path: Path | str, what: str) -> bytes:
 
 
 def open_channel(address: str, credentials: Credentials,
-                   options: tuple[tuple[str, object], ...]) -> grpc.Channel:
+                 options: tuple[tuple[str, object], ...]) -> grpc.Channel:
+    """A channel to ``address``: TLS with ``credentials``, or plaintext if they are insecure."""
     tls = credentials.channel_credentials()
     if tls is None:
         return grpc.insecure_channel(address, options=options)
@@ -96,7 +97,8 @@ def open_channel(address: str, credentials: Credentials,
 
 
 def open_aio_channel(address: str, credentials: Credentials,
-                       options: tuple[tuple[str, object], ...]) -> grpc.aio.Channel:
+                     options: tuple[tuple[str, object], ...]) -> grpc.aio.Channel:
+    """`open_channel` for asyncio."""
     tls = credentials.channel_credentials()
     if tls is None:
         return grpc.aio.insecure_channel(address, options=options)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import grpc
 
+from tickwheel.client.credentials import Credentials, open_aio_channel
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
 FORWARDED_KEY = "tickwheel-forwarded"
@@ -29,20 +30,17 @@ def was_forwarded(context: grpc.aio.ServicerContext) -> bool:
 
 
 class Forwarder:
-    """Stubs for the other members, by peer listener address; ``credentials`` None: plaintext
-    (``insecure_grpc``)."""
+    """Stubs for the other members, by peer listener address, dialed with ``credentials``."""
 
-    def __init__(self, credentials: grpc.ChannelCredentials | None) -> None:
+    def __init__(self, credentials: Credentials) -> None:
         self._credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def stub(self, peer_address: str) -> pb_grpc.TickwheelStub:
         channel = self._channels.get(peer_address)
         if channel is None:
-            channel = self._channels[peer_address] = (
-                grpc.aio.insecure_channel(peer_address, options=CHANNEL_OPTIONS)
-                if self._credentials is None else grpc.aio.secure_channel(
-                    peer_address, self._credentials, options=CHANNEL_OPTIONS))
+            channel = self._channels[peer_address] = open_aio_channel(
+                peer_address, self._credentials, CHANNEL_OPTIONS)
         return pb_grpc.TickwheelStub(channel)
 
     async def close(self) -> None:

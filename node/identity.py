@@ -169,9 +169,3 @@ def check_certificate_pair(cert_file: Path, key_file: Path) -> tuple[bytes, byte
     if certificate.public_key() != key.public_key():
         raise ValueError(f"{key_file} is not the key of {cert_file}")
     return cert_pem, key_pem
-
-
-def peer_channel_credentials(ca_file: Path | None) -> grpc.ChannelCredentials:
-    """How a member dials another's peer listener: TLS, trusting ``ca_file`` (the CA of the
-    members' certificates), or the system's roots without one."""
-    return grpc.ssl_channel_credentials(ca_file.read_bytes() if ca_file else None)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import grpc
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
+from tickwheel.client.credentials import Credentials, open_channel
 from tickwheel.v1 import tickwheel_pb2, tickwheel_pb2_grpc
 
 log = logging.getLogger("tickwheel.node.peers")
@@ -21,12 +22,12 @@ class ShortRead(Exception):
 
 class PeerFiles:
     """``fetch(peers, path, offset, size)`` over gRPC; ``peer_address`` maps Raft addresses to
-    the peers' peer listeners, dialed with ``credentials`` (None: plaintext) and showing
+    the peers' peer listeners, dialed with ``credentials`` and showing
     ``metadata`` (the peer token). Tries the peers in the order given, and retries the round
     with jittered back-off for up to ``FETCH_TIMEOUT_S``."""
 
     def __init__(self, peer_address: Mapping[str, str],
-                 credentials: grpc.ChannelCredentials | None,
+                 credentials: Credentials,
                  metadata: tuple[tuple[str, str], ...]) -> None:
         self._peer_address = dict(peer_address)
         self._credentials = credentials
@@ -50,10 +51,8 @@ class PeerFiles:
     def _read(self, peer: str, path: str, offset: int, size: int) -> bytes:
         channel = self._channels.get(peer)
         if channel is None:
-            address = self._peer_address[peer]
-            channel = self._channels[peer] = (
-                grpc.insecure_channel(address) if self._credentials is None
-                else grpc.secure_channel(address, self._credentials))
+            channel = self._channels[peer] = open_channel(self._peer_address[peer],
+                                                          self._credentials, ())
         stub = tickwheel_pb2_grpc.PeerStub(channel)
         request = tickwheel_pb2.ReadStateFileRequest(path=path, offset=offset, size=size)
         data = b"".join(chunk.data for chunk in stub.ReadStateFile(

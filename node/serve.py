@@ -16,6 +16,7 @@ import time
 
 from grpc_health.v1 import health, health_pb2
 
+from tickwheel.client import Credentials
 from tickwheel.node.access import AccessFile
 from tickwheel.node.config import NodeSettings
 from tickwheel.node.delivery import Hub, HubConfig
@@ -24,7 +25,6 @@ from tickwheel.node.identity import (
     ClientCallers,
     PeerCallers,
     ServerCertificates,
-    peer_channel_credentials,
 )
 from tickwheel.node.journal import DeliveryJournal
 from tickwheel.node.metrics import Metrics
@@ -73,7 +73,10 @@ async def serve(settings: NodeSettings) -> None:
     access = settings.access()
     peer_callers = PeerCallers(settings.raft_secrets(), access)
     secure = not settings.insecure_grpc
-    peer_credentials = peer_channel_credentials(settings.tls_ca_file) if secure else None
+    # how a member dials another's peer listener: TLS trusting the members' CA (or the
+    # system's roots without one); its proof of membership is the peer token, per call
+    peer_credentials = (Credentials.load(ca_file=settings.tls_ca_file) if secure
+                        else Credentials(insecure=True))
     fetch = PeerFiles(settings.peer_map(), peer_credentials, peer_callers.metadata())
     peers = [address for address in members if address != settings.raft_address]
     replica = Replica(settings.raft_address, peers, settings.data, hub, fetch=fetch,
