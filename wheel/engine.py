@@ -22,10 +22,10 @@ from tickwheel.wheel.filing import file_records
 from tickwheel.wheel.format import (
     SECONDS_PER_HOUR,
     TOMBSTONE,
-    decode_record,
     encode_record,
 )
 from tickwheel.wheel.hours import HourSet
+from tickwheel.wheel.mending import CopySource, MendCounts, Mender
 from tickwheel.wheel.meta import MetaFile
 from tickwheel.wheel.passage import CursorPassage
 from tickwheel.wheel.segment import HourSegment
@@ -55,7 +55,8 @@ class Wheel:
 
     @classmethod
     def open(cls, root: Path | str, config: WheelConfig | None = None, *,
-             replicated: bool = False) -> Wheel:
+             replicated: bool = False, copies: CopySource | None = None,
+             mend_counts: MendCounts | None = None) -> Wheel:
         """Open the wheel stored under ``root`` (created if absent).
 
         Cost: one directory listing and the ``meta`` file; hour segments open lazily, each from
@@ -64,10 +65,14 @@ class Wheel:
         ``replicated`` is for a wheel that is the state machine of a Raft log: hours the cursor
         has passed stay on disk until `delete_hour` (a snapshot may still name them), and
         positions passed over without being handed out are reported by `drain_skipped`.
+
+        ``copies`` is where a damaged record, unit or tombstone finds a good copy (see
+        `tickwheel.wheel.mending`): the other replicas' files, for a replicated wheel; what
+        mending did is added to ``mend_counts`` (a new one if None; see `mended`).
         """
         root = Path(root)
         config = config or WheelConfig()
-        hours = HourSet.open(root, config.max_open_hours)
+        hours = HourSet.open(root, config.max_open_hours, Mender(root, copies, mend_counts))
         meta, cursor, stamp_ms = MetaFile.open(root)
         wheel = cls(config, meta, cursor, stamp_ms, hours, replicated)
         if not replicated:
@@ -89,8 +94,19 @@ class Wheel:
 
     @property
     def corrupt_records_skipped(self) -> int:
-        """Records that failed their CRC when handed out (each logged; none handed out)."""
+        """Records damaged beyond mending when handed out (each logged; none handed out)."""
         return self._window.corrupt_records_skipped
+
+    @property
+    def mended(self) -> MendCounts:
+        """Damaged units and records mended from copies, and those no copy could replace."""
+        return self._hours.mender.counts
+
+    @property
+    def damage_held(self) -> str | None:
+        """Why the last `take_due` stopped short of what was due: a damaged record or unit
+        whose copies could not all be asked. Nothing after it was taken; ask again later."""
+        return self._window.held
 
     @property
     def window_msgs(self) -> int:
@@ -183,7 +199,7 @@ class Wheel:
         fields = segment.read_unit(global_index)
         offset, size, local_index = fields[:3]
         second = (handle >> GLOBAL_INDEX_BITS) * SECONDS_PER_HOUR + fields[6]
-        decoded = decode_record(segment.read_record(offset, size))
+        decoded = segment.record(offset, size)
         message = DueMessage(*decoded[:5], handle, second, local_index, decoded[5])
         return message, global_index in segment.tombstones
 

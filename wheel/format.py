@@ -168,7 +168,11 @@ def _encode_properties(properties: Mapping[str, str]) -> bytes:
     return b"".join(parts)
 
 
-def decode_record(record: bytes) -> tuple[str, str, bytes, Mapping[str, str], int, int]:
+RecordFields = tuple[str, str, bytes, Mapping[str, str], int, int]
+"""``(id, topic, body, properties, deliver_at_ms, attempt)`` of a record."""
+
+
+def decode_record(record: bytes) -> RecordFields:
     """Inverse of `encode_record`: ``(id, topic, body, properties, deliver_at_ms, attempt)``.
 
     Verifies framing and CRC; raises `CorruptSegment` on any mismatch (the caller, which knows

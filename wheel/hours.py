@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tickwheel.wheel.errors import InvariantViolation
 from tickwheel.wheel.format import SECONDS_PER_HOUR
+from tickwheel.wheel.mending import Mender
 from tickwheel.wheel.segment import FDS_PER_HOUR, HourSegment, remove_segment, segment_files
 
 log = logging.getLogger("tickwheel.wheel")
@@ -30,8 +31,10 @@ _SPARE_FDS = 256  # for everything else the process opens
 class HourSet:
     """The hours that have a segment (ascending) and the open ones among them."""
 
-    def __init__(self, hours_dir: Path, hours: list[int], max_open_hours: int) -> None:
+    def __init__(self, hours_dir: Path, hours: list[int], max_open_hours: int,
+                 mender: Mender) -> None:
         self.dir = hours_dir
+        self.mender = mender
         self.hours = hours
         self._max_open_hours = max_open_hours
         self._open: OrderedDict[int, HourSegment] = OrderedDict()
@@ -43,11 +46,11 @@ class HourSet:
         """The hours (first, last) the dispatch window reads from: never evicted."""
 
     @classmethod
-    def open(cls, root: Path, max_open_hours: int) -> HourSet:
+    def open(cls, root: Path, max_open_hours: int, mender: Mender) -> HourSet:
         hours_dir = root / HOURS_DIR
         hours_dir.mkdir(parents=True, exist_ok=True)
         hours = sorted(int(name) for name in os.listdir(hours_dir) if name.isdigit())
-        return cls(hours_dir, hours, _open_hours_within_fd_limit(max_open_hours))
+        return cls(hours_dir, hours, _open_hours_within_fd_limit(max_open_hours), mender)
 
     def segment(self, hour: int, *, create: bool) -> HourSegment | None:
         """The open segment of ``hour``; opened (or created, if ``create``) on demand."""
@@ -62,7 +65,7 @@ class HourSet:
                 return None
             self.hours.insert(position, hour)
         self._evict()
-        segment = HourSegment.open(self.dir, hour)
+        segment = HourSegment.open(self.dir, hour, self.mender)
         self._open[hour] = segment
         return segment
 

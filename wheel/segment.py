@@ -21,16 +21,20 @@ from tickwheel.wheel.errors import CorruptSegment, InvariantViolation, invariant
 from tickwheel.wheel.format import (
     HEAD,
     SECONDS_PER_HOUR,
+    TOMBSTONE,
     UNIT,
     UNIT_AND_CRC,
     UNIT_CRC,
     UNIT_SIZE,
+    RecordFields,
+    decode_record,
     pack_heads,
     pack_tombstone,
     unpack_heads,
     unpack_tombstones,
     unpack_unit,
 )
+from tickwheel.wheel.mending import Mender, Unmended
 
 _LOG, _INDEX, _HEADS, _TOMBSTONES = "log", "index", "heads", "tombstones"
 APPEND_ONLY_FILES = (_LOG, _INDEX, _TOMBSTONES)
@@ -52,8 +56,9 @@ class HourSegment:
     """
 
     def __init__(self, path: Path, hour: int, heads: array[int], units: int, log_size_bytes: int,
-                 tombstones: set[int]) -> None:
+                 tombstones: set[int], mender: Mender) -> None:
         self.path = path
+        self._mender = mender
         self.hour = hour
         self.heads = heads
         self.units = units
@@ -74,19 +79,20 @@ class HourSegment:
     # -- opening and repair ---------------------------------------------------------------
 
     @classmethod
-    def open(cls, root: Path, hour: int) -> HourSegment:
+    def open(cls, root: Path, hour: int, mender: Mender) -> HourSegment:
         """Open (creating if absent) the segment of ``hour`` under ``root``, repairing torn tails.
 
         The fast path reads only the heads file: when its header matches the sizes of index and
         log exactly, nothing else is read. Otherwise the tail is repaired: the index is cut to
         its last unit that is whole, passes its CRC and points inside the log; the log is cut
         after that unit's record; heads are replayed from the index (from the checkpoint when
-        it is still a prefix, else from the start) and written back.
+        it is still a prefix, else from the start) and written back. A unit or tombstone that
+        fails its CRC inside the files (not at their end) is mended from a copy (`Mender`).
         """
         path = _segment_path(root, hour)
         if not path.exists():
             path.mkdir(parents=True)
-            return cls(path, hour, _empty_heads(), 0, 0, set())
+            return cls(path, hour, _empty_heads(), 0, 0, set(), mender)
         index_size = _size(path / _INDEX)
         log_size = _size(path / _LOG)
         checkpoint = unpack_heads(_read(path / _HEADS))
@@ -101,10 +107,10 @@ class HourSegment:
                 heads, start = _heads_from(checkpoint[2]), checkpoint[0]
             else:
                 heads, start = _empty_heads(), 0
-            _replay(path, heads, start, units)
+            _replay(path, heads, start, units, mender)
             repaired = True
-        tombstones = _load_tombstones(path, hour, units)
-        segment = cls(path, hour, heads, units, log_size, tombstones)
+        tombstones = _load_tombstones(path, hour, units, mender)
+        segment = cls(path, hour, heads, units, log_size, tombstones, mender)
         if repaired:
             segment._heads_dirty = True
             segment.flush()
@@ -218,10 +224,31 @@ class HourSegment:
             data = self._mapped_index(pos + UNIT_SIZE)
         else:
             data, pos = _pread(self.path / _INDEX, UNIT_SIZE, pos), 0
-        return _checked_unit(data, pos, global_index, self.path)
+        try:
+            return _checked_unit(data, pos, global_index, self.path)
+        except CorruptSegment as damage:
+            return self._mend_unit(global_index, damage)
+
+    def record(self, offset: int, size: int) -> RecordFields:
+        """The fields of the log record at ``offset`` (`decode_record`), mended from a copy if
+        it fails its CRC; `Unmended` if no copy could replace it."""
+        try:
+            return decode_record(self.read_record(offset, size))
+        except CorruptSegment as damage:
+            if offset + size > self._flushed_log_size_bytes:
+                raise Unmended(damage.where, str(damage), everywhere=True) from damage
+            copy = self._mender.mend(self.path / _LOG, offset, size, _decodes, damage)
+            return decode_record(copy)
+
+    def _mend_unit(self, global_index: int, damage: CorruptSegment) -> tuple[int, ...]:
+        """Unit ``global_index``, which failed its check, from a good copy."""
+        if global_index >= self._flushed_units:
+            raise Unmended(damage.where, str(damage), everywhere=True) from damage
+        return _mended_unit(self._mender, self.path, global_index, damage)
 
     def read_record(self, offset: int, size: int) -> bytes:
-        """The raw log record at ``offset``; `decode_record` checks its CRC."""
+        """The raw log record at ``offset``; `decode_record` checks its CRC (`record` does
+        both, and mends)."""
         if offset >= self._flushed_log_size_bytes:
             start = offset - self._flushed_log_size_bytes
             return bytes(self._pending_log[start:start + size])
@@ -255,7 +282,10 @@ class HourSegment:
         for data in (self._index_map or b"", self._pending_index):
             view = memoryview(data)
             for pos in range(0, len(view), UNIT_SIZE):
-                yield _checked_unit(view, pos, global_index, self.path)
+                try:
+                    yield _checked_unit(view, pos, global_index, self.path)
+                except CorruptSegment as damage:
+                    yield self._mend_unit(global_index, damage)
                 global_index += 1
 
     def walk_chain(self, global_index: int, stop_local_index: int, max_units: int,
@@ -281,9 +311,12 @@ class HourSegment:
             else:
                 data, pos = mapped, global_index * UNIT_SIZE
             fields = unpack(data, pos)
-            if (fields[3] != global_index or fields[4] >= global_index
-                    or crc32(data[pos:pos + body_size]) != fields[8]):
-                raise CorruptSegment(str(self.path / _INDEX), f"unit {global_index} is damaged")
+            if fields[3] != global_index or crc32(data[pos:pos + body_size]) != fields[8]:
+                fields = self._mend_unit(global_index, CorruptSegment(
+                    str(self.path / _INDEX), f"unit {global_index} is damaged"))
+            if fields[4] >= global_index:
+                raise CorruptSegment(str(self.path / _INDEX), f"unit {global_index} does not "
+                                     "point to an older one")
             if fields[2] < stop_local_index:
                 return -1
             add_global(global_index)
@@ -392,21 +425,48 @@ def _repair_tail(path: Path, index_size: int, log_size: int) -> tuple[int, int]:
     return units, end
 
 
-def _replay(path: Path, heads: array[int], start: int, units: int) -> None:
-    """Apply index units ``[start, units)`` to ``heads``, checking every chain link."""
+def _replay(path: Path, heads: array[int], start: int, units: int, mender: Mender) -> None:
+    """Apply index units ``[start, units)`` to ``heads``, checking every chain link (and
+    mending a unit that fails its CRC)."""
     with open(path / _INDEX, "rb") as index:
         for chunk_start in range(start, units, _SCAN_CHUNK_UNITS):
             count = min(_SCAN_CHUNK_UNITS, units - chunk_start)
             data = os.pread(index.fileno(), count * UNIT_SIZE, chunk_start * UNIT_SIZE)
             for i in range(count):
                 global_index = chunk_start + i
-                fields = _checked_unit(data, i * UNIT_SIZE, global_index, path)
+                try:
+                    fields = _checked_unit(data, i * UNIT_SIZE, global_index, path)
+                except CorruptSegment as damage:
+                    fields = _mended_unit(mender, path, global_index, damage)
                 slot = fields[6] << 1
                 if fields[4] != heads[slot] or fields[2] != heads[slot + 1]:
                     raise CorruptSegment(str(path / _INDEX), f"unit {global_index} breaks its "
                                          "second's chain")
                 heads[slot] = global_index
                 heads[slot + 1] += 1
+
+
+def _mended_unit(mender: Mender, path: Path, global_index: int,
+                 damage: CorruptSegment) -> tuple[int, ...]:
+    """Unit ``global_index`` of ``path``'s index, which failed its check, from a good copy."""
+
+    def good(copy: bytes) -> bool:
+        fields = unpack_unit(copy)
+        return fields is not None and fields[3] == global_index
+
+    fields = unpack_unit(mender.mend(path / _INDEX, global_index * UNIT_SIZE, UNIT_SIZE, good,
+                                     damage))
+    if fields is None:
+        raise InvariantViolation(f"{path}: mended unit {global_index} fails its check")
+    return fields
+
+
+def _decodes(record: bytes) -> bool:
+    try:
+        decode_record(record)
+    except CorruptSegment:
+        return False
+    return True
 
 
 def _checked_unit(data: bytes | bytearray | memoryview | mmap.mmap, pos: int,
@@ -419,10 +479,23 @@ def _checked_unit(data: bytes | bytearray | memoryview | mmap.mmap, pos: int,
     return fields
 
 
-def _load_tombstones(path: Path, hour: int, units: int) -> set[int]:
-    """The valid tombstones; a torn tail, or one naming a unit that was cut, is dropped."""
+def _load_tombstones(path: Path, hour: int, units: int, mender: Mender) -> set[int]:
+    """The valid tombstones; a torn tail, or one naming a unit that was cut, is dropped. A
+    whole entry that fails its CRC with more after it is damage, not a torn write: it is
+    mended from a copy (and dropped with the rest only if none has it)."""
     data = _read(path / _TOMBSTONES)
-    kept = [g for g in unpack_tombstones(hour, data) if g < units]
+    found = unpack_tombstones(hour, data)
+    while (len(found) + 1) * TOMBSTONE.size < len(data):
+        offset = len(found) * TOMBSTONE.size
+        damage = CorruptSegment(str(path / _TOMBSTONES), f"tombstone {len(found)} is damaged")
+        try:
+            copy = mender.mend(path / _TOMBSTONES, offset, TOMBSTONE.size,
+                               lambda entry: len(unpack_tombstones(hour, entry)) == 1, damage)
+        except Unmended:
+            break
+        data = data[:offset] + copy + data[offset + TOMBSTONE.size:]
+        found = unpack_tombstones(hour, data)
+    kept = [g for g in found if g < units]
     expected = b"".join(pack_tombstone(hour, g) for g in kept)
     if expected != data:
         fd = os.open(path / _TOMBSTONES, os.O_WRONLY | os.O_CREAT, 0o644)

@@ -14,8 +14,9 @@ import logging
 from collections.abc import Callable, Sequence
 
 from tickwheel.wheel.errors import CorruptSegment
-from tickwheel.wheel.format import MS_PER_SECOND, SECONDS_PER_HOUR, decode_record
+from tickwheel.wheel.format import MS_PER_SECOND, SECONDS_PER_HOUR
 from tickwheel.wheel.hours import HourSet
+from tickwheel.wheel.mending import Unmended
 from tickwheel.wheel.segment import HourSegment
 from tickwheel.wheel.types import Cursor, DueMessage, WheelConfig
 
@@ -42,6 +43,8 @@ class DueWindow:
         self._on_skip = on_skip
         self.heap: list[WindowEntry] = []
         self.corrupt_records_skipped = 0
+        self.held: str | None = None
+        """Why the last `take` stopped at damage it could not mend yet (None: it did not)."""
         hours.in_use = self.hours_in_use
 
     def __len__(self) -> int:
@@ -72,7 +75,11 @@ class DueWindow:
 
     def take(self, now_ms: int, max_msgs: int, cursor: Cursor) -> list[DueMessage]:
         """Pop up to ``max_msgs`` messages due at ``now_ms`` (see `Wheel.take_due`), loading
-        as needed, and read their bodies."""
+        as needed, and read their bodies. Damage that may yet be mended (`Unmended`, not
+        everywhere) stops the take there, and is kept in ``held``: what lies behind it is
+        neither taken nor skipped, so no cursor passes it. A record damaged everywhere is
+        skipped (and counted): no copy of it exists any more."""
+        self.held = None
         limit_second = (now_ms + self._config.preload_ms) // MS_PER_SECOND
         now_second = now_ms // MS_PER_SECOND
         heap, taken = self.heap, list[DueMessage]()
@@ -82,7 +89,14 @@ class DueWindow:
             if not heap:
                 if self.scan_second > limit_second:
                     break
-                self.load_until(limit_second, max_msgs - len(taken), cursor)
+                try:
+                    self.load_until(limit_second, max_msgs - len(taken), cursor)
+                except Unmended as damage:
+                    if damage.everywhere:
+                        raise
+                    self.rewind(cursor.second)  # the load stopped part way: start it again
+                    self.held = str(damage)
+                    break
                 segment_hour = -1
                 if not heap:
                     break
@@ -100,8 +114,12 @@ class DueWindow:
                 self._on_skip(slot, local_index)
                 continue
             try:
-                fields = decode_record(segment.read_record(offset, size))
-            except CorruptSegment as error:
+                fields = segment.record(offset, size)
+            except Unmended as error:
+                if not error.everywhere:
+                    heapq.heappush(heap, entry)
+                    self.held = str(error)
+                    break
                 self._skip_corrupt(segment, entry, error)
                 self._on_skip(slot, local_index)
                 continue
@@ -110,7 +128,8 @@ class DueWindow:
 
     def _skip_corrupt(self, segment: HourSegment, entry: WindowEntry,
                       error: CorruptSegment) -> None:
-        """A record failed its CRC: count it and say so loudly; it is never handed out."""
+        """A record failed its CRC and no copy of it is left: count it and say so loudly;
+        it is never handed out."""
         slot, _, local_index, handle, offset, _ = entry
         self.corrupt_records_skipped += 1
         log.error("event=record_corrupt file=%s offset=%d handle=%d slot_second=%d "
