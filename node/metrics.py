@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from tickwheel.node.delivery import Sent
     from tickwheel.replication.groups import GroupSummary
+    from tickwheel.wheel.mending import MendCounts
 
 OTHER_TOPICS = "%other%"
 """The label of every topic beyond ``max_topic_labels``."""
@@ -140,6 +141,13 @@ class Metrics:
                                 "cursor's second, while messages are due.", registry=r)
         self.leader_changes = Counter("tickwheel_leader_changes", "Times this node saw the "
                                       "leader change.", registry=r)
+        self.storage_mended = Gauge("tickwheel_storage_mended", "Damaged stored bytes found "
+                                    "since the node started: index units and records rewritten "
+                                    "from a peer's good copy (kind unit, record), and attempts "
+                                    "no copy could mend (kind unmended).", ["kind"], registry=r)
+        self.storage_damage_held = Gauge("tickwheel_storage_damage_held", "1 while the "
+                                         "leader's dispatch waits at damaged bytes until a peer "
+                                         "can give a good copy.", registry=r)
 
     def observe_delivered(self, topic: str, batch: list[Sent], now_ms: int) -> None:
         self.lateness.observe_ms([max(0, now_ms - sent.delivery.message.deliver_at_ms)
@@ -181,6 +189,11 @@ class Metrics:
         for label, count in figures.items():
             self.pending.labels(label).set(count)
         self.pending_untracked.set(untracked)
+
+    def set_storage(self, mended: MendCounts, held: str | None) -> None:
+        for kind in ("units", "records", "unmended"):
+            self.storage_mended.labels(kind.rstrip("s")).set(getattr(mended, kind))
+        self.storage_damage_held.set(held is not None)
 
     def serve(self, address: str) -> None:
         """Serve ``/metrics`` on ``host:port`` (a daemon thread)."""

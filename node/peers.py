@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import grpc
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_random_exponential
@@ -14,6 +14,9 @@ from tickwheel.v1 import tickwheel_pb2, tickwheel_pb2_grpc
 log = logging.getLogger("tickwheel.node.peers")
 
 FETCH_TIMEOUT_S = 30.0
+COPY_TIMEOUT_S = 2.0
+"""How long one peer may take to answer for a copy of damaged bytes (asked on the Raft
+thread: a leader that waited longer would miss its heartbeats)."""
 
 
 class ShortRead(Exception):
@@ -48,7 +51,20 @@ class PeerFiles:
                 last_error = error
         raise last_error if last_error else ValueError("no peers to read state files from")
 
-    def _read(self, peer: str, path: str, offset: int, size: int) -> bytes:
+    def copies(self, peers: list[str], path: str, offset: int, size: int
+               ) -> Iterator[bytes | None]:
+        """What each of ``peers`` holds of ``path`` at ``offset``, asked once each, with a short
+        timeout (None for a peer that cannot answer or has fewer bytes there)."""
+        for peer in peers:
+            try:
+                yield self._read(peer, path, offset, size, COPY_TIMEOUT_S)
+            except (grpc.RpcError, ShortRead) as error:
+                log.warning("event=peer_copy_failed peer=%s path=%s offset=%d error=%r", peer,
+                            path, offset, str(error))
+                yield None
+
+    def _read(self, peer: str, path: str, offset: int, size: int,
+              timeout_s: float = 10.0) -> bytes:
         channel = self._channels.get(peer)
         if channel is None:
             channel = self._channels[peer] = open_channel(self._peer_address[peer],
@@ -56,7 +72,7 @@ class PeerFiles:
         stub = tickwheel_pb2_grpc.PeerStub(channel)
         request = tickwheel_pb2.ReadStateFileRequest(path=path, offset=offset, size=size)
         data = b"".join(chunk.data for chunk in stub.ReadStateFile(
-            request, timeout=10, metadata=self._metadata))
+            request, timeout=timeout_s, metadata=self._metadata))
         if len(data) != size:
             raise ShortRead(f"{peer} returned {len(data)} bytes of {path}, wanted {size}")
         return data

@@ -80,7 +80,7 @@ async def serve(settings: NodeSettings) -> None:
     fetch = PeerFiles(settings.peer_map(), peer_credentials, peer_callers.metadata())
     peers = [address for address in members if address != settings.raft_address]
     replica = Replica(settings.raft_address, peers, settings.data, hub, fetch=fetch,
-                      clock=clock, config=settings.replica_config())
+                      copies=fetch.copies, clock=clock, config=settings.replica_config())
     hub.attach(replica)
     node = NodeContext(replica, hub, members, settings.peer_map(), peer_callers,
                        settings.limits(), retry, clock, metrics, Forwarder(peer_credentials),
@@ -175,6 +175,7 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
         metrics.set_topics(node.hub.topics())
         metrics.set_dropped(status.groups)
         metrics.set_pending(status.pending, status.pending_untracked)
+        metrics.set_storage(status.mended, status.damage_held)
         if access is not None and time.monotonic() >= next_access_check:
             next_access_check = time.monotonic() + ACCESS_CHECK_S
             await asyncio.to_thread(access.refresh)

@@ -27,10 +27,19 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
+
+from tenacity import (
+    RetryCallState,
+    retry,
+    retry_if_result,
+    stop_after_delay,
+    wait_random_exponential,
+)
 
 from tickwheel.replication import commands
 from tickwheel.replication.clock import Clock, SystemClock
@@ -53,6 +62,7 @@ from tickwheel.replication.state import Manifest, Rejected, Retried, StateConfig
 from tickwheel.wheel import Cursor, DueMessage, NewMessage
 from tickwheel.wheel.errors import (
     CorruptSegment,
+    InvariantViolation,
     NotLeader,
     Overloaded,
     StorageIncomplete,
@@ -60,6 +70,7 @@ from tickwheel.wheel.errors import (
     Unavailable,
     UnknownHandle,
 )
+from tickwheel.wheel.mending import MendCounts
 
 log = logging.getLogger("tickwheel.replication")
 
@@ -69,8 +80,34 @@ or a stand-in that drives the replica without sockets."""
 PeerFetch = Callable[[list[str], str, int, int], bytes]
 """``fetch(peers, path, offset, size)``: bytes of a state file from the first of ``peers`` (Raft
 addresses, leader first) that has them. The node provides it (over gRPC)."""
+PeerCopies = Callable[[list[str], str, int, int], Iterator[bytes | None]]
+"""``copies(peers, path, offset, size)``: what each of ``peers`` in turn holds of a state file
+there, asked once (None for a peer that cannot answer now): where damaged bytes of this node's
+wheel are mended from (`tickwheel.wheel.mending`)."""
+DAMAGE_RETRY_S = 1.0
+"""How long the dispatch waits before asking again for a copy of damaged bytes it holds at."""
+MEND_PATIENCE_S = 30.0
+"""How long a node that does not lead keeps asking for a copy of damaged bytes while no peer
+can answer (they may be starting too) before it gives up and stops (exit 70)."""
 
 _FATAL_EXIT_CODE = 70
+
+
+def _last_result(state: RetryCallState) -> list[bytes | None]:
+    if state.outcome is None:
+        raise InvariantViolation("tenacity gave up before any attempt")
+    answers: list[bytes | None] = state.outcome.result()
+    return answers
+
+
+@retry(retry=retry_if_result(lambda answers: bool(answers) and all(a is None for a in answers)),
+       wait=wait_random_exponential(multiplier=0.1, max=2.0),
+       stop=stop_after_delay(MEND_PATIENCE_S), retry_error_callback=_last_result)
+def _patiently(ask: Callable[[], list[bytes | None]]) -> list[bytes | None]:
+    """``ask()`` again while it asks someone and nobody answers (the last answers once out of
+    patience)."""
+    return ask()
+
 WALK_AHEAD_UNITS = 4_000
 """Index units of the next second the cursor will pass read per Raft thread turn, ahead of
 the cursor command that needs them (~2 ms): a second of 20,000 messages is read in 5 turns
@@ -122,13 +159,18 @@ class ReplicaStatus:
     """Messages scheduled and not yet done, per tracked topic (replicated: any node)."""
     pending_untracked: int
     """Pending messages of topics beyond ``max_tracked_topics``."""
+    mended: MendCounts
+    """Damaged stored units and records this node mended from its peers' copies."""
+    damage_held: str | None
+    """On the leader: the damage the dispatch waits at until a peer can give a good copy."""
 
 
 class Replica:
     """One member of a tickwheel cluster. `start` it, use it, `stop` it."""
 
     def __init__(self, address: str, peers: Sequence[str], data_dir: Path | str,
-                 sink: DeliverySink, *, fetch: PeerFetch, clock: Clock | None = None,
+                 sink: DeliverySink, *, fetch: PeerFetch, copies: PeerCopies | None = None,
+                 clock: Clock | None = None,
                  config: ReplicaConfig | None = None, raft: RaftFactory = RaftNode) -> None:
         self.address = address
         self._peers = tuple(peers)
@@ -148,7 +190,9 @@ class Replica:
                 f"the snapshot, or move {self._data_dir} away: the node then starts empty and "
                 "catches up from the leader (do that only while a majority of the other members "
                 "has its data)")
-        self._state = WheelState.open(self._data_dir / "state", self._config.state, fresh=fresh)
+        self._state = WheelState.open(self._data_dir / "state", self._config.state, fresh=fresh,
+                                      copies=None if copies is None else partial(
+                                          self._copies_from_peers, copies))
         self._raft = raft(address, list(peers), raft_dir, self._config.raft,
                           self._apply, (self._serialize, self._deserialize))
         self._committer = GroupCommitter(self._config.raft.max_entry_bytes,
@@ -360,7 +404,9 @@ class Replica:
             readied_past_cursor=self._state.readied_past_cursor,
             groups=groups,
             pending=self._state.pending.by_topic(),
-            pending_untracked=self._state.pending.untracked)
+            pending_untracked=self._state.pending.untracked,
+            mended=replace(self._state.mended),
+            damage_held=self._state.wheel.damage_held if self._dispatcher.active else None)
 
     # -- the loop (the Raft thread) -------------------------------------------------------
 
@@ -455,7 +501,9 @@ class Replica:
         if now_s < self._next_dispatch_s:
             return []
         deliveries = self._dispatcher.take(self._state.wheel, until_ms)
-        if deliveries and len(deliveries) < self._config.dispatch.max_take_msgs:
+        if self._state.wheel.damage_held is not None:
+            self._next_dispatch_s = now_s + DAMAGE_RETRY_S  # nothing passes it meanwhile
+        elif deliveries and len(deliveries) < self._config.dispatch.max_take_msgs:
             self._next_dispatch_s = now_s + self._config.dispatch_interval_ms / 1000
         return deliveries
 
@@ -652,8 +700,13 @@ class Replica:
         self._bytes_since_snapshot = 0
         manifest = self._state.manifest()
         if self._config.raft.fsync:
+            # the files the snapshot names, and the folders that hold them: a file created
+            # since the last snapshot (a new hour) is lost to a power cut without its entry
             state_root = self._data_dir / "state"
-            fsync_files([state_root / name for name in manifest.files])
+            files = [state_root / name for name in manifest.files]
+            folders = {folder for file in files for folder in file.parents
+                       if folder == state_root or state_root in folder.parents}
+            fsync_files([*files, *sorted(folders, key=lambda f: len(f.parts), reverse=True)])
         write_snapshot(path, (tuple(manifest.cursor), manifest.stamp_ms, manifest.files,
                               manifest.pending, manifest.groups, manifest.readied,
                               manifest.handle_key, manifest.moves), raft_tail,
@@ -679,9 +732,20 @@ class Replica:
         return raft_tail
 
     def _fetch_from_peers(self, path: str, offset: int, size: int) -> bytes:
+        return self._fetch(self._peers_leader_first(), path, offset, size)
+
+    def _copies_from_peers(self, copies: PeerCopies, path: str, offset: int, size: int
+                           ) -> Iterable[bytes | None]:
+        """The peers' copies, asked once on the leader (its dispatch holds, and asks again
+        later); a node that does not lead cannot go on applying without the bytes, so it asks
+        again while no peer can answer, for up to ``MEND_PATIENCE_S``."""
+        if self._leading_term is not None:
+            return copies(self._peers_leader_first(), path, offset, size)
+        return _patiently(lambda: list(copies(self._peers_leader_first(), path, offset, size)))
+
+    def _peers_leader_first(self) -> list[str]:
         leader = self.leader_hint()
-        peers = sorted(self._peers, key=lambda peer: peer != leader)
-        return self._fetch(peers, path, offset, size)
+        return sorted(self._peers, key=lambda peer: peer != leader)
 
     # -- helpers ----------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import shutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from functools import partial
 from itertools import repeat
 from pathlib import Path
 from typing import NamedTuple, TypeVar
@@ -38,6 +39,7 @@ from tickwheel.wheel.errors import (
     invariant,
 )
 from tickwheel.wheel.format import SECONDS_PER_HOUR, encode_record, record_topics
+from tickwheel.wheel.mending import CopySource, MendCounts, Unmended
 from tickwheel.wheel.segment import APPEND_ONLY_FILES
 from tickwheel.wheel.types import WheelConfig
 from tickwheel.wheel.window import GLOBAL_INDEX_BITS
@@ -143,9 +145,12 @@ class Manifest:
 class WheelState:
     """The state machine. Open with `WheelState.open`; `apply` commands; `close` at the end."""
 
-    def __init__(self, root: Path, config: StateConfig) -> None:
+    def __init__(self, root: Path, config: StateConfig, copies: CopySource | None = None) -> None:
         self._root = root
         self._config = config
+        self._copies = copies
+        self.mended = MendCounts()
+        """What mending did to the wheel's files since the node started (over reopens)."""
         self.wheel, self.dedupe = self._open_files()
         self.pending = PendingCounts(config.max_tracked_topics)
         self.groups = Groups(config.max_ready_msgs, config.max_groups)
@@ -163,14 +168,17 @@ class WheelState:
         self._last_manifest: Manifest | None = None
 
     @classmethod
-    def open(cls, root: Path, config: StateConfig, *, fresh: bool) -> WheelState:
+    def open(cls, root: Path, config: StateConfig, *, fresh: bool,
+             copies: CopySource | None = None) -> WheelState:
         """Open the state under ``root``. ``fresh``: no snapshot exists, so the Raft journal
-        will replay from its first entry, and whatever files are here must go first."""
+        will replay from its first entry, and whatever files are here must go first.
+        ``copies``: other replicas' copies of the state files (paths relative to ``root``), where
+        a damaged record, index unit or tombstone of the wheel is mended from."""
         if fresh and root.exists():
             log.info("event=state_reset root=%s reason=no_snapshot", root)
             shutil.rmtree(root)
         root.mkdir(parents=True, exist_ok=True)
-        return cls(root, config)
+        return cls(root, config, copies)
 
     @property
     def cursor(self) -> Cursor:
@@ -389,6 +397,8 @@ class WheelState:
                 return None  # its hour is behind the cursor, and deleted
             return Rejected(UnknownHandle(name, f"{handle} was never returned by schedule"))
         except CorruptSegment as error:
+            if isinstance(error, Unmended) and not error.everywhere:
+                raise  # another replica has it: applying on without it would diverge
             return Rejected(UnknownHandle(name, f"{handle}: {error}"))
 
     def _cancel_one(self, found: tuple[DueMessage, bool] | None) -> CancelOutcome:
@@ -625,9 +635,18 @@ class WheelState:
         self.dedupe.close()
 
     def _open_files(self) -> tuple[Wheel, DedupeWindow]:
-        return (Wheel.open(self._root / _WHEEL, self._config.wheel, replicated=True),
+        wheel_copies = None if self._copies is None else partial(_copies_under, self._copies,
+                                                                 _WHEEL)
+        return (Wheel.open(self._root / _WHEEL, self._config.wheel, replicated=True,
+                           copies=wheel_copies, mend_counts=self.mended),
                 DedupeWindow.open(self._root / _DEDUPE, self._config.dedupe_window_ms,
                                   self._config.max_dedupe_ids))
+
+
+def _copies_under(copies: CopySource, folder: str, path: str, offset: int, size: int
+                  ) -> Iterable[bytes | None]:
+    """``copies`` of ``path`` relative to ``folder`` (the wheel's paths are its own)."""
+    return copies(f"{folder}/{path}", offset, size)
 
 
 def _filled(result: Scheduled | Rejected | bytes | None,
