@@ -49,12 +49,11 @@ from typing import Any
 import pysyncobj.pickle
 import pysyncobj.syncobj
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
-from pysyncobj.journal import FileJournal
 from pysyncobj.pipe_notifier import PipeNotifier
 
 from tickwheel.replication.raft import link_protocol
 from tickwheel.replication.raft.config import RaftConfig
-from tickwheel.replication.raft.files import MsyncJournal
+from tickwheel.replication.raft.files import SNAPSHOT_FILE, AtomicJournal, MsyncJournal
 from tickwheel.replication.raft.lease import LeaseClock
 from tickwheel.replication.raft.port import OnResult, RaftStatus, Role
 from tickwheel.replication.raft.prevote import SHAPES, PreVote, well_formed
@@ -116,7 +115,7 @@ class RaftNode:
         # pysyncobj has no journal option; its module-level factory is the only seam.
         original, pysyncobj.syncobj.createJournal = (pysyncobj.syncobj.createJournal,
                                                      MsyncJournal if config.fsync
-                                                     else FileJournal)
+                                                     else AtomicJournal)
         try:
             self._core = _Core(apply, self_address, list(peers), _conf(config, raft_dir,
                                                                          snapshot),
@@ -245,7 +244,7 @@ def _conf(config: RaftConfig, raft_dir: Path, snapshot: tuple[Serializer, Deseri
         logCompactionMinEntries=config.snapshot_min_entries,
         logCompactionMinTime=config.snapshot_min_interval_ms / 1000,
         journalFile=str(raft_dir / "journal"),
-        fullDumpFile=str(raft_dir / "snapshot"),
+        fullDumpFile=str(raft_dir / SNAPSHOT_FILE),
         serializer=snapshot[0],
         deserializer=snapshot[1],
         bindAddress=config.bind_address,
