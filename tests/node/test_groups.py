@@ -236,7 +236,9 @@ def test_a_reschedule_racing_the_due_time_delivers_each_message_once_at_the_time
     consumer = threading.Thread(target=consume, daemon=True)
     consumer.start()
     new_due = due_ms + 2_000
-    while now_ms() < due_ms - 8:
+    # the leader readies a message up to lead_ms (20 ms) before it is due: start before that,
+    # so the first reschedules win and the later ones race the hand-out and the due time
+    while now_ms() < due_ms - 30:
         time.sleep(0.001)
     outcomes = {}
     for start in range(0, 300, 100):
