@@ -50,6 +50,7 @@ from tickwheel.replication.groups import Groups, GroupSummary
 from tickwheel.replication.handles import HandleCipher
 from tickwheel.replication.handout import ConsumerSlot, Planner
 from tickwheel.replication.raft import (
+    DISK_FULL,
     RaftConfig,
     RaftNode,
     RaftPort,
@@ -91,6 +92,10 @@ MEND_PATIENCE_S = 30.0
 can answer (they may be starting too) before it gives up and stops (exit 70)."""
 
 _FATAL_EXIT_CODE = 70
+DISK_FULL_EXIT_CODE = 74
+"""A write found the disk full despite the reserve (`tickwheel.node.disk`): something else
+filled it. The state cannot skip an entry, so the node stops, saying so, and a restart (once
+there is space) rebuilds it from the snapshot and the journal."""
 
 
 def _last_result(state: RetryCallState) -> list[bytes | None]:
@@ -417,6 +422,15 @@ class Replica:
                 wait_s = self.turn(wait_s)
         except TickwheelError as error:
             self._die(f"{type(error).__name__}: {error}")
+        except OSError as error:
+            if error.errno not in DISK_FULL:
+                log.exception("event=raft_thread_crashed")
+                self._die(repr(error))
+            log.critical("event=disk_full address=%s path=%s the disk is full: this node stops "
+                         "rather than skip a write; free space (or grow the volume) and it "
+                         "restarts from its snapshot and journal", self.address,
+                         error.filename or self._data_dir)
+            self._die(f"disk full: {error}", DISK_FULL_EXIT_CODE)
         except Exception as error:
             log.exception("event=raft_thread_crashed")
             self._die(repr(error))
@@ -761,12 +775,12 @@ class Replica:
         """The leader's Raft address, if known (any thread)."""
         return self._raft.leader()
 
-    def _die(self, reason: str) -> None:
+    def _die(self, reason: str, code: int = _FATAL_EXIT_CODE) -> None:
         """Stop the process loudly: the state may no longer match the log, and a restart
         rebuilds it from the snapshot and the journal."""
         log.critical("event=replica_fatal address=%s reason=%r", self.address, reason)
         logging.shutdown()
-        os._exit(_FATAL_EXIT_CODE)
+        os._exit(code)
 
 
 def _settle(target: Entry | Future, result: object, error: BaseException | None) -> None:

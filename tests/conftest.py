@@ -5,7 +5,9 @@ Also the fixtures that cluster tests share.
 """
 
 import os
+import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -51,3 +53,26 @@ def tls_env(monkeypatch: pytest.MonkeyPatch, dev_security: DevCredentials
     for name, value in dev_security.node_environment().items():
         monkeypatch.setenv(name, value)
     return monkeypatch
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
+    """``small_disk(name, size)``: a folder on a tmpfs of its own of ``size`` (``"8m"``), a
+    disk that really fills up; unmounted at teardown. Mounting needs root (CI runs as root);
+    without it the test is skipped and says why."""
+    mounted: list[Path] = []
+
+    def mount(name: str, size: str) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                               str(path)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            pytest.skip(f"a small disk is a tmpfs, and mounting one failed: "
+                        f"{done.stderr.strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "--lazy", str(path)], check=False)

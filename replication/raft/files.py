@@ -5,11 +5,13 @@ snapshot file (a manifest, never message bodies)."""
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 import pickle
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pysyncobj.journal import (
     FIRST_RECORD_OFFSET,
@@ -27,6 +29,66 @@ SNAPSHOT_CLASSES = frozenset({("pysyncobj.node", "TCPNode")})
 SNAPSHOT_FILE = "snapshot"
 """pysyncobj's full dump file, beside the journal in the Raft folder."""
 _COMPACTING_SUFFIX = ".compacting"
+GROWTH_STEP_MAX = 32 << 20
+"""The journal file grows by doubling, but by at most this much at a time (the space is
+allocated on disk at once; pysyncobj doubled without bound)."""
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""The errors of a write that found no space (the disk, or the user's quota)."""
+
+
+class JournalFile:
+    """The journal's file, mapped into memory as pysyncobj's ``ResizableFile`` maps it, except
+    that every byte the map covers is allocated on disk first (``posix_fallocate``). pysyncobj
+    grows the file with ``ftruncate``, which allocates nothing: on a full disk the first write
+    to a new page killed the process with SIGBUS (issue 18: exit 135, no word why). Here growth
+    that finds no space raises ``OSError(ENOSPC)`` before anything is written."""
+
+    def __init__(self, path: str, default_content: bytes) -> None:
+        if not os.path.exists(path):
+            with open(path, "wb") as file:
+                file.write(default_content)
+        self._file = open(path, "r+b")  # noqa: SIM115 (held open: the map needs it)
+        size = os.fstat(self._file.fileno()).st_size
+        # a file pysyncobj grew has holes; writing into one can fault as a new page would
+        os.posix_fallocate(self._file.fileno(), 0, size)
+        self._map = mmap.mmap(self._file.fileno(), size)
+
+    def reserve(self, end: int) -> None:
+        """Make the file (allocated on disk) and the map reach ``end``: double, by at most
+        `GROWTH_STEP_MAX`, or grow by just what is needed when the step does not fit."""
+        size = self._map.size()
+        if end <= size:
+            return
+        target = max(end, size + min(size, GROWTH_STEP_MAX))
+        try:
+            os.posix_fallocate(self._file.fileno(), size, target - size)
+        except OSError as error:
+            if error.errno not in DISK_FULL or target == end:
+                raise
+            target = end
+            os.posix_fallocate(self._file.fileno(), size, target - size)
+        self._map.resize(target)
+
+    def write(self, offset: int, values: bytes) -> None:
+        self.reserve(offset + len(values))
+        self._map[offset:offset + len(values)] = values
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self._map[offset:offset + size]
+
+    def flush(self) -> None:
+        self._map.flush()
+
+    def _destroy(self) -> None:
+        self._map.flush()
+        self.close_unsynced()
+
+    def close_unsynced(self) -> None:
+        """Close without ``msync``: for a file that is being replaced, whose pages are about
+        to belong to no file (writing back tens of MiB of them on the Raft thread first cost
+        5 % of the schedules a second)."""
+        self._map.close()
+        self._file.close()
 
 
 class AtomicJournal(FileJournal):
@@ -41,14 +103,24 @@ class AtomicJournal(FileJournal):
     # FileJournal's private state, which a compaction replaces (pinned: tests/replication/
     # test_raft.py checks the seam)
     _FileJournal__journal: list[tuple[bytes, int, int]]
-    _FileJournal__journalFile: ResizableFile
+    _FileJournal__journalFile: ResizableFile | JournalFile
     _FileJournal__currentOffset: int
 
     def __init__(self, journalFile: str) -> None:
         leftover = Path(journalFile + _COMPACTING_SUFFIX)
         leftover.unlink(missing_ok=True)  # a compaction that never reached its rename
-        super().__init__(journalFile)
+        super().__init__(journalFile)  # reads the entries through its own ResizableFile
         self._path = Path(journalFile)
+        # pysyncobj's map, which read the entries; nothing was written through it
+        _close_unsynced(cast(ResizableFile, self._FileJournal__journalFile))
+        self._file = JournalFile(journalFile, self._FileJournal__getDefaultHeader())
+        self._FileJournal__journalFile = self._file
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        """Room for the entry is allocated first: an entry that finds no space raises
+        ``OSError(ENOSPC)`` and changes nothing (pysyncobj lists it before writing it)."""
+        self._file.reserve(self._FileJournal__currentOffset + 24 + len(command))
+        super().add(command, idx, term)
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         self._snapshot_durable()
@@ -58,17 +130,22 @@ class AtomicJournal(FileJournal):
         end = FIRST_RECORD_OFFSET + len(body)
         struct.pack_into("<I", header, LAST_RECORD_OFFSET_OFFSET, end)
         staged = self._path.with_name(self._path.name + _COMPACTING_SUFFIX)
-        with open(staged, "wb") as file:
-            file.write(header)
-            file.write(body)
-            if self.sync:
-                file.flush()
-                os.fsync(file.fileno())
-        _close_unsynced(self._FileJournal__journalFile)
+        try:
+            with open(staged, "wb") as file:
+                file.write(header)
+                file.write(body)
+                if self.sync:
+                    file.flush()
+                    os.fsync(file.fileno())
+        except OSError:
+            staged.unlink(missing_ok=True)  # no space for it: the old journal stays
+            raise
+        self._file.close_unsynced()
         os.replace(staged, self._path)
         if self.sync:
             fsync_files([self._path.parent])
-        self._FileJournal__journalFile = ResizableFile(str(self._path))
+        self._file = JournalFile(str(self._path), bytes(header))
+        self._FileJournal__journalFile = self._file
         self._FileJournal__journal = list(kept)
         self._FileJournal__currentOffset = end
 
@@ -159,8 +236,7 @@ def _journal_record(command: bytes, idx: int, term: int) -> bytes:
 
 
 def _close_unsynced(journal_file: ResizableFile) -> None:
-    """Close a journal file that is being replaced without ``msync``: its pages are about to
-    belong to no file, and ``ResizableFile._destroy`` would write back tens of MiB of them on
-    the Raft thread first (measured: 5 % fewer schedules a second)."""
+    """Close pysyncobj's map of the journal (read at start, then replaced by a `JournalFile`)
+    without ``msync``."""
     journal_file._ResizableFile__mm.close()
     journal_file._ResizableFile__f.close()
