@@ -41,6 +41,7 @@ from pydantic_settings import (
 from tickwheel.node import statefulset
 from tickwheel.node.access import AccessFile
 from tickwheel.node.delivery import HubConfig
+from tickwheel.node.disk import DEFAULT_RESERVE_BYTES
 from tickwheel.node.identity import check_certificate_pair
 from tickwheel.node.levels import DEFAULT_LEVELS, RetryPolicy, parse_levels
 from tickwheel.node.validation import Limits
@@ -166,6 +167,11 @@ class NodeSettings(BaseSettings):
     """Rescheduled messages whose handles are remembered."""
     max_topic_labels: int = 1_000
     """Topics with a label of their own in ``/metrics``; later ones share ``%other%``."""
+    min_free_bytes: int = DEFAULT_RESERVE_BYTES
+    """Disk space under ``data`` kept for what a node must still write (hand-outs, acks,
+    retries, the journal's growth and compaction, snapshots): while any member has less,
+    Schedule and Reschedule answer RESOURCE_EXHAUSTED and everything stored is still
+    delivered (`tickwheel.node.disk`); 0 turns the check off."""
 
     pod_name: str | None = None
     """This pod's name in a StatefulSet (``tickwheel-2``; downward API ``metadata.name``). With
@@ -232,6 +238,13 @@ class NodeSettings(BaseSettings):
     def _positive(cls, value: int) -> int:
         if value <= 0:
             raise ValueError("must be positive")
+        return value
+
+    @field_validator("min_free_bytes")
+    @classmethod
+    def _not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must be 0 or more")
         return value
 
     @model_validator(mode="after")

@@ -37,11 +37,18 @@ class Forwarder:
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def stub(self, peer_address: str) -> pb_grpc.TickwheelStub:
+        return pb_grpc.TickwheelStub(self._channel(peer_address))
+
+    def peer_stub(self, peer_address: str) -> pb_grpc.PeerStub:
+        """The member's `Peer` service, on the same channel."""
+        return pb_grpc.PeerStub(self._channel(peer_address))
+
+    def _channel(self, peer_address: str) -> grpc.aio.Channel:
         channel = self._channels.get(peer_address)
         if channel is None:
             channel = self._channels[peer_address] = open_aio_channel(
                 peer_address, self._credentials, CHANNEL_OPTIONS)
-        return pb_grpc.TickwheelStub(channel)
+        return channel
 
     async def close(self) -> None:
         for channel in self._channels.values():

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from tickwheel.node.delivery import Sent
+    from tickwheel.node.disk import Space
     from tickwheel.replication.groups import GroupSummary
     from tickwheel.wheel.mending import MendCounts
 
@@ -148,6 +149,13 @@ class Metrics:
         self.storage_damage_held = Gauge("tickwheel_storage_damage_held", "1 while the "
                                          "leader's dispatch waits at damaged bytes until a peer "
                                          "can give a good copy.", registry=r)
+        self.disk_free = Gauge("tickwheel_disk_free_bytes", "Free disk space under each "
+                               "member's data folder, this node's own and the others' last "
+                               "answers.", ["member"], registry=r)
+        self.disk_reserve = Gauge("tickwheel_disk_reserve_bytes", "Each member's "
+                                  "min_free_bytes.", ["member"], registry=r)
+        self.disk_low = Gauge("tickwheel_disk_low", "1 while new messages are refused because "
+                              "a member's free space is below its reserve.", registry=r)
 
     def observe_delivered(self, topic: str, batch: list[Sent], now_ms: int) -> None:
         self.lateness.observe_ms([max(0, now_ms - sent.delivery.message.deliver_at_ms)
@@ -194,6 +202,15 @@ class Metrics:
         for kind in ("units", "records", "unmended"):
             self.storage_mended.labels(kind.rstrip("s")).set(getattr(mended, kind))
         self.storage_damage_held.set(held is not None)
+
+    def set_disks(self, spaces: list[Space]) -> None:
+        """Publish each member's free space and reserve, as this node last heard them."""
+        for gauge in (self.disk_free, self.disk_reserve):
+            gauge.clear()
+        for space in spaces:
+            self.disk_free.labels(space.member).set(space.free_bytes)
+            self.disk_reserve.labels(space.member).set(space.reserve_bytes)
+        self.disk_low.set(any(space.low for space in spaces))
 
     def serve(self, address: str) -> None:
         """Serve ``/metrics`` on ``host:port`` (a daemon thread)."""

@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 import time
+from functools import partial
 
 from grpc_health.v1 import health, health_pb2
 
@@ -20,6 +21,7 @@ from tickwheel.client import Credentials
 from tickwheel.node.access import AccessFile
 from tickwheel.node.config import NodeSettings
 from tickwheel.node.delivery import Hub, HubConfig
+from tickwheel.node.disk import DiskWatch, poll_peers
 from tickwheel.node.forward import Forwarder
 from tickwheel.node.identity import (
     ClientCallers,
@@ -60,6 +62,9 @@ or missing state it needs (`StorageIncomplete`)."""
 HEALTH_MAX_LAG_ENTRIES = 1_000
 """A node serves (health) when it knows a leader and has applied to within this many entries
 of the leader's commit index."""
+STORAGE_HEALTH = "tickwheel.storage"
+"""A health service name of its own: NOT_SERVING while this node's disk is below its reserve.
+Not what the kubelet probes (a node out of space still delivers): for alerts and operators."""
 
 
 async def serve(settings: NodeSettings) -> None:
@@ -82,9 +87,11 @@ async def serve(settings: NodeSettings) -> None:
     replica = Replica(settings.raft_address, peers, settings.data, hub, fetch=fetch,
                       copies=fetch.copies, clock=clock, config=settings.replica_config())
     hub.attach(replica)
+    forwarder = Forwarder(peer_credentials)
+    disk = DiskWatch(settings.raft_address, settings.data, settings.min_free_bytes)
     node = NodeContext(replica, hub, members, settings.peer_map(), peer_callers,
-                       settings.limits(), retry, clock, metrics, Forwarder(peer_credentials),
-                       UnaryConsumers(hub, replica, clock.now_ms))
+                       settings.limits(), retry, clock, metrics, forwarder,
+                       UnaryConsumers(hub, replica, clock.now_ms), disk)
     servers, health_servicer = await start_server(node, _listeners(settings))
     replica.start()
     if settings.metrics_listen:
@@ -104,11 +111,16 @@ async def serve(settings: NodeSettings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     keeper = asyncio.create_task(_housekeeping(node, health_servicer, access))
+    peer_stubs = {member: partial(forwarder.peer_stub, address)
+                  for member, address in settings.peer_map().items()
+                  if member != settings.raft_address}
+    disk_poller = asyncio.create_task(poll_peers(disk, peer_stubs, peer_callers.metadata()))
     _settle_gc()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     await stop.wait()
     log.info("event=node_stopping")
     keeper.cancel()
+    disk_poller.cancel()
     await health_servicer.enter_graceful_shutdown()
     await asyncio.gather(*(server.stop(grace=1) for server in servers))
     hub.close()
@@ -147,7 +159,7 @@ def _settle_gc() -> None:
 async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthServicer,
                         access_file: AccessFile | None) -> None:
     """Health, gauges, one log line per leader change, and a changed access file reread."""
-    leader, serving = None, None
+    leader, serving, disk_ok = None, None, None
     access, next_access_check = access_file, 0.0
     while True:
         status = node.replica.status()
@@ -176,6 +188,12 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
         metrics.set_dropped(status.groups)
         metrics.set_pending(status.pending, status.pending_untracked)
         metrics.set_storage(status.mended, status.damage_held)
+        spaces = node.disk.spaces()
+        metrics.set_disks(spaces)
+        if disk_ok != (not spaces[0].low):
+            disk_ok = not spaces[0].low
+            await health_servicer.set(STORAGE_HEALTH, health_pb2.HealthCheckResponse.SERVING
+                                      if disk_ok else health_pb2.HealthCheckResponse.NOT_SERVING)
         if access is not None and time.monotonic() >= next_access_check:
             next_access_check = time.monotonic() + ACCESS_CHECK_S
             await asyncio.to_thread(access.refresh)

@@ -26,6 +26,7 @@ from tickwheel.node import validation
 from tickwheel.node.access import ANYONE, Action, Principal
 from tickwheel.node.commits import WRITE_TIMEOUT_S, applied, committed
 from tickwheel.node.delivery import Consumer, Hub, Sent
+from tickwheel.node.disk import DiskWatch
 from tickwheel.node.forward import (
     CHANNEL_OPTIONS,
     FORWARDED,
@@ -90,6 +91,8 @@ class NodeContext:
     metrics: Metrics
     forwarder: Forwarder
     unary: UnaryConsumers
+    disk: DiskWatch
+    """Every member's free space: new messages wait while one is below its reserve."""
 
     def leader_grpc(self, raft_address: str | None) -> str | None:
         return None if raft_address is None else self.members.get(raft_address)
@@ -285,6 +288,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                     checked_topic = message.topic
         checked = validation.new_messages(request.messages, node.clock.now_ms(), node.limits,
                                           node.retry.levels)
+        node.disk.check()
         results = await committed(node.replica.schedule(checked.messages))
         node.metrics.scheduled.inc(sum(1 for r in results if not r.duplicate))
         response = pb.ScheduleResponse()
@@ -330,6 +334,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                 raise InvalidMessage(f"moves[{index}].handle",
                                      "is not a handle this cluster issued")
             moves.append((handle, times[index]))
+        node.disk.check()  # a move files the message again
         results = await committed(node.replica.reschedule(moves, _may(principal, Action.CANCEL)))
         node.metrics.rescheduled.inc(sum(r.outcome is MoveOutcome.RESCHEDULED for r in results))
         return pb.RescheduleResponse(results=[
@@ -548,9 +553,19 @@ def cursor_lag_ms(status: ReplicaStatus, now_ms: int) -> int:
 
 
 class PeerService(pb_grpc.PeerServicer):
-    def __init__(self, replica: Replica, callers: PeerCallers) -> None:
+    def __init__(self, replica: Replica, callers: PeerCallers, disk: DiskWatch) -> None:
         self._replica = replica
         self._callers = callers
+        self._disk = disk
+
+    async def DiskSpace(self, request: pb.DiskSpaceRequest,
+                        context: grpc.aio.ServicerContext) -> pb.DiskSpaceResponse:
+        try:
+            self._callers.member(context)
+        except Unauthenticated as error:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
+        own = self._disk.own()
+        return pb.DiskSpaceResponse(free_bytes=own.free_bytes, reserve_bytes=own.reserve_bytes)
 
     async def ReadStateFile(self, request: pb.ReadStateFileRequest,
                             context: grpc.aio.ServicerContext) -> AsyncIterator[pb.FileChunk]:
@@ -631,7 +646,8 @@ async def start_server(node: NodeContext, listeners: Listeners
     if listeners.peer is not None:
         peer = _server(node)
         _add_tickwheel_service(TickwheelService(node, node.peer_callers), peer)
-        pb_grpc.add_PeerServicer_to_server(PeerService(node.replica, node.peer_callers), peer)
+        pb_grpc.add_PeerServicer_to_server(PeerService(node.replica, node.peer_callers, node.disk),
+                                          peer)
         _bind(peer, listeners.peer, listeners.peer_credentials, "the peer listener")
         servers.append(peer)
     if listeners.health is not None:

@@ -64,7 +64,7 @@ def small_disk(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
 
     def mount(name: str, size: str) -> Path:
         path = tmp_path / name
-        path.mkdir()
+        path.mkdir(parents=True)
         done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
                                str(path)], capture_output=True, text=True, check=False)
         if done.returncode != 0:

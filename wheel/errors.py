@@ -98,6 +98,19 @@ class ConsumerStalled(Overloaded):
         self.limit = "visibility_timeout_ms"
 
 
+class DiskLow(Overloaded):
+    """A member's disk is below its reserve (``min_free_bytes``): new messages wait for space;
+    what is stored is still delivered (`tickwheel.node.disk`)."""
+
+    def __init__(self, member: str, free_bytes: int, reserve_bytes: int) -> None:
+        Unavailable.__init__(self, f"disk space low on {member}: {free_bytes} bytes free, "
+                                   f"below its reserve of {reserve_bytes} (min_free_bytes); "
+                                   "new messages are refused until space returns, stored "
+                                   "ones are still delivered")
+        self.limit = "min_free_bytes"
+        self.member = member
+
+
 class InternalError(TickwheelError):
     """Not the caller's fault: a bug, or storage that was damaged underneath us."""
 
