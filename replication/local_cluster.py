@@ -83,6 +83,9 @@ class LocalNode:
     metrics_address: str | None = None
     process: subprocess.Popen | None = None
     clock_skew_ms: int = 0
+    build: Path | None = None
+    """The build the node runs: a folder put first on its ``PYTHONPATH`` (an unpacked wheel of
+    another version); None for this one."""
     _channel: grpc.Channel | None = field(default=None, repr=False)
 
     @property
@@ -195,8 +198,13 @@ class LocalCluster:
                    str(node.clock_skew_ms), "--metrics-listen", node.metrics_address or "",
                    *self.raft_args, *self.grpc_args, *self.extra_args]
         node.data.mkdir(parents=True, exist_ok=True)
+        env = None
+        if node.build is not None:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                [str(node.build), *filter(None, [os.environ.get("PYTHONPATH")])])}
         with open(node.log_path, "ab") as log:
-            node.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            node.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                            env=env)
 
     def members_of(self, node: LocalNode) -> list[tuple[str, str, str]]:
         """``(raft, grpc, peer)`` of every member as ``node`` is told them (the same for every
