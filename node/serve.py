@@ -40,7 +40,7 @@ from tickwheel.node.server import (
 )
 from tickwheel.node.unary import UnaryConsumers
 from tickwheel.replication.clock import SystemClock
-from tickwheel.replication.replica import Replica
+from tickwheel.replication.replica import STORAGE_EXIT_CODE, Replica
 from tickwheel.wheel.errors import StorageIncomplete, StorageLocked, invariant
 
 log = logging.getLogger("tickwheel.node")
@@ -56,9 +56,9 @@ fifth in three alternating pairs of runs (53-71 -> 44-54 ms), for ~2% of batched
 scheduling (within its noise)."""
 ACCESS_CHECK_S = 2.0
 """How often a node looks whether its access file changed."""
-EXIT_STORAGE = 3
+EXIT_STORAGE = STORAGE_EXIT_CODE
 """The exit status of a node that will not serve its data folder: locked by another process,
-or missing state it needs (`StorageIncomplete`)."""
+missing state it needs (`StorageIncomplete`), or a damaged snapshot (the replica exits)."""
 HEALTH_MAX_LAG_ENTRIES = 1_000
 """A node serves (health) when it knows a leader and has applied to within this many entries
 of the leader's commit index."""

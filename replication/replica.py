@@ -54,6 +54,7 @@ from tickwheel.replication.raft import (
     RaftConfig,
     RaftNode,
     RaftPort,
+    SnapshotDamaged,
     fsync_files,
     journal_first_index,
     read_snapshot,
@@ -92,6 +93,9 @@ MEND_PATIENCE_S = 30.0
 can answer (they may be starting too) before it gives up and stops (exit 70)."""
 
 _FATAL_EXIT_CODE = 70
+STORAGE_EXIT_CODE = 3
+"""A node that will not serve its data folder (`StorageIncomplete`, a damaged snapshot): an
+operator must restore the file or move the folder away."""
 DISK_FULL_EXIT_CODE = 74
 """A write found the disk full despite the reserve (`tickwheel.node.disk`): something else
 filled it. The state cannot skip an entry, so the node stops, saying so, and a restart (once
@@ -731,7 +735,17 @@ class Replica:
                  (self._clock.monotonic_s() - started) * 1000)
 
     def _deserialize(self, path: str) -> tuple:
-        (cursor, stamp_ms, files, pending, *grouped), raft_tail = read_snapshot(path)
+        """Install a snapshot: this node's own at start, or one a leader sent. pysyncobj logs
+        and ignores whatever this raises (then serves on state the snapshot did not set), so
+        a snapshot that cannot be read stops the process here."""
+        try:
+            (cursor, stamp_ms, files, pending, *grouped), raft_tail = read_snapshot(path)
+        except (SnapshotDamaged, OSError) as error:
+            log.critical("event=node_refused reason=snapshot_damaged path=%s %s. Restore the "
+                         "snapshot, or move %s away: the node then starts empty and catches up "
+                         "from the leader (do that only while a majority of the other members "
+                         "has its data)", path, error, self._data_dir)
+            self._die(f"snapshot damaged: {error}", STORAGE_EXIT_CODE)
         manifest = Manifest(Cursor(*cursor), stamp_ms, files, pending, *grouped)
         started = self._clock.monotonic_s()
         try:

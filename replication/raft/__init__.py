@@ -11,6 +11,7 @@
 from tickwheel.replication.raft.config import MAX_MESSAGE_ENTRY_BYTES, InsecureCluster, RaftConfig
 from tickwheel.replication.raft.files import (
     DISK_FULL,
+    SnapshotDamaged,
     fsync_files,
     journal_first_index,
     read_snapshot,
@@ -19,6 +20,7 @@ from tickwheel.replication.raft.files import (
 from tickwheel.replication.raft.node import PICKLE_PROTOCOL, RaftNode
 from tickwheel.replication.raft.port import OnResult, RaftPort, RaftStatus, Role
 
-__all__ = ["DISK_FULL", "MAX_MESSAGE_ENTRY_BYTES", "PICKLE_PROTOCOL", "InsecureCluster", "OnResult",
-           "RaftConfig", "RaftNode", "RaftPort", "RaftStatus", "Role", "fsync_files",
-           "journal_first_index", "read_snapshot", "write_snapshot"]
+__all__ = ["DISK_FULL", "MAX_MESSAGE_ENTRY_BYTES", "PICKLE_PROTOCOL", "InsecureCluster",
+           "OnResult", "RaftConfig", "RaftNode", "RaftPort", "RaftStatus", "Role",
+           "SnapshotDamaged", "fsync_files", "journal_first_index", "read_snapshot",
+           "write_snapshot"]

@@ -6,12 +6,14 @@ snapshot file (a manifest, never message bodies)."""
 from __future__ import annotations
 
 import errno
+import io
 import mmap
 import os
 import pickle
 import struct
+import zlib
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from pysyncobj.journal import (
     FIRST_RECORD_OFFSET,
@@ -179,11 +181,26 @@ class MsyncJournal(AtomicJournal):
         fsync_files([meta, meta.parent])
 
 
+SNAPSHOT_CHECK: Final = struct.Struct("<4sI")
+"""What follows the pickle in a snapshot file: ``SNAPSHOT_CHECK_MAGIC`` and the CRC32 of the
+pickle's bytes. An unpickler stops at the pickle's end, so builds that know no check read the
+file as before (deploy/README.md, "Upgrading"); their snapshots have none, and are read
+unchecked."""
+SNAPSHOT_CHECK_MAGIC: Final = b"TWCK"
+
+
+class SnapshotDamaged(ValueError):
+    """A snapshot file that fails its check, does not unpickle, or is not a snapshot."""
+
+
 def write_snapshot(path: str, manifest: object, raft_tail: tuple[Any, ...], fsync: bool
                    ) -> None:
-    """Write the snapshot file pysyncobj renames into place (and streams to followers)."""
+    """Write the snapshot file pysyncobj renames into place (and streams to followers): the
+    pickle, then its check."""
+    data = pickle.dumps((manifest, raft_tail), protocol=pickle.HIGHEST_PROTOCOL)
     with open(path, "wb") as file:
-        pickle.dump((manifest, raft_tail), file, protocol=pickle.HIGHEST_PROTOCOL)
+        file.write(data)
+        file.write(SNAPSHOT_CHECK.pack(SNAPSHOT_CHECK_MAGIC, zlib.crc32(data)))
         if fsync:
             file.flush()
             os.fsync(file.fileno())
@@ -191,12 +208,28 @@ def write_snapshot(path: str, manifest: object, raft_tail: tuple[Any, ...], fsyn
 
 def read_snapshot(path: str) -> tuple[Any, tuple[Any, ...]]:
     """``(manifest, raft_tail)``: plain data and pysyncobj's member list; any other class
-    named in the file is refused (the file comes from the leader)."""
+    named in the file is refused (the file comes from the leader). Raises `SnapshotDamaged`
+    when the bytes fail their check (a flipped bit in a length would otherwise install wrong
+    lengths) or do not make a snapshot."""
     with open(path, "rb") as file:
-        content = safe_load(file, SNAPSHOT_CLASSES)
+        data = file.read()
+    stream = io.BytesIO(data)
+    try:
+        content = safe_load(stream, SNAPSHOT_CLASSES)
+    except Exception as error:  # any unpickling failure: the bytes are not a snapshot
+        raise SnapshotDamaged(f"{path} does not unpickle: {error!r}") from None
+    end = stream.tell()
+    trailer = data[end:]
+    if trailer:
+        if len(trailer) != SNAPSHOT_CHECK.size:
+            raise SnapshotDamaged(f"{path} has {len(trailer)} bytes after its pickle, "
+                                  f"expected a check of {SNAPSHOT_CHECK.size}")
+        magic, crc = SNAPSHOT_CHECK.unpack(trailer)
+        if magic != SNAPSHOT_CHECK_MAGIC or crc != zlib.crc32(data[:end]):
+            raise SnapshotDamaged(f"{path} fails its check (CRC32 of {end} bytes)")
     if not (isinstance(content, tuple) and len(content) == 2
             and isinstance(content[1], tuple)):
-        raise ValueError(f"{path} is not a snapshot: {type(content).__name__}")
+        raise SnapshotDamaged(f"{path} is not a snapshot: {type(content).__name__}")
     return content[0], content[1]
 
 

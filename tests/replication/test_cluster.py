@@ -199,10 +199,14 @@ def test_a_wiped_follower_rejoins_from_a_snapshot_and_catches_up(tmp_path: Path)
     assert all(theirs[p] == d for p, d in mine.items() if p.endswith("heads"))
 
 
-def test_a_follower_that_lost_its_snapshot_refuses_to_start_and_rejoins_once_moved_away(
-        tmp_path: Path) -> None:
-    """Issue 18: the first releases wiped the state, replayed the compacted journal onto
-    nothing and served (SERVING, electable; as leader it delivered 0 of 1,800)."""
+@pytest.mark.parametrize("fault", ["lost", "flipped"])
+def test_a_follower_whose_snapshot_is_lost_or_damaged_refuses_to_start_and_rejoins_once_moved_away(
+        tmp_path: Path, fault: str) -> None:
+    """Issue 18: the first releases wiped the state when the snapshot was lost, replayed the
+    compacted journal onto nothing and served (SERVING, electable; as leader it delivered 0 of
+    1,800). A damaged snapshot pysyncobj logged and ignored ('failed to load full dump'), and
+    the node served on files its snapshot never cut back; a flip that still unpickled
+    installed whatever lengths it then said."""
     with LocalCluster(tmp_path, extra_args=("--snapshot-min-entries", "20")) as cluster:
         start_ms = now_ms()
         schedule_all(cluster, messages("order", 2_000, start_ms + 3_600_000, 3_600_000), 50)
@@ -211,13 +215,23 @@ def test_a_follower_that_lost_its_snapshot_refuses_to_start_and_rejoins_once_mov
         wait_for(lambda: (journal_first_index(follower.data / "raft" / "journal") or 0) > 1,
                  15, "the follower's journal compacted behind a snapshot")
         cluster.stop(follower)
-        (follower.data / "raft" / "snapshot").unlink()
+        snapshot = follower.data / "raft" / "snapshot"
+        if fault == "lost":
+            snapshot.unlink()
+        else:
+            damaged = bytearray(snapshot.read_bytes())
+            damaged[len(damaged) // 2] ^= 0x01
+            snapshot.write_bytes(bytes(damaged))
         cluster.start(follower)
         assert follower.process is not None
         assert follower.process.wait(30) == EXIT_STORAGE
         refusal = follower.log_path.read_text()
-        assert "event=node_refused reason=StorageIncomplete" in refusal
-        assert "snapshot is missing" in refusal and "move" in refusal
+        if fault == "lost":
+            assert "event=node_refused reason=StorageIncomplete" in refusal
+            assert "snapshot is missing" in refusal
+        else:
+            assert "event=node_refused reason=snapshot_damaged" in refusal
+        assert "move" in refusal
         assert (follower.data / "state").exists()  # nothing wiped: the operator decides
         # the remedy the message names: move the folder away, start empty, catch up
         follower.data.rename(tmp_path / "moved-away")
