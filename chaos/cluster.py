@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 from tickwheel.chaos.proxy import RaftMesh
@@ -20,8 +21,12 @@ class ChaosCluster(LocalCluster):
     ``journals``. A context manager: it stops every process it started, then the proxies."""
 
     def __init__(self, root: Path, size: int, journals: Path,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), disk_size: str | None = None) -> None:
+        """``disk_size`` (``"512m"``): give each node a tmpfs of its own of that size, a disk
+        that can fill up (mounting needs root)."""
         super().__init__(root, size, extra_args)
+        self._disk_size = disk_size
+        self._mounted: list[Path] = []
         ports = free_ports(size + size * (size - 1) // 2)
         self.mesh = RaftMesh(ports[:size], ports[size:])
         for index, node in enumerate(self.nodes):
@@ -33,9 +38,13 @@ class ChaosCluster(LocalCluster):
     def __enter__(self) -> ChaosCluster:
         self.mesh.start()
         try:
+            if self._disk_size is not None:
+                for node in self.nodes:
+                    self._mount(node.data)
             return super().__enter__()
         except BaseException:
             self.mesh.stop()
+            self._unmount()
             raise
 
     def __exit__(self, *exc: object) -> None:
@@ -44,6 +53,23 @@ class ChaosCluster(LocalCluster):
             self.collect_journals()
         finally:
             self.mesh.stop()
+            self._unmount()
+
+    def _mount(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self._disk_size}",
+                               "tmpfs", str(folder)], capture_output=True, text=True,
+                              check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"the disk-full fault gives each node a tmpfs of its own, and "
+                               f"mounting one failed ({done.stderr.strip()}): run as root, or "
+                               "leave the fault out")
+        self._mounted.append(folder)
+
+    def _unmount(self) -> None:
+        for folder in self._mounted:
+            subprocess.run(["umount", "--lazy", str(folder)], check=False)
+        self._mounted.clear()
 
     def members_of(self, node: LocalNode) -> list[tuple[str, str, str]]:
         seen = self.mesh.members_of(self.nodes.index(node))
@@ -74,10 +100,15 @@ class ChaosCluster(LocalCluster):
         self.mesh.heal()
 
     def wipe(self, node: LocalNode) -> None:
-        """Delete a stopped node's data (its journal is kept: the next generation starts)."""
+        """Delete a stopped node's data (its journal is kept: the next generation starts); the
+        folder stays (it may be a mount)."""
         self.collect_journal(node)
         self._generation[self.name(node)] += 1
-        shutil.rmtree(node.data)
+        for entry in node.data.iterdir():
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
 
     def collect_journals(self) -> None:
         for node in self.nodes:

@@ -42,6 +42,10 @@ from tickwheel.replication.local_cluster import wait_for
 
 log = logging.getLogger("tickwheel.chaos")
 
+DISK_SIZE = "1g"
+"""Each node's tmpfs with the ``disk-full`` fault: room for a long run's data and its reserve
+(memory is used only as it is written)."""
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -138,7 +142,9 @@ def run(config: RunConfig, console: Console | None = None) -> dict:
             "faults": EventLog(out / "faults.jsonl")}
     started_ms = now_ms()
     try:
-        with ChaosCluster(out / "cluster", config.nodes, out / "journals") as cluster:
+        disk_size = DISK_SIZE if "disk-full" in config.nemesis.faults else None
+        with ChaosCluster(out / "cluster", config.nodes, out / "journals",
+                          disk_size=disk_size) as cluster:
             summary = _scenario(config, cluster, logs, expected, console)
             nodes = [{"name": cluster.name(n), "raft": n.raft, "grpc": n.grpc_address}
                      for n in cluster.nodes]

@@ -8,6 +8,12 @@
 | ``skew`` | restart a random node with its clock offset by 1 s to ``max_skew_ms`` either way |
 | ``restart-all`` | SIGKILL every node at once, start them all again |
 | ``follower-wipe`` | SIGKILL a follower, delete its data, start it (it catches up from a peer) |
+| ``bitrot`` | stop the leader, flip a byte in a few records and an index unit, start it |
+| ``truncate`` | stop a node, cut the tail of one hour's log and index, start it |
+| ``snapshot-rot`` | stop a node, flip a byte of its Raft snapshot: it must refuse to start |
+|                  | (exit 3); then move its data away (its remedy) and start it empty |
+| ``disk-full`` | fill the leader's disk (a tmpfs per node) to half its reserve for |
+|               | ``disk_full_s``: new messages are refused, delivery goes on |
 
 The first round inflicts every chosen fault once, in a seeded random order; later ones are
 drawn at random. Before each fault the nemesis waits for a leader that every node follows, so
@@ -19,19 +25,26 @@ from __future__ import annotations
 
 import logging
 import random
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tickwheel.chaos import storage
 from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.proxy import PARTITION_MODES
 from tickwheel.chaos.workload import EventLog, now_ms
+from tickwheel.node.disk import DEFAULT_RESERVE_BYTES
+from tickwheel.node.serve import EXIT_STORAGE
 from tickwheel.replication.local_cluster import LocalNode
 
 log = logging.getLogger("tickwheel.chaos")
 
-FAULTS = ("kill", "pause", "partition", "skew", "restart-all", "follower-wipe")
+FAULTS = ("kill", "pause", "partition", "skew", "restart-all", "follower-wipe", "bitrot",
+          "truncate", "snapshot-rot", "disk-full")
+REFUSAL_TIMEOUT_S = 30.0
+"""How long a node with a damaged snapshot may take to refuse to start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +59,9 @@ class NemesisConfig:
     partition_s: float = 4.0
     max_skew_ms: int = 5_000
     leader_timeout_s: float = 30.0
+    disk_full_s: float = 5.0
+    disk_reserve_bytes: int = DEFAULT_RESERVE_BYTES
+    """The nodes' ``min_free_bytes``: ``disk-full`` leaves half of it free."""
 
     def __post_init__(self) -> None:
         unknown = set(self.faults) - set(FAULTS)
@@ -72,7 +88,9 @@ class Nemesis(threading.Thread):
         self._actions: dict[str, Callable[[], tuple[LocalNode | None, str]]] = {
             "kill": self._kill, "pause": self._pause, "partition": self._partition,
             "skew": self._skew, "restart-all": self._restart_all,
-            "follower-wipe": self._follower_wipe}
+            "follower-wipe": self._follower_wipe, "bitrot": self._bitrot,
+            "truncate": self._truncate, "snapshot-rot": self._snapshot_rot,
+            "disk-full": self._disk_full}
 
     def run(self) -> None:
         try:
@@ -156,3 +174,49 @@ class Nemesis(threading.Thread):
         self._cluster.wipe(node)
         self._cluster.start(node)
         return node, "SIGKILL, data deleted, started empty"
+
+    def _bitrot(self) -> tuple[LocalNode, str]:
+        leader = self._leader()
+        self._cluster.stop(leader)
+        detail = storage.rot(leader.data, self._random)
+        self._cluster.start(leader)
+        return leader, f"stopped; {detail}; started"
+
+    def _truncate(self) -> tuple[LocalNode, str]:
+        self._leader()
+        node = self._random.choice(self._cluster.nodes)
+        self._cluster.stop(node)
+        detail = storage.cut(node.data, self._random)
+        self._cluster.start(node)
+        return node, f"stopped; {detail}; started"
+
+    def _snapshot_rot(self) -> tuple[LocalNode, str]:
+        self._leader()
+        node = self._random.choice(self._cluster.nodes)
+        self._cluster.stop(node)
+        detail = storage.rot_snapshot(node.data, self._random)
+        self._cluster.start(node)
+        if detail.startswith("no snapshot"):
+            return node, f"stopped; {detail}; started"
+        assert node.process is not None
+        try:
+            code = node.process.wait(REFUSAL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{self._cluster.name(node)} started on a damaged snapshot "
+                               f"({detail})") from None
+        if code != EXIT_STORAGE:
+            raise RuntimeError(f"{self._cluster.name(node)} exited {code} on a damaged "
+                               f"snapshot, not {EXIT_STORAGE}")
+        self._cluster.wipe(node)
+        self._cluster.start(node)
+        return node, (f"stopped; {detail}; it refused to start (exit {code}); data moved "
+                      "away, started empty")
+
+    def _disk_full(self) -> tuple[LocalNode, str]:
+        leader = self._leader()
+        detail = storage.fill(leader.data, self._config.disk_reserve_bytes // 2)
+        try:
+            time.sleep(self._config.disk_full_s)
+        finally:
+            storage.empty(leader.data)
+        return leader, f"{detail} for {self._config.disk_full_s} s"

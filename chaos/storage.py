@@ -1,0 +1,110 @@
+"""Damage to a stopped node's files, as an operator's bad day brings it (issue 18).
+
+Each function damages the data folder of a node that is not running and says what it did.
+Damage a node repairs by itself: flipped bytes in hour logs and index units (mended from the
+peers' copies), a cut tail of an hour's files (its snapshot's lengths fetch it back). Damage it
+must refuse: a flipped byte in its Raft snapshot (it exits 3; the harness then applies the
+remedy the node names, moving the folder away). And a disk that fills up under a running node.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+from tickwheel.node.disk import free_bytes
+from tickwheel.replication.raft import SnapshotDamaged, read_snapshot
+from tickwheel.wheel.format import RECORD_HEADER, UNIT, UNIT_SIZE
+
+BALLAST = "ballast"
+"""The file a full disk is made of, in the node's data folder."""
+
+
+def _hours(data: Path) -> list[Path]:
+    root = data / "state" / "wheel" / "hours"
+    return sorted(folder for folder in root.iterdir() if (folder / "index").exists()
+                  and (folder / "index").stat().st_size >= 2 * UNIT_SIZE) if root.exists() else []
+
+
+def _covered(data: Path) -> dict[str, int]:
+    """``{state file: length}`` the node's snapshot lists (empty without a readable one):
+    bytes past those lengths are cut back at start and written again from the journal, which
+    would hide damage there."""
+    try:
+        (_, _, files, *_), _ = read_snapshot(str(data / "raft" / "snapshot"))
+    except (OSError, SnapshotDamaged):
+        return {}
+    return dict(files)
+
+
+def flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        byte = file.read(1)[0]
+        file.seek(offset)
+        file.write(bytes([byte ^ 0x10]))
+
+
+def rot(data: Path, rng: random.Random, records: int = 3) -> str:
+    """Flip a byte inside ``records`` records of one hour's log and inside one of its index
+    units, within what the snapshot lists when it lists that hour."""
+    covered = _covered(data)
+    hours = _hours(data)
+    if not hours:
+        return "no hour files yet: nothing damaged"
+    hour = rng.choice(hours)
+    name = f"wheel/hours/{hour.name}"
+    index = (hour / "index").read_bytes()
+    units = min(len(index), covered.get(f"{name}/index", len(index))) // UNIT_SIZE
+    log_end = covered.get(f"{name}/log", (hour / "log").stat().st_size)
+    damaged = []
+    for unit in rng.sample(range(units - 1), min(records, units - 1)):  # not the last: torn
+        offset, size = UNIT.unpack_from(index, unit * UNIT_SIZE)[:2]
+        if offset + size <= log_end:
+            flip(hour / "log", offset + rng.randrange(RECORD_HEADER.size, size))
+            damaged.append(unit)
+    unit = rng.randrange(units - 1)
+    flip(hour / "index", unit * UNIT_SIZE + rng.randrange(UNIT_SIZE))
+    return (f"flipped a byte in records {damaged} and index unit {unit} of hour "
+            f"{hour.name}{'' if covered else ' (no snapshot yet: replayed from the journal)'}")
+
+
+def cut(data: Path, rng: random.Random) -> str:
+    """Cut the tail of one hour's log and index (as a lost write would)."""
+    hours = _hours(data)
+    if not hours:
+        return "no hour files yet: nothing cut"
+    hour = rng.choice(hours)
+    sizes = {}
+    for name in ("log", "index"):
+        path = hour / name
+        size = path.stat().st_size
+        sizes[name] = (size, rng.randrange(size // 2, size))
+        os.truncate(path, sizes[name][1])
+    return f"cut hour {hour.name}: " + ", ".join(
+        f"{name} {before} -> {after} bytes" for name, (before, after) in sizes.items())
+
+
+def rot_snapshot(data: Path, rng: random.Random) -> str:
+    """Flip one byte of the Raft snapshot, if there is one."""
+    snapshot = data / "raft" / "snapshot"
+    if not snapshot.exists():
+        return "no snapshot yet: nothing damaged"
+    offset = rng.randrange(snapshot.stat().st_size)
+    flip(snapshot, offset)
+    return f"flipped the byte at {offset} of the Raft snapshot"
+
+
+def fill(data: Path, leave_bytes: int) -> str:
+    """Leave about ``leave_bytes`` free on the disk holding ``data`` (a ballast file)."""
+    ballast = data / BALLAST
+    ballast.unlink(missing_ok=True)
+    size = max(0, free_bytes(data) - leave_bytes)
+    with open(ballast, "wb") as file:
+        os.posix_fallocate(file.fileno(), 0, max(1, size))
+    return f"filled the disk with {size} bytes, {leave_bytes} left free"
+
+
+def empty(data: Path) -> None:
+    (data / BALLAST).unlink(missing_ok=True)
