@@ -65,6 +65,8 @@ class RunConfig:
     drain_max_s: float = 60.0
     keep_data: bool = False
     """Keep the nodes' data folders (``OUT/cluster``) after the run."""
+    snapshot_min_entries: int | None = None
+    """The nodes' ``--snapshot-min-entries``; None: their default."""
     mix: Mix = field(default_factory=Mix)
     nemesis: NemesisConfig = field(default_factory=NemesisConfig)
 
@@ -143,7 +145,9 @@ def run(config: RunConfig, console: Console | None = None) -> dict:
     started_ms = now_ms()
     try:
         disk_size = DISK_SIZE if "disk-full" in config.nemesis.faults else None
-        with ChaosCluster(out / "cluster", config.nodes, out / "journals",
+        node_args = (() if config.snapshot_min_entries is None
+                     else ("--snapshot-min-entries", str(config.snapshot_min_entries)))
+        with ChaosCluster(out / "cluster", config.nodes, out / "journals", node_args,
                           disk_size=disk_size) as cluster:
             summary = _scenario(config, cluster, logs, expected, console)
             nodes = [{"name": cluster.name(n), "raft": n.raft, "grpc": n.grpc_address}

@@ -17,6 +17,8 @@ from tickwheel.node.disk import free_bytes
 from tickwheel.replication.raft import SnapshotDamaged, read_snapshot
 from tickwheel.wheel.format import RECORD_HEADER, UNIT, UNIT_SIZE
 
+RECENT_UNITS = 400
+"""``rot`` damages records among this many of an hour's latest."""
 BALLAST = "ballast"
 """The file a full disk is made of, in the node's data folder."""
 
@@ -25,6 +27,11 @@ def _hours(data: Path) -> list[Path]:
     root = data / "state" / "wheel" / "hours"
     return sorted(folder for folder in root.iterdir() if (folder / "index").exists()
                   and (folder / "index").stat().st_size >= 2 * UNIT_SIZE) if root.exists() else []
+
+
+def _weighted(hours: list[Path], rng: random.Random) -> Path:
+    """An hour, drawn by its number of messages (most hours of a run hold one or two)."""
+    return rng.choices(hours, weights=[(h / "index").stat().st_size for h in hours])[0]
 
 
 def _covered(data: Path) -> dict[str, int]:
@@ -48,18 +55,23 @@ def flip(path: Path, offset: int) -> None:
 
 def rot(data: Path, rng: random.Random, records: int = 3) -> str:
     """Flip a byte inside ``records`` records of one hour's log and inside one of its index
-    units, within what the snapshot lists when it lists that hour."""
+    units, within what the snapshot lists when it lists that hour. A record is read (and
+    mended) only when a leader hands its message out, so records of messages already delivered
+    would test nothing."""
     covered = _covered(data)
     hours = _hours(data)
     if not hours:
         return "no hour files yet: nothing damaged"
-    hour = rng.choice(hours)
+    hour = _weighted(hours, rng)
     name = f"wheel/hours/{hour.name}"
     index = (hour / "index").read_bytes()
     units = min(len(index), covered.get(f"{name}/index", len(index))) // UNIT_SIZE
     log_end = covered.get(f"{name}/log", (hour / "log").stat().st_size)
     damaged = []
-    for unit in rng.sample(range(units - 1), min(records, units - 1)):  # not the last: torn
+    # of the latest filed (not the last: damage there reads as a torn write), most likely
+    # still pending, so read again when handed out
+    recent = range(max(0, units - 1 - RECENT_UNITS), units - 1)
+    for unit in rng.sample(recent, min(records, len(recent))):
         offset, size = UNIT.unpack_from(index, unit * UNIT_SIZE)[:2]
         if offset + size <= log_end:
             flip(hour / "log", offset + rng.randrange(RECORD_HEADER.size, size))
@@ -75,7 +87,7 @@ def cut(data: Path, rng: random.Random) -> str:
     hours = _hours(data)
     if not hours:
         return "no hour files yet: nothing cut"
-    hour = rng.choice(hours)
+    hour = _weighted(hours, rng)
     sizes = {}
     for name in ("log", "index"):
         path = hour / name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import socketserver
 import subprocess
@@ -125,15 +126,22 @@ def test_a_fault_list_outside_the_known_nemeses_is_refused(tmp_path: Path) -> No
     assert run.returncode == 2 and "flood" in run.stderr
 
 
+STORAGE_FAULTS = ("bitrot", "truncate", "snapshot-rot",
+                  *(("disk-full",) if os.geteuid() == 0 else ()))
+"""disk-full mounts a tmpfs per node, which needs root (CI runs as root)."""
+
+
 @pytest.mark.timeout(600)
-def test_kill_pause_and_partition_lose_nothing_and_flag_every_duplicate(
+def test_failovers_and_storage_faults_lose_nothing_and_flag_every_duplicate(
         tmp_path: Path) -> None:
     out = tmp_path / "chaos"
+    faults = ("kill", "pause", "partition", *STORAGE_FAULTS)
     harness = subprocess.run(
         [sys.executable, "-m", "tickwheel.chaos", "run", "--out", str(out), "--nodes", "3",
-         "--duration", "75", "--rate", "150", "--seed", "11", "--faults",
-         "kill,pause,partition", "--warmup", "5", "--interval", "8", "--near-max-ms",
-         "20000"], capture_output=True, text=True, timeout=400, check=False)
+         "--duration", "110", "--rate", "150", "--seed", "11", "--faults", ",".join(faults),
+         "--warmup", "5", "--interval", "8", "--near-max-ms", "20000",
+         "--snapshot-min-entries", "1000"], capture_output=True, text=True, timeout=500,
+        check=False)
     assert harness.returncode == 0, harness.stdout + harness.stderr[-4_000:]
     audit = subprocess.run([sys.executable, "-m", "tickwheel.chaos.audit", str(out), "--json"],
                            capture_output=True, text=True, timeout=300, check=False)
@@ -152,8 +160,9 @@ def test_kill_pause_and_partition_lose_nothing_and_flag_every_duplicate(
     assert summary["races"]["reschedules"].get("rescheduled", 0) > 5, summary["races"]
     assert summary["cancelled_but_delivered"] == 0
     assert summary["contrary_to_reschedule"] == 0
-    faults = {fault["fault"] for fault in summary["faults"]}
-    assert faults >= {"kill", "pause", "partition"}
+    assert {fault["fault"] for fault in summary["faults"]} >= set(faults)
+    refused = [f for f in summary["faults"] if f["fault"] == "snapshot-rot"]
+    assert all("refused to start (exit 3)" in f["detail"] for f in refused), refused
     assert len(summary["failovers"]) >= 3
     assert all(f["first_delivery_ms"] is not None for f in summary["failovers"])
     assert audit.returncode == 0, audit.stderr[-4_000:]
