@@ -181,16 +181,22 @@ class MsyncJournal(AtomicJournal):
         fsync_files([meta, meta.parent])
 
 
-SNAPSHOT_CHECK: Final = struct.Struct("<4sI")
-"""What follows the pickle in a snapshot file: ``SNAPSHOT_CHECK_MAGIC`` and the CRC32 of the
-pickle's bytes. An unpickler stops at the pickle's end, so builds that know no check read the
-file as before (deploy/README.md, "Upgrading"); their snapshots have none, and are read
-unchecked."""
+SNAPSHOT_CHECK: Final = struct.Struct("<4sHI")
+"""What follows the pickle in a snapshot file: ``SNAPSHOT_CHECK_MAGIC``, the state format
+version (`STATE_FORMAT_VERSION`) and the CRC32 of everything before the CRC. An unpickler
+stops at the pickle's end, so builds that know no check read the file as before
+(deploy/README.md, "Upgrading"); their snapshots have none, and are read unchecked, as
+version 1."""
 SNAPSHOT_CHECK_MAGIC: Final = b"TWCK"
+STATE_FORMAT_VERSION: Final = 1
+"""The layout of the snapshot's manifest and of the replicated state files it names that carry
+no version of their own (dedupe buckets). The wheel's files carry theirs (`tickwheel.wheel.
+format`). 1: the layout every build since issue 16 writes."""
 
 
 class SnapshotDamaged(ValueError):
-    """A snapshot file that fails its check, does not unpickle, or is not a snapshot."""
+    """A snapshot file that fails its check, does not unpickle, is not a snapshot, or was
+    written in a state format this build does not know."""
 
 
 def write_snapshot(path: str, manifest: object, raft_tail: tuple[Any, ...], fsync: bool
@@ -200,7 +206,7 @@ def write_snapshot(path: str, manifest: object, raft_tail: tuple[Any, ...], fsyn
     data = pickle.dumps((manifest, raft_tail), protocol=pickle.HIGHEST_PROTOCOL)
     with open(path, "wb") as file:
         file.write(data)
-        file.write(SNAPSHOT_CHECK.pack(SNAPSHOT_CHECK_MAGIC, zlib.crc32(data)))
+        file.write(_checked(data, STATE_FORMAT_VERSION))
         if fsync:
             file.flush()
             os.fsync(file.fileno())
@@ -224,13 +230,23 @@ def read_snapshot(path: str) -> tuple[Any, tuple[Any, ...]]:
         if len(trailer) != SNAPSHOT_CHECK.size:
             raise SnapshotDamaged(f"{path} has {len(trailer)} bytes after its pickle, "
                                   f"expected a check of {SNAPSHOT_CHECK.size}")
-        magic, crc = SNAPSHOT_CHECK.unpack(trailer)
-        if magic != SNAPSHOT_CHECK_MAGIC or crc != zlib.crc32(data[:end]):
-            raise SnapshotDamaged(f"{path} fails its check (CRC32 of {end} bytes)")
+        magic, version, _ = SNAPSHOT_CHECK.unpack(trailer)
+        if magic != SNAPSHOT_CHECK_MAGIC or trailer != _checked(data[:end], version):
+            raise SnapshotDamaged(f"{path} fails its check (CRC32 of its {end} bytes)")
+        if version > STATE_FORMAT_VERSION:
+            raise SnapshotDamaged(f"{path} was written by a newer release (state format "
+                                  f"{version}; this one reads up to {STATE_FORMAT_VERSION}): "
+                                  "downgrading across a format change is not supported")
     if not (isinstance(content, tuple) and len(content) == 2
             and isinstance(content[1], tuple)):
         raise SnapshotDamaged(f"{path} is not a snapshot: {type(content).__name__}")
     return content[0], content[1]
+
+
+def _checked(data: bytes, version: int) -> bytes:
+    """The check that follows ``data`` in a snapshot file of state format ``version``."""
+    head = SNAPSHOT_CHECK.pack(SNAPSHOT_CHECK_MAGIC, version, 0)[:-4]
+    return head + struct.pack("<I", zlib.crc32(head, zlib.crc32(data)))
 
 
 def fsync_files(paths: list[Path]) -> None:

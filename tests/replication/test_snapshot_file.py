@@ -8,11 +8,13 @@ import pickle
 import subprocess
 import sys
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
 
 from tickwheel.replication.raft import SnapshotDamaged, read_snapshot, write_snapshot
+from tickwheel.replication.raft.files import SNAPSHOT_CHECK, STATE_FORMAT_VERSION
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "upgrade"
 MANIFEST = ((1_764_000_000, 3), 1_764_000_000_123, {"wheel/hours/00490000/log": 4_096},
@@ -27,15 +29,18 @@ def test_a_snapshot_reads_back(tmp_path: Path) -> None:
 
 
 def test_every_flipped_byte_is_found(tmp_path: Path) -> None:
+    """A bit of every byte (each bit position in turn), and every bit of the check."""
     path = tmp_path / "snapshot"
     write_snapshot(str(path), MANIFEST, RAFT_TAIL, fsync=False)
     good = path.read_bytes()
+    check_from = len(good) - SNAPSHOT_CHECK.size
     for at in range(len(good)):
-        damaged = bytearray(good)
-        damaged[at] ^= 0x04
-        path.write_bytes(bytes(damaged))
-        with pytest.raises(SnapshotDamaged):
-            read_snapshot(str(path))
+        for bit in range(8) if at >= check_from else [at % 8]:
+            damaged = bytearray(good)
+            damaged[at] ^= 1 << bit
+            path.write_bytes(bytes(damaged))
+            with pytest.raises(SnapshotDamaged):
+                read_snapshot(str(path))
     path.write_bytes(good[:-3])  # torn
     with pytest.raises(SnapshotDamaged):
         read_snapshot(str(path))
@@ -62,3 +67,12 @@ def test_the_previous_build_reads_this_builds_snapshot(tmp_path: Path) -> None:
         check=False)
     assert reader.returncode == 0, reader.stderr[-2_000:]
     assert reader.stdout.strip() == repr((MANIFEST, RAFT_TAIL))
+
+
+def test_a_snapshot_of_a_newer_state_format_is_refused_not_misread(tmp_path: Path) -> None:
+    path = tmp_path / "snapshot"
+    data = pickle.dumps((MANIFEST, RAFT_TAIL), protocol=pickle.HIGHEST_PROTOCOL)
+    head = SNAPSHOT_CHECK.pack(b"TWCK", STATE_FORMAT_VERSION + 1, 0)[:-4]
+    path.write_bytes(data + head + zlib.crc32(head, zlib.crc32(data)).to_bytes(4, "little"))
+    with pytest.raises(SnapshotDamaged, match="newer release"):
+        read_snapshot(str(path))
