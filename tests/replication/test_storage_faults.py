@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from tickwheel.chaos.storage import flip
 from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.replication.raft import read_snapshot
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -37,14 +38,6 @@ def covered(node: LocalNode, hour: str, units: int) -> bool:
     if not (node.data / "raft" / "snapshot").exists():
         return False
     return snapshot_sizes(node).get(f"wheel/hours/{hour}/index") == units * UNIT_SIZE
-
-
-def flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as file:
-        file.seek(offset)
-        byte = file.read(1)[0]
-        file.seek(offset)
-        file.write(bytes([byte ^ 0x10]))
 
 
 def damage(node: LocalNode, hour: str, records: list[int], unit: int) -> None:
