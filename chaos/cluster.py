@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 from tickwheel.chaos.proxy import RaftMesh
+from tickwheel.chaos.storage import MountFailed, mount_disk, unmount_disk
 from tickwheel.replication.local_cluster import LocalCluster, LocalNode, free_ports
 
 
@@ -40,7 +40,7 @@ class ChaosCluster(LocalCluster):
         try:
             if self._disk_size is not None:
                 for node in self.nodes:
-                    self._mount(node.data)
+                    self._mount(node.data, self._disk_size)
             return super().__enter__()
         except BaseException:
             self.mesh.stop()
@@ -55,20 +55,17 @@ class ChaosCluster(LocalCluster):
             self.mesh.stop()
             self._unmount()
 
-    def _mount(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self._disk_size}",
-                               "tmpfs", str(folder)], capture_output=True, text=True,
-                              check=False)
-        if done.returncode != 0:
+    def _mount(self, folder: Path, size: str) -> None:
+        try:
+            mount_disk(folder, size)
+        except MountFailed as error:
             raise RuntimeError(f"the disk-full fault gives each node a tmpfs of its own, and "
-                               f"mounting one failed ({done.stderr.strip()}): run as root, or "
-                               "leave the fault out")
+                               f"{error}: run as root, or leave the fault out") from None
         self._mounted.append(folder)
 
     def _unmount(self) -> None:
         for folder in self._mounted:
-            subprocess.run(["umount", "--lazy", str(folder)], check=False)
+            unmount_disk(folder)
         self._mounted.clear()
 
     def members_of(self, node: LocalNode) -> list[tuple[str, str, str]]:

@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from tickwheel.chaos import storage
 from tickwheel.chaos.cluster import ChaosCluster
@@ -175,27 +176,26 @@ class Nemesis(threading.Thread):
         self._cluster.start(node)
         return node, "SIGKILL, data deleted, started empty"
 
+    def _damaged(self, node: LocalNode, damage: Callable[[Path, random.Random], str]) -> str:
+        """Stop ``node``, ``damage`` its data folder, start it; what the damage was."""
+        self._cluster.stop(node)
+        detail = damage(node.data, self._random)
+        self._cluster.start(node)
+        return detail
+
     def _bitrot(self) -> tuple[LocalNode, str]:
         leader = self._leader()
-        self._cluster.stop(leader)
-        detail = storage.rot(leader.data, self._random)
-        self._cluster.start(leader)
-        return leader, f"stopped; {detail}; started"
+        return leader, f"stopped; {self._damaged(leader, storage.rot)}; started"
 
     def _truncate(self) -> tuple[LocalNode, str]:
         self._leader()
         node = self._random.choice(self._cluster.nodes)
-        self._cluster.stop(node)
-        detail = storage.cut(node.data, self._random)
-        self._cluster.start(node)
-        return node, f"stopped; {detail}; started"
+        return node, f"stopped; {self._damaged(node, storage.cut)}; started"
 
     def _snapshot_rot(self) -> tuple[LocalNode, str]:
         self._leader()
         node = self._random.choice(self._cluster.nodes)
-        self._cluster.stop(node)
-        detail = storage.rot_snapshot(node.data, self._random)
-        self._cluster.start(node)
+        detail = self._damaged(node, storage.rot_snapshot)
         if detail.startswith("no snapshot"):
             return node, f"stopped; {detail}; started"
         assert node.process is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 from pathlib import Path
 
 from tickwheel.node.disk import free_bytes
@@ -120,3 +121,22 @@ def fill(data: Path, leave_bytes: int) -> str:
 
 def empty(data: Path) -> None:
     (data / BALLAST).unlink(missing_ok=True)
+
+
+class MountFailed(OSError):
+    """A small disk could not be mounted (mounting a tmpfs needs root)."""
+
+
+def mount_disk(folder: Path, size: str) -> None:
+    """Mount a tmpfs of ``size`` (``"512m"``) at ``folder`` (created): a disk of its own that
+    really fills up. `MountFailed` says why not."""
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise MountFailed(f"mounting a tmpfs at {folder} failed: {done.stderr.strip()}")
+
+
+def unmount_disk(folder: Path) -> None:
+    """Unmount what `mount_disk` mounted (lazily: a file may still be open)."""
+    subprocess.run(["umount", "--lazy", str(folder)], check=False)

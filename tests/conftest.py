@@ -5,13 +5,13 @@ Also the fixtures that cluster tests share.
 """
 
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tickwheel.chaos.storage import MountFailed, mount_disk, unmount_disk
 from tickwheel.replication import dev_credentials
 from tickwheel.replication.dev_credentials import DevCredentials
 from tickwheel.replication.local_cluster import AckingConsumer, LocalCluster
@@ -64,15 +64,13 @@ def small_disk(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
 
     def mount(name: str, size: str) -> Path:
         path = tmp_path / name
-        path.mkdir(parents=True)
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
-                               str(path)], capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            pytest.skip(f"a small disk is a tmpfs, and mounting one failed: "
-                        f"{done.stderr.strip()}")
+        try:
+            mount_disk(path, size)
+        except MountFailed as error:
+            pytest.skip(f"a small disk is a tmpfs, and {error}")
         mounted.append(path)
         return path
 
     yield mount
     for path in mounted:
-        subprocess.run(["umount", "--lazy", str(path)], check=False)
+        unmount_disk(path)

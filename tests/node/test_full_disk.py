@@ -10,7 +10,6 @@ exits; and scheduling comes back by itself when the ballast goes.
 
 from __future__ import annotations
 
-import os
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -19,21 +18,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nodetests import now_ms, topic
 
-from tickwheel.node.disk import free_bytes
+from tickwheel.chaos.storage import empty, fill
 from tickwheel.replication.local_cluster import AckingConsumer, LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 RESERVE = 8 << 20
 DISK = "64m"
 BODY = b"x" * 1024
-
-
-def fill(disk: Path, leave_bytes: int) -> None:
-    """A ballast file that leaves about ``leave_bytes`` free on ``disk``."""
-    ballast = disk / "ballast"
-    ballast.unlink(missing_ok=True)
-    with open(ballast, "wb") as file:
-        os.posix_fallocate(file.fileno(), 0, free_bytes(disk) - leave_bytes)
 
 
 def refusal(node: LocalNode, messages: list[pb.Message]) -> grpc.RpcError | None:
@@ -108,12 +99,12 @@ def test_a_disk_below_its_reserve_refuses_new_messages_delivers_the_rest_and_rec
             assert received == {f"m{i}" for i in range(20, 300)}
 
             # the leader gets its space back and a follower runs out: the leader learns it
-            (disks[cluster.nodes.index(leader)] / "ballast").unlink()
+            empty(disks[cluster.nodes.index(leader)])
             fill(disks[cluster.nodes.index(follower)], RESERVE // 2)
             wait_for(lambda: refused_for(leader, follower, "while-follower-low"), 10,
                      "the leader refusing for lack of space on a follower")
 
-            (disks[cluster.nodes.index(follower)] / "ballast").unlink()
+            empty(disks[cluster.nodes.index(follower)])
             wait_for(lambda: refusal(leader, [pb.Message(id="after", topic=name,
                                                          delay_ms=0)]) is None,
                      10, "scheduling to come back once the space is back")
