@@ -4,7 +4,8 @@ Each function damages the data folder of a node that is not running and says wha
 Damage a node repairs by itself: flipped bytes in hour logs and index units (mended from the
 peers' copies), a cut tail of an hour's files (its snapshot's lengths fetch it back). Damage it
 must refuse: a flipped byte in its Raft snapshot (it exits 3; the harness then applies the
-remedy the node names, moving the folder away). And a disk that fills up under a running node.
+remedy the node names, moving the folder away). A power cut: a node started with ``--fsync``
+keeps what it synced and nothing more. And a disk that fills up under a running node.
 """
 
 from __future__ import annotations
@@ -12,10 +13,17 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from tickwheel.node.disk import free_bytes
-from tickwheel.replication.raft import SnapshotDamaged, read_snapshot
+from tickwheel.replication.raft import (
+    JOURNAL_FILE,
+    SnapshotDamaged,
+    SyncLedger,
+    read_snapshot,
+    rewind_journal,
+)
 from tickwheel.wheel.format import RECORD_HEADER, UNIT, UNIT_SIZE
 
 RECENT_UNITS = 400
@@ -107,6 +115,51 @@ def rot_snapshot(data: Path, rng: random.Random) -> str:
     offset = rng.randrange(snapshot.stat().st_size)
     flip(snapshot, offset)
     return f"flipped the byte at {offset} of the Raft snapshot"
+
+
+POWERED = ("raft", "state")
+"""The folders of a node's data whose durability is the node's job (its delivery journal beside
+them is the harness's record of what it did, not state)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PowerCut:
+    """What `power_cut` dropped: the files cut and their bytes, and the journal's end."""
+
+    files: int
+    bytes: int
+    journal_end: tuple[int, int] | None
+    """``(before, after)``, when the journal lost entries."""
+
+    def __str__(self) -> str:
+        journal = ("the journal untouched" if self.journal_end is None
+                   else "the journal cut from byte {} to {}".format(*self.journal_end))
+        return f"{self.files} files lost {self.bytes} unsynced bytes, {journal}"
+
+
+def power_cut(data: Path, ledger: SyncLedger) -> PowerCut:
+    """What a power cut leaves of the data of a node killed at that moment (SIGKILL: the
+    kernel still held all it wrote): each file keeps the bytes the node's last sync of it made
+    durable, as its `SyncLedger` noted them, and loses the rest; a file never synced is left
+    empty, as a file system that journals only its metadata may leave it; the Raft journal
+    ends where its last sync ended. Modelled at file level: renames and deletions count as
+    durable, and bytes overwritten in place are not put back."""
+    synced = ledger.read()
+    files = lost = 0
+    journal_end = None
+    for folder in POWERED:
+        for path in sorted(p for p in (data / folder).rglob("*") if p.is_file()):
+            status = path.stat()
+            keep = synced.get(status.st_ino, 0)
+            if path == data / "raft" / JOURNAL_FILE and keep:
+                end = rewind_journal(path, keep)
+                if end > keep:
+                    journal_end = (end, keep)
+            elif status.st_size > keep:
+                os.truncate(path, keep)
+                files += 1
+                lost += status.st_size - keep
+    return PowerCut(files, lost, journal_end)
 
 
 def fill(data: Path, leave_bytes: int) -> str:

@@ -116,6 +116,9 @@ class NodeSettings(BaseSettings):
     health service is also on the gRPC listener, behind its TLS."""
     data: Path = Path("data")
     fsync: bool = False
+    sync_ledger: Path | None = None
+    """With ``fsync``: where to note what each sync made durable, for the chaos harness's
+    simulated power cut (docs/chaos.md). Testing only."""
     raft_secret: SecretStr | None = None
     """The cluster's shared Raft secret, the same on every member (at least
     ``MIN_SECRET_BYTES``; ``openssl rand -base64 32`` makes a good one). Only from the
@@ -279,6 +282,8 @@ class NodeSettings(BaseSettings):
             raise ValueError(f"raft_address {self.raft_address} is not among members")
         if self.max_delay_ms > 3660 * DAY_MS:
             raise ValueError("max_delay_ms beyond ten years")
+        if self.sync_ledger is not None and not self.fsync:
+            raise ValueError("sync_ledger notes what fsync made durable: it needs fsync")
         one_message_bytes = (self.max_body_bytes + self.max_properties_bytes
                              + _MESSAGE_OVERHEAD_BYTES)
         if self.max_request_bytes < one_message_bytes:
@@ -404,7 +409,8 @@ class NodeSettings(BaseSettings):
 
     def replica_config(self) -> ReplicaConfig:
         return ReplicaConfig(
-            raft=RaftConfig(fsync=self.fsync, secrets=self.raft_secrets(),
+            raft=RaftConfig(fsync=self.fsync, sync_ledger=self.sync_ledger,
+                            secrets=self.raft_secrets(),
                             insecure=self.insecure_raft,
                             bind_address=self.raft_listen,
                             snapshot_min_entries=self.snapshot_min_entries),

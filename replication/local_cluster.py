@@ -86,6 +86,9 @@ class LocalNode:
     build: Path | None = None
     """The build the node runs: a folder put first on its ``PYTHONPATH`` (an unpacked wheel of
     another version); None for this one."""
+    sync_ledger: Path | None = None
+    """With it, the node runs with ``--fsync`` and notes there what each sync made durable
+    (what `tickwheel.chaos.storage.power_cut` keeps)."""
     _channel: grpc.Channel | None = field(default=None, repr=False)
 
     @property
@@ -125,14 +128,15 @@ class LocalCluster:
     Principals beyond ``admin`` (every permission): ``principals`` maps names to grants
     (`tickwheel.replication.dev_credentials`); ``client_certificates`` gives each a
     certificate too and makes the nodes require one (mutual TLS). ``insecure_grpc`` serves
-    plaintext to anyone instead.
+    plaintext to anyone instead. ``power_cuts``: the nodes run with ``--fsync`` and keep a
+    ledger of their syncs (`LocalNode.sync_ledger`), so that a power cut can be simulated.
     """
 
     def __init__(self, root: Path, size: int = 3, extra_args: tuple[str, ...] = (), *,
                  base_port: int | None = None, metrics: bool = False,
                  insecure_raft: bool = False, insecure_grpc: bool = False,
                  principals: dict[str, Grants] | None = None,
-                 client_certificates: bool = False) -> None:
+                 client_certificates: bool = False, power_cuts: bool = False) -> None:
         if base_port is None:
             ports = free_ports(4 * size)
             grpc_ports, raft_ports, peer_ports, metrics_ports = (
@@ -161,7 +165,8 @@ class LocalCluster:
         self.nodes = [LocalNode(f"127.0.0.1:{raft_ports[i]}", f"127.0.0.1:{grpc_ports[i]}",
                                 f"127.0.0.1:{peer_ports[i]}", root / f"node{i}",
                                 root / f"node{i}.log", admin,
-                                f"127.0.0.1:{metrics_ports[i]}" if metrics else None)
+                                f"127.0.0.1:{metrics_ports[i]}" if metrics else None,
+                                sync_ledger=root / f"node{i}.synced" if power_cuts else None)
                       for i in range(size)]
 
     def credentials(self, principal: str = "admin") -> Credentials:
@@ -197,6 +202,8 @@ class LocalCluster:
                    *members, "--data", str(node.data), "--clock-skew-ms",
                    str(node.clock_skew_ms), "--metrics-listen", node.metrics_address or "",
                    *self.raft_args, *self.grpc_args, *self.extra_args]
+        if node.sync_ledger is not None:
+            command += ["--fsync", "--sync-ledger", str(node.sync_ledger)]
         node.data.mkdir(parents=True, exist_ok=True)
         env = None
         if node.build is not None:

@@ -51,10 +51,13 @@ from tickwheel.replication.handles import HandleCipher
 from tickwheel.replication.handout import ConsumerSlot, Planner
 from tickwheel.replication.raft import (
     DISK_FULL,
+    JOURNAL_FILE,
+    SNAPSHOT_FILE,
     RaftConfig,
     RaftNode,
     RaftPort,
     SnapshotDamaged,
+    SyncLedger,
     fsync_files,
     journal_first_index,
     read_snapshot,
@@ -188,9 +191,11 @@ class Replica:
         self._fetch = fetch
         self._clock = clock or SystemClock()
         self._config = config or ReplicaConfig()
+        self._sync_ledger = (None if self._config.raft.sync_ledger is None
+                             else SyncLedger(self._config.raft.sync_ledger))
         raft_dir = self._data_dir / "raft"
-        fresh = not (raft_dir / "snapshot").exists()
-        first_entry = journal_first_index(raft_dir / "journal")
+        fresh = not (raft_dir / SNAPSHOT_FILE).exists()
+        first_entry = journal_first_index(raft_dir / JOURNAL_FILE)
         if fresh and first_entry is not None and first_entry > 1:
             raise StorageIncomplete(
                 f"{raft_dir / 'snapshot'} is missing, but the Raft journal starts at entry "
@@ -717,18 +722,11 @@ class Replica:
         started = self._clock.monotonic_s()
         self._bytes_since_snapshot = 0
         manifest = self._state.manifest()
-        if self._config.raft.fsync:
-            # the files the snapshot names, and the folders that hold them: a file created
-            # since the last snapshot (a new hour) is lost to a power cut without its entry
-            state_root = self._data_dir / "state"
-            files = [state_root / name for name in manifest.files]
-            folders = {folder for file in files for folder in file.parents
-                       if folder == state_root or state_root in folder.parents}
-            fsync_files([*files, *sorted(folders, key=lambda f: len(f.parts), reverse=True)])
+        self._sync_state_files(manifest)
         write_snapshot(path, (tuple(manifest.cursor), manifest.stamp_ms, manifest.files,
                               manifest.pending, manifest.groups, manifest.readied,
                               manifest.handle_key, manifest.moves), raft_tail,
-                       self._config.raft.fsync)
+                       self._config.raft.fsync, self._sync_ledger)
         self._state.snapshot_written(manifest)
         log.info("event=snapshot_taken files=%d cursor_second=%d cursor_local_index=%d "
                  "duration_ms=%.1f", len(manifest.files), *manifest.cursor,
@@ -753,11 +751,27 @@ class Replica:
         except Exception as error:
             log.exception("event=snapshot_install_failed")
             self._die(f"snapshot install failed: {error!r}")
+        # a leader's snapshot: the files fetched for it are on disk before pysyncobj clears
+        # the journal it replaces
+        self._sync_state_files(manifest)
         if self._clock.monotonic_s() - started > self._config.raft.election_min_ms / 2000:
             self._raft.postpone_election()
         if self._leading_term is not None:
             self._end_leadership()
         return raft_tail
+
+    def _sync_state_files(self, manifest: Manifest) -> None:
+        """With ``fsync``: the files ``manifest`` names, and the folders that hold them (a file
+        created since the last snapshot, a new hour, is lost to a power cut without its
+        entry)."""
+        if not self._config.raft.fsync:
+            return
+        state_root = self._data_dir / "state"
+        files = [state_root / name for name in manifest.files]
+        folders = {folder for file in files for folder in file.parents
+                   if folder == state_root or state_root in folder.parents}
+        fsync_files([*files, *sorted(folders, key=lambda f: len(f.parts), reverse=True)],
+                    self._sync_ledger)
 
     def _fetch_from_peers(self, path: str, offset: int, size: int) -> bytes:
         return self._fetch(self._peers_leader_first(), path, offset, size)

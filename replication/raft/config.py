@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from tickwheel.replication.raft.link_protocol import LinkSettings
 
@@ -47,6 +48,9 @@ class RaftConfig:
     """Links accepted but not yet authenticated; a new one pushes out the oldest."""
     fsync: bool = False
     """msync the journal on every entry and fsync state files at snapshots (slower)."""
+    sync_ledger: Path | None = None
+    """With ``fsync``: a folder where the node notes what each sync made durable, for the chaos
+    harness's power cut (`tickwheel.replication.raft.files.SyncLedger`). Testing only."""
     dns_cache_ms: int = 5_000
     """How long a peer's resolved address is trusted (Kubernetes pods change IP on restart)."""
     dns_fail_cache_ms: int = 1_000
@@ -88,6 +92,9 @@ class RaftConfig:
                              "election_max_ms")
         if self.insecure and self.secrets:
             raise ValueError("RaftConfig: insecure and a secret exclude each other")
+        if self.sync_ledger is not None and not self.fsync:
+            raise ValueError("RaftConfig: sync_ledger notes what fsync made durable; it needs "
+                             "fsync")
 
     def link_settings(self, has_peers: bool) -> LinkSettings:
         """The links' settings: with peers, the secret (or none, insecure, only when asked);

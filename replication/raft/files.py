@@ -7,22 +7,27 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
 import mmap
 import os
 import pickle
 import struct
 import zlib
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, BinaryIO, Final, cast
 
 from pysyncobj.journal import (
     FIRST_RECORD_OFFSET,
     LAST_RECORD_OFFSET_OFFSET,
     FileJournal,
+    MetaStorer,
     ResizableFile,
 )
+from pysyncobj.pickle import dumps
 
 from tickwheel.replication.raft.link_protocol import safe_load
+
+log = logging.getLogger("tickwheel.replication")
 
 SNAPSHOT_CLASSES = frozenset({("pysyncobj.node", "TCPNode")})
 """What a snapshot file names besides plain data: pysyncobj's member list."""
@@ -30,6 +35,8 @@ SNAPSHOT_CLASSES = frozenset({("pysyncobj.node", "TCPNode")})
 
 SNAPSHOT_FILE = "snapshot"
 """pysyncobj's full dump file, beside the journal in the Raft folder."""
+JOURNAL_FILE = "journal"
+"""pysyncobj's journal file, in the Raft folder (its term and vote: ``journal.meta``)."""
 _COMPACTING_SUFFIX = ".compacting"
 GROWTH_STEP_MAX = 32 << 20
 """The journal file grows by doubling, but by at most this much at a time (the space is
@@ -81,6 +88,9 @@ class JournalFile:
     def flush(self) -> None:
         self._map.flush()
 
+    def fileno(self) -> int:
+        return self._file.fileno()
+
     def _destroy(self) -> None:
         self._map.flush()
         self.close_unsynced()
@@ -91,6 +101,32 @@ class JournalFile:
         5 % of the schedules a second)."""
         self._map.close()
         self._file.close()
+
+
+class SyncLedger:
+    """Where a node notes, after each sync, how many bytes of a file it made durable: what the
+    chaos harness's power cut keeps of that file (`tickwheel.chaos.storage.power_cut`). One
+    small file per synced file, named by its inode number (a rename keeps it), holding the
+    length as 20 digits. Written after the sync returns, so it never claims more than the disk
+    holds. For testing only (``serve --sync-ledger``)."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+
+    def note(self, fd: int, length: int | None = None) -> None:
+        """``length`` bytes of the open file ``fd`` (its size when None) are on disk."""
+        status = os.fstat(fd)
+        entry = os.open(self.folder / str(status.st_ino), os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(entry, b"%020d" % (status.st_size if length is None else length), 0)
+        finally:
+            os.close(entry)
+
+    def read(self) -> dict[int, int]:
+        """``{inode: length}`` of every file noted."""
+        return {int(entry.name): int(entry.read_bytes() or b"0")
+                for entry in self.folder.iterdir()}
 
 
 class AtomicJournal(FileJournal):
@@ -108,15 +144,28 @@ class AtomicJournal(FileJournal):
     _FileJournal__journalFile: ResizableFile | JournalFile
     _FileJournal__currentOffset: int
 
-    def __init__(self, journalFile: str) -> None:
+    def __init__(self, journalFile: str, ledger: SyncLedger | None = None) -> None:
+        """``ledger``: where to note what each sync made durable (with ``sync`` only)."""
+        self._path = Path(journalFile)
+        self._ledger = ledger
         leftover = Path(journalFile + _COMPACTING_SUFFIX)
         leftover.unlink(missing_ok=True)  # a compaction that never reached its rename
+        if self._path.exists() and self._path.stat().st_size < FIRST_RECORD_OFFSET:
+            # created, and cut by a power cut before its header reached the disk: it never
+            # held an entry (pysyncobj cannot map an empty file)
+            log.warning("event=journal_empty path=%s bytes=%d: shorter than its header, "
+                        "started again", journalFile, self._path.stat().st_size)
+            self._path.unlink()
         super().__init__(journalFile)  # reads the entries through its own ResizableFile
-        self._path = Path(journalFile)
         # pysyncobj's map, which read the entries; nothing was written through it
         _close_unsynced(cast(ResizableFile, self._FileJournal__journalFile))
         self._file = JournalFile(journalFile, self._FileJournal__getDefaultHeader())
         self._FileJournal__journalFile = self._file
+        if self.sync:
+            # the file pysyncobj may just have created, and what was read from it
+            self._msync()
+            fsync_files([self._path.parent])
+            self._FileJournal__metaStorer = DurableMetaStorer(journalFile + ".meta", ledger)
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         """Room for the entry is allocated first: an entry that finds no space raises
@@ -137,8 +186,7 @@ class AtomicJournal(FileJournal):
                 file.write(header)
                 file.write(body)
                 if self.sync:
-                    file.flush()
-                    os.fsync(file.fileno())
+                    fsync_written(file, self._ledger)
         except OSError:
             staged.unlink(missing_ok=True)  # no space for it: the old journal stays
             raise
@@ -163,22 +211,47 @@ class AtomicJournal(FileJournal):
         without either; a power cut could pair the old snapshot with a compacted journal."""
         if self.sync:
             snapshot = self._path.with_name(SNAPSHOT_FILE)
-            fsync_files([*([snapshot] if snapshot.exists() else []), self._path.parent])
+            fsync_files([*([snapshot] if snapshot.exists() else []), self._path.parent],
+                        self._ledger)
+
+    def _msync(self) -> None:
+        """Write the journal's mapped pages to disk (``msync``); note its end."""
+        self._file.flush()
+        if self._ledger is not None:
+            self._ledger.note(self._file.fileno(), self._FileJournal__currentOffset)
 
 
 class MsyncJournal(AtomicJournal):
-    """A journal that reaches the disk before pysyncobj acknowledges an entry."""
+    """A journal that reaches the disk before pysyncobj acknowledges an entry, with its term
+    and vote (`DurableMetaStorer`)."""
 
     sync = True
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         super().add(command, idx, term)
-        self.flush()
+        self._msync()
 
-    def setCurrentTerm(self, term: int, votedForNodeId: object) -> None:
-        super().setCurrentTerm(term, votedForNodeId)
-        meta = Path(self._FileJournal__metaStorer.getPath())
-        fsync_files([meta, meta.parent])
+
+class DurableMetaStorer(MetaStorer):
+    """pysyncobj's term-and-vote file, written so that a power cut leaves the old one or the
+    new one. pysyncobj writes a temporary file and renames it over the old one without an
+    fsync: the rename can reach the disk before the bytes do, and an empty file reads as term
+    0 with no vote (its reader swallows every error), so a restarted node could vote twice in
+    one term. Here the bytes are fsynced before the rename, the folder after it, and only then
+    does pysyncobj send the vote."""
+
+    def __init__(self, path: str, ledger: SyncLedger | None) -> None:
+        super().__init__(path)
+        self._ledger = ledger
+
+    def storeMeta(self, meta: dict[str, Any]) -> None:
+        path = Path(self.getPath())
+        staged = path.with_name(path.name + ".tmp")
+        with open(staged, "wb") as file:
+            file.write(dumps(meta))
+            fsync_written(file, self._ledger)
+        os.replace(staged, path)
+        fsync_files([path.parent])
 
 
 SNAPSHOT_CHECK: Final = struct.Struct("<4sHI")
@@ -199,17 +272,16 @@ class SnapshotDamaged(ValueError):
     written in a state format this build does not know."""
 
 
-def write_snapshot(path: str, manifest: object, raft_tail: tuple[Any, ...], fsync: bool
-                   ) -> None:
+def write_snapshot(path: str, manifest: object, raft_tail: tuple[Any, ...], fsync: bool,
+                   ledger: SyncLedger | None = None) -> None:
     """Write the snapshot file pysyncobj renames into place (and streams to followers): the
-    pickle, then its check."""
+    pickle, then its check. With ``fsync``, it is on disk before pysyncobj renames it."""
     data = pickle.dumps((manifest, raft_tail), protocol=pickle.HIGHEST_PROTOCOL)
     with open(path, "wb") as file:
         file.write(data)
         file.write(_checked(data, STATE_FORMAT_VERSION))
         if fsync:
-            file.flush()
-            os.fsync(file.fileno())
+            fsync_written(file, ledger)
 
 
 def read_snapshot(path: str) -> tuple[Any, tuple[Any, ...]]:
@@ -249,12 +321,22 @@ def _checked(data: bytes, version: int) -> bytes:
     return head + struct.pack("<I", zlib.crc32(head, zlib.crc32(data)))
 
 
-def fsync_files(paths: list[Path]) -> None:
-    """fsync each file (or folder: its entries)."""
+def fsync_written(file: BinaryIO, ledger: SyncLedger | None) -> None:
+    """Flush and fsync ``file``, open for writing, and note it in ``ledger``."""
+    file.flush()
+    os.fsync(file.fileno())
+    if ledger is not None:
+        ledger.note(file.fileno())
+
+
+def fsync_files(paths: list[Path], ledger: SyncLedger | None = None) -> None:
+    """fsync each file (or folder: its entries), noting the files in ``ledger``."""
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
+            if ledger is not None and path.is_file():
+                ledger.note(fd)
         finally:
             os.close(fd)
 
@@ -275,6 +357,21 @@ def journal_first_index(path: Path) -> int | None:
         return None
     (index,) = struct.unpack_from("<Q", header, FIRST_RECORD_OFFSET + 4)
     return int(index)
+
+
+def rewind_journal(path: Path, end: int) -> int:
+    """Make the journal at ``path`` end at byte ``end`` (where an entry ends), zeroing the
+    entries after it, as a power cut leaves a journal last synced there; its end before. For
+    the chaos harness (`tickwheel.chaos.storage.power_cut`)."""
+    with open(path, "r+b") as file:
+        header = file.read(FIRST_RECORD_OFFSET)
+        (before,) = struct.unpack_from("<I", header, LAST_RECORD_OFFSET_OFFSET)
+        if before > end >= FIRST_RECORD_OFFSET:
+            file.seek(end)
+            file.write(bytes(before - end))
+            file.seek(LAST_RECORD_OFFSET_OFFSET)
+            file.write(struct.pack("<I", end))
+    return int(before)
 
 
 def _journal_record(command: bytes, idx: int, term: int) -> bytes:

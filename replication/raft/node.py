@@ -53,7 +53,13 @@ from pysyncobj.pipe_notifier import PipeNotifier
 
 from tickwheel.replication.raft import link_protocol
 from tickwheel.replication.raft.config import RaftConfig
-from tickwheel.replication.raft.files import SNAPSHOT_FILE, AtomicJournal, MsyncJournal
+from tickwheel.replication.raft.files import (
+    JOURNAL_FILE,
+    SNAPSHOT_FILE,
+    AtomicJournal,
+    MsyncJournal,
+    SyncLedger,
+)
 from tickwheel.replication.raft.lease import LeaseClock
 from tickwheel.replication.raft.port import OnResult, RaftStatus, Role
 from tickwheel.replication.raft.prevote import SHAPES, PreVote, well_formed
@@ -113,9 +119,10 @@ class RaftNode:
                         config.bind_address or self_address)
         raft_dir.mkdir(parents=True, exist_ok=True)
         # pysyncobj has no journal option; its module-level factory is the only seam.
-        original, pysyncobj.syncobj.createJournal = (pysyncobj.syncobj.createJournal,
-                                                     MsyncJournal if config.fsync
-                                                     else AtomicJournal)
+        ledger = None if config.sync_ledger is None else SyncLedger(config.sync_ledger)
+        original, pysyncobj.syncobj.createJournal = (
+            pysyncobj.syncobj.createJournal,
+            functools.partial(MsyncJournal if config.fsync else AtomicJournal, ledger=ledger))
         try:
             self._core = _Core(apply, self_address, list(peers), _conf(config, raft_dir,
                                                                          snapshot),
@@ -243,7 +250,7 @@ def _conf(config: RaftConfig, raft_dir: Path, snapshot: tuple[Serializer, Deseri
         connectionRetryTime=config.connection_retry_ms / 1000,
         logCompactionMinEntries=config.snapshot_min_entries,
         logCompactionMinTime=config.snapshot_min_interval_ms / 1000,
-        journalFile=str(raft_dir / "journal"),
+        journalFile=str(raft_dir / JOURNAL_FILE),
         fullDumpFile=str(raft_dir / SNAPSHOT_FILE),
         serializer=snapshot[0],
         deserializer=snapshot[1],

@@ -151,3 +151,13 @@ def test_a_request_limit_that_cannot_hold_one_message_is_refused(
     settings = NodeSettings(max_request_bytes=16 << 20, max_concurrent_rpcs=64)
     assert (settings.limits().max_request_bytes, settings.limits().max_concurrent_rpcs) == (
         16 << 20, 64)
+
+
+def test_a_sync_ledger_without_fsync_is_refused(tls_env: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    """The ledger notes what fsync made durable: without fsync it would note nothing, and a
+    simulated power cut would leave the node empty."""
+    with pytest.raises(ValidationError, match="sync_ledger .* needs fsync"):
+        NodeSettings(sync_ledger=tmp_path / "synced")
+    settings = NodeSettings(sync_ledger=tmp_path / "synced", fsync=True)
+    assert settings.replica_config().raft.sync_ledger == tmp_path / "synced"

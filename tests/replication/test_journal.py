@@ -1,6 +1,7 @@
 """The Raft journal (`AtomicJournal`): a process killed at any moment of a compaction leaves
 the old journal or the new one, whole, never a journal missing entries it had acknowledged;
-and a full disk is an ``OSError`` that changes nothing, never a SIGBUS.
+a full disk is an ``OSError`` that changes nothing, never a SIGBUS; and with ``--fsync``
+(`MsyncJournal`) a power cut keeps every entry added and the term and vote.
 
 pysyncobj compacts in place: it resets the file's end mark and re-adds every kept entry from
 the first byte, so a kill part way left only some of them (the kill test, run against
@@ -24,7 +25,8 @@ from pathlib import Path
 import pytest
 from pysyncobj.journal import FileJournal
 
-from tickwheel.replication.raft.files import AtomicJournal, MsyncJournal
+from tickwheel.chaos.storage import power_cut
+from tickwheel.replication.raft.files import AtomicJournal, MsyncJournal, SyncLedger
 
 ENTRIES, KEEP_FROM = 40_000, 20_000
 _WRITER = """
@@ -121,3 +123,56 @@ def test_a_full_disk_refuses_the_entry_and_keeps_every_entry_before_it(
     assert not (disk / "journal.compacting").exists()
     journal._destroy()
     assert entries(path) == list(range(1, int(added) + 1))
+
+
+def power_cut_folder(tmp_path: Path) -> tuple[Path, Path, SyncLedger]:
+    """``(data, journal path, ledger)``: the layout `power_cut` knows."""
+    (tmp_path / "data" / "raft").mkdir(parents=True)
+    return tmp_path / "data", tmp_path / "data" / "raft" / "journal", SyncLedger(
+        tmp_path / "synced")
+
+
+def test_after_a_power_cut_an_fsync_journal_has_every_entry_it_added_and_its_vote(
+        tmp_path: Path) -> None:
+    """What ``--fsync`` promises: an entry is on disk before pysyncobj acknowledges it, and
+    so are the term and the vote before the vote is sent. pysyncobj renamed its term-and-vote
+    file into place unsynced: after the cut it was empty, which reads as term 0 and no vote
+    (so a restarted node could vote twice in one term)."""
+    data, path, ledger = power_cut_folder(tmp_path)
+    journal = MsyncJournal(str(path), ledger=ledger)
+    for idx in range(1, 201):
+        journal.add(b"c" * 300, idx, 3)
+    journal.setCurrentTerm(5, "node-b")
+    journal.deleteEntriesTo(50)  # compacted: a new file, synced before its rename
+    for idx in range(201, 301):
+        journal.add(b"c" * 300, idx, 5)
+    AtomicJournal.add(journal, b"unsynced", 301, 5)  # written, the power cut before its msync
+    journal._file.close_unsynced()  # the process dies with the power
+    cut = power_cut(data, ledger)
+    assert cut.journal_end is not None  # the unsynced entry was cut
+    reopened = MsyncJournal(str(path), ledger=ledger)
+    try:
+        assert [reopened[i][1] for i in range(len(reopened))] == list(range(51, 301))
+        assert (reopened.getCurrentTerm(), reopened.getVotedForNodeId()) == (5, "node-b")
+    finally:
+        reopened._destroy()
+
+
+def test_a_journal_never_synced_is_empty_after_a_power_cut_and_opens_as_a_new_one(
+        tmp_path: Path) -> None:
+    """Without ``--fsync`` nothing is synced: the power cut leaves the files empty (pysyncobj
+    cannot map an empty journal: it raised ``ValueError`` and the node never started)."""
+    data, path, ledger = power_cut_folder(tmp_path)
+    journal = AtomicJournal(str(path), ledger=ledger)
+    for idx in range(1, 11):
+        journal.add(b"c" * 300, idx, 1)
+    journal._destroy()
+    assert power_cut(data, ledger).files == 1
+    assert path.stat().st_size == 0
+    reopened = AtomicJournal(str(path))
+    try:
+        assert len(reopened) == 0
+        reopened.add(b"c", 1, 1)
+    finally:
+        reopened._destroy()
+    assert entries(path) == [1]
