@@ -722,7 +722,7 @@ class Replica:
         started = self._clock.monotonic_s()
         self._bytes_since_snapshot = 0
         manifest = self._state.manifest()
-        self._sync_state_files(manifest)
+        self._sync_state_files(list(manifest.files))
         write_snapshot(path, (tuple(manifest.cursor), manifest.stamp_ms, manifest.files,
                               manifest.pending, manifest.groups, manifest.readied,
                               manifest.handle_key, manifest.moves), raft_tail,
@@ -751,23 +751,24 @@ class Replica:
         except Exception as error:
             log.exception("event=snapshot_install_failed")
             self._die(f"snapshot install failed: {error!r}")
-        # a leader's snapshot: the files fetched for it are on disk before pysyncobj clears
-        # the journal it replaces
-        self._sync_state_files(manifest)
+        # a leader's snapshot: the files it names are on disk before pysyncobj clears the
+        # journal it replaces (fetched, or already here but written since this node's last
+        # sync: both are lost to a power cut, and the peers may have moved on)
+        self._sync_state_files(list(manifest.files))
         if self._clock.monotonic_s() - started > self._config.raft.election_min_ms / 2000:
             self._raft.postpone_election()
         if self._leading_term is not None:
             self._end_leadership()
         return raft_tail
 
-    def _sync_state_files(self, manifest: Manifest) -> None:
-        """With ``fsync``: the files ``manifest`` names, and the folders that hold them (a file
+    def _sync_state_files(self, names: list[str]) -> None:
+        """With ``fsync``: the state files ``names``, and the folders that hold them (a file
         created since the last snapshot, a new hour, is lost to a power cut without its
         entry)."""
         if not self._config.raft.fsync:
             return
         state_root = self._data_dir / "state"
-        files = [state_root / name for name in manifest.files]
+        files = [state_root / name for name in names]
         folders = {folder for file in files for folder in file.parents
                    if folder == state_root or state_root in folder.parents}
         fsync_files([*files, *sorted(folders, key=lambda f: len(f.parts), reverse=True)],

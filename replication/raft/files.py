@@ -13,6 +13,7 @@ import os
 import pickle
 import struct
 import zlib
+from collections import deque
 from pathlib import Path
 from typing import Any, BinaryIO, Final, cast
 
@@ -24,6 +25,7 @@ from pysyncobj.journal import (
     ResizableFile,
 )
 from pysyncobj.pickle import dumps
+from pysyncobj.serializer import Serializer
 
 from tickwheel.replication.raft.link_protocol import safe_load
 
@@ -161,6 +163,8 @@ class AtomicJournal(FileJournal):
         _close_unsynced(cast(ResizableFile, self._FileJournal__journalFile))
         self._file = JournalFile(journalFile, self._FileJournal__getDefaultHeader())
         self._FileJournal__journalFile = self._file
+        self._kept: deque[tuple[bytes, int, int]] = deque()
+        """Entries after pysyncobj's last that the file still holds (`deleteEntriesFrom`)."""
         if self.sync:
             # the file pysyncobj may just have created, and what was read from it
             self._msync()
@@ -168,10 +172,39 @@ class AtomicJournal(FileJournal):
             self._FileJournal__metaStorer = DurableMetaStorer(journalFile + ".meta", ledger)
 
     def add(self, command: bytes, idx: int, term: int) -> None:
-        """Room for the entry is allocated first: an entry that finds no space raises
-        ``OSError(ENOSPC)`` and changes nothing (pysyncobj lists it before writing it)."""
-        self._file.reserve(self._FileJournal__currentOffset + 24 + len(command))
+        """An entry equal to the next one the file kept (`deleteEntriesFrom`) is taken as it
+        is; any other ends what was kept. Room for a new entry is allocated first: an entry
+        that finds no space raises ``OSError(ENOSPC)`` and changes nothing (pysyncobj lists
+        it before writing it)."""
+        if self._kept:
+            if self._kept[0] == (command, idx, term):
+                self._kept.popleft()
+                self._FileJournal__journal.append((command, idx, term))
+                self._FileJournal__currentOffset += _RECORD_OVERHEAD + len(command)
+                return
+            self._kept.clear()  # a different entry: the file's end moves back to it
+        self._file.reserve(self._FileJournal__currentOffset + _RECORD_OVERHEAD + len(command))
         super().add(command, idx, term)
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
+        """Drop the entries from ``entryFrom`` on from the list pysyncobj reads, but keep them
+        in the file until an entry that differs takes their place (`add`).
+
+        A pysyncobj follower drops every entry after the leader's ``prevLogIdx`` before adding
+        the leader's entries, even the ones it holds already, and the leader sends such
+        overlapping batches whenever a reply is behind its optimistic next index (several
+        times a minute under load: pysyncobj's "truncating already-applied log entries").
+        Cutting them from the file left entries this node had acknowledged, and the leader
+        had counted, nowhere on its disk until they came again: the chaos harness's power
+        cut there lost acknowledged messages, and a kill there could. Raft drops entries only
+        where they conflict with the leader's."""
+        removed = self._FileJournal__journal[entryFrom:]
+        if not removed:
+            return
+        del self._FileJournal__journal[entryFrom:]
+        self._FileJournal__currentOffset -= sum(_RECORD_OVERHEAD + len(command)
+                                                for command, _, _ in removed)
+        self._kept.extendleft(reversed(removed))
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         self._snapshot_durable()
@@ -179,7 +212,8 @@ class AtomicJournal(FileJournal):
         header = bytearray(self._FileJournal__getDefaultHeader())
         body = b"".join(_journal_record(*entry) for entry in kept)
         end = FIRST_RECORD_OFFSET + len(body)
-        struct.pack_into("<I", header, LAST_RECORD_OFFSET_OFFSET, end)
+        body += b"".join(_journal_record(*entry) for entry in self._kept)
+        struct.pack_into("<I", header, LAST_RECORD_OFFSET_OFFSET, FIRST_RECORD_OFFSET + len(body))
         staged = self._path.with_name(self._path.name + _COMPACTING_SUFFIX)
         try:
             with open(staged, "wb") as file:
@@ -204,6 +238,7 @@ class AtomicJournal(FileJournal):
         disk before the entries it replaces are gone."""
         self._snapshot_durable()
         super().clear()
+        self._kept.clear()
 
     def _snapshot_durable(self) -> None:
         """With ``sync``: fsync the snapshot file and the folder (its rename) before the
@@ -215,10 +250,12 @@ class AtomicJournal(FileJournal):
                         self._ledger)
 
     def _msync(self) -> None:
-        """Write the journal's mapped pages to disk (``msync``); note its end."""
+        """Write the journal's mapped pages to disk (``msync``); note its end (the header's
+        end mark: it covers the entries kept after pysyncobj's last)."""
         self._file.flush()
         if self._ledger is not None:
-            self._ledger.note(self._file.fileno(), self._FileJournal__currentOffset)
+            (end,) = struct.unpack("<I", self._file.read(LAST_RECORD_OFFSET_OFFSET, 4))
+            self._ledger.note(self._file.fileno(), end)
 
 
 class MsyncJournal(AtomicJournal):
@@ -252,6 +289,48 @@ class DurableMetaStorer(MetaStorer):
             fsync_written(file, self._ledger)
         os.replace(staged, path)
         fsync_files([path.parent])
+
+
+class DurableSerializer(Serializer):
+    """pysyncobj's snapshot handler, except that a snapshot received from the leader reaches
+    the disk before it replaces this node's own. pysyncobj writes the chunks to a temporary
+    file and renames it over the snapshot unsynced: a power cut right after left an empty
+    file where a good snapshot had been, and the node refused to start (found by the chaos
+    harness's power cut)."""
+
+    def __init__(self, *args: Any, ledger: SyncLedger | None = None) -> None:
+        super().__init__(*args)
+        self._path = Path(self._Serializer__fileName)
+        self._ledger = ledger
+        self._incoming: BinaryIO | None = None
+
+    def setTransmissionData(self, data: tuple[bytes, bool, bool] | None) -> bool:
+        """One chunk of a snapshot from the leader; True when it was the last one and the
+        snapshot is in place (fsynced, renamed, its folder fsynced)."""
+        if data is None:
+            return False
+        chunk, first, last = data
+        staged = self._path.with_name(self._path.name + ".1.tmp")
+        try:
+            if first:
+                if self._incoming is not None:
+                    self._incoming.close()
+                self._incoming = open(staged, "wb")  # noqa: SIM115 (open across chunks)
+            elif self._incoming is None:
+                return False  # a transfer whose start this node did not see
+            self._incoming.write(chunk)
+            if not last:
+                return False
+            incoming, self._incoming = self._incoming, None
+            with incoming:
+                fsync_written(incoming, self._ledger)
+            os.replace(staged, self._path)
+            fsync_files([self._path.parent])
+        except OSError as error:  # as pysyncobj: the leader sends the snapshot again
+            log.error("event=snapshot_receive_failed path=%s error=%r", staged, error)
+            self._incoming = None
+            return False
+        return True
 
 
 SNAPSHOT_CHECK: Final = struct.Struct("<4sHI")
@@ -372,6 +451,10 @@ def rewind_journal(path: Path, end: int) -> int:
             file.seek(LAST_RECORD_OFFSET_OFFSET)
             file.write(struct.pack("<I", end))
     return int(before)
+
+
+_RECORD_OVERHEAD = 24
+"""Bytes of a journal record besides its command: size, index, term, size."""
 
 
 def _journal_record(command: bytes, idx: int, term: int) -> bytes:

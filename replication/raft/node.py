@@ -57,6 +57,7 @@ from tickwheel.replication.raft.files import (
     JOURNAL_FILE,
     SNAPSHOT_FILE,
     AtomicJournal,
+    DurableSerializer,
     MsyncJournal,
     SyncLedger,
 )
@@ -118,18 +119,21 @@ class RaftNode:
                         "every message and rewrite its log", len(peers),
                         config.bind_address or self_address)
         raft_dir.mkdir(parents=True, exist_ok=True)
-        # pysyncobj has no journal option; its module-level factory is the only seam.
+        # pysyncobj has no option for its journal or its snapshot handler; its module-level
+        # names are the only seam.
         ledger = None if config.sync_ledger is None else SyncLedger(config.sync_ledger)
-        original, pysyncobj.syncobj.createJournal = (
-            pysyncobj.syncobj.createJournal,
-            functools.partial(MsyncJournal if config.fsync else AtomicJournal, ledger=ledger))
+        journal, serializer = pysyncobj.syncobj.createJournal, pysyncobj.syncobj.Serializer
+        pysyncobj.syncobj.createJournal = functools.partial(
+            MsyncJournal if config.fsync else AtomicJournal, ledger=ledger)
+        if config.fsync:
+            pysyncobj.syncobj.Serializer = functools.partial(DurableSerializer, ledger=ledger)
         try:
             self._core = _Core(apply, self_address, list(peers), _conf(config, raft_dir,
                                                                          snapshot),
                                transportClass=functools.partial(LinkTransport, links=links,
                                                                  lease=self._lease))
         finally:
-            pysyncobj.syncobj.createJournal = original
+            pysyncobj.syncobj.createJournal, pysyncobj.syncobj.Serializer = journal, serializer
         self._pre_vote = PreVote(self._core, len(peers), config.election_min_ms)
         self._core._SyncObj__transport.setOnMessageReceivedCallback(self._on_message)
         self._notifier = PipeNotifier(self._core._poller)

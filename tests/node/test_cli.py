@@ -157,7 +157,7 @@ def test_a_sync_ledger_without_fsync_is_refused(tls_env: pytest.MonkeyPatch,
                                                 tmp_path: Path) -> None:
     """The ledger notes what fsync made durable: without fsync it would note nothing, and a
     simulated power cut would leave the node empty."""
-    with pytest.raises(ValidationError, match="sync_ledger .* needs fsync"):
+    with pytest.raises(ValidationError, match=r"sync_ledger .* needs fsync"):
         NodeSettings(sync_ledger=tmp_path / "synced")
     settings = NodeSettings(sync_ledger=tmp_path / "synced", fsync=True)
     assert settings.replica_config().raft.sync_ledger == tmp_path / "synced"

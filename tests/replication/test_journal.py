@@ -176,3 +176,53 @@ def test_a_journal_never_synced_is_empty_after_a_power_cut_and_opens_as_a_new_on
     finally:
         reopened._destroy()
     assert entries(path) == [1]
+
+
+def reopened_entries(path: Path) -> list[tuple[int, int]]:
+    """``(index, term)`` of each entry a restarted node reads from the file."""
+    journal = FileJournal(str(path))
+    try:
+        return [(journal[i][1], journal[i][2]) for i in range(len(journal))]
+    finally:
+        journal._destroy()
+
+
+@pytest.mark.parametrize("journal_class", [AtomicJournal, MsyncJournal])
+def test_entries_a_follower_drops_to_take_them_again_stay_on_disk_until_one_differs(
+        tmp_path: Path, journal_class: type[AtomicJournal]) -> None:
+    """pysyncobj's follower drops the entries after the leader's prevLogIdx and adds the
+    leader's, even when it holds them already (an overlapping batch). With pysyncobj's
+    journal, a node that died in between had lost acknowledged entries 6 to 10."""
+    path = tmp_path / "journal"
+    journal = journal_class(str(path))
+    for idx in range(1, 11):
+        journal.add(b"c%d" % idx, idx, 1)
+    journal.flush()
+    journal.deleteEntriesFrom(5)  # an overlapping batch from prevLogIdx 5 arrives
+    assert len(journal) == 5
+    assert reopened_entries(path) == [(i, 1) for i in range(1, 11)]  # died here: all kept
+    for idx in (6, 7):  # the batch holds what the file kept: taken as it is
+        journal.add(b"c%d" % idx, idx, 1)
+    assert [journal[i][1] for i in range(len(journal))] == list(range(1, 8))
+    assert reopened_entries(path) == [(i, 1) for i in range(1, 11)]
+    journal.deleteEntriesTo(2)  # a compaction keeps what the file kept, after the list
+    assert reopened_entries(path) == [(i, 1) for i in range(3, 11)]
+    journal.add(b"new", 8, 2)  # a conflict (another term): the rest of what was kept goes
+    journal.flush()
+    assert reopened_entries(path) == [*((i, 1) for i in range(3, 8)), (8, 2)]
+    journal.add(b"next", 9, 2)
+    journal._destroy()
+    assert reopened_entries(path) == [*((i, 1) for i in range(3, 8)), (8, 2), (9, 2)]
+
+
+def test_a_power_cut_while_a_follower_takes_its_entries_again_keeps_them(
+        tmp_path: Path) -> None:
+    data, path, ledger = power_cut_folder(tmp_path)
+    journal = MsyncJournal(str(path), ledger=ledger)
+    for idx in range(1, 11):
+        journal.add(b"c" * 100, idx, 1)
+    journal.deleteEntriesFrom(5)
+    journal.add(b"c" * 100, 6, 1)
+    journal._file.close_unsynced()
+    power_cut(data, ledger)
+    assert reopened_entries(path) == [(i, 1) for i in range(1, 11)]

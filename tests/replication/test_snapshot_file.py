@@ -1,6 +1,7 @@
 """The snapshot file's check: every flipped byte is found, snapshots of the previous build
 (no check) still read, and the previous build reads this build's (the check comes after the
-pickle, where an unpickler stops)."""
+pickle, where an unpickler stops). With ``--fsync``, a snapshot received from the leader is
+whole after a power cut."""
 
 from __future__ import annotations
 
@@ -13,8 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from tickwheel.chaos.storage import power_cut
 from tickwheel.replication.raft import SnapshotDamaged, read_snapshot, write_snapshot
-from tickwheel.replication.raft.files import SNAPSHOT_CHECK, STATE_FORMAT_VERSION
+from tickwheel.replication.raft.files import (
+    SNAPSHOT_CHECK,
+    STATE_FORMAT_VERSION,
+    DurableSerializer,
+    SyncLedger,
+)
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "upgrade"
 MANIFEST = ((1_764_000_000, 3), 1_764_000_000_123, {"wheel/hours/00490000/log": 4_096},
@@ -76,3 +83,26 @@ def test_a_snapshot_of_a_newer_state_format_is_refused_not_misread(tmp_path: Pat
     path.write_bytes(data + head + zlib.crc32(head, zlib.crc32(data)).to_bytes(4, "little"))
     with pytest.raises(SnapshotDamaged, match="newer release"):
         read_snapshot(str(path))
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_a_snapshot_received_from_the_leader_survives_a_power_cut_right_after(
+        tmp_path: Path, chunks: int) -> None:
+    """pysyncobj renamed a received snapshot over this node's own without syncing it: the
+    power cut left an empty file where a good snapshot had been (run against its
+    ``Serializer``, this test finds the snapshot empty)."""
+    (tmp_path / "data" / "raft").mkdir(parents=True)
+    path = tmp_path / "data" / "raft" / "snapshot"
+    ledger = SyncLedger(tmp_path / "synced")
+    write_snapshot(str(path), ("old",), RAFT_TAIL, fsync=True, ledger=ledger)
+    sent = tmp_path / "sent"
+    write_snapshot(str(sent), MANIFEST, RAFT_TAIL, fsync=False)
+    data = sent.read_bytes()
+    receiver = DurableSerializer(str(path), 1 << 20, False, None, None, None, ledger=ledger)
+    size = -(-len(data) // chunks)
+    parts = [data[at:at + size] for at in range(0, len(data), size)]
+    done = [receiver.setTransmissionData((part, at == 0, at == len(parts) - 1))
+            for at, part in enumerate(parts)]
+    assert done == [False] * (len(parts) - 1) + [True]
+    power_cut(tmp_path / "data", ledger)
+    assert read_snapshot(str(path)) == (MANIFEST, RAFT_TAIL)
