@@ -21,7 +21,8 @@ from tickwheel.chaos.workload import Mix
 
 
 def _faults(text: str) -> tuple[str, ...]:
-    """``all`` is every fault, but ``disk-full`` only for root (it mounts a tmpfs per node)."""
+    """``all`` is every fault, but ``disk-full`` only for root (it mounts a tmpfs per node).
+    With ``power-cut`` among them, the nodes run with ``--fsync``."""
     if text == "all":
         faults = tuple(f for f in FAULTS if f != "disk-full" or os.geteuid() == 0)
     else:
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--rate", type=float, default=200.0, help="messages per second")
     run_parser.add_argument("--seed", type=int, default=1)
     run_parser.add_argument("--faults", type=_faults, default=("kill", "pause", "partition"),
-                            help=f"comma-separated, of {', '.join(FAULTS)}; or 'all'")
+                            help=f"comma-separated, of {', '.join(FAULTS)}; or 'all' "
+                                 "(power-cut runs the nodes with --fsync)")
     run_parser.add_argument("--warmup", type=float, default=8.0, help="seconds before faults")
     run_parser.add_argument("--interval", type=float, default=10.0,
                             help="recovery seconds after each fault")

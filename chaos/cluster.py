@@ -11,9 +11,11 @@ import shutil
 import signal
 from pathlib import Path
 
+from tickwheel.chaos import storage
 from tickwheel.chaos.proxy import RaftMesh
-from tickwheel.chaos.storage import MountFailed, mount_disk, unmount_disk
+from tickwheel.chaos.storage import MountFailed, PowerCut, mount_disk, unmount_disk
 from tickwheel.replication.local_cluster import LocalCluster, LocalNode, free_ports
+from tickwheel.replication.raft import SyncLedger
 
 
 class ChaosCluster(LocalCluster):
@@ -21,10 +23,12 @@ class ChaosCluster(LocalCluster):
     ``journals``. A context manager: it stops every process it started, then the proxies."""
 
     def __init__(self, root: Path, size: int, journals: Path,
-                 extra_args: tuple[str, ...] = (), disk_size: str | None = None) -> None:
+                 extra_args: tuple[str, ...] = (), disk_size: str | None = None,
+                 power_cuts: bool = False) -> None:
         """``disk_size`` (``"512m"``): give each node a tmpfs of its own of that size, a disk
-        that can fill up (mounting needs root)."""
-        super().__init__(root, size, extra_args)
+        that can fill up (mounting needs root). ``power_cuts``: run the nodes with ``--fsync``
+        and a ledger of their syncs, so that `power_cut` can drop what they did not sync."""
+        super().__init__(root, size, extra_args, power_cuts=power_cuts)
         self._disk_size = disk_size
         self._mounted: list[Path] = []
         ports = free_ports(size + size * (size - 1) // 2)
@@ -96,6 +100,11 @@ class ChaosCluster(LocalCluster):
     def heal(self) -> None:
         self.mesh.heal()
 
+    def power_cut(self, node: LocalNode) -> PowerCut:
+        """Drop every byte a killed node had not synced."""
+        assert node.sync_ledger is not None, "the cluster was not started for power cuts"
+        return storage.power_cut(node.data, SyncLedger(node.sync_ledger))
+
     def wipe(self, node: LocalNode) -> None:
         """Delete a stopped node's data (its journal is kept: the next generation starts); the
         folder stays (it may be a mount)."""
@@ -106,6 +115,8 @@ class ChaosCluster(LocalCluster):
                 shutil.rmtree(entry)
             else:
                 entry.unlink()
+        if node.sync_ledger is not None:  # its notes name files that are gone
+            shutil.rmtree(node.sync_ledger, ignore_errors=True)
 
     def collect_journals(self) -> None:
         for node in self.nodes:

@@ -148,7 +148,8 @@ def run(config: RunConfig, console: Console | None = None) -> dict:
         node_args = (() if config.snapshot_min_entries is None
                      else ("--snapshot-min-entries", str(config.snapshot_min_entries)))
         with ChaosCluster(out / "cluster", config.nodes, out / "journals", node_args,
-                          disk_size=disk_size) as cluster:
+                          disk_size=disk_size,
+                          power_cuts="power-cut" in config.nemesis.faults) as cluster:
             summary = _scenario(config, cluster, logs, expected, console)
             nodes = [{"name": cluster.name(n), "raft": n.raft, "grpc": n.grpc_address}
                      for n in cluster.nodes]

@@ -14,6 +14,8 @@
 |                  | (exit 3); then move its data away (its remedy) and start it empty |
 | ``disk-full`` | fill the leader's disk (a tmpfs per node) to half its reserve for |
 |               | ``disk_full_s``: new messages are refused, delivery goes on |
+| ``power-cut`` | SIGKILL every node at once, drop every byte each had not synced |
+|               | (the nodes run with ``--fsync``), start them all again |
 
 The first round inflicts every chosen fault once, in a seeded random order; later ones are
 drawn at random. Before each fault the nemesis waits for a leader that every node follows, so
@@ -43,7 +45,7 @@ from tickwheel.replication.local_cluster import LocalNode
 log = logging.getLogger("tickwheel.chaos")
 
 FAULTS = ("kill", "pause", "partition", "skew", "restart-all", "follower-wipe", "bitrot",
-          "truncate", "snapshot-rot", "disk-full")
+          "truncate", "snapshot-rot", "disk-full", "power-cut")
 REFUSAL_TIMEOUT_S = 30.0
 """How long a node with a damaged snapshot may take to refuse to start."""
 
@@ -91,7 +93,7 @@ class Nemesis(threading.Thread):
             "skew": self._skew, "restart-all": self._restart_all,
             "follower-wipe": self._follower_wipe, "bitrot": self._bitrot,
             "truncate": self._truncate, "snapshot-rot": self._snapshot_rot,
-            "disk-full": self._disk_full}
+            "disk-full": self._disk_full, "power-cut": self._power_cut}
 
     def run(self) -> None:
         try:
@@ -167,6 +169,16 @@ class Nemesis(threading.Thread):
         for node in self._cluster.nodes:
             self._cluster.start(node)
         return None, "SIGKILL every node, start them all again"
+
+    def _power_cut(self) -> tuple[None, str]:
+        self._leader()
+        for node in self._cluster.nodes:
+            self._cluster.kill(node)
+        cuts = [f"{self._cluster.name(node)}: {self._cluster.power_cut(node)}"
+                for node in self._cluster.nodes]
+        for node in self._cluster.nodes:
+            self._cluster.start(node)
+        return None, f"SIGKILL every node; {'; '.join(cuts)}; started them all again"
 
     def _follower_wipe(self) -> tuple[LocalNode, str]:
         leader = self._leader()

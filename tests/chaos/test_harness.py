@@ -126,9 +126,10 @@ def test_a_fault_list_outside_the_known_nemeses_is_refused(tmp_path: Path) -> No
     assert run.returncode == 2 and "flood" in run.stderr
 
 
-STORAGE_FAULTS = ("bitrot", "truncate", "snapshot-rot",
+STORAGE_FAULTS = ("bitrot", "truncate", "snapshot-rot", "power-cut",
                   *(("disk-full",) if os.geteuid() == 0 else ()))
-"""disk-full mounts a tmpfs per node, which needs root (CI runs as root)."""
+"""disk-full mounts a tmpfs per node, which needs root (CI runs as root); power-cut runs the
+nodes with --fsync."""
 
 
 @pytest.mark.timeout(600)
@@ -138,7 +139,7 @@ def test_failovers_and_storage_faults_lose_nothing_and_flag_every_duplicate(
     faults = ("kill", "pause", "partition", *STORAGE_FAULTS)
     harness = subprocess.run(
         [sys.executable, "-m", "tickwheel.chaos", "run", "--out", str(out), "--nodes", "3",
-         "--duration", "110", "--rate", "150", "--seed", "11", "--faults", ",".join(faults),
+         "--duration", "120", "--rate", "150", "--seed", "11", "--faults", ",".join(faults),
          "--warmup", "5", "--interval", "8", "--near-max-ms", "20000",
          "--snapshot-min-entries", "1000"], capture_output=True, text=True, timeout=500,
         check=False)
@@ -163,6 +164,8 @@ def test_failovers_and_storage_faults_lose_nothing_and_flag_every_duplicate(
     assert {fault["fault"] for fault in summary["faults"]} >= set(faults)
     refused = [f for f in summary["faults"] if f["fault"] == "snapshot-rot"]
     assert all("refused to start (exit 3)" in f["detail"] for f in refused), refused
+    cuts = [f for f in summary["faults"] if f["fault"] == "power-cut"]
+    assert all("unsynced bytes" in f["detail"] for f in cuts), cuts
     assert len(summary["failovers"]) >= 3
     assert all(f["first_delivery_ms"] is not None for f in summary["failovers"])
     assert audit.returncode == 0, audit.stderr[-4_000:]
