@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -35,16 +36,33 @@ from tickwheel.replication.dev_credentials import DevCredentials, Grants
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10_000
+
 
 def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
+    """``count`` distinct ports free on 127.0.0.1 now, below the kernel's ephemeral range. A
+    node killed and started again binds its ports again, and a port from that range may by
+    then be the local end of any outgoing connection (a chaos run saw a restarted node fail
+    to bind its peer port that way)."""
     try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+        first_ephemeral = int(EPHEMERAL_PORTS.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = 32_768  # Linux's default
+    candidates = list(range(LOWEST_PORT, first_ephemeral))
+    random.SystemRandom().shuffle(candidates)
+    ports: list[int] = []
+    for port in candidates:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise OSError(f"fewer than {count} free ports between {LOWEST_PORT} and "
+                  f"{first_ephemeral}")
 
 
 def wait_for(condition: Callable[[], object], timeout_s: float, what: str,

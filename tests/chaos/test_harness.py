@@ -18,7 +18,12 @@ import pytest
 from tickwheel.chaos import proxy
 from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.proxy import RaftMesh
-from tickwheel.replication.local_cluster import free_ports, wait_for
+from tickwheel.replication.local_cluster import (
+    EPHEMERAL_PORTS,
+    LOWEST_PORT,
+    free_ports,
+    wait_for,
+)
 
 
 class _Echo(socketserver.BaseRequestHandler):
@@ -53,6 +58,19 @@ def _round_trip(address: str) -> bytes:
         except (BrokenPipeError, ConnectionResetError):
             return b""
         return _receive(sock)
+
+
+def test_the_nodes_ports_are_free_and_never_ones_an_outgoing_connection_could_take() -> None:
+    """A node killed and started again binds its ports again: one from the ephemeral range
+    could meanwhile be the local end of an outgoing connection (a chaos run's restarted node
+    failed to bind its peer port so)."""
+    first_ephemeral = int(EPHEMERAL_PORTS.read_text().split()[0])
+    ports = free_ports(40)
+    assert len(set(ports)) == 40
+    assert all(LOWEST_PORT <= port < first_ephemeral for port in ports)
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
 
 
 def test_the_mesh_keeps_pysyncobj_dialling_order_and_cuts_and_heals_links() -> None:
