@@ -29,15 +29,10 @@ from tickwheel.node.identity import (
     ServerCertificates,
 )
 from tickwheel.node.journal import DeliveryJournal
+from tickwheel.node.listeners import Listeners, start_server
 from tickwheel.node.metrics import Metrics
 from tickwheel.node.peers import PeerFiles
-from tickwheel.node.server import (
-    SERVICE_NAME,
-    Listeners,
-    NodeContext,
-    cursor_lag_ms,
-    start_server,
-)
+from tickwheel.node.server import SERVICE_NAME, NodeContext, cursor_lag_ms
 from tickwheel.node.unary import UnaryConsumers
 from tickwheel.replication.clock import SystemClock
 from tickwheel.replication.replica import STORAGE_EXIT_CODE, Replica

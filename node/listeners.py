@@ -1,0 +1,133 @@
+"""How a node's gRPC servers are assembled, secured and bound: the client listener
+(`TickwheelService`, standard health and reflection, to authenticated callers), the peer
+listener (`TickwheelService` for the calls followers forward, and `PeerService`, to members
+only), and an optional plaintext listener with the health service alone, for probes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from tickwheel.node.disk import DiskWatch
+from tickwheel.node.forward import CHANNEL_OPTIONS
+from tickwheel.node.identity import ClientCallers, PeerCallers
+from tickwheel.node.server import (
+    SERVICE_NAME,
+    NodeContext,
+    TickwheelService,
+    add_tickwheel_service,
+)
+from tickwheel.replication.replica import Replica
+from tickwheel.v1 import tickwheel_pb2 as pb
+from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
+from tickwheel.wheel.errors import Unauthenticated
+
+CHUNK_BYTES = 1 << 20
+"""The largest piece of a state file one `PeerService.ReadStateFile` message carries."""
+
+
+class PeerService(pb_grpc.PeerServicer):
+    def __init__(self, replica: Replica, callers: PeerCallers, disk: DiskWatch) -> None:
+        self._replica = replica
+        self._callers = callers
+        self._disk = disk
+
+    async def DiskSpace(self, request: pb.DiskSpaceRequest,
+                        context: grpc.aio.ServicerContext) -> pb.DiskSpaceResponse:
+        try:
+            self._callers.member(context)
+        except Unauthenticated as error:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
+        own = self._disk.own()
+        return pb.DiskSpaceResponse(free_bytes=own.free_bytes, reserve_bytes=own.reserve_bytes)
+
+    async def ReadStateFile(self, request: pb.ReadStateFileRequest,
+                            context: grpc.aio.ServicerContext) -> AsyncIterator[pb.FileChunk]:
+        try:
+            self._callers.member(context)
+        except Unauthenticated as error:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
+        offset, end = request.offset, request.offset + request.size
+        while offset < end:
+            try:
+                data = await asyncio.to_thread(self._replica.read_state_file, request.path,
+                                               offset, min(CHUNK_BYTES, end - offset))
+            except (OSError, ValueError) as error:
+                await context.abort(grpc.StatusCode.NOT_FOUND, str(error))
+            if not data:
+                return
+            yield pb.FileChunk(data=data)
+            offset += len(data)
+
+
+@dataclass(frozen=True, slots=True)
+class Listeners:
+    """Where a node serves, and how it secures each listener (credentials None: plaintext,
+    ``insecure_grpc``)."""
+
+    client: str
+    client_credentials: grpc.ServerCredentials | None
+    client_callers: ClientCallers
+    peer: str | None
+    """None for a node alone: it has no peers."""
+    peer_credentials: grpc.ServerCredentials | None
+    health: str | None = None
+    """Where to serve the health service alone, in plaintext; None for nowhere."""
+
+
+async def start_server(node: NodeContext, listeners: Listeners
+                       ) -> tuple[list[grpc.aio.Server], health.aio.HealthServicer]:
+    """Bind and start the listeners; the health service starts NOT_SERVING (`Housekeeping`
+    updates it)."""
+    client = _server(node)
+    add_tickwheel_service(TickwheelService(node, listeners.client_callers), client)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, client)
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME), client)
+    _bind(client, listeners.client, listeners.client_credentials, "gRPC")
+    servers = [client]
+    if listeners.peer is not None:
+        peer = _server(node)
+        add_tickwheel_service(TickwheelService(node, node.peer_callers), peer)
+        pb_grpc.add_PeerServicer_to_server(PeerService(node.replica, node.peer_callers, node.disk),
+                                          peer)
+        _bind(peer, listeners.peer, listeners.peer_credentials, "the peer listener")
+        servers.append(peer)
+    if listeners.health is not None:
+        probes = grpc.aio.server(options=[("grpc.max_receive_message_length", 1024)],
+                                 maximum_concurrent_rpcs=16)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, probes)
+        _bind(probes, listeners.health, None, "the health listener")
+        servers.append(probes)
+    for server in servers:
+        await server.start()
+    return servers, health_servicer
+
+
+def _server(node: NodeContext) -> grpc.aio.Server:
+    limits = node.limits
+    options = [(key, value) for key, value in CHANNEL_OPTIONS
+               if key != "grpc.max_receive_message_length"]
+    options.append(("grpc.max_receive_message_length", limits.max_request_bytes))
+    # No bandwidth-delay probing: it grows a connection's flow-control window to megabytes,
+    # and the bytes of a request that will be refused as too large pile up in it (8 such
+    # requests at once grew a node by 2-33 MB with it, 0-0.3 MB without).
+    options.append(("grpc.http2.bdp_probe", 0))
+    return grpc.aio.server(options=options, maximum_concurrent_rpcs=limits.max_concurrent_rpcs)
+
+
+def _bind(server: grpc.aio.Server, address: str,
+          credentials: grpc.ServerCredentials | None, what: str) -> None:
+    port = (server.add_insecure_port(address) if credentials is None
+            else server.add_secure_port(address, credentials))
+    if port == 0:
+        raise OSError(f"cannot bind {what} to {address}")
