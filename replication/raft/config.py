@@ -50,7 +50,7 @@ class RaftConfig:
     """msync the journal on every entry and fsync state files at snapshots (slower)."""
     sync_ledger: Path | None = None
     """With ``fsync``: a folder where the node notes what each sync made durable, for the chaos
-    harness's power cut (`tickwheel.replication.raft.files.SyncLedger`). Testing only."""
+    harness's power cut (`tickwheel.replication.raft.durability.SyncLedger`). Testing only."""
     dns_cache_ms: int = 5_000
     """How long a peer's resolved address is trusted (Kubernetes pods change IP on restart)."""
     dns_fail_cache_ms: int = 1_000

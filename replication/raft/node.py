@@ -53,17 +53,12 @@ from pysyncobj.pipe_notifier import PipeNotifier
 
 from tickwheel.replication.raft import link_protocol
 from tickwheel.replication.raft.config import RaftConfig
-from tickwheel.replication.raft.files import (
-    JOURNAL_FILE,
-    SNAPSHOT_FILE,
-    AtomicJournal,
-    DurableSerializer,
-    MsyncJournal,
-    SyncLedger,
-)
+from tickwheel.replication.raft.durability import SyncLedger
+from tickwheel.replication.raft.journal import JOURNAL_FILE, AtomicJournal, MsyncJournal
 from tickwheel.replication.raft.lease import LeaseClock
 from tickwheel.replication.raft.port import OnResult, RaftStatus, Role
 from tickwheel.replication.raft.prevote import SHAPES, PreVote, well_formed
+from tickwheel.replication.raft.snapshot import SNAPSHOT_FILE, DurableSerializer
 from tickwheel.replication.raft.transport import LinkTransport
 
 log = logging.getLogger("tickwheel.replication")

@@ -26,13 +26,14 @@ import pytest
 from pysyncobj.journal import FileJournal
 
 from tickwheel.chaos.storage import power_cut
-from tickwheel.replication.raft.files import AtomicJournal, MsyncJournal, SyncLedger
+from tickwheel.replication.raft.durability import SyncLedger
+from tickwheel.replication.raft.journal import AtomicJournal, MsyncJournal
 
 ENTRIES, KEEP_FROM = 40_000, 20_000
 _WRITER = """
 import sys
 from pysyncobj.journal import FileJournal
-from tickwheel.replication.raft.files import {cls} as Journal
+from tickwheel.replication.raft.journal import {cls} as Journal
 written = FileJournal(sys.argv[1])
 for idx in range(1, {entries} + 1):
     written.add(b"c" * 200, idx, 1)
@@ -46,7 +47,7 @@ sys.stdin.read()
 """
 _FILLER = """
 import errno, sys
-from tickwheel.replication.raft.files import {cls} as Journal
+from tickwheel.replication.raft.journal import {cls} as Journal
 journal = Journal(sys.argv[1])
 added = 0
 try:

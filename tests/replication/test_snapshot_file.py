@@ -16,11 +16,11 @@ import pytest
 
 from tickwheel.chaos.storage import power_cut
 from tickwheel.replication.raft import SnapshotDamaged, read_snapshot, write_snapshot
-from tickwheel.replication.raft.files import (
+from tickwheel.replication.raft.durability import SyncLedger
+from tickwheel.replication.raft.snapshot import (
     SNAPSHOT_CHECK,
     STATE_FORMAT_VERSION,
     DurableSerializer,
-    SyncLedger,
 )
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "upgrade"

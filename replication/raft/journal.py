@@ -1,21 +1,19 @@
-"""What the Raft layer writes to disk, where pysyncobj's own writing is not safe enough: a
-journal compacted atomically (and, with ``fsync``, that reaches the disk before an entry is
-acknowledged and never drops entries before the snapshot that holds them is durable), and the
-snapshot file (a manifest, never message bodies)."""
+"""pysyncobj's journal, where its own writing is not safe enough: compacted atomically,
+allocated on disk before it is written (a full disk is ``ENOSPC``, never SIGBUS), keeping the
+entries a follower takes again until one differs, and, with ``fsync``, on disk before an entry
+is acknowledged, with its term and vote, never dropping entries before the snapshot that holds
+them is durable."""
 
 from __future__ import annotations
 
 import errno
-import io
 import logging
 import mmap
 import os
-import pickle
 import struct
-import zlib
 from collections import deque
 from pathlib import Path
-from typing import Any, BinaryIO, Final, cast
+from typing import Any, cast
 
 from pysyncobj.journal import (
     FIRST_RECORD_OFFSET,
@@ -25,18 +23,12 @@ from pysyncobj.journal import (
     ResizableFile,
 )
 from pysyncobj.pickle import dumps
-from pysyncobj.serializer import Serializer
 
-from tickwheel.replication.raft.link_protocol import safe_load
+from tickwheel.replication.raft.durability import SyncLedger, fsync_files, fsync_written
+from tickwheel.replication.raft.snapshot import SNAPSHOT_FILE
 
 log = logging.getLogger("tickwheel.replication")
 
-SNAPSHOT_CLASSES = frozenset({("pysyncobj.node", "TCPNode")})
-"""What a snapshot file names besides plain data: pysyncobj's member list."""
-
-
-SNAPSHOT_FILE = "snapshot"
-"""pysyncobj's full dump file, beside the journal in the Raft folder."""
 JOURNAL_FILE = "journal"
 """pysyncobj's journal file, in the Raft folder (its term and vote: ``journal.meta``)."""
 _COMPACTING_SUFFIX = ".compacting"
@@ -103,32 +95,6 @@ class JournalFile:
         5 % of the schedules a second)."""
         self._map.close()
         self._file.close()
-
-
-class SyncLedger:
-    """Where a node notes, after each sync, how many bytes of a file it made durable: what the
-    chaos harness's power cut keeps of that file (`tickwheel.chaos.storage.power_cut`). One
-    small file per synced file, named by its inode number (a rename keeps it), holding the
-    length as 20 digits. Written after the sync returns, so it never claims more than the disk
-    holds. For testing only (``serve --sync-ledger``)."""
-
-    def __init__(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        self.folder = folder
-
-    def note(self, fd: int, length: int | None = None) -> None:
-        """``length`` bytes of the open file ``fd`` (its size when None) are on disk."""
-        status = os.fstat(fd)
-        entry = os.open(self.folder / str(status.st_ino), os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(entry, b"%020d" % (status.st_size if length is None else length), 0)
-        finally:
-            os.close(entry)
-
-    def read(self) -> dict[int, int]:
-        """``{inode: length}`` of every file noted."""
-        return {int(entry.name): int(entry.read_bytes() or b"0")
-                for entry in self.folder.iterdir()}
 
 
 class AtomicJournal(FileJournal):
@@ -289,135 +255,6 @@ class DurableMetaStorer(MetaStorer):
             fsync_written(file, self._ledger)
         os.replace(staged, path)
         fsync_files([path.parent])
-
-
-class DurableSerializer(Serializer):
-    """pysyncobj's snapshot handler, except that a snapshot received from the leader reaches
-    the disk before it replaces this node's own. pysyncobj writes the chunks to a temporary
-    file and renames it over the snapshot unsynced: a power cut right after left an empty
-    file where a good snapshot had been, and the node refused to start (found by the chaos
-    harness's power cut)."""
-
-    def __init__(self, *args: Any, ledger: SyncLedger | None = None) -> None:
-        super().__init__(*args)
-        self._path = Path(self._Serializer__fileName)
-        self._ledger = ledger
-        self._incoming: BinaryIO | None = None
-
-    def setTransmissionData(self, data: tuple[bytes, bool, bool] | None) -> bool:
-        """One chunk of a snapshot from the leader; True when it was the last one and the
-        snapshot is in place (fsynced, renamed, its folder fsynced)."""
-        if data is None:
-            return False
-        chunk, first, last = data
-        staged = self._path.with_name(self._path.name + ".1.tmp")
-        try:
-            if first:
-                if self._incoming is not None:
-                    self._incoming.close()
-                self._incoming = open(staged, "wb")  # noqa: SIM115 (open across chunks)
-            elif self._incoming is None:
-                return False  # a transfer whose start this node did not see
-            self._incoming.write(chunk)
-            if not last:
-                return False
-            incoming, self._incoming = self._incoming, None
-            with incoming:
-                fsync_written(incoming, self._ledger)
-            os.replace(staged, self._path)
-            fsync_files([self._path.parent])
-        except OSError as error:  # as pysyncobj: the leader sends the snapshot again
-            log.error("event=snapshot_receive_failed path=%s error=%r", staged, error)
-            self._incoming = None
-            return False
-        return True
-
-
-SNAPSHOT_CHECK: Final = struct.Struct("<4sHI")
-"""What follows the pickle in a snapshot file: ``SNAPSHOT_CHECK_MAGIC``, the state format
-version (`STATE_FORMAT_VERSION`) and the CRC32 of everything before the CRC. An unpickler
-stops at the pickle's end, so builds that know no check read the file as before
-(deploy/README.md, "Upgrading"); their snapshots have none, and are read unchecked, as
-version 1."""
-SNAPSHOT_CHECK_MAGIC: Final = b"TWCK"
-STATE_FORMAT_VERSION: Final = 1
-"""The layout of the snapshot's manifest and of the replicated state files it names that carry
-no version of their own (dedupe buckets). The wheel's files carry theirs (`tickwheel.wheel.
-format`). 1: the layout every build since issue 16 writes."""
-
-
-class SnapshotDamaged(ValueError):
-    """A snapshot file that fails its check, does not unpickle, is not a snapshot, or was
-    written in a state format this build does not know."""
-
-
-def write_snapshot(path: str, manifest: object, raft_tail: tuple[Any, ...], fsync: bool,
-                   ledger: SyncLedger | None = None) -> None:
-    """Write the snapshot file pysyncobj renames into place (and streams to followers): the
-    pickle, then its check. With ``fsync``, it is on disk before pysyncobj renames it."""
-    data = pickle.dumps((manifest, raft_tail), protocol=pickle.HIGHEST_PROTOCOL)
-    with open(path, "wb") as file:
-        file.write(data)
-        file.write(_checked(data, STATE_FORMAT_VERSION))
-        if fsync:
-            fsync_written(file, ledger)
-
-
-def read_snapshot(path: str) -> tuple[Any, tuple[Any, ...]]:
-    """``(manifest, raft_tail)``: plain data and pysyncobj's member list; any other class
-    named in the file is refused (the file comes from the leader). Raises `SnapshotDamaged`
-    when the bytes fail their check (a flipped bit in a length would otherwise install wrong
-    lengths) or do not make a snapshot."""
-    with open(path, "rb") as file:
-        data = file.read()
-    stream = io.BytesIO(data)
-    try:
-        content = safe_load(stream, SNAPSHOT_CLASSES)
-    except Exception as error:  # any unpickling failure: the bytes are not a snapshot
-        raise SnapshotDamaged(f"{path} does not unpickle: {error!r}") from None
-    end = stream.tell()
-    trailer = data[end:]
-    if trailer:
-        if len(trailer) != SNAPSHOT_CHECK.size:
-            raise SnapshotDamaged(f"{path} has {len(trailer)} bytes after its pickle, "
-                                  f"expected a check of {SNAPSHOT_CHECK.size}")
-        magic, version, _ = SNAPSHOT_CHECK.unpack(trailer)
-        if magic != SNAPSHOT_CHECK_MAGIC or trailer != _checked(data[:end], version):
-            raise SnapshotDamaged(f"{path} fails its check (CRC32 of its {end} bytes)")
-        if version > STATE_FORMAT_VERSION:
-            raise SnapshotDamaged(f"{path} was written by a newer release (state format "
-                                  f"{version}; this one reads up to {STATE_FORMAT_VERSION}): "
-                                  "downgrading across a format change is not supported")
-    if not (isinstance(content, tuple) and len(content) == 2
-            and isinstance(content[1], tuple)):
-        raise SnapshotDamaged(f"{path} is not a snapshot: {type(content).__name__}")
-    return content[0], content[1]
-
-
-def _checked(data: bytes, version: int) -> bytes:
-    """The check that follows ``data`` in a snapshot file of state format ``version``."""
-    head = SNAPSHOT_CHECK.pack(SNAPSHOT_CHECK_MAGIC, version, 0)[:-4]
-    return head + struct.pack("<I", zlib.crc32(head, zlib.crc32(data)))
-
-
-def fsync_written(file: BinaryIO, ledger: SyncLedger | None) -> None:
-    """Flush and fsync ``file``, open for writing, and note it in ``ledger``."""
-    file.flush()
-    os.fsync(file.fileno())
-    if ledger is not None:
-        ledger.note(file.fileno())
-
-
-def fsync_files(paths: list[Path], ledger: SyncLedger | None = None) -> None:
-    """fsync each file (or folder: its entries), noting the files in ``ledger``."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            if ledger is not None and path.is_file():
-                ledger.note(fd)
-        finally:
-            os.close(fd)
 
 
 def journal_first_index(path: Path) -> int | None:
