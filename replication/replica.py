@@ -193,6 +193,8 @@ class Replica:
         self._config = config or ReplicaConfig()
         self._sync_ledger = (None if self._config.raft.sync_ledger is None
                              else SyncLedger(self._config.raft.sync_ledger))
+        self._synced: dict[str, int] = {}
+        """With ``fsync``: each state file's length as of its last fsync (`_sync_state_files`)."""
         raft_dir = self._data_dir / "raft"
         fresh = not (raft_dir / SNAPSHOT_FILE).exists()
         first_entry = journal_first_index(raft_dir / JOURNAL_FILE)
@@ -722,7 +724,7 @@ class Replica:
         started = self._clock.monotonic_s()
         self._bytes_since_snapshot = 0
         manifest = self._state.manifest()
-        self._sync_state_files(list(manifest.files))
+        self._sync_state_files(manifest.files)
         write_snapshot(path, (tuple(manifest.cursor), manifest.stamp_ms, manifest.files,
                               manifest.pending, manifest.groups, manifest.readied,
                               manifest.handle_key, manifest.moves), raft_tail,
@@ -754,25 +756,31 @@ class Replica:
         # a leader's snapshot: the files it names are on disk before pysyncobj clears the
         # journal it replaces (fetched, or already here but written since this node's last
         # sync: both are lost to a power cut, and the peers may have moved on)
-        self._sync_state_files(list(manifest.files))
+        self._synced.clear()  # files were cut and fetched: sync every one it names
+        self._sync_state_files(manifest.files)
         if self._clock.monotonic_s() - started > self._config.raft.election_min_ms / 2000:
             self._raft.postpone_election()
         if self._leading_term is not None:
             self._end_leadership()
         return raft_tail
 
-    def _sync_state_files(self, names: list[str]) -> None:
-        """With ``fsync``: the state files ``names``, and the folders that hold them (a file
-        created since the last snapshot, a new hour, is lost to a power cut without its
-        entry)."""
+    def _sync_state_files(self, files: dict[str, int]) -> None:
+        """With ``fsync``: the state files ``files`` names that grew since their last sync (or
+        are new), and the folders that hold them (a file created since the last snapshot, a
+        new hour, is lost to a power cut without its entry). The files only grow, so the rest
+        are on disk already: fsyncing every one, hundreds once a cluster holds many hours, held
+        the Raft thread long enough to cost a leader its leadership."""
         if not self._config.raft.fsync:
             return
+        grown = {name for name, size in files.items() if self._synced.get(name, -1) < size}
         state_root = self._data_dir / "state"
-        files = [state_root / name for name in names]
-        folders = {folder for file in files for folder in file.parents
+        paths = [state_root / name for name in sorted(grown)]
+        folders = {folder for path in paths for folder in path.parents
                    if folder == state_root or state_root in folder.parents}
-        fsync_files([*files, *sorted(folders, key=lambda f: len(f.parts), reverse=True)],
+        fsync_files([*paths, *sorted(folders, key=lambda f: len(f.parts), reverse=True)],
                     self._sync_ledger)
+        self._synced = {name: size for name, size in files.items()
+                        if name in self._synced or name in grown}
 
     def _fetch_from_peers(self, path: str, offset: int, size: int) -> bytes:
         return self._fetch(self._peers_leader_first(), path, offset, size)
