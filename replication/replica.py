@@ -769,7 +769,8 @@ class Replica:
         are new), and the folders that hold them (a file created since the last snapshot, a
         new hour, is lost to a power cut without its entry). The files only grow, so the rest
         are on disk already: fsyncing every one, hundreds once a cluster holds many hours, held
-        the Raft thread long enough to cost a leader its leadership."""
+        the Raft thread for 235-346 ms, the likely (not proven) cause of a leader deposed
+        1.9 s after it won."""
         if not self._config.raft.fsync:
             return
         grown = {name for name, size in files.items() if self._synced.get(name, -1) < size}
@@ -779,8 +780,7 @@ class Replica:
                    if folder == state_root or state_root in folder.parents}
         fsync_files([*paths, *sorted(folders, key=lambda f: len(f.parts), reverse=True)],
                     self._sync_ledger)
-        self._synced = {name: size for name, size in files.items()
-                        if name in self._synced or name in grown}
+        self._synced = dict(files)  # every file not grown was synced at its size already
 
     def _fetch_from_peers(self, path: str, offset: int, size: int) -> bytes:
         return self._fetch(self._peers_leader_first(), path, offset, size)
