@@ -374,10 +374,12 @@ class Hub:
             log.warning("event=give_back_failed leases=%d error=%r", len(leases), error)
 
     def _expire(self, expired: list[Expired]) -> None:
-        """A lease deadline (visibility timeout) that passes counts as a nack."""
+        """A stream lease's deadline (its visibility timeout) that passes counts as a nack. A
+        durable lease's deadline is the time its consumer chose to see the message again (an
+        invisible duration): its retry copy is ready at once."""
         if not expired or expired[0].epoch != self._epoch:
             return
-        retries = []
+        retries, at_once = [], []
         stalled: dict[int, Consumer] = {}
         for item in expired:
             attempt = item.message.attempt + item.lease.seq - 1
@@ -388,8 +390,10 @@ class Hub:
                     stalled[holder.key] = holder
             log.info("event=visibility_timeout topic=%s group=%r id=%r attempt=%d",
                      item.message.topic, item.group, item.message.id, attempt)
-            retries.append((item.message, item.lease, item.group, attempt))
+            (at_once if item.durable else retries).append(
+                (item.message, item.lease, item.group, attempt))
         self._retry(retries, "visibility_timeout")
+        self._retry(at_once, "lease_deadline", at_once=True)
         for consumer in stalled.values():
             self._stall(consumer)
 
@@ -406,14 +410,18 @@ class Hub:
         consumer.stalled()
         self.unsubscribe(consumer)
 
-    def _retry(self, items: list[tuple[DueMessage, LeaseRef, str, int]], reason: str) -> None:
-        """Propose a retry copy of each message for its group; the lease ends with it."""
+    def _retry(self, items: list[tuple[DueMessage, LeaseRef, str, int]], reason: str,
+               at_once: bool = False) -> None:
+        """Propose a retry copy of each message for its group, after the retry ladder's next
+        step (or, ``at_once``, now); the lease ends with it."""
         if not items:
             return
         now_ms = self._clock_ms()
         copies = []
         for message, lease, group, attempt in items:
             topic, delay_ms = self._retry_policy.next_copy(message.topic, attempt)
+            if at_once:
+                delay_ms = 0
             properties = dict(message.properties)
             if topic == message.topic:
                 properties[TARGET_GROUP_PROPERTY] = group

@@ -49,6 +49,9 @@ class Expired(NamedTuple):
     epoch: int
     consumer: int | None
     """The sink's key of the consumer holding it, if this leadership granted it."""
+    durable: bool = False
+    """A `DURABLE` lease: its deadline was the consumer's own choice of when to see the
+    message again (an invisible duration), not a failure detector's."""
 
 
 class DeliverySink(Protocol):

@@ -30,7 +30,7 @@ from typing import Final, NamedTuple
 
 from tickwheel.replication.commands import Grant, LeaseRef, Ready
 from tickwheel.replication.dispatcher import Delivery, DispatchConfig, Expired
-from tickwheel.replication.groups import DEFAULT_GROUP, STREAM, Group, Groups
+from tickwheel.replication.groups import DEFAULT_GROUP, DURABLE, STREAM, Group, Groups
 from tickwheel.wheel import DueMessage
 from tickwheel.wheel.errors import InvalidMessage
 
@@ -335,7 +335,8 @@ class Planner:
             self._expiring.add((group_id, handle))
             held = self._holders.get((group_id, handle))
             found.append(Expired(message, LeaseRef(group_id, handle, seq, lease.nonce),
-                                 group.name, self.epoch, None if held is None else held[0]))
+                                 group.name, self.epoch, None if held is None else held[0],
+                                 lease.mode == DURABLE))
         return found
 
     def next_deadline_ms(self) -> int | None:
