@@ -1,7 +1,9 @@
 """Generates the gRPC stubs from proto/ whenever the package is built (also for -e installs).
 
-They are written to build/generated/tickwheel/v1 (not committed) and installed as `tickwheel.v1`.
-Generation runs when setuptools loads this file, before it looks for that package folder.
+They are written to build/generated (not committed) and installed as `tickwheel.v1` (our API)
+and `tickwheel.rocketmq.v2` (RocketMQ 5's `apache.rocketmq.v2`, vendored verbatim under
+proto/apache). Generation runs when setuptools loads this file, before it looks for those
+package folders.
 """
 
 from pathlib import Path
@@ -12,6 +14,10 @@ from setuptools import setup
 ROOT = Path(__file__).parent
 PROTO_ROOT = ROOT / "proto"
 GENERATED = ROOT / "build" / "generated"
+ROCKETMQ = GENERATED / "tickwheel" / "rocketmq" / "v2"
+"""Where the RocketMQ stubs are installed from: protoc writes them to apache/rocketmq/v2 (the
+protos' own path) and they move here, their imports of each other renamed to match, so the
+installed package claims no top-level ``apache``."""
 
 
 def generate_stubs() -> None:
@@ -25,6 +31,16 @@ def generate_stubs() -> None:
         raise RuntimeError(f"protoc failed with status {status}")
     (GENERATED / "tickwheel" / "v1" / "__init__.py").write_text(
         '"""gRPC stubs generated from proto/tickwheel/v1 at build time."""\n')
+    ROCKETMQ.mkdir(parents=True, exist_ok=True)
+    for made in sorted((GENERATED / "apache" / "rocketmq" / "v2").iterdir()):
+        text = made.read_text().replace("from apache.rocketmq.v2 import",
+                                        "from tickwheel.rocketmq.v2 import")
+        (ROCKETMQ / made.name).write_text(text)
+        made.unlink()
+    (ROCKETMQ.parent / "__init__.py").write_text(
+        '"""RocketMQ 5\'s client protocol (Apache-2.0), generated at build time."""\n')
+    (ROCKETMQ / "__init__.py").write_text(
+        '"""gRPC stubs generated from proto/apache/rocketmq/v2 at build time."""\n')
 
 
 generate_stubs()

@@ -8,6 +8,7 @@ client certificate (its common name, when the node asks for client certificates)
     name = "orders-service"
     tokens = ["sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"]
     certificates = ["orders-service"]
+    rocketmq_access_keys = ["orders-service"]
 
     [[principal.grant]]
     actions = ["schedule", "cancel"]
@@ -19,10 +20,15 @@ client certificate (its common name, when the node asks for client certificates)
     groups = ["billing", "shipping"]
 
 Actions: ``schedule`` (Schedule, ScheduleStream), ``consume`` (Receive, ReceiveMessages,
-AckMessages, ChangeInvisibleDuration: of a topic's named groups), ``cancel`` (Cancel and
-Reschedule of a topic's messages) and ``admin`` (CreateGroup and DeleteGroup, and everything
-the other three allow). Topic and group patterns are shell-style (``*``, ``?``, ``[...]``);
+AckMessages, ChangeInvisibleDuration, CreateGroup: of a topic's named groups), ``cancel``
+(Cancel and Reschedule of a topic's messages) and ``admin`` (DeleteGroup, and everything the
+other three allow). Topic and group patterns are shell-style (``*``, ``?``, ``[...]``);
 a grant without ``groups`` covers every group. ``tickwheel token`` makes a token and its line.
+
+RocketMQ clients sign with an AccessKey and a SecretKey (``MQv2-HMAC-SHA1``): the file names
+the access keys; each one's secret key is derived from the cluster's Raft secret
+(`tickwheel.node.rocketmq.signature`, ``tickwheel rocketmq-key``), so the file still holds no
+secret.
 
 The node rereads the file when it changes (a Secret updated in place): tokens are added and
 revoked without a restart. A file that does not parse is refused at start, and kept out (the
@@ -41,12 +47,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 log = logging.getLogger("tickwheel.node.access")
 
 TOKEN_PREFIX = "sha256:"
+ACCESS_KEY_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
+"""A RocketMQ AccessKey (`tickwheel.node.rocketmq.signature`)."""
 MAX_DECISIONS = 4_096
 """Decisions a principal remembers (action, topic, group); past it they are forgotten."""
 
@@ -132,6 +141,8 @@ class _PrincipalModel(BaseModel):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@/-]+$")
     tokens: list[str] = Field(default_factory=list)
     certificates: list[str] = Field(default_factory=list)
+    rocketmq_access_keys: list[Annotated[str, Field(pattern=ACCESS_KEY_PATTERN)]] = Field(
+        default_factory=list)
     grant: list[_GrantModel] = Field(default_factory=list)
 
     @field_validator("tokens")
@@ -155,19 +166,21 @@ class _AccessModel(BaseModel):
 class Access:
     """The principals of one access file, found by token digest, certificate name or name."""
 
-    def __init__(self, principals: Iterable[tuple[Principal, Sequence[str], Sequence[str]]]
-                 ) -> None:
-        """``(principal, token digests, certificate names)`` each."""
+    def __init__(self, principals: Iterable[tuple[Principal, Sequence[str], Sequence[str],
+                                                  Sequence[str]]]) -> None:
+        """``(principal, token digests, certificate names, RocketMQ access keys)`` each."""
         self._by_token: dict[str, Principal] = {}
         self._by_certificate: dict[str, Principal] = {}
         self._by_name: dict[str, Principal] = {}
-        for principal, digests, certificates in principals:
+        self._by_access_key: dict[str, Principal] = {}
+        for principal, digests, certificates, access_keys in principals:
             for index, (table, keys) in enumerate(((self._by_name, [principal.name]),
                                                    (self._by_token, digests),
-                                                   (self._by_certificate, certificates))):
+                                                   (self._by_certificate, certificates),
+                                                   (self._by_access_key, access_keys))):
                 for key in keys:
                     if key in table:
-                        kind = ("name", "token", "certificate")[index]
+                        kind = ("name", "token", "certificate", "RocketMQ access key")[index]
                         raise ValueError(f"principal {principal.name!r}: its {kind} "
                                          f"{key[:24]!r} is also another principal's")
                     table[key] = principal
@@ -181,13 +194,16 @@ class Access:
             raise ValueError(str(error)) from None
         return cls((Principal(p.name, tuple(
             Grant(frozenset(g.actions), tuple(g.topics), tuple(g.groups)) for g in p.grant)),
-            p.tokens, p.certificates) for p in model.principal)
+            p.tokens, p.certificates, p.rocketmq_access_keys) for p in model.principal)
 
     def by_token(self, token: str) -> Principal | None:
         return self._by_token.get(token_digest(token))
 
     def by_certificate(self, common_name: str) -> Principal | None:
         return self._by_certificate.get(common_name)
+
+    def by_access_key(self, access_key: str) -> Principal | None:
+        return self._by_access_key.get(access_key)
 
     def by_name(self, name: str) -> Principal | None:
         return self._by_name.get(name)

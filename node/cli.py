@@ -40,7 +40,8 @@ from rich.table import Table
 
 from tickwheel.client import Client, Credentials, Message, TickwheelClientError
 from tickwheel.node import config as node_config
-from tickwheel.node.access import new_token, token_digest
+from tickwheel.node.access import ACCESS_KEY_PATTERN, new_token, token_digest
+from tickwheel.node.rocketmq.signature import secret_key
 from tickwheel.node.serve import run
 from tickwheel.replication import dev_credentials
 from tickwheel.replication.local_cluster import LocalCluster
@@ -315,17 +316,7 @@ def _parser() -> argparse.ArgumentParser:
     up.set_defaults(handler=_cluster_up)
     connection = _connection_parser()
 
-    certs = commands.add_parser(
-        "certs", help="make a CA, a node certificate, an admin token and an access file "
-                      "to try a node with (not for production)")
-    certs.add_argument("dir", type=Path)
-    certs.add_argument("--host", action="append", default=[],
-                       help="a name or IP the node certificate covers (repeatable; default "
-                            "127.0.0.1 and localhost)")
-    certs.set_defaults(handler=_certs)
-    token = commands.add_parser("token", help="make a bearer token and its access file lines")
-    token.add_argument("--name", default="my-service", help="the principal's name")
-    token.set_defaults(handler=_token)
+    _credential_parsers(commands)
 
     schedule = commands.add_parser("schedule", parents=[connection],
                                    help="schedule a message (or a file of them)")
@@ -416,6 +407,57 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _credential_parsers(commands: argparse._SubParsersAction) -> None:
+    """``certs``, ``token`` and ``rocketmq-key``: what a node and its clients prove
+    themselves with."""
+    certs = commands.add_parser(
+        "certs", help="make a CA, a node certificate, an admin token and an access file "
+                      "to try a node with (not for production)")
+    certs.add_argument("dir", type=Path)
+    certs.add_argument("--host", action="append", default=[],
+                       help="a name or IP the node certificate covers (repeatable; default "
+                            "127.0.0.1 and localhost)")
+    certs.set_defaults(handler=_certs)
+    token = commands.add_parser("token", help="make a bearer token and its access file lines")
+    token.add_argument("--name", default="my-service", help="the principal's name")
+    token.set_defaults(handler=_token)
+    _rocketmq_key_parser(commands.add_parser(
+        "rocketmq-key", help="the SecretKey of a RocketMQ AccessKey, and its access file line"))
+
+
+def _rocketmq_key_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("access_key", help="the AccessKey, as the client will send it")
+    parser.add_argument("--raft-secret-file", type=Path,
+                        default=os.environ.get("TICKWHEEL_RAFT_SECRET_FILE"),
+                        help="the cluster's Raft secret (default: TICKWHEEL_RAFT_SECRET_FILE, "
+                             "or TICKWHEEL_RAFT_SECRET)")
+    parser.set_defaults(handler=_rocketmq_key)
+
+
+def _rocketmq_key(args: argparse.Namespace) -> int:
+    if not re.fullmatch(ACCESS_KEY_PATTERN, args.access_key):
+        console.print(f"[red]error[/red] {args.access_key!r} is not 1-128 of [A-Za-z0-9_.-]")
+        return 2
+    try:
+        text = (args.raft_secret_file.read_text() if args.raft_secret_file
+                else os.environ.get("TICKWHEEL_RAFT_SECRET", ""))
+    except OSError as error:
+        console.print(f"[red]error[/red] {args.raft_secret_file}: {error.strerror}")
+        return 2
+    raft_secrets = text.split()
+    if not raft_secrets:
+        console.print("[red]error[/red] no Raft secret: give --raft-secret-file (or "
+                      "TICKWHEEL_RAFT_SECRET)")
+        return 2
+    key = secret_key(raft_secrets[0].encode(), args.access_key)
+    console.print(f"SecretKey of AccessKey {args.access_key} (give it to the client; the "
+                  f"nodes derive it, nothing stores it):\n  {key}\n"
+                  f"in the principal's entry of the access file:\n"
+                  f"  rocketmq_access_keys = [{json.dumps(args.access_key)}]",
+                  highlight=False, soft_wrap=True)
+    return 0
+
+
 def _serve_parser(serve: argparse.ArgumentParser) -> None:
     """Flags mirror `NodeSettings` fields; a flag not given leaves env, file or default."""
     serve.add_argument("--config", type=Path, help="a TOML file")
@@ -424,6 +466,12 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--member", dest="members", action="append",
                        metavar="RAFT_ADDRESS=GRPC_ADDRESS=PEER_ADDRESS")
     serve.add_argument("--grpc-listen")
+    serve.add_argument("--rocketmq-listen",
+                       help="HOST:PORT to serve RocketMQ 5's client protocol at (off unless "
+                            "given; docs/rocketmq.md)")
+    serve.add_argument("--rocketmq-advertise",
+                       help="HOST:PORT RocketMQ routes name (default: the address the client "
+                            "asked with)")
     serve.add_argument("--metrics-listen", help="HOST:PORT, or '' for none")
     serve.add_argument("--health-listen",
                        help="HOST:PORT for grpc.health.v1 alone, in plaintext (probes)")
@@ -451,9 +499,6 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--insecure-grpc", action="store_true", default=None,
                        help="serve gRPC in plaintext to anyone, with every permission")
     serve.add_argument("--clock-skew-ms", type=int, help="fault injection only")
-    serve.add_argument("--clock-skew-allowance-ms", type=int,
-                       help="the largest clock difference between members a hand-over "
-                            "tolerates (default 2000)")
     serve.add_argument("--delay-levels", metavar="TABLE",
                        help="what delay_level 1, 2, ... mean and the retry ladder's steps "
                             "(RocketMQ's messageDelayLevel; units s m h d; default "

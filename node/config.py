@@ -108,6 +108,13 @@ class NodeSettings(BaseSettings):
     insecure_grpc: bool = False
     """Serve gRPC in plaintext to anyone, with every permission: no TLS, no tokens. Logged
     loudly at every start; for a laptop behind a firewall, never a shared network."""
+    rocketmq_listen: str | None = None
+    """Where to serve RocketMQ 5's client protocol (``apache.rocketmq.v2.MessagingService``,
+    docs/rocketmq.md); off unless set. Secured as the client listener is: TLS with this node's
+    certificate, and calls signed with an access key of the access file."""
+    rocketmq_advertise: str | None = None
+    """``HOST:PORT`` that RocketMQ routes name (clients connect there after ``QueryRoute``);
+    default: the address the client itself asked with."""
     metrics_listen: str | None = "127.0.0.1:9400"
     """Where to serve Prometheus ``/metrics``; empty to serve none."""
     health_listen: str | None = None
@@ -210,7 +217,8 @@ class NodeSettings(BaseSettings):
         parse_levels(value)
         return value
 
-    @field_validator("raft_address", "raft_listen", "grpc_listen", "peer_listen")
+    @field_validator("raft_address", "raft_listen", "grpc_listen", "peer_listen",
+                     "rocketmq_listen", "rocketmq_advertise")
     @classmethod
     def _check_address(cls, value: str | None) -> str | None:
         return value if value is None else _address(value)
@@ -353,6 +361,10 @@ class NodeSettings(BaseSettings):
                 raise ValueError(f"{name} {path}: no such file")
         check_certificate_pair(self.tls_cert_file, self.tls_key_file)
         self._access = AccessFile(self.access_file)
+        if self.rocketmq_listen and not self._secrets:
+            raise ValueError("rocketmq_listen: RocketMQ secret keys are derived from the Raft "
+                             "secret, and this node has none: give --raft-secret-file (or "
+                             "TICKWHEEL_RAFT_SECRET)")
         return self
 
     def access(self) -> AccessFile | None:

@@ -1,7 +1,8 @@
 """How a node's gRPC servers are assembled, secured and bound: the client listener
 (`TickwheelService`, standard health and reflection, to authenticated callers), the peer
 listener (`TickwheelService` for the calls followers forward, and `PeerService`, to members
-only), and an optional plaintext listener with the health service alone, for probes."""
+only), an optional RocketMQ listener (`tickwheel.node.rocketmq`, secured as the client
+listener), and an optional plaintext listener with the health service alone, for probes."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from grpc_reflection.v1alpha import reflection
 from tickwheel.node.disk import DiskWatch
 from tickwheel.node.forward import CHANNEL_OPTIONS
 from tickwheel.node.identity import ClientCallers, PeerCallers
+from tickwheel.node.rocketmq.service import MessagingService, add_messaging_service
+from tickwheel.node.rocketmq.signature import Signatures
 from tickwheel.node.server import (
     SERVICE_NAME,
     NodeContext,
@@ -25,8 +28,13 @@ from tickwheel.node.server import (
 from tickwheel.replication.replica import Replica
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
-from tickwheel.wheel.errors import Unauthenticated
+from tickwheel.wheel.errors import Unauthenticated, invariant
 
+ROCKETMQ_KEEPALIVE = (("grpc.keepalive_permit_without_calls", 1),
+                      ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+                      ("grpc.http2.max_ping_strikes", 0))
+"""RocketMQ's clients ping idle connections (Java every 300 s, with no call in flight); gRPC's
+defaults would answer with GOAWAY and drop the client's Telemetry stream."""
 CHUNK_BYTES = 1 << 20
 """The largest piece of a state file one `PeerService.ReadStateFile` message carries."""
 
@@ -78,6 +86,14 @@ class Listeners:
     peer_credentials: grpc.ServerCredentials | None
     health: str | None = None
     """Where to serve the health service alone, in plaintext; None for nowhere."""
+    rocketmq: str | None = None
+    """Where to serve RocketMQ's `MessagingService`; None for nowhere."""
+    rocketmq_credentials: grpc.ServerCredentials | None = None
+    """The client listener's TLS, as credentials of its own (a server takes its own)."""
+    rocketmq_advertise: str | None = None
+    """``HOST:PORT`` RocketMQ routes name; None: the address the client asked with."""
+    signatures: Signatures | None = None
+    """Who signs RocketMQ calls; needed with ``rocketmq``."""
 
 
 async def start_server(node: NodeContext, listeners: Listeners
@@ -102,6 +118,15 @@ async def start_server(node: NodeContext, listeners: Listeners
                                           peer)
         _bind(peer, listeners.peer, listeners.peer_credentials, "the peer listener")
         servers.append(peer)
+    if listeners.rocketmq is not None:
+        invariant(listeners.signatures is not None, "the RocketMQ listener checks signatures")
+        rocketmq = _server(node, ROCKETMQ_KEEPALIVE)
+        add_messaging_service(MessagingService(
+            node, TickwheelService(node, listeners.client_callers), listeners.signatures,
+            listeners.rocketmq_advertise), rocketmq)
+        _bind(rocketmq, listeners.rocketmq, listeners.rocketmq_credentials,
+              "the RocketMQ listener")
+        servers.append(rocketmq)
     if listeners.health is not None:
         probes = grpc.aio.server(options=[("grpc.max_receive_message_length", 1024)],
                                  maximum_concurrent_rpcs=16)
@@ -113,10 +138,11 @@ async def start_server(node: NodeContext, listeners: Listeners
     return servers, health_servicer
 
 
-def _server(node: NodeContext) -> grpc.aio.Server:
+def _server(node: NodeContext, extra: tuple[tuple[str, int], ...] = ()) -> grpc.aio.Server:
     limits = node.limits
     options = [(key, value) for key, value in CHANNEL_OPTIONS
                if key != "grpc.max_receive_message_length"]
+    options.extend(extra)
     options.append(("grpc.max_receive_message_length", limits.max_request_bytes))
     # No bandwidth-delay probing: it grows a connection's flow-control window to megabytes,
     # and the bytes of a request that will be refused as too large pile up in it (8 such

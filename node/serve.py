@@ -32,6 +32,7 @@ from tickwheel.node.journal import DeliveryJournal
 from tickwheel.node.listeners import Listeners, start_server
 from tickwheel.node.metrics import Metrics
 from tickwheel.node.peers import PeerFiles
+from tickwheel.node.rocketmq.signature import Signatures
 from tickwheel.node.server import SERVICE_NAME, NodeContext, cursor_lag_ms
 from tickwheel.node.unary import UnaryConsumers
 from tickwheel.replication.clock import SystemClock
@@ -95,10 +96,11 @@ async def serve(settings: NodeSettings) -> None:
         log.warning("event=grpc_insecure gRPC is served in plaintext to anyone, with every "
                     "permission (--insecure-grpc): anyone who can reach %s can schedule, read "
                     "and cancel every topic's messages", settings.listen())
-    log.info("event=node_started raft=%s grpc=%s peer=%s health=%s metrics=%s data=%s "
-             "members=%d tls=%s client_certs=%s principals=%s clock_skew_ms=%d",
+    log.info("event=node_started raft=%s grpc=%s peer=%s rocketmq=%s health=%s metrics=%s "
+             "data=%s members=%d tls=%s client_certs=%s principals=%s clock_skew_ms=%d",
              settings.raft_address, settings.listen(), settings.listen_peers() or "-",
-             settings.health_listen or "-", settings.metrics_listen or "-",
+             settings.rocketmq_listen or "-", settings.health_listen or "-",
+             settings.metrics_listen or "-",
              settings.data, len(members), secure, settings.tls_client_certs,
              len(access.current) if access else "-", settings.clock_skew_ms)
     stop = asyncio.Event()
@@ -126,7 +128,7 @@ async def serve(settings: NodeSettings) -> None:
 
 
 def _listeners(settings: NodeSettings) -> Listeners:
-    client_credentials = peer_credentials = None
+    client_credentials = peer_credentials = rocketmq_credentials = None
     if not settings.insecure_grpc:
         invariant(settings.tls_cert_file is not None and settings.tls_key_file is not None,
                   "TLS settings were checked")
@@ -135,8 +137,14 @@ def _listeners(settings: NodeSettings) -> Listeners:
             settings.tls_ca_file if settings.tls_client_certs else None).credentials()
         peer_credentials = ServerCertificates(settings.tls_cert_file, settings.tls_key_file,
                                               None).credentials()
+        # RocketMQ's clients present no certificate: a signature names the caller
+        rocketmq_credentials = ServerCertificates(settings.tls_cert_file,
+                                                  settings.tls_key_file, None).credentials()
     return Listeners(settings.listen(), client_credentials, ClientCallers(settings.access()),
-                     settings.listen_peers(), peer_credentials, settings.health_listen or None)
+                     settings.listen_peers(), peer_credentials, settings.health_listen or None,
+                     settings.rocketmq_listen or None, rocketmq_credentials,
+                     settings.rocketmq_advertise,
+                     Signatures(settings.access(), settings.raft_secrets()))
 
 
 def _settle_gc() -> None:

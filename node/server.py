@@ -15,7 +15,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -106,6 +106,15 @@ def _require(principal: Principal, action: Action, topic: str, field: str,
                                       f"topic {topic!r}{of_group}")
 
 
+class LeaderRefused(Exception):
+    """The leader answered a forwarded call with an error status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
 class _EndOfStream(Exception):
     """The consumer closed its side of a `Receive` stream."""
 
@@ -117,10 +126,15 @@ class TickwheelService(pb_grpc.TickwheelServicer):
     def __init__(self, node: NodeContext, callers: Callers) -> None:
         self._node = node
         self._callers = callers
+        self._here: dict[str, Callable[[Any, Principal], Awaitable[Message]]] = {
+            "Schedule": self._schedule_here, "Cancel": self._cancel_here,
+            "Reschedule": self._reschedule_here, "ReceiveMessages": self._receive_here,
+            "AckMessages": self._ack_here, "ChangeInvisibleDuration": self._change_here,
+            "CreateGroup": self._create_group_here, "DeleteGroup": self._delete_group_here}
 
     async def Schedule(self, request: pb.ScheduleRequest,
                        context: grpc.aio.ServicerContext) -> pb.ScheduleResponse:
-        return await self._unary(context, "Schedule", request, self._schedule_here)
+        return await self._unary(context, "Schedule", request)
 
     async def ScheduleStream(self, request_iterator: AsyncIterator[pb.ScheduleRequest],
                              context: grpc.aio.ServicerContext) -> pb.ScheduleResponse:
@@ -140,7 +154,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                     await self._abort(context, InvalidMessage(
                         "messages", f"a stream carries at most {limit} messages; open another"))
                 pending.append(asyncio.ensure_future(self._unary(
-                    context, "Schedule", request, self._schedule_here, principal)))
+                    context, "Schedule", request, principal)))
                 while pending and (len(pending) > STREAM_WINDOW or pending[0].done()):
                     results.extend((await pending.popleft()).results)
             while pending:
@@ -154,11 +168,11 @@ class TickwheelService(pb_grpc.TickwheelServicer):
 
     async def Cancel(self, request: pb.CancelRequest,
                      context: grpc.aio.ServicerContext) -> pb.CancelResponse:
-        return await self._unary(context, "Cancel", request, self._cancel_here)
+        return await self._unary(context, "Cancel", request)
 
     async def Reschedule(self, request: pb.RescheduleRequest,
                          context: grpc.aio.ServicerContext) -> pb.RescheduleResponse:
-        return await self._unary(context, "Reschedule", request, self._reschedule_here)
+        return await self._unary(context, "Reschedule", request)
 
     async def ClusterInfo(self, request: pb.ClusterInfoRequest,
                           context: grpc.aio.ServicerContext) -> pb.ClusterInfoResponse:
@@ -206,24 +220,23 @@ class TickwheelService(pb_grpc.TickwheelServicer):
 
     async def ReceiveMessages(self, request: pb.ReceiveMessagesRequest,
                               context: grpc.aio.ServicerContext) -> pb.ReceiveResponse:
-        return await self._unary(context, "ReceiveMessages", request, self._receive_here)
+        return await self._unary(context, "ReceiveMessages", request)
 
     async def AckMessages(self, request: pb.SettleRequest,
                           context: grpc.aio.ServicerContext) -> pb.SettleResponse:
-        return await self._unary(context, "AckMessages", request, self._ack_here)
+        return await self._unary(context, "AckMessages", request)
 
     async def ChangeInvisibleDuration(self, request: pb.SettleRequest,
                                       context: grpc.aio.ServicerContext) -> pb.SettleResponse:
-        return await self._unary(context, "ChangeInvisibleDuration", request,
-                                 self._change_here)
+        return await self._unary(context, "ChangeInvisibleDuration", request)
 
     async def CreateGroup(self, request: pb.GroupRequest,
                           context: grpc.aio.ServicerContext) -> pb.GroupResponse:
-        return await self._unary(context, "CreateGroup", request, self._create_group_here)
+        return await self._unary(context, "CreateGroup", request)
 
     async def DeleteGroup(self, request: pb.GroupRequest,
                           context: grpc.aio.ServicerContext) -> pb.GroupResponse:
-        return await self._unary(context, "DeleteGroup", request, self._delete_group_here)
+        return await self._unary(context, "DeleteGroup", request)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -232,7 +245,9 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         replica = self._node.replica
         validation.check_topic(request.topic, "topic", dead_letter=True)
         validation.check_group(request.group, "group")
-        _require(principal, Action.ADMIN, request.topic, "topic", request.group)
+        # what subscribing to a new group does anyway (the RocketMQ listener creates a
+        # consumer's groups when it announces them)
+        _require(principal, Action.CONSUME, request.topic, "topic", request.group)
         existed = replica.groups().get(request.topic, request.group) is not None
         try:
             await asyncio.wait_for(self._node.hub.ensure_group(request.topic, request.group),
@@ -249,17 +264,28 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         existed = await applied(self._node.replica.delete_group(request.topic, request.group))
         return pb.GroupResponse(existed=existed)
 
-    async def _unary(self, context: grpc.aio.ServicerContext, method: str, request: object,
-                     here: Callable[[object, Principal], Awaitable[object]],
-                     principal: Principal | None = None) -> object:
-        """Answer as the caller's principal here if this node leads, else forward once; errors
-        become status codes."""
+    async def perform(self, context: grpc.aio.ServicerContext | None, method: str,
+                      request: Message, principal: Principal) -> Message:
+        """Answer unary ``method`` (``"Schedule"``, ``"ReceiveMessages"``, ...) as ``principal``:
+        here if this node leads, else forwarded once to the leader (within the deadline of the
+        call ``context`` serves, if any). Raises the refusal, as a `TickwheelError`, or
+        `LeaderRefused` with the status the leader answered. The RocketMQ listener serves
+        through it too."""
+        try:
+            return await self._here[method](request, principal)
+        except NotLeader as error:
+            return await self._forward(context, method, request, error, principal)
+
+    async def _unary(self, context: grpc.aio.ServicerContext, method: str, request: Message,
+                     principal: Principal | None = None) -> Message:
+        """`perform` for the caller's principal; errors become status codes."""
         if principal is None:
             principal = await self._principal(context)
         try:
-            response = await here(request, principal)
-        except NotLeader as error:
-            response = await self._forward(context, method, request, error, principal)
+            response = await self.perform(context, method, request, principal)
+        except LeaderRefused as refused:
+            self._set_leader(context)
+            await context.abort(refused.code, refused.details)
         except TickwheelError as error:
             await self._abort(context, error)
         self._set_leader(context)
@@ -363,20 +389,19 @@ class TickwheelService(pb_grpc.TickwheelServicer):
             request.topic, request.group, list(request.receipts),
             request.invisible_duration_ms))
 
-    async def _forward(self, context: grpc.aio.ServicerContext, method: str, request: object,
-                       error: NotLeader, principal: Principal) -> object:
+    async def _forward(self, context: grpc.aio.ServicerContext | None, method: str,
+                       request: Message, error: NotLeader, principal: Principal) -> Message:
         leader = self._node.leader_peer(error.leader_hint)
-        if leader is None or was_forwarded(context):
-            await self._abort(context, Unavailable(
-                f"no leader reachable from here yet ({error}); retry"))
+        if leader is None or (context is not None and was_forwarded(context)):
+            raise Unavailable(f"no leader reachable from here yet ({error}); retry")
         call = getattr(self._node.forwarder.stub(leader), method)(
             request, metadata=self._forwarded(principal),
-            timeout=context.time_remaining() or WRITE_TIMEOUT_S)
+            timeout=(context and context.time_remaining()) or WRITE_TIMEOUT_S)
         try:
-            return await call
+            response: Message = await call
         except grpc.aio.AioRpcError as failed:
-            self._set_leader(context)
-            await context.abort(failed.code(), failed.details() or "")
+            raise LeaderRefused(failed.code(), failed.details() or "") from None
+        return response
 
     # -- consumers --------------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 `LocalCluster` (and so ``make demo``, ``tickwheel cluster up``, the chaos harness, the
 benchmarks and the tests) runs every node with TLS and authenticated callers, using what this
 module makes under a folder: a CA, a node certificate for the given hosts, and per principal a
-bearer token (and, if asked, a client certificate). The secure path is the tested path.
+bearer token (and, if asked, a client certificate) and a RocketMQ access key, its name (its
+secret key derives from the cluster's Raft secret). The secure path is the tested path.
 ``tickwheel certs DIR`` makes the same set for a node started by hand.
 
 Not for production: the CA's key lies next to what it signed, and nothing expires it early.
@@ -123,7 +124,8 @@ def make(root: Path, hosts: Sequence[str] = ("127.0.0.1", "localhost"),
         token = secrets.token_urlsafe(32)
         _write(made.token_file(name), (token + "\n").encode(), private=True)
         lines += ["[[principal]]", f"name = {json.dumps(name)}",
-                  f'tokens = ["sha256:{hashlib.sha256(token.encode()).hexdigest()}"]']
+                  f'tokens = ["sha256:{hashlib.sha256(token.encode()).hexdigest()}"]',
+                  f"rocketmq_access_keys = [{json.dumps(name)}]"]
         if client_certificates:
             lines.append(f"certificates = [{json.dumps(name)}]")
             _client_certificate(made, name, ca_key, ca_name)

@@ -107,6 +107,8 @@ class LocalNode:
     sync_ledger: Path | None = None
     """With it, the node runs with ``--fsync`` and notes there what each sync made durable
     (what `tickwheel.chaos.storage.power_cut` keeps)."""
+    rocketmq_address: str | None = None
+    """Where it serves RocketMQ's client protocol, if it does."""
     _channel: grpc.Channel | None = field(default=None, repr=False)
 
     @property
@@ -148,22 +150,26 @@ class LocalCluster:
     certificate too and makes the nodes require one (mutual TLS). ``insecure_grpc`` serves
     plaintext to anyone instead. ``power_cuts``: the nodes run with ``--fsync`` and keep a
     ledger of their syncs (`LocalNode.sync_ledger`), so that a power cut can be simulated.
+    ``rocketmq``: the nodes serve RocketMQ's client protocol too (on ``base_port + 300 + i``),
+    each principal's access key being its name.
     """
 
     def __init__(self, root: Path, size: int = 3, extra_args: tuple[str, ...] = (), *,
                  base_port: int | None = None, metrics: bool = False,
                  insecure_raft: bool = False, insecure_grpc: bool = False,
                  principals: dict[str, Grants] | None = None,
-                 client_certificates: bool = False, power_cuts: bool = False) -> None:
+                 client_certificates: bool = False, power_cuts: bool = False,
+                 rocketmq: bool = False) -> None:
         if base_port is None:
-            ports = free_ports(4 * size)
-            grpc_ports, raft_ports, peer_ports, metrics_ports = (
-                ports[i * size:(i + 1) * size] for i in range(4))
+            ports = free_ports(5 * size)
+            grpc_ports, raft_ports, peer_ports, metrics_ports, rocketmq_ports = (
+                ports[i * size:(i + 1) * size] for i in range(5))
         else:
             grpc_ports = [base_port + i for i in range(size)]
             raft_ports = [base_port + 100 + i for i in range(size)]
             peer_ports = [base_port + 200 + i for i in range(size)]
             metrics_ports = [base_port + 2000 + i for i in range(size)]
+            rocketmq_ports = [base_port + 300 + i for i in range(size)]
         self.root = root
         self.security: DevCredentials | None = None
         self._client_certificates = client_certificates
@@ -184,7 +190,9 @@ class LocalCluster:
                                 f"127.0.0.1:{peer_ports[i]}", root / f"node{i}",
                                 root / f"node{i}.log", admin,
                                 f"127.0.0.1:{metrics_ports[i]}" if metrics else None,
-                                sync_ledger=root / f"node{i}.synced" if power_cuts else None)
+                                sync_ledger=root / f"node{i}.synced" if power_cuts else None,
+                                rocketmq_address=(f"127.0.0.1:{rocketmq_ports[i]}" if rocketmq
+                                                  else None))
                       for i in range(size)]
 
     def credentials(self, principal: str = "admin") -> Credentials:
@@ -222,6 +230,8 @@ class LocalCluster:
                    *self.raft_args, *self.grpc_args, *self.extra_args]
         if node.sync_ledger is not None:
             command += ["--fsync", "--sync-ledger", str(node.sync_ledger)]
+        if node.rocketmq_address is not None:
+            command += ["--rocketmq-listen", node.rocketmq_address]
         node.data.mkdir(parents=True, exist_ok=True)
         env = None
         if node.build is not None:

@@ -38,6 +38,7 @@ SCHEMA_VERSION = kubernetes_validate.latest_version()
 KUBECTL = shutil.which("kubectl")
 DATA_PATH = "/var/lib/tickwheel"
 GRPC_PORT = 7400
+ROCKETMQ_PORT = 8081
 HEALTH_PORT = 7700
 METRICS_PORT = 9400
 RAFT_SECRET = ("tickwheel-raft", "secret")
@@ -209,8 +210,10 @@ def test_peers_find_each_other_before_they_are_ready_and_clients_reach_ready_nod
         assert {port["port"] for port in peers["ports"]} == {RAFT_PORT, PEER_PORT}, name
         client = one(objects, "Service", "tickwheel")
         assert client["spec"]["selector"] == pod_labels, name
-        # clients only: no peer port (members only) and no metrics
-        assert [port["port"] for port in client["spec"]["ports"]] == [GRPC_PORT], name
+        # clients only (gRPC and RocketMQ's protocol): no peer port (members only), no metrics
+        assert [port["port"] for port in client["spec"]["ports"]] == [GRPC_PORT,
+                                                                       ROCKETMQ_PORT], name
+        assert config["TICKWHEEL_ROCKETMQ_LISTEN"] == f"0.0.0.0:{ROCKETMQ_PORT}", name
         annotations = statefulset["spec"]["template"]["metadata"]["annotations"]
         assert annotations["prometheus.io/scrape"] == "true", name
         assert annotations["prometheus.io/port"] == str(METRICS_PORT), name
@@ -456,7 +459,8 @@ def test_clients_reach_grpc_from_the_whole_cluster_and_only_members_reach_raft_a
         rendered: dict[str, list[Manifest]]) -> None:
     for name, objects in rendered.items():
         ingress = one(objects, "NetworkPolicy")["spec"]["ingress"]
-        assert {"namespaceSelector": {}} in allowed_peers(ingress, GRPC_PORT), name
+        for port in (GRPC_PORT, ROCKETMQ_PORT):
+            assert {"namespaceSelector": {}} in allowed_peers(ingress, port), (name, port)
         for port in (RAFT_PORT, PEER_PORT):
             assert allowed_peers(ingress, port) == [the_members(objects)], (name, port)
             assert allowed_peers(ingress, port, "UDP") == [], (name, port)

@@ -139,7 +139,10 @@ def test_grants_are_per_group_and_per_action(cluster: LocalCluster) -> None:
         with pytest.raises(PermissionDenied):
             orders.receive("orders", group="shipping", max_messages=1, wait_ms=0, consumer="t")
         with pytest.raises(PermissionDenied):  # consume, not admin
-            orders.create_group("orders", "billing")
+            orders.delete_group("orders", "billing")
+        with pytest.raises(PermissionDenied):
+            orders.create_group("orders", "shipping")
+        orders.create_group("orders", "billing")  # what subscribing to it does anyway
     with cluster.client("other", timeout_s=20) as other:
         other.schedule("other", b"fine", delay_ms=0)
 

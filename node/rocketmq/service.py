@@ -1,0 +1,510 @@
+"""`MessagingService`: RocketMQ 5's client protocol, served from tickwheel's own calls.
+
+Every call is authenticated by its signature (`tickwheel.node.rocketmq.signature`), turned into
+the native request (`tickwheel.node.rocketmq.convert`) and answered through
+`TickwheelService.perform` as the signer's principal: here on the leader, forwarded by a
+follower, with the same checks, limits and grants as the native API. So any node serves any
+call, and the route names one address for all of them: the one the client asked with (a
+Kubernetes Service, a list of nodes), or ``rocketmq_advertise``.
+
+Every answer carries a RocketMQ status (refusals too: the clients read the status, not gRPC's
+code); a request that does not decode answers ``BAD_REQUEST``. What tickwheel does not serve
+(pull and offsets, transactions, FIFO dead-lettering, lite topics) answers ``UNSUPPORTED``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from tickwheel.node.access import Action, Principal
+from tickwheel.node.levels import RetryPolicy
+from tickwheel.node.rocketmq import convert
+from tickwheel.node.rocketmq.convert import OK, Refusal
+from tickwheel.node.rocketmq.renewals import LEASE_MS, Renewals
+from tickwheel.node.rocketmq.signature import Signatures
+from tickwheel.node.server import LeaderRefused, NodeContext, TickwheelService
+from tickwheel.node.validation import CONSUMER_PATTERN, MAX_RECEIVE_WAIT_MS
+from tickwheel.replication.handout import decode_receipt
+from tickwheel.rocketmq.v2 import definition_pb2 as rmq
+from tickwheel.rocketmq.v2 import service_pb2 as svc
+from tickwheel.v1 import tickwheel_pb2 as pb
+from tickwheel.wheel.errors import TickwheelError, Unavailable
+
+log = logging.getLogger("tickwheel.node.rocketmq")
+
+SERVICE_NAME = svc.DESCRIPTOR.services_by_name["MessagingService"].full_name
+CLIENT_ID_KEY = "x-mq-client-id"
+BROKER_NAME = "tickwheel"
+PRODUCER_ATTEMPTS = 8
+"""Sends a producer tries (its own retries reuse the message id, so they are one message):
+enough to ride out a leader election with the back-off below."""
+PRODUCER_BACKOFF = rmq.ExponentialBackoff(initial=convert.ms_duration(100),
+                                          max=convert.ms_duration(2_000), multiplier=2.0)
+DEFAULT_BATCH = 32
+DEFAULT_LONG_POLL_MS = 20_000
+LEADER_WAIT_S = 5.0
+"""How long a call waits for a leader it can reach (an election takes about a second)."""
+DEADLINE_MARGIN_S = 0.5
+"""A long poll ends this long before the client's deadline, so its answer arrives in time."""
+
+
+class MessagingService:
+    """The servicer; `add_messaging_service` binds its methods."""
+
+    def __init__(self, node: NodeContext, native: TickwheelService, signatures: Signatures,
+                 advertise: str | None) -> None:
+        """``advertise``: ``HOST:PORT`` the route names; None: the address the client asked
+        with."""
+        self._node = node
+        self._native = native
+        self._signatures = signatures
+        self._advertise = _endpoints(advertise) if advertise else None
+        self._renewals = Renewals(self._renew)
+
+    # -- routes and clients -------------------------------------------------------------------
+
+    async def QueryRoute(self, request: svc.QueryRouteRequest, context: Context
+                         ) -> svc.QueryRouteResponse:
+        principal = self._caller(context)
+        topic = convert.check_resource(request.topic, "topic")
+        if not principal.sees(topic):
+            raise Refusal(rmq.Code.FORBIDDEN, f"principal {principal.name!r} has no grant on "
+                                              f"topic {topic!r}")
+        return svc.QueryRouteResponse(status=OK, message_queues=[
+            self._queue(topic, request.endpoints)])
+
+    async def QueryAssignment(self, request: svc.QueryAssignmentRequest, context: Context
+                              ) -> svc.QueryAssignmentResponse:
+        self._caller(context)
+        topic = convert.check_resource(request.topic, "topic")
+        return svc.QueryAssignmentResponse(status=OK, assignments=[
+            rmq.Assignment(message_queue=self._queue(topic, request.endpoints))])
+
+    async def Heartbeat(self, request: svc.HeartbeatRequest, context: Context
+                        ) -> svc.HeartbeatResponse:
+        self._caller(context)
+        return svc.HeartbeatResponse(status=OK)
+
+    async def NotifyClientTermination(self, request: svc.NotifyClientTerminationRequest,
+                                      context: Context) -> svc.NotifyClientTerminationResponse:
+        self._caller(context)
+        self._renewals.forget(_client_id(context))
+        return svc.NotifyClientTerminationResponse(status=OK)
+
+    async def Telemetry(self, request_iterator: AsyncIterator[bytes], context: Context
+                        ) -> AsyncIterator[svc.TelemetryCommand]:
+        """Echo each settings command with the server's part filled in; the clients wait for
+        it before they start."""
+        try:
+            principal = self._caller(context)
+        except Refusal as refusal:
+            yield svc.TelemetryCommand(status=refusal.status())
+            return
+        async for data in request_iterator:
+            try:
+                command = _decode(svc.TelemetryCommand, data)
+                if command.HasField("settings"):
+                    settings = await self._settings(command.settings, principal, context)
+                    yield svc.TelemetryCommand(status=OK, settings=settings)
+            except Refusal as refusal:
+                yield svc.TelemetryCommand(status=refusal.status())
+
+    # -- producing ------------------------------------------------------------------------------
+
+    async def SendMessage(self, request: svc.SendMessageRequest, context: Context
+                          ) -> svc.SendMessageResponse:
+        principal = self._caller(context)
+        if not request.messages:
+            raise Refusal(rmq.Code.BAD_REQUEST, "messages: is empty")
+        now_ms = self._node.clock.now_ms()
+        max_delay_ms = self._node.limits.max_delay_ms
+        messages = [convert.to_tickwheel(m, f"messages[{i}]", now_ms, max_delay_ms)
+                    for i, m in enumerate(request.messages)]
+        response = await self._perform(context, "Schedule",
+                                       pb.ScheduleRequest(messages=messages), principal)
+        entries = [svc.SendResultEntry(status=OK, message_id=result.id,
+                                       recall_handle=f"{result.handle}.{result.id}")
+                   for result in response.results]
+        return svc.SendMessageResponse(status=OK, entries=entries)
+
+    async def RecallMessage(self, request: svc.RecallMessageRequest, context: Context
+                            ) -> svc.RecallMessageResponse:
+        """Cancel by recall handle (``<handle>.<message id>``): OK while the message was
+        pending (or recalled before), ``NOT_FOUND`` once a consumer group had it."""
+        principal = self._caller(context)
+        convert.check_resource(request.topic, "topic")
+        handle, _, message_id = request.recall_handle.partition(".")
+        if not handle.lstrip("-").isdigit() or not message_id:
+            raise Refusal(rmq.Code.BAD_REQUEST, "recall_handle: is not one this cluster gave "
+                                                "out")
+        response = await self._perform(context, "Cancel",
+                                       pb.CancelRequest(handles=[int(handle)]), principal)
+        outcome = response.outcomes[0]
+        if outcome in (pb.CANCEL_OUTCOME_CANCELLED, pb.CANCEL_OUTCOME_ALREADY_CANCELLED):
+            return svc.RecallMessageResponse(status=OK, message_id=message_id)
+        raise Refusal(rmq.Code.NOT_FOUND, f"message {message_id!r} is no longer pending: "
+                      f"{pb.CancelOutcome.Name(outcome)}")
+
+    # -- consuming ------------------------------------------------------------------------------
+
+    async def ReceiveMessage(self, request: svc.ReceiveMessageRequest, context: Context
+                             ) -> AsyncIterator[svc.ReceiveMessageResponse]:
+        """A status, the messages, and the time (RocketMQ's order). The long poll waits for
+        messages that match the filter; those that do not are acknowledged for the group
+        (it subscribed without them, as RocketMQ skips them)."""
+        try:
+            principal = self._caller(context)
+            batch, invisible_ms = await self._receive(request, principal, context)
+        except Refusal as refusal:
+            yield svc.ReceiveMessageResponse(status=refusal.status())
+            return
+        if not batch:
+            yield svc.ReceiveMessageResponse(status=rmq.Status(
+                code=rmq.Code.MESSAGE_NOT_FOUND, message="no message came due in time"))
+            return
+        yield svc.ReceiveMessageResponse(status=OK)
+        store_host = self._node.replica.address
+        for delivered in batch:
+            yield svc.ReceiveMessageResponse(
+                message=convert.to_rocketmq(delivered, invisible_ms, store_host))
+        yield svc.ReceiveMessageResponse(
+            delivery_timestamp=convert.ms_timestamp(self._node.clock.now_ms()))
+
+    async def AckMessage(self, request: svc.AckMessageRequest, context: Context
+                         ) -> svc.AckMessageResponse:
+        principal = self._caller(context)
+        topic = convert.check_resource(request.topic, "topic")
+        group = convert.check_resource(request.group, "group")
+        if not request.entries:
+            raise Refusal(rmq.Code.BAD_REQUEST, "entries: is empty")
+        receipts = [entry.receipt_handle for entry in request.entries]
+        settled = await self._settle(context, principal, topic, group, receipts, None)
+        self._renewals.drop(_client_id(context), receipts)
+        entries = [svc.AckMessageResultEntry(
+            message_id=entry.message_id, receipt_handle=entry.receipt_handle,
+            status=OK if ok else _invalid_receipt(f"entries[{index}]"))
+            for index, (entry, ok) in enumerate(zip(request.entries, settled, strict=True))]
+        codes = {entry.status.code for entry in entries}
+        status = (entries[0].status if len(codes) == 1 else
+                  rmq.Status(code=rmq.Code.MULTIPLE_RESULTS, message="per entry"))
+        return svc.AckMessageResponse(status=status, entries=entries)
+
+    async def ChangeInvisibleDuration(self, request: svc.ChangeInvisibleDurationRequest,
+                                      context: Context) -> svc.ChangeInvisibleDurationResponse:
+        """The message is ready again when the new duration has passed (a PushConsumer's
+        retry back-off). The receipt handle stays the lease's."""
+        principal = self._caller(context)
+        topic = convert.check_resource(request.topic, "topic")
+        group = convert.check_resource(request.group, "group")
+        invisible_ms = self._invisible_ms(request.invisible_duration, "invisible_duration",
+                                          least_ms=0)
+        [ok] = await self._settle(context, principal, topic, group, [request.receipt_handle],
+                                  invisible_ms)
+        self._renewals.drop(_client_id(context), [request.receipt_handle])
+        if not ok:
+            return svc.ChangeInvisibleDurationResponse(status=_invalid_receipt("receipt_handle"))
+        return svc.ChangeInvisibleDurationResponse(status=OK,
+                                                   receipt_handle=request.receipt_handle)
+
+    # -- not served -----------------------------------------------------------------------------
+
+    async def ForwardMessageToDeadLetterQueue(self, request: Message, context: Context
+                                              ) -> svc.ForwardMessageToDeadLetterQueueResponse:
+        return _unsupported(svc.ForwardMessageToDeadLetterQueueResponse, "FIFO consumption")
+
+    async def EndTransaction(self, request: Message, context: Context
+                             ) -> svc.EndTransactionResponse:
+        return _unsupported(svc.EndTransactionResponse, "transactional messages")
+
+    async def UpdateOffset(self, request: Message, context: Context
+                           ) -> svc.UpdateOffsetResponse:
+        return _unsupported(svc.UpdateOffsetResponse, "offsets")
+
+    async def GetOffset(self, request: Message, context: Context) -> svc.GetOffsetResponse:
+        return _unsupported(svc.GetOffsetResponse, "offsets")
+
+    async def QueryOffset(self, request: Message, context: Context) -> svc.QueryOffsetResponse:
+        return _unsupported(svc.QueryOffsetResponse, "offsets")
+
+    async def SyncLiteSubscription(self, request: Message, context: Context
+                                   ) -> svc.SyncLiteSubscriptionResponse:
+        return _unsupported(svc.SyncLiteSubscriptionResponse, "lite topics")
+
+    async def PullMessage(self, request: Message, context: Context
+                          ) -> AsyncIterator[svc.PullMessageResponse]:
+        yield _unsupported(svc.PullMessageResponse, "pull consumers (offsets)")
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _caller(self, context: Context) -> Principal:
+        metadata = {key: value for key, value in context.invocation_metadata() or ()
+                    if isinstance(value, str)}
+        try:
+            principal = self._signatures.principal(metadata)
+        except TickwheelError as error:
+            raise Refusal(rmq.Code.UNAUTHORIZED, str(error)) from None
+        self._renewals.seen(metadata.get(CLIENT_ID_KEY, ""))
+        return principal
+
+    async def _perform(self, context: Context | None, method: str, request: Message,
+                       principal: Principal) -> Any:
+        """The native call, tried again while the cluster has no leader it can reach (until
+        `LEADER_WAIT_S`, or the call's deadline): RocketMQ's clients retry at once, without
+        back-off (the Python producer's 8 attempts are spent in milliseconds), so the wait for
+        a new leader happens here. Every call retried is idempotent or harmless again:
+        sends by message id, recalls, moves of a deadline; a lease granted to an answer that
+        was lost runs out."""
+        remaining_s = context.time_remaining() if context is not None else None
+        budget_s = LEADER_WAIT_S if remaining_s is None else min(
+            LEADER_WAIT_S, remaining_s - DEADLINE_MARGIN_S)
+        try:
+            async for attempt in AsyncRetrying(
+                    retry=retry_if_exception(_no_leader), reraise=True,
+                    stop=stop_after_delay(max(0.0, budget_s)),
+                    wait=wait_random_exponential(multiplier=0.05, max=0.5)):
+                with attempt:
+                    return await self._native.perform(context, method, request, principal)
+        except (TickwheelError, LeaderRefused) as error:
+            raise convert.refusal_of(error) from None
+        raise AssertionError("not reached: the last attempt raises or returns")
+
+    def _queue(self, topic: str, asked: rmq.Endpoints) -> rmq.MessageQueue:
+        endpoints = self._advertise or asked
+        if not endpoints.addresses:
+            raise Refusal(rmq.Code.ILLEGAL_ACCESS_POINT, "endpoints: name the address you "
+                          "reach the cluster at (or set rocketmq_advertise on the nodes)")
+        return rmq.MessageQueue(
+            topic=rmq.Resource(name=topic), id=0, permission=rmq.Permission.READ_WRITE,
+            broker=rmq.Broker(name=BROKER_NAME, id=0, endpoints=endpoints),
+            accept_message_types=[rmq.MessageType.NORMAL, rmq.MessageType.DELAY])
+
+    async def _settings(self, settings: rmq.Settings, principal: Principal, context: Context
+                        ) -> rmq.Settings:
+        answer = rmq.Settings()
+        answer.CopyFrom(settings)
+        answer.metric.CopyFrom(rmq.Metric(on=False))
+        if settings.WhichOneof("pub_sub") == "publishing":
+            answer.backoff_policy.CopyFrom(rmq.RetryPolicy(
+                max_attempts=PRODUCER_ATTEMPTS, exponential_backoff=PRODUCER_BACKOFF))
+            answer.publishing.max_body_size = self._node.limits.max_body_bytes
+            return answer
+        if settings.WhichOneof("pub_sub") != "subscription":
+            return answer
+        subscription = answer.subscription
+        group = convert.check_resource(subscription.group, "settings.subscription.group")
+        for index, entry in enumerate(subscription.subscriptions):
+            field = f"settings.subscription.subscriptions[{index}]"
+            topic = convert.check_resource(entry.topic, f"{field}.topic")
+            convert.TagFilter(entry.expression, f"{field}.expression")
+            # the group exists from now on: what comes due is kept for it
+            await self._perform(context, "CreateGroup", pb.GroupRequest(topic=topic,
+                                                                        group=group), principal)
+        subscription.fifo = False
+        if not subscription.receive_batch_size:
+            subscription.receive_batch_size = DEFAULT_BATCH
+        if not subscription.HasField("long_polling_timeout"):
+            subscription.long_polling_timeout.CopyFrom(
+                convert.ms_duration(DEFAULT_LONG_POLL_MS))
+        answer.backoff_policy.CopyFrom(_consumer_backoff(self._node.retry))
+        return answer
+
+    async def _receive(self, request: svc.ReceiveMessageRequest, principal: Principal,
+                       context: Context) -> tuple[list[pb.Delivered], int]:
+        topic = convert.check_resource(request.message_queue.topic, "message_queue.topic")
+        group = convert.check_resource(request.group, "group")
+        tags = convert.TagFilter(request.filter_expression, "filter_expression")
+        limits = self._node.limits
+        if not 1 <= request.batch_size <= limits.max_credits:
+            raise Refusal(rmq.Code.BAD_REQUEST, f"batch_size: {request.batch_size}, must be 1 "
+                                                f"to {limits.max_credits}")
+        renew = request.auto_renew and not request.HasField("invisible_duration")
+        invisible_ms = (LEASE_MS if renew else self._invisible_ms(
+            request.invisible_duration, "invisible_duration",
+            least_ms=limits.min_visibility_timeout_ms))
+        poll_ms = (convert.duration_ms(request.long_polling_timeout)
+                   if request.HasField("long_polling_timeout") else DEFAULT_LONG_POLL_MS)
+        if poll_ms < 0:
+            raise Refusal(rmq.Code.ILLEGAL_POLLING_TIME, "long_polling_timeout: is negative")
+        remaining_s = context.time_remaining()
+        if remaining_s is not None:
+            poll_ms = min(poll_ms, int((remaining_s - DEADLINE_MARGIN_S) * 1000))
+        loop = asyncio.get_running_loop()
+        until_s = loop.time() + max(0, min(poll_ms, MAX_RECEIVE_WAIT_MS)) / 1000
+        client_id = _client_id(context)
+        while True:
+            wait_ms = max(0, int((until_s - loop.time()) * 1000))
+            response = await self._perform(context, "ReceiveMessages", pb.ReceiveMessagesRequest(
+                topic=topic, group=group, consumer=_consumer_name(client_id, context),
+                max_messages=request.batch_size, invisible_duration_ms=invisible_ms,
+                wait_ms=wait_ms), principal)
+            batch = [m for m in response.messages if tags.matches(m)]
+            skipped = [m.receipt for m in response.messages if not tags.matches(m)]
+            if skipped:
+                await self._settle(context, principal, topic, group, skipped, None)
+            if batch or wait_ms == 0:
+                break
+        if renew and batch:
+            self._renewals.hold(client_id, principal, topic, group,
+                                [m.receipt for m in batch], invisible_ms)
+        return batch, invisible_ms
+
+    async def _settle(self, context: Context | None, principal: Principal, topic: str,
+                      group: str, receipts: list[str], invisible_ms: int | None) -> list[bool]:
+        """Ack (``invisible_ms`` None) or move the deadline of each receipt's lease; per
+        receipt, whether it named a current lease (one that is no receipt at all: False)."""
+        valid = [index for index, receipt in enumerate(receipts) if _is_receipt(receipt)]
+        settled = [False] * len(receipts)
+        if valid:
+            request = pb.SettleRequest(topic=topic, group=group,
+                                       receipts=[receipts[i] for i in valid])
+            method = "AckMessages"
+            if invisible_ms is not None:
+                method, request.invisible_duration_ms = "ChangeInvisibleDuration", invisible_ms
+            response = await self._perform(context, method, request, principal)
+            for index, ok in zip(valid, response.settled, strict=True):
+                settled[index] = ok
+        return settled
+
+    async def _renew(self, principal: Principal, topic: str, group: str, receipts: list[str],
+                     invisible_ms: int) -> list[bool]:
+        if not principal.may(Action.CONSUME, topic, group):
+            return [False] * len(receipts)
+        return await self._settle(None, principal, topic, group, receipts, invisible_ms)
+
+    def _invisible_ms(self, duration: Any, field: str, least_ms: int) -> int:
+        invisible_ms = convert.duration_ms(duration)
+        most_ms = self._node.limits.max_visibility_timeout_ms
+        if not least_ms <= invisible_ms <= most_ms:
+            raise Refusal(rmq.Code.ILLEGAL_INVISIBLE_TIME, f"{field}: {invisible_ms} ms, must "
+                                                           f"be {least_ms} to {most_ms} ms")
+        return invisible_ms
+
+
+Context = grpc.aio.ServicerContext
+
+
+def _no_leader(error: BaseException) -> bool:
+    """No leader yet, or the one named cannot be reached (it just died)."""
+    return isinstance(error, Unavailable) or (
+        isinstance(error, LeaderRefused) and error.code == grpc.StatusCode.UNAVAILABLE)
+
+
+def _decode(message_class: type[Any], data: bytes) -> Any:
+    try:
+        return message_class.FromString(data)
+    except DecodeError as error:
+        raise Refusal(rmq.Code.BAD_REQUEST, f"request: could not be decoded: {error}") from None
+
+
+def _client_id(context: Context) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_ID_KEY and isinstance(value, str):
+            return value
+    return ""
+
+
+def _consumer_name(client_id: str, context: Context) -> str:
+    """The consumer a client is on the leader: its client id, or a digest of one that is not
+    fit for logs."""
+    name = client_id or context.peer()
+    if CONSUMER_PATTERN.fullmatch(name):
+        return name
+    return "rocketmq-" + hashlib.sha256(name.encode()).hexdigest()[:24]
+
+
+def _is_receipt(receipt: str) -> bool:
+    try:
+        decode_receipt(receipt, "receipt_handle")
+    except TickwheelError:
+        return False
+    return True
+
+
+def _invalid_receipt(field: str) -> rmq.Status:
+    return rmq.Status(code=rmq.Code.INVALID_RECEIPT_HANDLE,
+                      message=f"{field}: names no current lease of this group (acknowledged, "
+                              "run out, or never given)")
+
+
+def _unsupported(response_class: type[Any], what: str) -> Any:
+    return response_class(status=rmq.Status(
+        code=rmq.Code.UNSUPPORTED, message=f"tickwheel does not serve {what}"))
+
+
+def _consumer_backoff(retry: RetryPolicy) -> rmq.RetryPolicy:
+    """The node's retry ladder, as the delays a PushConsumer waits after each failure."""
+    delays = [convert.ms_duration(retry.levels.delay_ms(retry.start_level + attempt - 1)[0])
+              for attempt in range(1, retry.max_attempts)] or [convert.ms_duration(0)]
+    return rmq.RetryPolicy(max_attempts=retry.max_attempts,
+                           customized_backoff=rmq.CustomizedBackoff(next=delays))
+
+
+def _endpoints(address: str) -> rmq.Endpoints:
+    host, _, port = address.rpartition(":")
+    scheme = rmq.AddressScheme.DOMAIN_NAME
+    if host.replace(".", "").isdigit():
+        scheme = rmq.AddressScheme.IPv4
+    elif ":" in host:
+        scheme, host = rmq.AddressScheme.IPv6, host.strip("[]")
+    return rmq.Endpoints(scheme=scheme, addresses=[rmq.Address(host=host, port=int(port))])
+
+
+def add_messaging_service(service: MessagingService, server: grpc.aio.Server) -> None:
+    """Bind every RPC of ``MessagingService``: requests arrive as bytes and are decoded in the
+    handler (a request that does not decode answers ``BAD_REQUEST`` in its status, as any
+    refusal does, instead of grpcio's ``UNKNOWN`` and a logged traceback)."""
+    handlers = {}
+    for method in svc.DESCRIPTOR.services_by_name["MessagingService"].methods:
+        handler = getattr(service, method.name)
+        request_class = getattr(svc, method.input_type.name)
+        response_class = getattr(svc, method.output_type.name)
+        encode = response_class.SerializeToString
+        if method.client_streaming:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                handler, response_serializer=encode)
+        elif method.server_streaming:
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
+                _streaming(handler, request_class, response_class),
+                response_serializer=encode)
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                _unary(handler, request_class, response_class), response_serializer=encode)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
+                                                                          handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+def _unary(handler: Callable[[Any, Context], Awaitable[Any]], request_class: type[Any],
+           response_class: type[Any]) -> Callable[[bytes, Context], Awaitable[Any]]:
+    async def handle(data: bytes, context: Context) -> Any:
+        try:
+            return await handler(_decode(request_class, data), context)
+        except Refusal as refusal:
+            return response_class(status=refusal.status())
+    return handle
+
+
+def _streaming(handler: Callable[[Any, Context], AsyncIterator[Any]], request_class: type[Any],
+               response_class: type[Any]) -> Callable[[bytes, Context], AsyncIterator[Any]]:
+    async def handle(data: bytes, context: Context) -> AsyncIterator[Any]:
+        try:
+            request = _decode(request_class, data)
+        except Refusal as refusal:
+            yield response_class(status=refusal.status())
+            return
+        async for response in handler(request, context):
+            yield response
+    return handle
