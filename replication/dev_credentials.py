@@ -3,7 +3,7 @@
 `LocalCluster` (and so ``make demo``, ``tickwheel cluster up``, the chaos harness, the
 benchmarks and the tests) runs every node with TLS and authenticated callers, using what this
 module makes under a folder: a CA, a node certificate for the given hosts, and per principal a
-bearer token (and, if asked, a client certificate) and a RocketMQ access key, its name (its
+bearer token (and, if asked, a client certificate and a RocketMQ access key, its name: its
 secret key derives from the cluster's Raft secret). The secure path is the tested path.
 ``tickwheel certs DIR`` makes the same set for a node started by hand.
 
@@ -90,10 +90,12 @@ class DevCredentials:
 
 def make(root: Path, hosts: Sequence[str] = ("127.0.0.1", "localhost"),
          principals: Mapping[str, Grants] | None = None,
-         client_certificates: bool = False) -> DevCredentials:
+         client_certificates: bool = False, rocketmq: bool = False) -> DevCredentials:
     """Credentials under ``root``, made unless there already. ``principals`` (default: one
-    ``admin`` with every permission) each get a token, and with ``client_certificates`` a
-    certificate with their name as its common name."""
+    ``admin`` with every permission) each get a token, with ``client_certificates`` a
+    certificate with their name as its common name, and with ``rocketmq`` a RocketMQ access
+    key, their name (only then: a node of an earlier build refuses an access file naming
+    access keys)."""
     made = DevCredentials(root)
     principals = ADMIN if principals is None else principals
     if made.access_file.exists():
@@ -124,8 +126,9 @@ def make(root: Path, hosts: Sequence[str] = ("127.0.0.1", "localhost"),
         token = secrets.token_urlsafe(32)
         _write(made.token_file(name), (token + "\n").encode(), private=True)
         lines += ["[[principal]]", f"name = {json.dumps(name)}",
-                  f'tokens = ["sha256:{hashlib.sha256(token.encode()).hexdigest()}"]',
-                  f"rocketmq_access_keys = [{json.dumps(name)}]"]
+                  f'tokens = ["sha256:{hashlib.sha256(token.encode()).hexdigest()}"]']
+        if rocketmq:
+            lines.append(f"rocketmq_access_keys = [{json.dumps(name)}]")
         if client_certificates:
             lines.append(f"certificates = [{json.dumps(name)}]")
             _client_certificate(made, name, ca_key, ca_name)

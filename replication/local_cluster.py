@@ -178,7 +178,7 @@ class LocalCluster:
         else:
             self.security = dev_credentials.make(
                 root / "security", principals={**dev_credentials.ADMIN, **(principals or {})},
-                client_certificates=client_certificates)
+                client_certificates=client_certificates, rocketmq=rocketmq)
             self.grpc_args = self.security.node_flags(client_certificates)
         self.raft_args = (("--insecure-raft",) if insecure_raft
                           else ("--raft-secret-file", str(ensure_secret(root / "raft.secret"))))

@@ -298,8 +298,11 @@ def test_a_receive_without_a_stream_leases_until_acked_by_receipt_from_anywhere(
 
     def leased() -> int:
         return sum(g.leased for g in client.cluster_info().groups if g.topic == name)
-    wait_for(lambda: leased() == 1, 10, "u3's lease to run out at once (a retry copy waits)")
-    assert client.receive(name, consumer="worker-2", wait_ms=300) == []  # u4 stays invisible
+    wait_for(lambda: leased() == 1, 10, "u3's lease to run out at once")
+    # its deadline was when it should come back: ready again at once, no ladder step (10 s)
+    # on top; u4 stays invisible
+    (again,) = client.receive(name, consumer="worker-2", wait_ms=5_000)
+    assert (again.id, again.attempt) == ("u3", 2)
 
 
 def test_a_receive_without_a_stream_waits_for_the_first_message_and_checks_its_fields(

@@ -29,7 +29,7 @@ def headers(access_key: str, key: str, date: str = "20261125T101010Z") -> dict[s
 @pytest.fixture
 def access(tmp_path: Path) -> AccessFile:
     made = dev_credentials.make(tmp_path, principals={"orders": [
-        {"actions": ["schedule"], "topics": ["orders"]}]})
+        {"actions": ["schedule"], "topics": ["orders"]}]}, rocketmq=True)
     return AccessFile(made.access_file)
 
 
