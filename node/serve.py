@@ -137,14 +137,16 @@ def _listeners(settings: NodeSettings) -> Listeners:
             settings.tls_ca_file if settings.tls_client_certs else None).credentials()
         peer_credentials = ServerCertificates(settings.tls_cert_file, settings.tls_key_file,
                                               None).credentials()
-        # RocketMQ's clients present no certificate: a signature names the caller
-        rocketmq_credentials = ServerCertificates(settings.tls_cert_file,
-                                                  settings.tls_key_file, None).credentials()
+        if settings.rocketmq_listen:
+            # RocketMQ's clients present no certificate: a signature names the caller
+            rocketmq_credentials = ServerCertificates(settings.tls_cert_file,
+                                                      settings.tls_key_file, None).credentials()
     return Listeners(settings.listen(), client_credentials, ClientCallers(settings.access()),
                      settings.listen_peers(), peer_credentials, settings.health_listen or None,
                      settings.rocketmq_listen or None, rocketmq_credentials,
                      settings.rocketmq_advertise,
-                     Signatures(settings.access(), settings.raft_secrets()))
+                     Signatures(settings.access(), settings.raft_secrets())
+                     if settings.rocketmq_listen else None)
 
 
 def _settle_gc() -> None:

@@ -90,9 +90,6 @@ class Renewals:
         if client is not None:
             self._held -= len(client.held)
 
-    def held(self) -> int:
-        return self._held
-
     async def renew_once(self) -> None:
         """Renew the leases of live clients; forget silent ones."""
         now_s = self._clock_s()

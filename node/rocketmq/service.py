@@ -344,14 +344,19 @@ class MessagingService:
         loop = asyncio.get_running_loop()
         until_s = loop.time() + max(0, min(poll_ms, MAX_RECEIVE_WAIT_MS)) / 1000
         client_id = _client_id(context)
+        consumer = _consumer_name(client_id, context)
         while True:
             wait_ms = max(0, int((until_s - loop.time()) * 1000))
             response = await self._perform(context, "ReceiveMessages", pb.ReceiveMessagesRequest(
-                topic=topic, group=group, consumer=_consumer_name(client_id, context),
+                topic=topic, group=group, consumer=consumer,
                 max_messages=request.batch_size, invisible_duration_ms=invisible_ms,
                 wait_ms=wait_ms), principal)
-            batch = [m for m in response.messages if tags.matches(m)]
-            skipped = [m.receipt for m in response.messages if not tags.matches(m)]
+            batch, skipped = [], []
+            for message in response.messages:
+                if tags.matches(message):
+                    batch.append(message)
+                else:
+                    skipped.append(message.receipt)
             if skipped:
                 await self._settle(context, principal, topic, group, skipped, None)
             if batch or wait_ms == 0:
