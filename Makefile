@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck demo bench bench-quick chaos lock clean
+.PHONY: test lint typecheck demo bench bench-quick chaos compat lock clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tickwheel needs Python >= 3.11")'
@@ -41,6 +41,21 @@ bench-quick: $(STAMP)
 	$(PY) -m tickwheel.wheel.bench --json --quick
 	$(PY) -m tickwheel.replication.bench --json --quick
 	$(PY) -m tickwheel.node.bench --json --quick
+
+# RocketMQ 5's official clients, unchanged, against a 3-node cluster (tests/rocketmq): the Python
+# client as in `make test`, and the Node.js client installed from its package-lock.json by npm ci
+# when node and npm are on the machine; without them it says so and runs the Python client alone.
+COMPAT_NODE := tests/rocketmq/node
+compat: $(STAMP)
+	@if command -v node > /dev/null && command -v npm > /dev/null; then \
+	    echo "compat: the Python and the Node.js clients (node $$(node --version))"; \
+	    npm ci --prefix $(COMPAT_NODE) --no-audit --no-fund --loglevel=error && \
+	    TICKWHEEL_COMPAT=python,node $(PY) -m pytest tests/rocketmq/test_official_client.py; \
+	else \
+	    echo "compat: node or npm is not installed, so the Node.js client is NOT run;" \
+	         "running the Python client alone"; \
+	    TICKWHEEL_COMPAT=python $(PY) -m pytest tests/rocketmq/test_official_client.py; \
+	fi
 
 # The long chaos run: 10 minutes, every fault, then the audit (report in chaos-out/audit/).
 CHAOS_OUT ?= chaos-out
@@ -83,4 +98,4 @@ lock: $(STAMP)
 	done
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis *.egg-info chaos-out
+	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis *.egg-info chaos-out $(COMPAT_NODE)/node_modules

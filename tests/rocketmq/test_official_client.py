@@ -1,11 +1,14 @@
-"""RocketMQ 5's official Python client, unchanged, against a real 3-node cluster's RocketMQ
-listeners (TLS, signed calls): delay messages sent with whole seconds, a recall, a
-SimpleConsumer's retry and ack, a PushConsumer's failure and retry, two groups each receiving
-every message, and a leader killed while a producer sends.
+"""RocketMQ 5's official clients, unchanged, against a real 3-node cluster's RocketMQ
+listeners (TLS, signed calls): delay messages, a recall, a SimpleConsumer's retry and ack, a
+PushConsumer's failure and retry, two groups each receiving every message, and a leader killed
+while a producer sends.
 
-The client runs in subprocesses (`official_client.py`); each points at one node, as a client
-behind a Kubernetes Service does (a list of addresses fails the certificate's host check in
-the client: gRPC takes the whole list as the host name)."""
+Each client runs in subprocesses (`official_client.py` for the Python client, sending whole
+seconds as its example does; `node/official_client.mjs` for the Node.js one); each points at
+one node, as a client behind a Kubernetes Service does (a list of addresses fails the
+certificate's host check in the client: gRPC takes the whole list as the host name).
+`make test` runs the Python client; `make compat` sets ``TICKWHEEL_COMPAT=python,node`` after
+installing the Node.js client from `node/package-lock.json`."""
 
 from __future__ import annotations
 
@@ -23,8 +26,21 @@ import pytest
 from tickwheel.node.rocketmq.signature import secret_key
 from tickwheel.replication.local_cluster import LocalCluster, LocalNode
 
-DRIVER = Path(__file__).with_name("official_client.py")
-TOPIC = "orders"
+HERE = Path(__file__).parent
+DRIVERS = {"python": [sys.executable, str(HERE / "official_client.py")],
+           "node": ["node", str(HERE / "node" / "official_client.mjs")]}
+LANGUAGES = os.environ.get("TICKWHEEL_COMPAT", "python").split(",")
+
+
+@pytest.fixture(scope="module", params=LANGUAGES)
+def language(request: pytest.FixtureRequest) -> str:
+    """The official client a test drives; each has a topic and groups of its own, on one
+    cluster."""
+    if request.param not in DRIVERS:
+        pytest.fail(f"TICKWHEEL_COMPAT names {request.param!r}; known: {sorted(DRIVERS)}")
+    if request.param == "node" and not (HERE / "node" / "node_modules").is_dir():
+        pytest.fail("the Node.js client is not installed: run make compat, which runs npm ci")
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +55,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 class Client:
     """One official client process."""
 
-    def __init__(self, cluster: LocalCluster, node: LocalNode, role: str, **options: object
-                 ) -> None:
+    def __init__(self, cluster: LocalCluster, node: LocalNode, language: str, role: str,
+                 **options: object) -> None:
         assert cluster.security is not None and node.rocketmq_address is not None
         raft_secret = (cluster.root / "raft.secret").read_text().split()[0].encode()
         config = {"endpoint": node.rocketmq_address, "access_key": "admin",
-                  "secret_key": secret_key(raft_secret, "admin"), "topic": TOPIC, **options}
-        self.process = subprocess.Popen([sys.executable, str(DRIVER), role, json.dumps(config)],
+                  "secret_key": secret_key(raft_secret, "admin"), **options,
+                  "topic": f"orders-{language}"}
+        if "group" in options:
+            config["group"] = f"{options['group']}-{language}"
+        self.process = subprocess.Popen([*DRIVERS[language], role, json.dumps(config)],
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, env={**os.environ,
                                         "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH":
@@ -87,12 +106,12 @@ class Client:
 
 
 def test_delay_messages_a_recall_and_a_simple_consumer_that_retries_then_acks(
-        cluster: LocalCluster) -> None:
+        cluster: LocalCluster, language: str) -> None:
     node = cluster.nodes[1]
-    consumer = Client(cluster, node, "simple", group="billing", tag="created", expect=4,
-                      retry_s=2, timeout_s=45, quiet_s=3)
+    consumer = Client(cluster, node, language, "simple", group="billing", tag="created",
+                      expect=4, retry_s=2, timeout_s=45, quiet_s=3)
     consumer.wait_for("started")
-    producer = Client(cluster, node, "produce", count=6, delay_s=3, recall=[1],
+    producer = Client(cluster, node, language, "produce", count=6, delay_s=3, recall=[1],
                       tags=["created", "created", "created", "shipped", "created", "created"],
                       prefix="simple")
     sent = {event["id"]: event for event in producer.finish() if event["event"] == "sent"}
@@ -118,15 +137,15 @@ def test_delay_messages_a_recall_and_a_simple_consumer_that_retries_then_acks(
 
 
 def test_a_push_consumer_fails_a_message_and_gets_it_again_and_two_groups_each_get_all(
-        cluster: LocalCluster) -> None:
+        cluster: LocalCluster, language: str) -> None:
     node = cluster.nodes[2]
-    billing = Client(cluster, node, "push", group="push-billing", expect=5,
+    billing = Client(cluster, node, language, "push", group="push-billing", expect=5,
                      fail_bodies=["push-2"], timeout_s=45, quiet_s=2)
-    shipping = Client(cluster, node, "push", group="push-shipping", expect=5, timeout_s=45,
-                      quiet_s=2)
+    shipping = Client(cluster, node, language, "push", group="push-shipping", expect=5,
+                      timeout_s=45, quiet_s=2)
     billing.wait_for("started")
     shipping.wait_for("started")
-    producer = Client(cluster, node, "produce", count=5, delay_s=2, prefix="push")
+    producer = Client(cluster, node, language, "produce", count=5, delay_s=2, prefix="push")
     sent = {event["id"] for event in producer.finish() if event["event"] == "sent"}
     assert len(sent) == 5
     billing.finish()
@@ -140,14 +159,15 @@ def test_a_push_consumer_fails_a_message_and_gets_it_again_and_two_groups_each_g
     assert len(shipping.of("consumed")) == 5  # no duplicates in the other group
 
 
-def test_a_leader_killed_while_a_producer_sends_loses_nothing(cluster: LocalCluster) -> None:
+def test_a_leader_killed_while_a_producer_sends_loses_nothing(cluster: LocalCluster,
+                                                               language: str) -> None:
     leader = cluster.leader(timeout_s=20)
     node = next(n for n in cluster.nodes if n is not leader)  # the client's endpoint stays up
     count = 60
-    consumer = Client(cluster, node, "simple", group="audit", expect=count, timeout_s=80,
-                      quiet_s=2, invisible_s=20)
+    consumer = Client(cluster, node, language, "simple", group="audit", expect=count,
+                      timeout_s=80, quiet_s=2, invisible_s=20)
     consumer.wait_for("started")
-    producer = Client(cluster, node, "produce", count=count, delay_s=2, pause_s=0.05,
+    producer = Client(cluster, node, language, "produce", count=count, delay_s=2, pause_s=0.05,
                       prefix="kill")
     while (event := producer.next_event()) is not None and len(producer.of("sent")) < 20:
         pass

@@ -1,0 +1,21 @@
+"""The node benchmark's RocketMQ leg, on a small load: a group of the official Python client's
+PushConsumers beside a native group of one topic, both receiving every message of one run (the
+figures in docs/rocketmq.md come from it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tickwheel.node.bench import lateness_at
+from tickwheel.replication.local_cluster import LocalCluster
+
+
+def test_both_groups_get_every_message_of_one_load_and_report_their_lateness(
+        tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, 3, rocketmq=True) as cluster:
+        cluster.leader(timeout_s=30)
+        run = lateness_at(cluster, rate=100, seconds=1.0, consumers=1, rocketmq_consumers=1)
+    assert run["messages"] == 100 and run["rocketmq_messages"] == 100
+    for prefix in ("", "rocketmq_"):
+        # nothing early (a little clock jitter between processes aside), nothing absurdly late
+        assert -5 < run[f"{prefix}p50"] <= run[f"{prefix}p99"] <= run[f"{prefix}max"] < 30_000
