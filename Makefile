@@ -22,7 +22,7 @@ lint: $(STAMP) typecheck
 TYPECHECK := build/typecheck/tickwheel
 typecheck: $(STAMP)
 	@mkdir -p $(TYPECHECK)
-	@for package in wheel replication node chaos client; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
+	@for package in common wheel replication node harness chaos client; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
 	@ln -sfn ../../generated/tickwheel/v1 $(TYPECHECK)/v1
 	$(VENV)/bin/mypy
 
@@ -30,17 +30,17 @@ test: lint
 	$(PY) -m pytest
 
 demo: $(STAMP)
-	$(PY) -m tickwheel.node.demo
+	$(PY) -m tickwheel.harness.demo
 
 bench: $(STAMP)
-	$(PY) -m tickwheel.wheel.bench --json
-	$(PY) -m tickwheel.replication.bench --json
-	$(PY) -m tickwheel.node.bench --json
+	$(PY) -m tickwheel.harness.wheel_bench --json
+	$(PY) -m tickwheel.harness.replication_bench --json
+	$(PY) -m tickwheel.harness.node_bench --json
 
 bench-quick: $(STAMP)
-	$(PY) -m tickwheel.wheel.bench --json --quick
-	$(PY) -m tickwheel.replication.bench --json --quick
-	$(PY) -m tickwheel.node.bench --json --quick
+	$(PY) -m tickwheel.harness.wheel_bench --json --quick
+	$(PY) -m tickwheel.harness.replication_bench --json --quick
+	$(PY) -m tickwheel.harness.node_bench --json --quick
 
 # RocketMQ 5's official clients, unchanged, against a 3-node cluster (tests/rocketmq): the Python
 # client as in `make test`, and the Node.js client installed from its package-lock.json by npm ci

@@ -14,7 +14,7 @@ from pathlib import Path
 from tickwheel.chaos import storage
 from tickwheel.chaos.proxy import RaftMesh
 from tickwheel.chaos.storage import MountFailed, PowerCut, mount_disk, unmount_disk
-from tickwheel.replication.local_cluster import LocalCluster, LocalNode, free_ports
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode, free_ports
 from tickwheel.replication.raft import SyncLedger
 
 

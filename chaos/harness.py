@@ -38,7 +38,7 @@ from tickwheel.chaos.workload import (
     Racer,
     now_ms,
 )
-from tickwheel.replication.local_cluster import wait_for
+from tickwheel.harness.local_cluster import wait_for
 
 log = logging.getLogger("tickwheel.chaos")
 

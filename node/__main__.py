@@ -1,4 +1,6 @@
-"""``python -m tickwheel.node ...`` is the ``tickwheel`` command (see `tickwheel.node.cli`)."""
+"""``python -m tickwheel.node ...``: the node's commands of the ``tickwheel`` command (see
+`tickwheel.node.cli`); everything but ``cluster up``, which starts processes from the layer
+above (`tickwheel.harness.cli`)."""
 
 import sys
 

@@ -4,6 +4,7 @@
 
     tickwheel serve [--config FILE] [flags]       one node (default: a single-node cluster)
     tickwheel cluster up --nodes 3                 a local multi-process cluster, until Ctrl-C
+                                                   (tickwheel.harness.cli)
     tickwheel schedule --topic T --in 10s --body "hello"     (or --at ISO8601, --level N;
                                                               --file FILE)
     tickwheel consume --topic T [--count N] [--nack]         (T may be '%DLQ%orders')
@@ -28,23 +29,16 @@ import logging
 import os
 import re
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from tickwheel.client import Client, Credentials, Message, TickwheelClientError
-from tickwheel.node import config as node_config
-from tickwheel.node.access import ACCESS_KEY_PATTERN, new_token, token_digest
-from tickwheel.node.rocketmq.signature import secret_key
-from tickwheel.node.serve import run
-from tickwheel.replication import dev_credentials
-from tickwheel.replication.local_cluster import LocalCluster
+from tickwheel.node import cli_credentials, cli_serve
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
@@ -69,8 +63,14 @@ def instant_ms(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time: {error}") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+AddCommands = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+"""Adds commands of a layer above the node's (`tickwheel.harness.cli` adds ``cluster up``)."""
+
+
+def main(argv: list[str] | None = None, more: AddCommands | None = None) -> int:
+    """The node's commands, and those ``more`` adds; ``python -m tickwheel.node`` runs the
+    node's alone (everything but ``cluster up``)."""
+    args = _parser(more).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.command == "serve" else logging.WARNING,
                         stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -98,47 +98,6 @@ def _client(args: argparse.Namespace) -> Client:
     except ValueError as error:
         raise _BadCredentials(str(error)) from None
     return Client(args.target, credentials=credentials)
-
-
-def _serve(args: argparse.Namespace) -> int:
-    flags = {name: value for name, value in vars(args).items()
-             if name in node_config.NodeSettings.model_fields and value is not None}
-    try:
-        settings = node_config.load(args.config, flags)
-    except (ValidationError, FileNotFoundError) as error:
-        console.print(f"[red]bad configuration[/red]\n{error}")
-        return 2
-    return run(settings)
-
-
-def _cluster_up(args: argparse.Namespace) -> int:
-    cluster = LocalCluster(args.data.resolve(), args.nodes, base_port=args.base_port,
-                           metrics=True, insecure_grpc=args.insecure_grpc)
-    with cluster:
-        leader = cluster.leader(timeout_s=30)
-        table = Table(title=f"tickwheel: {args.nodes}-node cluster (Ctrl-C stops it)")
-        for column in ("node", "gRPC", "Raft", "metrics", "pid", "log"):
-            table.add_column(column)
-        for i, node in enumerate(cluster.nodes):
-            table.add_row(f"{i}{' (leader)' if node is leader else ''}", node.grpc_address,
-                          node.raft, node.metrics_address or "-", str(node.pid),
-                          str(node.log_path))
-        console.print(table)
-        targets = ",".join(node.grpc_address for node in cluster.nodes)
-        environment = cluster.security.environment() if cluster.security else {
-            "TICKWHEEL_INSECURE": "1"}
-        console.print("try:\n  export " + " ".join(
-            f"{name}={value}" for name, value in {"TICKWHEEL_TARGET": targets,
-                                                  **environment}.items())
-            + "\n  tickwheel status", highlight=False, soft_wrap=True)
-        try:
-            while all(node.alive() for node in cluster.nodes):
-                time.sleep(0.5)
-            console.print("[red]a node exited; stopping the cluster[/red]")
-            return 1
-        except KeyboardInterrupt:
-            console.print("stopping")
-    return 0
 
 
 def _schedule(args: argparse.Namespace) -> int:
@@ -298,25 +257,16 @@ def _property(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(more: AddCommands | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tickwheel", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    _serve_parser(commands.add_parser("serve", help="run one node"))
-    cluster = commands.add_parser("cluster", help="a local multi-process cluster")
-    up = cluster.add_subparsers(dest="action", required=True).add_parser("up")
-    up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--data", type=Path, default=Path("data/cluster"))
-    up.add_argument("--base-port", type=int, default=7400,
-                    help="gRPC on BASE+i, Raft on BASE+100+i, peers on BASE+200+i, metrics "
-                         "on BASE+2000+i")
-    up.add_argument("--insecure-grpc", action="store_true",
-                    help="serve gRPC in plaintext to anyone (default: TLS and a token, made "
-                         "under DATA/security)")
-    up.set_defaults(handler=_cluster_up)
+    cli_serve.add_parser(commands.add_parser("serve", help="run one node"))
+    if more is not None:
+        more(commands)
     connection = _connection_parser()
 
-    _credential_parsers(commands)
+    cli_credentials.add_parsers(commands)
 
     schedule = commands.add_parser("schedule", parents=[connection],
                                    help="schedule a message (or a file of them)")
@@ -388,131 +338,3 @@ def _connection_parser() -> argparse.ArgumentParser:
     return connection
 
 
-def _certs(args: argparse.Namespace) -> int:
-    hosts = args.host or ["127.0.0.1", "localhost"]
-    made = dev_credentials.make(args.dir.resolve(), hosts)
-    console.print(f"made in {made.root} (an existing set is kept; not for production):\n"
-                  f"  tickwheel serve {' '.join(made.node_flags())}\n"
-                  f"  export {' '.join(f'{k}={v}' for k, v in made.environment().items())}",
-                  highlight=False, soft_wrap=True)
-    return 0
-
-
-def _token(args: argparse.Namespace) -> int:
-    token = new_token()
-    console.print(f"token (give it to the client; it is not stored anywhere):\n  {token}\n"
-                  f"for the node's access file:\n"
-                  f"  [[principal]]\n  name = {json.dumps(args.name)}\n"
-                  f"  tokens = [\"{token_digest(token)}\"]", highlight=False, soft_wrap=True)
-    return 0
-
-
-def _credential_parsers(commands: argparse._SubParsersAction) -> None:
-    """``certs``, ``token`` and ``rocketmq-key``: what a node and its clients prove
-    themselves with."""
-    certs = commands.add_parser(
-        "certs", help="make a CA, a node certificate, an admin token and an access file "
-                      "to try a node with (not for production)")
-    certs.add_argument("dir", type=Path)
-    certs.add_argument("--host", action="append", default=[],
-                       help="a name or IP the node certificate covers (repeatable; default "
-                            "127.0.0.1 and localhost)")
-    certs.set_defaults(handler=_certs)
-    token = commands.add_parser("token", help="make a bearer token and its access file lines")
-    token.add_argument("--name", default="my-service", help="the principal's name")
-    token.set_defaults(handler=_token)
-    _rocketmq_key_parser(commands.add_parser(
-        "rocketmq-key", help="the SecretKey of a RocketMQ AccessKey, and its access file line"))
-
-
-def _rocketmq_key_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("access_key", help="the AccessKey, as the client will send it")
-    parser.add_argument("--raft-secret-file", type=Path,
-                        default=os.environ.get("TICKWHEEL_RAFT_SECRET_FILE"),
-                        help="the cluster's Raft secret (default: TICKWHEEL_RAFT_SECRET_FILE, "
-                             "or TICKWHEEL_RAFT_SECRET)")
-    parser.set_defaults(handler=_rocketmq_key)
-
-
-def _rocketmq_key(args: argparse.Namespace) -> int:
-    if not re.fullmatch(ACCESS_KEY_PATTERN, args.access_key):
-        console.print(f"[red]error[/red] {args.access_key!r} is not 1-128 of [A-Za-z0-9_.-]")
-        return 2
-    try:
-        text = (args.raft_secret_file.read_text() if args.raft_secret_file
-                else os.environ.get("TICKWHEEL_RAFT_SECRET", ""))
-    except OSError as error:
-        console.print(f"[red]error[/red] {args.raft_secret_file}: {error.strerror}")
-        return 2
-    raft_secrets = text.split()
-    if not raft_secrets:
-        console.print("[red]error[/red] no Raft secret: give --raft-secret-file (or "
-                      "TICKWHEEL_RAFT_SECRET)")
-        return 2
-    key = secret_key(raft_secrets[0].encode(), args.access_key)
-    console.print(f"SecretKey of AccessKey {args.access_key} (give it to the client; the "
-                  f"nodes derive it, nothing stores it):\n  {key}\n"
-                  f"in the principal's entry of the access file:\n"
-                  f"  rocketmq_access_keys = [{json.dumps(args.access_key)}]",
-                  highlight=False, soft_wrap=True)
-    return 0
-
-
-def _serve_parser(serve: argparse.ArgumentParser) -> None:
-    """Flags mirror `NodeSettings` fields; a flag not given leaves env, file or default."""
-    serve.add_argument("--config", type=Path, help="a TOML file")
-    serve.add_argument("--raft-address")
-    serve.add_argument("--raft-listen", help="where to bind Raft (default: --raft-address)")
-    serve.add_argument("--member", dest="members", action="append",
-                       metavar="RAFT_ADDRESS=GRPC_ADDRESS=PEER_ADDRESS")
-    serve.add_argument("--grpc-listen")
-    serve.add_argument("--rocketmq-listen",
-                       help="HOST:PORT to serve RocketMQ 5's client protocol at (off unless "
-                            "given; docs/rocketmq.md)")
-    serve.add_argument("--rocketmq-advertise",
-                       help="HOST:PORT RocketMQ routes name (default: the address the client "
-                            "asked with)")
-    serve.add_argument("--metrics-listen", help="HOST:PORT, or '' for none")
-    serve.add_argument("--health-listen",
-                       help="HOST:PORT for grpc.health.v1 alone, in plaintext (probes)")
-    serve.add_argument("--data", type=Path)
-    serve.add_argument("--fsync", action="store_true", default=None)
-    serve.add_argument("--sync-ledger", type=Path,
-                       help="with --fsync: note what each sync made durable here, for the "
-                            "chaos harness's power cut (testing only)")
-    serve.add_argument("--raft-secret-file", type=Path,
-                       help="the cluster's shared Raft secret, from this file (or "
-                            "TICKWHEEL_RAFT_SECRET; never on the command line)")
-    serve.add_argument("--insecure-raft", action="store_true", default=None,
-                       help="run a cluster's Raft links without a secret: anyone who can "
-                            "reach the port can join it")
-    serve.add_argument("--peer-listen", help="where to bind the peer listener (default: this "
-                                             "node's PEER in --member)")
-    serve.add_argument("--tls-cert-file", type=Path, help="this node's certificate (PEM)")
-    serve.add_argument("--tls-key-file", type=Path)
-    serve.add_argument("--tls-ca-file", type=Path,
-                       help="the CA of the members' (and client) certificates")
-    serve.add_argument("--tls-client-certs", action="store_true", default=None,
-                       help="clients must present a certificate signed by --tls-ca-file")
-    serve.add_argument("--access-file", type=Path,
-                       help="principals, their tokens and grants (TOML; reread on change)")
-    serve.add_argument("--insecure-grpc", action="store_true", default=None,
-                       help="serve gRPC in plaintext to anyone, with every permission")
-    serve.add_argument("--clock-skew-ms", type=int, help="fault injection only")
-    serve.add_argument("--delay-levels", metavar="TABLE",
-                       help="what delay_level 1, 2, ... mean and the retry ladder's steps "
-                            "(RocketMQ's messageDelayLevel; units s m h d; default "
-                            "'1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h')")
-    serve.add_argument("--retry-start-level", type=int,
-                       help="the level a first nack waits (default 3: 10 s)")
-    serve.add_argument("--max-attempts", type=int,
-                       help="a nack of this attempt dead-letters the message to "
-                            "'%%DLQ%%TOPIC' (default 16)")
-    for name in ("snapshot_min_entries", "max_body_bytes", "max_delay_ms", "max_properties",
-                 "max_properties_bytes", "max_batch_msgs", "max_stream_msgs", "max_credits",
-                 "max_request_bytes", "max_concurrent_rpcs",
-                 "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
-                 "max_queued_msgs", "max_topic_labels", "max_ready_msgs", "max_groups",
-                 "max_moved_msgs", "min_free_bytes"):
-        serve.add_argument(f"--{name.replace('_', '-')}", type=int)
-    serve.set_defaults(handler=_serve)

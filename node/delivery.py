@@ -33,6 +33,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from tickwheel.common.errors import ConsumerStalled, NotLeader, Overloaded, TickwheelError
 from tickwheel.node.journal import DeliveryJournal
 from tickwheel.node.levels import DLQ_PREFIX, RetryPolicy
 from tickwheel.node.metrics import Metrics
@@ -48,7 +49,6 @@ from tickwheel.replication.handout import (
 from tickwheel.replication.replica import Replica
 from tickwheel.replication.state import Retried
 from tickwheel.wheel import Cursor, DueMessage, NewMessage
-from tickwheel.wheel.errors import ConsumerStalled, NotLeader, Overloaded, TickwheelError
 
 log = logging.getLogger("tickwheel.delivery")
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import grpc
 
+from tickwheel.common.errors import DiskLow
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
-from tickwheel.wheel.errors import DiskLow
 
 log = logging.getLogger("tickwheel.node.disk")
 

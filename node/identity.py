@@ -23,8 +23,8 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from tickwheel.common.errors import Unauthenticated
 from tickwheel.node.access import ANYONE, AccessFile, Principal, file_stamp
-from tickwheel.wheel.errors import Unauthenticated
 
 AUTHORIZATION_KEY = "authorization"
 PEER_KEY = "tickwheel-peer"

@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from tickwheel.common.errors import Unauthenticated, invariant
 from tickwheel.node.disk import DiskWatch
 from tickwheel.node.forward import CHANNEL_OPTIONS
 from tickwheel.node.identity import ClientCallers, PeerCallers
@@ -28,7 +29,6 @@ from tickwheel.node.server import (
 from tickwheel.replication.replica import Replica
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
-from tickwheel.wheel.errors import Unauthenticated, invariant
 
 ROCKETMQ_KEEPALIVE = (("grpc.keepalive_permit_without_calls", 1),
                       ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),

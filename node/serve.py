@@ -18,6 +18,8 @@ from functools import partial
 from grpc_health.v1 import health, health_pb2
 
 from tickwheel.client import Credentials
+from tickwheel.common.clock import SystemClock
+from tickwheel.common.errors import StorageIncomplete, StorageLocked, invariant
 from tickwheel.node.access import AccessFile
 from tickwheel.node.config import NodeSettings
 from tickwheel.node.delivery import Hub, HubConfig
@@ -35,9 +37,7 @@ from tickwheel.node.peers import PeerFiles
 from tickwheel.node.rocketmq.signature import Signatures
 from tickwheel.node.server import SERVICE_NAME, NodeContext, cursor_lag_ms
 from tickwheel.node.unary import UnaryConsumers
-from tickwheel.replication.clock import SystemClock
 from tickwheel.replication.replica import STORAGE_EXIT_CODE, Replica
-from tickwheel.wheel.errors import StorageIncomplete, StorageLocked, invariant
 
 log = logging.getLogger("tickwheel.node")
 

@@ -20,6 +20,18 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from tickwheel.common.clock import Clock
+from tickwheel.common.errors import (
+    ClientError,
+    InvalidMessage,
+    NotLeader,
+    Overloaded,
+    PermissionDenied,
+    TickwheelError,
+    Unauthenticated,
+    Unavailable,
+    invariant,
+)
 from tickwheel.node import validation
 from tickwheel.node.access import ANYONE, Action, Principal
 from tickwheel.node.commits import WRITE_TIMEOUT_S, applied, committed
@@ -35,24 +47,12 @@ from tickwheel.node.identity import ClientCallers, PeerCallers
 from tickwheel.node.levels import RetryPolicy
 from tickwheel.node.metrics import Metrics
 from tickwheel.node.unary import UnaryConsumers
-from tickwheel.replication.clock import Clock
 from tickwheel.replication.handles import HandleCipher
 from tickwheel.replication.replica import Replica, ReplicaStatus
 from tickwheel.replication.state import MoveOutcome, Scheduled
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 from tickwheel.wheel import CancelOutcome
-from tickwheel.wheel.errors import (
-    ClientError,
-    InvalidMessage,
-    NotLeader,
-    Overloaded,
-    PermissionDenied,
-    TickwheelError,
-    Unauthenticated,
-    Unavailable,
-    invariant,
-)
 
 _STATUS: list[tuple[type[TickwheelError], grpc.StatusCode]] = [
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),

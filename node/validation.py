@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
 
+from tickwheel.common.errors import InvalidMessage
 from tickwheel.node.levels import DLQ_PREFIX, DelayLevels, is_dead_letter_topic
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.wheel import NewMessage
-from tickwheel.wheel.errors import InvalidMessage
 from tickwheel.wheel.types import DAY_MS
 
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})

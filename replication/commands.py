@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from enum import IntEnum
 from typing import Final, NamedTuple
 
-from tickwheel.wheel.errors import invariant
+from tickwheel.common.errors import invariant
 from tickwheel.wheel.format import encode_record
 from tickwheel.wheel.types import Cursor, NewMessage
 

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
+from tickwheel.common.errors import Overloaded
 from tickwheel.replication import commands
-from tickwheel.wheel.errors import Overloaded
 
 
 @dataclass(eq=False, slots=True)

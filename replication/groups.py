@@ -38,8 +38,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
+from tickwheel.common.errors import invariant
 from tickwheel.replication.commands import LeaseRef
-from tickwheel.wheel.errors import invariant
 from tickwheel.wheel.window import GLOBAL_INDEX_BITS
 
 log = logging.getLogger("tickwheel.replication.groups")

@@ -22,8 +22,8 @@ from typing import Final
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from tickwheel.common.errors import invariant
 from tickwheel.replication.commands import HANDLE_KEY_BYTES
-from tickwheel.wheel.errors import invariant
 
 HANDLE_BITS: Final = 62
 """Client handles (and the wheel handles they stand for) are below 2^62."""

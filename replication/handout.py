@@ -28,11 +28,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
+from tickwheel.common.errors import InvalidMessage
 from tickwheel.replication.commands import Grant, LeaseRef, Ready
 from tickwheel.replication.dispatcher import Delivery, DispatchConfig, Expired
 from tickwheel.replication.groups import DEFAULT_GROUP, DURABLE, STREAM, Group, Groups
 from tickwheel.wheel import DueMessage
-from tickwheel.wheel.errors import InvalidMessage
 
 TARGET_GROUP_PROPERTY: Final = "%group"
 """The property of a retry copy that names the one group it is for (users cannot set keys

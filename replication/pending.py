@@ -23,7 +23,7 @@ import heapq
 from collections import Counter
 from typing import Final
 
-from tickwheel.wheel.errors import invariant
+from tickwheel.common.errors import invariant
 
 UNTRACKED_TAG: Final = 0
 MAX_TAG: Final = 0xFFFF

@@ -41,8 +41,18 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from tickwheel.common.clock import Clock, SystemClock
+from tickwheel.common.errors import (
+    CorruptSegment,
+    InvariantViolation,
+    NotLeader,
+    Overloaded,
+    StorageIncomplete,
+    TickwheelError,
+    Unavailable,
+    UnknownHandle,
+)
 from tickwheel.replication import commands
-from tickwheel.replication.clock import Clock, SystemClock
 from tickwheel.replication.commands import HANDLE_KEY_BYTES, LeaseOp, LeaseRef
 from tickwheel.replication.dispatcher import DeliverySink, DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import Entry, GroupCommitter, resolve
@@ -65,16 +75,6 @@ from tickwheel.replication.raft import (
 )
 from tickwheel.replication.state import Manifest, Rejected, Retried, StateConfig, WheelState
 from tickwheel.wheel import Cursor, DueMessage, NewMessage
-from tickwheel.wheel.errors import (
-    CorruptSegment,
-    InvariantViolation,
-    NotLeader,
-    Overloaded,
-    StorageIncomplete,
-    TickwheelError,
-    Unavailable,
-    UnknownHandle,
-)
 from tickwheel.wheel.mending import MendCounts
 
 log = logging.getLogger("tickwheel.replication")

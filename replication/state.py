@@ -22,6 +22,14 @@ from itertools import repeat
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
+from tickwheel.common.errors import (
+    CorruptSegment,
+    InvalidMessage,
+    Overloaded,
+    PermissionDenied,
+    UnknownHandle,
+    invariant,
+)
 from tickwheel.replication import commands
 from tickwheel.replication.commands import Kind, LeaseOp
 from tickwheel.replication.dedupe import DedupeWindow
@@ -30,14 +38,6 @@ from tickwheel.replication.groups import Snapshot as GroupsSnapshot
 from tickwheel.replication.pending import PendingCounts
 from tickwheel.replication.pending import Snapshot as PendingSnapshot
 from tickwheel.wheel import CancelOutcome, Cursor, DueMessage, Wheel
-from tickwheel.wheel.errors import (
-    CorruptSegment,
-    InvalidMessage,
-    Overloaded,
-    PermissionDenied,
-    UnknownHandle,
-    invariant,
-)
 from tickwheel.wheel.format import SECONDS_PER_HOUR, encode_record, record_topics
 from tickwheel.wheel.mending import CopySource, MendCounts, Unmended
 from tickwheel.wheel.segment import APPEND_ONLY_FILES

@@ -18,13 +18,13 @@ def _import_from_outside(module: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_code_folders_are_importable_only_under_tickwheel() -> None:
-    for name in ("wheel", "node", "replication", "chaos"):
+    for name in ("common", "wheel", "node", "replication", "chaos", "harness"):
         origin = _import_from_outside(f"tickwheel.{name}").stdout.strip()
         assert Path(origin) == PROJECT / name / "__init__.py"
 
 
 def test_no_top_level_module_shadows_a_folder_name() -> None:
-    for name in ("node", "replication", "chaos"):
+    for name in ("node", "replication", "chaos", "harness"):
         assert _import_from_outside(name).stdout.strip() == "absent"
     origin = _import_from_outside("wheel").stdout.strip()
     assert origin == "absent" or not origin.startswith(str(PROJECT))
@@ -34,7 +34,7 @@ def test_only_the_raft_port_imports_pysyncobj() -> None:
     """pysyncobj is sealed behind ``tickwheel.replication.raft`` (issue 20): an upgrade or a
     replacement touches that package only."""
     offenders = []
-    for folder in ("wheel", "replication", "node", "chaos", "client"):
+    for folder in ("common", "wheel", "replication", "node", "chaos", "client", "harness"):
         for path in (PROJECT / folder).rglob("*.py"):
             if (PROJECT / "replication" / "raft") in path.parents:
                 continue

@@ -69,8 +69,7 @@ Worked example - three messages, a cancel, and the clock moving::
     >>> wheel.close()
 """
 
-from tickwheel.wheel.engine import Wheel
-from tickwheel.wheel.errors import (
+from tickwheel.common.errors import (
     ClientError,
     CorruptSegment,
     InternalError,
@@ -80,6 +79,7 @@ from tickwheel.wheel.errors import (
     TickwheelError,
     UnknownHandle,
 )
+from tickwheel.wheel.engine import Wheel
 from tickwheel.wheel.types import CancelOutcome, Cursor, DueMessage, NewMessage, WheelConfig
 
 __all__ = [

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from tickwheel.wheel.errors import (
+from tickwheel.common.errors import (
     InvalidMessage,
     UnknownHandle,
     invariant,

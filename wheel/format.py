@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from tickwheel.wheel.errors import CorruptSegment, InvalidMessage
+from tickwheel.common.errors import CorruptSegment, InvalidMessage
 
 FORMAT_VERSION: Final = 1
 SECONDS_PER_HOUR: Final = 3600

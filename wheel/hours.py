@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from tickwheel.wheel.errors import InvariantViolation
+from tickwheel.common.errors import InvariantViolation
 from tickwheel.wheel.format import SECONDS_PER_HOUR
 from tickwheel.wheel.mending import Mender
 from tickwheel.wheel.segment import FDS_PER_HOUR, HourSegment, remove_segment, segment_files

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tickwheel.wheel.errors import CorruptSegment
+from tickwheel.common.errors import CorruptSegment
 
 log = logging.getLogger("tickwheel.wheel")
 

@@ -11,7 +11,7 @@ import os
 from contextlib import ExitStack
 from pathlib import Path
 
-from tickwheel.wheel.errors import StorageLocked
+from tickwheel.common.errors import StorageLocked
 from tickwheel.wheel.format import META, META_COPIES, pack_meta, unpack_meta
 from tickwheel.wheel.types import Cursor
 

@@ -13,7 +13,7 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tickwheel.wheel.errors import invariant
+from tickwheel.common.errors import invariant
 from tickwheel.wheel.format import SECONDS_PER_HOUR
 from tickwheel.wheel.hours import HourSet
 from tickwheel.wheel.segment import HourSegment

@@ -17,7 +17,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tickwheel.wheel.errors import CorruptSegment, InvariantViolation, invariant
+from tickwheel.common.errors import CorruptSegment, InvariantViolation, invariant
 from tickwheel.wheel.format import (
     HEAD,
     SECONDS_PER_HOUR,

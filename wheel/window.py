@@ -13,7 +13,7 @@ import heapq
 import logging
 from collections.abc import Callable, Sequence
 
-from tickwheel.wheel.errors import CorruptSegment
+from tickwheel.common.errors import CorruptSegment
 from tickwheel.wheel.format import MS_PER_SECOND, SECONDS_PER_HOUR
 from tickwheel.wheel.hours import HourSet
 from tickwheel.wheel.mending import Unmended

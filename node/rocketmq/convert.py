@@ -23,10 +23,7 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from tickwheel.node.server import LeaderRefused
-from tickwheel.rocketmq.v2 import definition_pb2 as rmq
-from tickwheel.v1 import tickwheel_pb2 as pb
-from tickwheel.wheel.errors import (
+from tickwheel.common.errors import (
     ClientError,
     Overloaded,
     PermissionDenied,
@@ -34,6 +31,9 @@ from tickwheel.wheel.errors import (
     Unauthenticated,
     Unavailable,
 )
+from tickwheel.node.server import LeaderRefused
+from tickwheel.rocketmq.v2 import definition_pb2 as rmq
+from tickwheel.v1 import tickwheel_pb2 as pb
 
 PREFIX = "rocketmq."
 TAG = PREFIX + "tag"

@@ -29,6 +29,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from tickwheel.common.errors import TickwheelError, Unavailable
 from tickwheel.node.access import Action, Principal
 from tickwheel.node.levels import RetryPolicy
 from tickwheel.node.rocketmq import convert
@@ -41,7 +42,6 @@ from tickwheel.replication.handout import decode_receipt
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.rocketmq.v2 import service_pb2 as svc
 from tickwheel.v1 import tickwheel_pb2 as pb
-from tickwheel.wheel.errors import TickwheelError, Unavailable
 
 log = logging.getLogger("tickwheel.node.rocketmq")
 

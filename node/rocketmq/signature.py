@@ -25,8 +25,8 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 
+from tickwheel.common.errors import Unauthenticated
 from tickwheel.node.access import ANYONE, AccessFile, Principal
-from tickwheel.wheel.errors import Unauthenticated
 
 SCHEME = "MQv2-HMAC-SHA1"
 DATE_KEY = "x-mq-date-time"

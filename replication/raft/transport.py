@@ -11,10 +11,10 @@ import pysyncobj.tcp_connection
 from pysyncobj import SyncObj
 from pysyncobj.transport import TCPTransport
 
+from tickwheel.common.errors import invariant
 from tickwheel.replication.raft import wire
 from tickwheel.replication.raft.lease import LeaseClock
 from tickwheel.replication.raft.link_protocol import LinkSettings
-from tickwheel.wheel.errors import invariant
 
 SWEEP_INTERVAL_S = 0.1
 

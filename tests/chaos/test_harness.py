@@ -18,7 +18,7 @@ import pytest
 from tickwheel.chaos import proxy
 from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.proxy import RaftMesh
-from tickwheel.replication.local_cluster import (
+from tickwheel.harness.local_cluster import (
     EPHEMERAL_PORTS,
     LOWEST_PORT,
     free_ports,

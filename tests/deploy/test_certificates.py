@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tickwheel.node import cli
+from tickwheel.node import cli, dev_credentials
+from tickwheel.node.dev_credentials import DevCredentials
 from tickwheel.node.statefulset import StatefulSetPod, addresses
-from tickwheel.replication import dev_credentials
-from tickwheel.replication.dev_credentials import DevCredentials
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NAMESPACE = "tickwheel"

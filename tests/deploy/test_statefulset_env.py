@@ -26,12 +26,11 @@ from pydantic import ValidationError
 
 from tickwheel.client import Client, Credentials
 from tickwheel.client.credentials import open_channel
-from tickwheel.node import statefulset
+from tickwheel.harness.local_cluster import free_ports, wait_for
+from tickwheel.node import dev_credentials, statefulset
 from tickwheel.node.config import NodeSettings, load
+from tickwheel.node.dev_credentials import DevCredentials
 from tickwheel.node.statefulset import StatefulSetPod, addresses, split_pod_name
-from tickwheel.replication import dev_credentials
-from tickwheel.replication.dev_credentials import DevCredentials
-from tickwheel.replication.local_cluster import free_ports, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 

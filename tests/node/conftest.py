@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tickwheel.client import Client
-from tickwheel.replication.local_cluster import LocalCluster
+from tickwheel.harness.local_cluster import LocalCluster
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from tickwheel.client import (
     RescheduleOutcome,
 )
 from tickwheel.client.credentials import open_channel
-from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from tickwheel.harness.local_cluster import LocalCluster, wait_for
 from tickwheel.node.cli import duration_ms
 from tickwheel.node.config import NodeSettings, load
-from tickwheel.replication.dev_credentials import DevCredentials
-from tickwheel.replication.local_cluster import LocalCluster, wait_for
+from tickwheel.node.dev_credentials import DevCredentials
 
 TICKWHEEL = [sys.executable, "-m", "tickwheel.node"]
 
@@ -134,7 +134,7 @@ def test_durations() -> None:
 
 
 def test_the_demo_kills_the_leader_and_every_message_still_arrives(tmp_path: Path) -> None:
-    demo = subprocess.run([sys.executable, "-m", "tickwheel.node.demo", "--messages", "30",
+    demo = subprocess.run([sys.executable, "-m", "tickwheel.harness.demo", "--messages", "30",
                            "--span-s", "3", "--data", str(tmp_path / "demo")],
                           check=False, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "COLUMNS": "200"})

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nodetests import now_ms, topic
 
 from tickwheel.chaos.storage import empty, fill
-from tickwheel.replication.local_cluster import AckingConsumer, LocalCluster, LocalNode, wait_for
+from tickwheel.harness.local_cluster import AckingConsumer, LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 RESERVE = 8 << 20

@@ -20,7 +20,7 @@ from tickwheel.client import (
     Rescheduled,
     RescheduleOutcome,
 )
-from tickwheel.replication.local_cluster import LocalCluster, wait_for
+from tickwheel.harness.local_cluster import LocalCluster, wait_for
 
 
 def take(client: Client, name: str, count: int, group: str = "", ack: bool = True) -> list:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.node.serve import EXIT_STORAGE
-from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.replication.raft import journal_first_index
 from tickwheel.v1 import tickwheel_pb2 as pb
 

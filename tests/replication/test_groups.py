@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tickwheel.common.errors import InvalidMessage, Overloaded
 from tickwheel.replication import commands
 from tickwheel.replication.commands import Grant, LeaseOp, LeaseRef, Ready
 from tickwheel.replication.dispatcher import DispatchConfig
@@ -29,7 +30,6 @@ from tickwheel.replication.state import (
     WheelState,
 )
 from tickwheel.wheel import CancelOutcome, Cursor, DueMessage, NewMessage
-from tickwheel.wheel.errors import InvalidMessage, Overloaded
 
 T0_MS = 1_800_000_000_000
 

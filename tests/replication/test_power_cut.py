@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 
 from tickwheel.chaos.storage import power_cut
-from tickwheel.replication.local_cluster import LocalCluster, wait_for
+from tickwheel.harness.local_cluster import LocalCluster, wait_for
 from tickwheel.replication.raft import SyncLedger
 from tickwheel.v1 import tickwheel_pb2 as pb
 

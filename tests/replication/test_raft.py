@@ -13,7 +13,7 @@ import pysyncobj.pickle
 import pysyncobj.syncobj
 import pytest
 
-from tickwheel.replication.local_cluster import free_ports, wait_for
+from tickwheel.harness.local_cluster import free_ports, wait_for
 from tickwheel.replication.raft import (
     PICKLE_PROTOCOL,
     InsecureCluster,

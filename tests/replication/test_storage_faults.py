@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from tickwheel.chaos.storage import flip
-from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.replication.raft import read_snapshot
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.wheel.format import UNIT_SIZE

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from tickwheel.common.errors import InvariantViolation, NotLeader
 from tickwheel.replication import commands
 from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import GroupCommitter
 from tickwheel.replication.state import Rejected, Retried, Scheduled, StateConfig, WheelState
 from tickwheel.wheel import CancelOutcome, Cursor, NewMessage
-from tickwheel.wheel.errors import InvariantViolation, NotLeader
 
 T0_MS = 1_800_000_000_000
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tickwheel.client import CancelOutcome, Client, Message
-from tickwheel.replication.local_cluster import (
+from tickwheel.harness.local_cluster import (
     AckingConsumer,
     LocalCluster,
     LocalNode,

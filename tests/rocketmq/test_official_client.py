@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode
 from tickwheel.node.rocketmq.signature import secret_key
-from tickwheel.replication.local_cluster import LocalCluster, LocalNode
 
 HERE = Path(__file__).parent
 DRIVERS = {"python": [sys.executable, str(HERE / "official_client.py")],

@@ -13,8 +13,8 @@ import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from tickwheel.harness.local_cluster import LocalCluster
 from tickwheel.node.rocketmq.signature import secret_key, signature
-from tickwheel.replication.local_cluster import LocalCluster
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.rocketmq.v2 import service_pb2 as svc
 from tickwheel.rocketmq.v2 import service_pb2_grpc as svc_grpc

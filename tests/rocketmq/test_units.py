@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from tickwheel.common.errors import Unauthenticated
+from tickwheel.node import dev_credentials
 from tickwheel.node.access import AccessFile
 from tickwheel.node.config import NodeSettings
 from tickwheel.node.rocketmq import convert
 from tickwheel.node.rocketmq.convert import Refusal
 from tickwheel.node.rocketmq.signature import Signatures, secret_key, signature
-from tickwheel.replication import dev_credentials
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.v1 import tickwheel_pb2 as pb
-from tickwheel.wheel.errors import Unauthenticated
 
 OLD, NEW = b"old-secret-0123456789", b"new-secret-0123456789"
 NOW_MS = 1_800_000_000_000

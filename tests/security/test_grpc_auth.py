@@ -25,9 +25,9 @@ from tickwheel.client import (
     Unauthenticated,
 )
 from tickwheel.client.credentials import open_channel
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
+from tickwheel.node import dev_credentials
 from tickwheel.node.identity import PEER_KEY, PRINCIPAL_KEY
-from tickwheel.replication import dev_credentials
-from tickwheel.replication.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 

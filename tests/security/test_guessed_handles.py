@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tickwheel.client import CancelOutcome, InvalidArgument, Message
-from tickwheel.replication.local_cluster import LocalCluster
+from tickwheel.harness.local_cluster import LocalCluster
 
 
 def test_neighbours_of_a_known_handle_cancel_nothing_and_handles_outlive_a_full_stop(

@@ -21,7 +21,7 @@ import grpc
 
 from tickwheel.client import Client, Message
 from tickwheel.client.credentials import open_channel
-from tickwheel.replication.local_cluster import LocalCluster, wait_for
+from tickwheel.harness.local_cluster import LocalCluster, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 

@@ -26,13 +26,13 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from tickwheel.replication import dev_credentials
-from tickwheel.replication.local_cluster import (
+from tickwheel.harness.local_cluster import (
     AckingConsumer,
     LocalCluster,
     free_ports,
     wait_for,
 )
+from tickwheel.node import dev_credentials
 from tickwheel.replication.raft import link_protocol as protocol
 from tickwheel.v1 import tickwheel_pb2 as pb
 

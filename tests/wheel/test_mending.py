@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tickwheel.common.errors import CorruptSegment
 from tickwheel.wheel import NewMessage, Wheel
-from tickwheel.wheel.errors import CorruptSegment
 from tickwheel.wheel.format import TOMBSTONE, UNIT_SIZE
 
 HOUR_MS = 3_600_000

@@ -1,4 +1,4 @@
-"""``python -m tickwheel.replication.bench --json``: a 3-node cluster of real processes.
+"""``python -m tickwheel.harness.replication_bench --json``: a 3-node cluster of real processes.
 
 Figures (100-byte bodies, nodes on 127.0.0.1, this process as the client):
 
@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tickwheel.replication.local_cluster import (
+from tickwheel.harness.local_cluster import (
     AckingConsumer,
     LocalCluster,
     LocalNode,

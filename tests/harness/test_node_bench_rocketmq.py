@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tickwheel.node.bench import lateness_at
-from tickwheel.replication.local_cluster import LocalCluster
+from tickwheel.harness.local_cluster import LocalCluster
+from tickwheel.harness.node_bench import lateness_at
 
 
 def test_both_groups_get_every_message_of_one_load_and_report_their_lateness(

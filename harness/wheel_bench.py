@@ -1,4 +1,4 @@
-"""Benchmark of the wheel engine: ``python -m tickwheel.wheel.bench --json [--quick]``.
+"""Benchmark of the wheel engine: ``python -m tickwheel.harness.wheel_bench --json [--quick]``.
 
 Schedules ``--messages`` (1,000,000) messages with 100-byte bodies in batches of 1,000, due
 uniformly over ``--days`` (30) days; reopens the wheel; then takes every message as due, moving

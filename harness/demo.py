@@ -20,13 +20,13 @@ from rich.console import Console
 from rich.table import Table
 
 from tickwheel.client import Client, Message, Received
-from tickwheel.replication.local_cluster import LocalCluster
+from tickwheel.harness.local_cluster import LocalCluster
 
 console = Console(highlight=False)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tickwheel.node.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tickwheel.harness.demo", description=__doc__)
     parser.add_argument("--messages", type=int, default=60)
     parser.add_argument("--span-s", type=float, default=6.0,
                         help="messages are due evenly over this many seconds")

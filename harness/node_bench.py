@@ -1,4 +1,4 @@
-"""``python -m tickwheel.node.bench --json``: the service as users see it, via the client.
+"""``python -m tickwheel.harness.node_bench --json``: the service as users see it, via the client.
 
 A 3-node cluster of real processes on 127.0.0.1, 100-byte bodies. Figures:
 
@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tickwheel.client import Client, Credentials, Message
+from tickwheel.harness.local_cluster import LocalCluster, wait_for
 from tickwheel.node.rocketmq.signature import secret_key
-from tickwheel.replication.local_cluster import LocalCluster, wait_for
 
 BODY = b"x" * 100
 HOUR_MS = 3_600_000

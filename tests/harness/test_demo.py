@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tickwheel.node.demo import lateness_percentiles
+from tickwheel.harness.demo import lateness_percentiles
 
 
 def test_p99_is_never_above_the_max_the_demo_printed_683_over_644() -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tickwheel.wheel import bench
+from tickwheel.harness import wheel_bench as bench
 
 
 def test_the_benchmark_prints_every_figure_it_promises(tmp_path: Path,
