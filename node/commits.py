@@ -9,7 +9,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from tickwheel.common.errors import Unavailable
-from tickwheel.replication.state import Rejected
+from tickwheel.replication import Rejected
 
 WRITE_TIMEOUT_S = 10.0
 """How long a request waits for its command to be committed and applied."""

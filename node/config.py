@@ -45,10 +45,8 @@ from tickwheel.node.disk import DEFAULT_RESERVE_BYTES
 from tickwheel.node.identity import check_certificate_pair
 from tickwheel.node.levels import DEFAULT_LEVELS, RetryPolicy, parse_levels
 from tickwheel.node.validation import Limits
-from tickwheel.replication.dispatcher import DispatchConfig
+from tickwheel.replication import DispatchConfig, ReplicaConfig, StateConfig
 from tickwheel.replication.raft import RaftConfig
-from tickwheel.replication.replica import ReplicaConfig
-from tickwheel.replication.state import StateConfig
 from tickwheel.wheel.types import DAY_MS, WheelConfig
 
 DEFAULT_RAFT = "127.0.0.1:7500"

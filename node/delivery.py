@@ -37,17 +37,19 @@ from tickwheel.common.errors import ConsumerStalled, NotLeader, Overloaded, Tick
 from tickwheel.node.journal import DeliveryJournal
 from tickwheel.node.levels import DLQ_PREFIX, RetryPolicy
 from tickwheel.node.metrics import Metrics
-from tickwheel.replication.commands import LeaseRef
-from tickwheel.replication.dispatcher import Delivery, Expired
-from tickwheel.replication.groups import DEFAULT_GROUP, STREAM
-from tickwheel.replication.handout import (
+from tickwheel.replication import (
+    DEFAULT_GROUP,
+    STREAM,
     TARGET_GROUP_PROPERTY,
     ConsumerSlot,
+    Delivery,
+    Expired,
+    LeaseRef,
+    Replica,
+    Retried,
     decode_receipt,
     encode_receipt,
 )
-from tickwheel.replication.replica import Replica
-from tickwheel.replication.state import Retried
 from tickwheel.wheel import Cursor, DueMessage, NewMessage
 
 log = logging.getLogger("tickwheel.delivery")

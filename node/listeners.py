@@ -26,7 +26,7 @@ from tickwheel.node.server import (
     TickwheelService,
     add_tickwheel_service,
 )
-from tickwheel.replication.replica import Replica
+from tickwheel.replication import Replica
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from tickwheel.node.delivery import Sent
     from tickwheel.node.disk import Space
-    from tickwheel.replication.groups import GroupSummary
+    from tickwheel.replication import GroupSummary
     from tickwheel.wheel.mending import MendCounts
 
 OTHER_TOPICS = "%other%"

@@ -37,7 +37,7 @@ from tickwheel.node.peers import PeerFiles
 from tickwheel.node.rocketmq.signature import Signatures
 from tickwheel.node.server import SERVICE_NAME, NodeContext, cursor_lag_ms
 from tickwheel.node.unary import UnaryConsumers
-from tickwheel.replication.replica import STORAGE_EXIT_CODE, Replica
+from tickwheel.replication import STORAGE_EXIT_CODE, Replica
 
 log = logging.getLogger("tickwheel.node")
 

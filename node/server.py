@@ -47,9 +47,7 @@ from tickwheel.node.identity import ClientCallers, PeerCallers
 from tickwheel.node.levels import RetryPolicy
 from tickwheel.node.metrics import Metrics
 from tickwheel.node.unary import UnaryConsumers
-from tickwheel.replication.handles import HandleCipher
-from tickwheel.replication.replica import Replica, ReplicaStatus
-from tickwheel.replication.state import MoveOutcome, Scheduled
+from tickwheel.replication import HandleCipher, MoveOutcome, Replica, ReplicaStatus, Scheduled
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 from tickwheel.wheel import CancelOutcome

@@ -21,10 +21,7 @@ from collections.abc import Callable
 
 from tickwheel.node.commits import committed
 from tickwheel.node.delivery import Consumer, Hub, Sent
-from tickwheel.replication.commands import LeaseRef
-from tickwheel.replication.groups import DURABLE
-from tickwheel.replication.handout import decode_receipt
-from tickwheel.replication.replica import Replica
+from tickwheel.replication import DURABLE, LeaseRef, Replica, decode_receipt
 
 IDLE_S = 60.0
 """A consumer without a call this long is dropped (its leases stay)."""

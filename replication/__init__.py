@@ -1,1 +1,47 @@
-"""The Raft state machine over the wheel: group commit, cursor sync, lease, hand-over (issue 3)."""
+"""The Raft state machine over the wheel: group commit, cursor sync, lease, hand-over (issue 3).
+
+Its face, what the layers above use: the `Replica` (the one object a node drives) with its
+settings and status; what its calls answer (`Scheduled`, `Rejected`, `Retried`, `MoveOutcome`;
+`Delivery` and `Expired` for the hand-out it makes); lease receipts (`LeaseRef`,
+`encode_receipt`, `decode_receipt`); consumer groups' names and kinds; the handle cipher. The
+Raft port has its own face, `tickwheel.replication.raft`. Nothing outside this package imports
+its other modules (tests/test_layout.py checks it).
+"""
+
+from tickwheel.replication.commands import LeaseRef
+from tickwheel.replication.dispatcher import Delivery, DispatchConfig, Expired
+from tickwheel.replication.groups import DEFAULT_GROUP, DURABLE, STREAM, GroupSummary
+from tickwheel.replication.handles import HandleCipher
+from tickwheel.replication.handout import (
+    TARGET_GROUP_PROPERTY,
+    ConsumerSlot,
+    decode_receipt,
+    encode_receipt,
+)
+from tickwheel.replication.replica import STORAGE_EXIT_CODE, Replica, ReplicaConfig, ReplicaStatus
+from tickwheel.replication.state import MoveOutcome, Rejected, Retried, Scheduled, StateConfig
+
+__all__ = [
+    "DEFAULT_GROUP",
+    "DURABLE",
+    "STORAGE_EXIT_CODE",
+    "STREAM",
+    "TARGET_GROUP_PROPERTY",
+    "ConsumerSlot",
+    "Delivery",
+    "DispatchConfig",
+    "Expired",
+    "GroupSummary",
+    "HandleCipher",
+    "LeaseRef",
+    "MoveOutcome",
+    "Rejected",
+    "Replica",
+    "ReplicaConfig",
+    "ReplicaStatus",
+    "Retried",
+    "Scheduled",
+    "StateConfig",
+    "decode_receipt",
+    "encode_receipt",
+]

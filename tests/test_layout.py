@@ -44,3 +44,19 @@ def test_only_the_raft_port_imports_pysyncobj() -> None:
                 offenders += [f"{path.relative_to(PROJECT)}: {name}" for name in names
                               if name.split(".")[0] == "pysyncobj"]
     assert offenders == []
+
+
+def test_the_layers_above_use_the_replication_layers_face_only() -> None:
+    """Above it, code imports ``tickwheel.replication`` and the Raft port's face
+    ``tickwheel.replication.raft``, never a module inside (issue 20: `state.Rejected` and
+    `dispatcher.Delivery` were imported from wherever they lived)."""
+    faces = {"tickwheel.replication", "tickwheel.replication.raft"}
+    offenders = []
+    for folder in ("node", "harness", "chaos", "client"):
+        for path in (PROJECT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                offenders += [f"{path.relative_to(PROJECT)}: {name}" for name in names
+                              if name.startswith("tickwheel.replication") and name not in faces]
+    assert offenders == []

@@ -38,7 +38,7 @@ from tickwheel.node.rocketmq.renewals import LEASE_MS, Renewals
 from tickwheel.node.rocketmq.signature import Signatures
 from tickwheel.node.server import LeaderRefused, NodeContext, TickwheelService
 from tickwheel.node.validation import CONSUMER_PATTERN, MAX_RECEIVE_WAIT_MS
-from tickwheel.replication.handout import decode_receipt
+from tickwheel.replication import decode_receipt
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.rocketmq.v2 import service_pb2 as svc
 from tickwheel.v1 import tickwheel_pb2 as pb
