@@ -47,15 +47,16 @@ bench-quick: $(STAMP)
 # when node and npm are on the machine; without them it says so and runs the Python client alone.
 COMPAT_NODE := tests/rocketmq/node
 compat: $(STAMP)
-	@if command -v node > /dev/null && command -v npm > /dev/null; then \
+	@set -e; clients=python; \
+	if command -v node > /dev/null && command -v npm > /dev/null; then \
 	    echo "compat: the Python and the Node.js clients (node $$(node --version))"; \
-	    npm ci --prefix $(COMPAT_NODE) --no-audit --no-fund --loglevel=error && \
-	    TICKWHEEL_COMPAT=python,node $(PY) -m pytest tests/rocketmq/test_official_client.py; \
+	    npm ci --prefix $(COMPAT_NODE) --no-audit --no-fund --loglevel=error; \
+	    clients=python,node; \
 	else \
 	    echo "compat: node or npm is not installed, so the Node.js client is NOT run;" \
 	         "running the Python client alone"; \
-	    TICKWHEEL_COMPAT=python $(PY) -m pytest tests/rocketmq/test_official_client.py; \
-	fi
+	fi; \
+	TICKWHEEL_COMPAT=$$clients $(PY) -m pytest tests/rocketmq/test_official_client.py
 
 # The long chaos run: 10 minutes, every fault, then the audit (report in chaos-out/audit/).
 CHAOS_OUT ?= chaos-out

@@ -33,6 +33,7 @@ from tickwheel.client import Client, Credentials, Received
 from tickwheel.client.credentials import open_channel
 from tickwheel.node import dev_credentials
 from tickwheel.node.dev_credentials import DevCredentials, Grants
+from tickwheel.node.rocketmq.signature import secret_key
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -205,6 +206,14 @@ class LocalCluster:
         return Credentials.load(ca_file=self.security.ca_file,
                                 token_file=self.security.token_file(principal),
                                 cert_file=cert_file, key_file=key_file)
+
+    def rocketmq_secret_key(self, access_key: str = "admin") -> str:
+        """The SecretKey of RocketMQ AccessKey ``access_key``, derived from the cluster's Raft
+        secret as the nodes do (what ``tickwheel rocketmq-key`` prints)."""
+        if not self.raft_args or self.raft_args[0] != "--raft-secret-file":
+            raise ValueError("a cluster without a Raft secret signs no RocketMQ calls")
+        raft_secret = Path(self.raft_args[1]).read_text().split()[0].encode()
+        return secret_key(raft_secret, access_key)
 
     def client(self, principal: str = "admin", **options: float) -> Client:
         """A `Client` of every node, as ``principal``; ``options``: its timeouts."""

@@ -37,7 +37,6 @@ from pathlib import Path
 
 from tickwheel.client import Client, Credentials, Message
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
-from tickwheel.node.rocketmq.signature import secret_key
 
 BODY = b"x" * 100
 HOUR_MS = 3_600_000
@@ -152,9 +151,8 @@ RocketMQEndpoint = tuple[str, str, str, str]
 def _rocketmq_endpoint(cluster: LocalCluster) -> RocketMQEndpoint:
     leader = cluster.leader()
     assert cluster.security is not None and leader.rocketmq_address is not None
-    raft_secret = (cluster.root / "raft.secret").read_text().split()[0].encode()
     return (leader.rocketmq_address, str(cluster.security.ca_file), "admin",
-            secret_key(raft_secret, "admin"))
+            cluster.rocketmq_secret_key("admin"))
 
 
 def _consume_rocketmq(endpoint: RocketMQEndpoint, topic: str, received: multiprocessing.Value,
@@ -215,8 +213,9 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
                  for _ in range(consumers)]
     rocketmq_received, warmed = context.Value("q", 0), context.Value("q", 0)
     rocketmq_results = context.Queue()
+    rocketmq_endpoint = _rocketmq_endpoint(cluster) if rocketmq_consumers else None
     rocketmq_processes = [context.Process(target=_consume_rocketmq, args=(
-        _rocketmq_endpoint(cluster), topic, rocketmq_received, warmed, stop, rocketmq_results))
+        rocketmq_endpoint, topic, rocketmq_received, warmed, stop, rocketmq_results))
         for _ in range(rocketmq_consumers)]
     for process in processes + rocketmq_processes:
         process.start()
@@ -267,7 +266,8 @@ def _warm_up(cluster: LocalCluster, topic: str, warmed: multiprocessing.Value,
         deadline = time.monotonic() + 60
         while warmed.value < consumers:
             if time.monotonic() > deadline:
-                raise RuntimeError("the RocketMQ consumers received no warm-up message in 60 s")
+                raise RuntimeError(f"the RocketMQ consumers took {warmed.value} of "
+                                   f"{consumers} warm-up messages in 60 s")
             client.schedule(topic, b"warm-up", deliver_at_ms=now_ms())
             time.sleep(0.2)
 

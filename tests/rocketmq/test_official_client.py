@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode
-from tickwheel.node.rocketmq.signature import secret_key
 
 HERE = Path(__file__).parent
 DRIVERS = {"python": [sys.executable, str(HERE / "official_client.py")],
@@ -58,9 +57,8 @@ class Client:
     def __init__(self, cluster: LocalCluster, node: LocalNode, language: str, role: str,
                  **options: object) -> None:
         assert cluster.security is not None and node.rocketmq_address is not None
-        raft_secret = (cluster.root / "raft.secret").read_text().split()[0].encode()
         config = {"endpoint": node.rocketmq_address, "access_key": "admin",
-                  "secret_key": secret_key(raft_secret, "admin"), **options,
+                  "secret_key": cluster.rocketmq_secret_key("admin"), **options,
                   "topic": f"orders-{language}"}
         if "group" in options:
             config["group"] = f"{options['group']}-{language}"

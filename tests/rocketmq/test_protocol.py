@@ -14,7 +14,7 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from tickwheel.harness.local_cluster import LocalCluster
-from tickwheel.node.rocketmq.signature import secret_key, signature
+from tickwheel.node.rocketmq.signature import signature
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.rocketmq.v2 import service_pb2 as svc
 from tickwheel.rocketmq.v2 import service_pb2_grpc as svc_grpc
@@ -43,8 +43,7 @@ def channel(cluster: LocalCluster) -> Iterator[grpc.Channel]:
 def signed(cluster: LocalCluster, access_key: str = "admin", key: str | None = None
            ) -> tuple[tuple[str, str], ...]:
     if key is None:
-        raft_secret = (cluster.root / "raft.secret").read_text().split()[0].encode()
-        key = secret_key(raft_secret, access_key)
+        key = cluster.rocketmq_secret_key(access_key)
     date = time.strftime("%Y%m%dT%H%M%SZ")
     return (("x-mq-date-time", date), ("x-mq-client-id", "test@1"),
             ("authorization", f"MQv2-HMAC-SHA1 Credential={access_key}, "
