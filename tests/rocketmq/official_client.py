@@ -36,9 +36,16 @@ from rocketmq import (
     SimpleConsumer,
 )
 
+_STDOUT = threading.Lock()
+
 
 def emit(event: str, **fields: object) -> None:
-    print(json.dumps({"event": event, "at": time.time(), **fields}), flush=True)
+    """One whole line per event: the push consumer's listener runs on a pool of threads, and
+    ``print`` writes the text and its newline apart, so two events could share a line."""
+    line = json.dumps({"event": event, "at": time.time(), **fields}) + "\n"
+    with _STDOUT:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def main() -> None:
