@@ -39,8 +39,7 @@ from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.proxy import PARTITION_MODES
 from tickwheel.chaos.workload import EventLog, now_ms
 from tickwheel.harness.local_cluster import LocalNode
-from tickwheel.node.disk import DEFAULT_RESERVE_BYTES
-from tickwheel.node.serve import EXIT_STORAGE
+from tickwheel.node import DEFAULT_RESERVE_BYTES, EXIT_STORAGE
 
 log = logging.getLogger("tickwheel.chaos")
 

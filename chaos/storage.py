@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tickwheel.node.disk import free_bytes
+from tickwheel.node import free_bytes
 from tickwheel.replication.raft import (
     JOURNAL_FILE,
     SnapshotDamaged,

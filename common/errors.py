@@ -10,7 +10,7 @@
     ├── Unauthenticated         no credentials, or credentials nobody issued
     ├── StorageLocked           another process has the data folder open
     ├── StorageIncomplete       stored state the node needs is missing; it will not start
-    ├── Unavailable             try again, maybe elsewhere
+    ├── Retryable               try again, maybe elsewhere
     │   ├── NotLeader           this node cannot order writes; ``leader_hint`` says who can
     │   └── Overloaded          a bounded queue is full
     │       └── ConsumerStalled a consumer stream did not read what was sent to it
@@ -67,11 +67,11 @@ class StorageIncomplete(TickwheelError):
     journal): it refuses to start rather than serve, vote or lead without it."""
 
 
-class Unavailable(TickwheelError):
+class Retryable(TickwheelError):
     """Not now, or not here: a retry (with back-off) may succeed."""
 
 
-class NotLeader(Unavailable):
+class NotLeader(Retryable):
     """Only the Raft leader orders writes; ``leader_hint`` is the leader's address if known."""
 
     def __init__(self, leader_hint: str | None) -> None:
@@ -79,7 +79,7 @@ class NotLeader(Unavailable):
         self.leader_hint = leader_hint
 
 
-class Overloaded(Unavailable):
+class Overloaded(Retryable):
     """A bounded queue is full; ``limit`` names the configured limit that was hit."""
 
     def __init__(self, limit: str) -> None:
@@ -92,7 +92,7 @@ class ConsumerStalled(Overloaded):
     visibility timeout. The stream is closed, and its messages go to other consumers."""
 
     def __init__(self, visibility_timeout_ms: int) -> None:
-        Unavailable.__init__(self, f"the consumer did not read: messages waited for it longer "
+        Retryable.__init__(self, f"the consumer did not read: messages waited for it longer "
                                    f"than their visibility timeout ({visibility_timeout_ms} ms); "
                                    "they go to other consumers of its group")
         self.limit = "visibility_timeout_ms"
@@ -103,7 +103,7 @@ class DiskLow(Overloaded):
     what is stored is still delivered (`tickwheel.node.disk`)."""
 
     def __init__(self, member: str, free_bytes: int, reserve_bytes: int) -> None:
-        Unavailable.__init__(self, f"disk space low on {member}: {free_bytes} bytes free, "
+        Retryable.__init__(self, f"disk space low on {member}: {free_bytes} bytes free, "
                                    f"below its reserve of {reserve_bytes} (min_free_bytes); "
                                    "new messages are refused until space returns, stored "
                                    "ones are still delivered")

@@ -10,12 +10,12 @@ from pathlib import Path
 from rich.table import Table
 
 from tickwheel.harness.local_cluster import LocalCluster
-from tickwheel.node import cli as node_cli
-from tickwheel.node.cli import console
+from tickwheel.node import console
+from tickwheel.node import main as node_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    return node_cli.main(argv, more=_cluster_parser)
+    return node_main(argv, more=_cluster_parser)
 
 
 def _cluster_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -31,9 +31,13 @@ import grpc
 
 from tickwheel.client import Client, Credentials, Received
 from tickwheel.client.credentials import open_channel
-from tickwheel.node import dev_credentials
-from tickwheel.node.dev_credentials import DevCredentials, Grants
-from tickwheel.node.rocketmq.signature import secret_key
+from tickwheel.node import (
+    ADMIN_GRANTS,
+    DevCredentials,
+    Grants,
+    make_dev_credentials,
+    rocketmq_secret_key,
+)
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -177,8 +181,8 @@ class LocalCluster:
         if insecure_grpc:
             self.grpc_args: tuple[str, ...] = ("--insecure-grpc",)
         else:
-            self.security = dev_credentials.make(
-                root / "security", principals={**dev_credentials.ADMIN, **(principals or {})},
+            self.security = make_dev_credentials(
+                root / "security", principals={**ADMIN_GRANTS, **(principals or {})},
                 client_certificates=client_certificates, rocketmq=rocketmq)
             self.grpc_args = self.security.node_flags(client_certificates)
         self.raft_args = (("--insecure-raft",) if insecure_raft
@@ -213,7 +217,7 @@ class LocalCluster:
         if not self.raft_args or self.raft_args[0] != "--raft-secret-file":
             raise ValueError("a cluster without a Raft secret signs no RocketMQ calls")
         raft_secret = Path(self.raft_args[1]).read_text().split()[0].encode()
-        return secret_key(raft_secret, access_key)
+        return rocketmq_secret_key(raft_secret, access_key)
 
     def client(self, principal: str = "admin", **options: float) -> Client:
         """A `Client` of every node, as ``principal``; ``options``: its timeouts."""

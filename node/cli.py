@@ -33,18 +33,17 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from tickwheel.client import Client, Credentials, Message, TickwheelClientError
 from tickwheel.node import cli_credentials, cli_serve
+from tickwheel.node.console import console
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _BATCH_MSGS = 500
-console = Console()
 
 
 def duration_ms(text: str) -> int:

@@ -9,13 +9,10 @@ import os
 import re
 from pathlib import Path
 
-from rich.console import Console
-
 from tickwheel.node import dev_credentials
 from tickwheel.node.access import ACCESS_KEY_PATTERN, new_token, token_digest
+from tickwheel.node.console import console
 from tickwheel.node.rocketmq.signature import secret_key
-
-console = Console()
 
 
 def _certs(args: argparse.Namespace) -> int:

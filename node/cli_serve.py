@@ -8,12 +8,10 @@ import argparse
 from pathlib import Path
 
 from pydantic import ValidationError
-from rich.console import Console
 
 from tickwheel.node import config as node_config
+from tickwheel.node.console import console
 from tickwheel.node.serve import run
-
-console = Console()
 
 
 def add_parser(serve: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import asyncio
 from concurrent.futures import Future
 from typing import Any
 
-from tickwheel.common.errors import Unavailable
+from tickwheel.common.errors import Retryable
 from tickwheel.replication import Rejected
 
 WRITE_TIMEOUT_S = 10.0
@@ -16,11 +16,11 @@ WRITE_TIMEOUT_S = 10.0
 
 
 async def applied(future: Future) -> Any:
-    """A replicated command's result; `Unavailable` if it is not applied in time."""
+    """A replicated command's result; `Retryable` if it is not applied in time."""
     try:
         return await asyncio.wait_for(asyncio.wrap_future(future), WRITE_TIMEOUT_S)
     except TimeoutError:
-        raise Unavailable("not committed in time; retry") from None
+        raise Retryable("not committed in time; retry") from None
 
 
 async def committed(future: Future) -> list:

@@ -40,7 +40,7 @@ from pydantic_settings import (
 
 from tickwheel.node import statefulset
 from tickwheel.node.access import AccessFile
-from tickwheel.node.delivery import HubConfig
+from tickwheel.node.delivery import CourierConfig
 from tickwheel.node.disk import DEFAULT_RESERVE_BYTES
 from tickwheel.node.identity import check_certificate_pair
 from tickwheel.node.levels import DEFAULT_LEVELS, RetryPolicy, parse_levels
@@ -155,7 +155,7 @@ class NodeSettings(BaseSettings):
     """The largest request a node reads; at least one message of ``max_body_bytes`` and
     ``max_properties_bytes`` (with 64 KiB for its other fields)."""
     max_concurrent_rpcs: int = Limits().max_concurrent_rpcs
-    visibility_timeout_ms: int = HubConfig().default_visibility_timeout_ms
+    visibility_timeout_ms: int = CourierConfig().default_visibility_timeout_ms
     delay_levels: str = DEFAULT_LEVELS
     """RocketMQ's ``messageDelayLevel``: what ``delay_level`` 1, 2, ... mean, and the retry
     ladder's steps (`tickwheel.node.levels`). Units s, m, h, d."""

@@ -1,13 +1,13 @@
 """Consumer streams on the leader: subscriptions, credits, sending, acks, nacks, retries.
 
 Which consumer gets which message is decided by the replica, as replicated leases
-(`tickwheel.replication.handout`); the `Hub` is the streams' side of it. A `Receive` stream
+(`tickwheel.replication.handout`); the `Courier` is the streams' side of it. A `Receive` stream
 subscribes to a consumer group of a topic (the group is created by a replicated command if it
 is new), joins the replica's planner with its credits, and gets each message once its lease is
-applied (`Hub.deliver`, a `DeliverySink`). Receipts name the lease (group, message, lease number,
-a random nonce): an ack or nack with a receipt of another group, or one never granted, changes
-nothing. A stream's leases end with the stream (its messages are ready again at once, and the
-next lease of each is flagged ``possible_duplicate``).
+applied (`Courier.deliver`, a `DeliverySink`). Receipts name the lease (group, message, lease
+number, a random nonce): an ack or nack with a receipt of another group, or one never granted,
+changes nothing. A stream's leases end with the stream (its messages are ready again at once,
+and the next lease of each is flagged ``possible_duplicate``).
 
 A *nack*, or a lease deadline (the visibility timeout) passing, retries the message through the
 wheel (`Replica.retry`): a copy with the same id and ``attempt + 1``, for this group only, after
@@ -37,6 +37,7 @@ from tickwheel.common.errors import ConsumerStalled, NotLeader, Overloaded, Tick
 from tickwheel.node.journal import DeliveryJournal
 from tickwheel.node.levels import DLQ_PREFIX, RetryPolicy
 from tickwheel.node.metrics import Metrics
+from tickwheel.node.sent import Sent
 from tickwheel.replication import (
     DEFAULT_GROUP,
     STREAM,
@@ -59,27 +60,14 @@ _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
-class HubConfig:
+class CourierConfig:
     default_visibility_timeout_ms: int = 30_000
     max_batch_msgs: int = 256
     """Messages sent to a consumer in one response."""
 
 
-@dataclass(eq=False, slots=True)
-class Sent:
-    """One message on its way to (or at) a consumer: its lease, what the consumer sees."""
-
-    delivery: Delivery
-    receipt: str
-    attempt: int
-    delivered_at_ms: int
-    properties: Mapping[str, str]
-    taken: bool = False
-    """Taken from the outbox by its stream (being written to the consumer, or written)."""
-
-
 @dataclass(eq=False)
-class Consumer:
+class Session:
     """One `Receive` stream, or one stream-less consumer (`tickwheel.node.unary`)."""
 
     key: int
@@ -119,10 +107,11 @@ class Consumer:
             self.outbox.put_nowait(None)
 
 
-class Hub:
-    """The leader's consumer streams. Create it on the loop that will own it."""
+class Courier:
+    """The leader's consumer sessions: hands them the messages leased to them, takes their acks
+    and nacks. Create it on the loop that will own it."""
 
-    def __init__(self, config: HubConfig, retry: RetryPolicy, clock_ms: Callable[[], int],
+    def __init__(self, config: CourierConfig, retry: RetryPolicy, clock_ms: Callable[[], int],
                  journal: DeliveryJournal, metrics: Metrics) -> None:
         self.config = config
         self._retry_policy = retry
@@ -131,7 +120,7 @@ class Hub:
         self._metrics = metrics
         self._replica: Replica | None = None
         self._loop = asyncio.get_running_loop()
-        self._consumers: dict[int, Consumer] = {}
+        self._consumers: dict[int, Session] = {}
         self._keys = itertools.count(1)
         self._held: list[Delivery] = []
         """Granted while the Raft lease had lapsed: sent once it holds again."""
@@ -141,7 +130,7 @@ class Hub:
         self.refused_receipts = 0
 
     def attach(self, replica: Replica) -> None:
-        """The replica this hub is the sink of (it is created with the hub as its sink)."""
+        """The replica this courier is the sink of (it is created with the courier as its sink)."""
         self._replica = replica
 
     # -- from the Raft thread (a DeliverySink) --------------------------------------------
@@ -165,7 +154,7 @@ class Hub:
         return self._epoch is not None
 
     async def subscribe(self, topic: str, group: str, name: str, credits: int,
-                        visibility_timeout_ms: int, mode: int = STREAM) -> Consumer:
+                        visibility_timeout_ms: int, mode: int = STREAM) -> Session:
         """A new consumer of ``group`` of ``topic`` (the group is created if new); raises
         `NotLeader` unless this node leads. A new leader takes consumers before it starts
         dispatching, so they are ready when it does."""
@@ -173,7 +162,7 @@ class Hub:
         if not replica.is_leader():
             raise NotLeader(replica.leader_hint())
         await self.ensure_group(topic, group)
-        consumer = Consumer(next(self._keys), topic, group, name, visibility_timeout_ms,
+        consumer = Session(next(self._keys), topic, group, name, visibility_timeout_ms,
                             credits, mode)
         self._consumers[consumer.key] = consumer
         replica.join(ConsumerSlot(consumer.key, topic, group, credits, visibility_timeout_ms,
@@ -196,7 +185,7 @@ class Hub:
         if group != DEFAULT_GROUP and self.consumers_of(topic, DEFAULT_GROUP):
             await asyncio.wrap_future(replica.ensure_group(topic, DEFAULT_GROUP))
 
-    def unsubscribe(self, consumer: Consumer) -> None:
+    def unsubscribe(self, consumer: Session) -> None:
         """The consumer's stream ended: its stream leases are released (sent again at once)."""
         if self._consumers.pop(consumer.key, None) is None:
             return
@@ -208,11 +197,11 @@ class Hub:
                 len(consumer.unacked))
         consumer.unacked.clear()
 
-    def grant(self, consumer: Consumer, credits: int) -> None:
+    def grant(self, consumer: Session, credits: int) -> None:
         consumer.credits += credits
         self._replica.credit(consumer.key, credits)
 
-    def acknowledge(self, consumer: Consumer, receipts: list[str]) -> int:
+    def acknowledge(self, consumer: Session, receipts: list[str]) -> int:
         """Ack the leases of these receipts; returns how many were sent for the replica to
         check. A receipt of another group, or no receipt at all, is refused here; one never
         granted is refused when the ack is applied. Either way it changes nothing."""
@@ -230,7 +219,7 @@ class Hub:
             self._acked, topic, done))
         return len(leases)
 
-    def nack(self, consumer: Consumer, receipts: list[str]) -> int:
+    def nack(self, consumer: Session, receipts: list[str]) -> int:
         """Retry messages the consumer could not handle (see the module docstring); returns
         how many. Receipts this stream does not hold are ignored."""
         nacked = [consumer.unacked.pop(receipt) for receipt in receipts
@@ -258,7 +247,7 @@ class Hub:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _own_leases(self, consumer: Consumer, receipts: list[str]) -> list[LeaseRef]:
+    def _own_leases(self, consumer: Session, receipts: list[str]) -> list[LeaseRef]:
         """The leases of these receipts, less those of another group (refused here). A
         receipt of a group that is gone goes on: its lease ended with the group, and the
         replica answers it as it answers any stale receipt."""
@@ -282,7 +271,7 @@ class Hub:
             leases.append(lease)
         return leases
 
-    def _refused(self, consumer: Consumer, receipt: str, why: str) -> None:
+    def _refused(self, consumer: Session, receipt: str, why: str) -> None:
         self.refused_receipts += 1
         self._metrics.refused_receipts.inc()
         if self.refused_receipts <= 10 or self.refused_receipts % 1000 == 0:
@@ -382,7 +371,7 @@ class Hub:
         if not expired or expired[0].epoch != self._epoch:
             return
         retries, at_once = [], []
-        stalled: dict[int, Consumer] = {}
+        stalled: dict[int, Session] = {}
         for item in expired:
             attempt = item.message.attempt + item.lease.seq - 1
             holder = self._consumers.get(item.consumer) if item.consumer is not None else None
@@ -399,7 +388,7 @@ class Hub:
         for consumer in stalled.values():
             self._stall(consumer)
 
-    def _stall(self, consumer: Consumer) -> None:
+    def _stall(self, consumer: Session) -> None:
         """A stream whose messages waited in its outbox past their visibility timeout does not
         read (a consumer that never reads, or one stuck for longer than it said it might
         take): left open, it would pin the bodies of every message granted to it, retries

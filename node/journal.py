@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TextIO
 from tickwheel.wheel import Cursor
 
 if TYPE_CHECKING:
-    from tickwheel.node.delivery import Sent
+    from tickwheel.node.sent import Sent
 
 
 class DeliveryJournal:

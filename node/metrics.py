@@ -1,7 +1,7 @@
 """Prometheus metrics of one node, served at ``/metrics`` by prometheus-client.
 
 Counters and the lateness histogram are updated where things happen (the gRPC handlers, the
-hub); gauges (per-topic queues and consumers, Raft's role, term, cursor lag) are refreshed by
+courier); gauges (per-topic queues and consumers, Raft's role, term, cursor lag) are refreshed by
 the server's housekeeping task, and a topic that is gone from them is gone from ``/metrics``.
 Topic labels are bounded: the first ``max_topic_labels`` topics a node sees get their own label,
 and every later one is counted under ``topic="%other%"`` (not a valid topic name), so a client
@@ -21,8 +21,8 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from tickwheel.node.delivery import Sent
     from tickwheel.node.disk import Space
+    from tickwheel.node.sent import Sent
     from tickwheel.replication import GroupSummary
     from tickwheel.wheel.mending import MendCounts
 
@@ -163,7 +163,7 @@ class Metrics:
         self.delivered.labels(self.topic(topic)).inc(len(batch))
 
     def set_topics(self, topics: list[tuple[str, int, int, int]]) -> None:
-        """Publish the hub's per-topic figures; topics no longer listed are removed."""
+        """Publish the courier's per-topic figures; topics no longer listed are removed."""
         figures: dict[str, list[int]] = {}
         for topic, ready, unacked, consumers in topics:
             summed = figures.setdefault(self.topic(topic), [0, 0, 0])

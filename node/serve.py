@@ -1,7 +1,7 @@
 """``tickwheel serve``: one node of a cluster, until SIGTERM or SIGINT.
 
 Wires the parts together: the `Replica` (Raft and the wheel, on its own thread), the consumer
-`Hub` and the gRPC server (on the asyncio loop), the delivery journal, metrics, and a
+`Courier` and the gRPC server (on the asyncio loop), the delivery journal, metrics, and a
 housekeeping task that keeps health, gauges and the leader-change log current.
 """
 
@@ -22,7 +22,7 @@ from tickwheel.common.clock import SystemClock
 from tickwheel.common.errors import StorageIncomplete, StorageLocked, invariant
 from tickwheel.node.access import AccessFile
 from tickwheel.node.config import NodeSettings
-from tickwheel.node.delivery import Hub, HubConfig
+from tickwheel.node.delivery import Courier, CourierConfig
 from tickwheel.node.disk import DiskWatch, poll_peers
 from tickwheel.node.forward import Forwarder
 from tickwheel.node.identity import (
@@ -69,8 +69,8 @@ async def serve(settings: NodeSettings) -> None:
     metrics = Metrics(settings.max_topic_labels)
     journal = DeliveryJournal(settings.data / "deliveries.jsonl", settings.raft_address)
     retry = settings.retry_policy()
-    hub = Hub(HubConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms), retry,
-              clock.now_ms, journal, metrics)
+    courier = Courier(CourierConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms),
+                      retry, clock.now_ms, journal, metrics)
     access = settings.access()
     peer_callers = PeerCallers(settings.raft_secrets(), access)
     secure = not settings.insecure_grpc
@@ -80,14 +80,14 @@ async def serve(settings: NodeSettings) -> None:
                         else Credentials(insecure=True))
     fetch = PeerFiles(settings.peer_map(), peer_credentials, peer_callers.metadata())
     peers = [address for address in members if address != settings.raft_address]
-    replica = Replica(settings.raft_address, peers, settings.data, hub, fetch=fetch,
+    replica = Replica(settings.raft_address, peers, settings.data, courier, fetch=fetch,
                       copies=fetch.copies, clock=clock, config=settings.replica_config())
-    hub.attach(replica)
+    courier.attach(replica)
     forwarder = Forwarder(peer_credentials)
     disk = DiskWatch(settings.raft_address, settings.data, settings.min_free_bytes)
-    node = NodeContext(replica, hub, members, settings.peer_map(), peer_callers,
+    node = NodeContext(replica, courier, members, settings.peer_map(), peer_callers,
                        settings.limits(), retry, clock, metrics, forwarder,
-                       UnaryConsumers(hub, replica, clock.now_ms), disk)
+                       UnaryConsumers(courier, replica, clock.now_ms), disk)
     servers, health_servicer = await start_server(node, _listeners(settings))
     replica.start()
     if settings.metrics_listen:
@@ -120,7 +120,7 @@ async def serve(settings: NodeSettings) -> None:
     disk_poller.cancel()
     await health_servicer.enter_graceful_shutdown()
     await asyncio.gather(*(server.stop(grace=1) for server in servers))
-    hub.close()
+    courier.close()
     await node.forwarder.close()
     await asyncio.to_thread(replica.stop)
     journal.close()
@@ -189,7 +189,7 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
         metrics.term.set(status.term)
         metrics.commit_index.set(status.commit_index)
         metrics.cursor_lag.set(cursor_lag_ms(status, node.clock.now_ms()) / 1000)
-        metrics.set_topics(node.hub.topics())
+        metrics.set_topics(node.courier.topics())
         metrics.set_dropped(status.groups)
         metrics.set_pending(status.pending, status.pending_untracked)
         metrics.set_storage(status.mended, status.damage_held)

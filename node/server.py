@@ -27,15 +27,15 @@ from tickwheel.common.errors import (
     NotLeader,
     Overloaded,
     PermissionDenied,
+    Retryable,
     TickwheelError,
     Unauthenticated,
-    Unavailable,
     invariant,
 )
 from tickwheel.node import validation
 from tickwheel.node.access import ANYONE, Action, Principal
 from tickwheel.node.commits import WRITE_TIMEOUT_S, applied, committed
-from tickwheel.node.delivery import Consumer, Hub, Sent
+from tickwheel.node.delivery import Courier, Session
 from tickwheel.node.disk import DiskWatch
 from tickwheel.node.forward import (
     FORWARDED,
@@ -46,18 +46,19 @@ from tickwheel.node.forward import (
 from tickwheel.node.identity import ClientCallers, PeerCallers
 from tickwheel.node.levels import RetryPolicy
 from tickwheel.node.metrics import Metrics
+from tickwheel.node.sent import Sent
 from tickwheel.node.unary import UnaryConsumers
-from tickwheel.replication import HandleCipher, MoveOutcome, Replica, ReplicaStatus, Scheduled
+from tickwheel.replication import Accepted, HandleCipher, MoveOutcome, Replica, ReplicaStatus
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
-from tickwheel.wheel import CancelOutcome
+from tickwheel.wheel import CancelResult
 
 _STATUS: list[tuple[type[TickwheelError], grpc.StatusCode]] = [
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (ClientError, grpc.StatusCode.INVALID_ARGUMENT),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (Retryable, grpc.StatusCode.UNAVAILABLE),
     (TickwheelError, grpc.StatusCode.INTERNAL),
 ]
 STREAM_WINDOW = 64
@@ -72,7 +73,7 @@ class NodeContext:
     """What the services share."""
 
     replica: Replica
-    hub: Hub
+    courier: Courier
     members: dict[str, str]
     """Raft address -> gRPC address, for every member."""
     peers: dict[str, str]
@@ -188,10 +189,10 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                 raise InvalidMessage("subscribe", "the first request of a stream must subscribe")
             subscribe = first.subscribe
             timeout_ms = validation.check_subscribe(
-                subscribe, node.limits, node.hub.config.default_visibility_timeout_ms)
+                subscribe, node.limits, node.courier.config.default_visibility_timeout_ms)
             _require(principal, Action.CONSUME, subscribe.topic, "subscribe.topic",
                      subscribe.group)
-            consumer = await node.hub.subscribe(subscribe.topic, subscribe.group,
+            consumer = await node.courier.subscribe(subscribe.topic, subscribe.group,
                                                 subscribe.consumer or context.peer(),
                                                 subscribe.credits, timeout_ms)
         except NotLeader as error:
@@ -214,7 +215,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                                         node.replica.handle_cipher())
         finally:
             reader.cancel()
-            node.hub.unsubscribe(consumer)
+            node.courier.unsubscribe(consumer)
 
     async def ReceiveMessages(self, request: pb.ReceiveMessagesRequest,
                               context: grpc.aio.ServicerContext) -> pb.ReceiveResponse:
@@ -248,10 +249,10 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         _require(principal, Action.CONSUME, request.topic, "topic", request.group)
         existed = replica.groups().get(request.topic, request.group) is not None
         try:
-            await asyncio.wait_for(self._node.hub.ensure_group(request.topic, request.group),
+            await asyncio.wait_for(self._node.courier.ensure_group(request.topic, request.group),
                                    WRITE_TIMEOUT_S)
         except TimeoutError:
-            raise Unavailable("not committed in time; retry") from None
+            raise Retryable("not committed in time; retry") from None
         return pb.GroupResponse(existed=existed)
 
     async def _delete_group_here(self, request: pb.GroupRequest,
@@ -314,10 +315,10 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         response = pb.ScheduleResponse()
         add = response.results.add  # in place: a ScheduleResult built apart is copied in
         handles = iter(node.replica.handle_cipher().encode(
-            [r.handle for r in results if isinstance(r, Scheduled)]))
+            [r.handle for r in results if isinstance(r, Accepted)]))
         for m, r, clamped in zip(checked.messages, results, checked.clamped_levels,
                                  strict=True):
-            if isinstance(r, Scheduled):
+            if isinstance(r, Accepted):
                 result = add(id=m.id, handle=next(handles), deliver_at_ms=r.deliver_at_ms)
                 if r.duplicate or clamped:  # rare: default fields passed cost 0.3 us a message
                     result.duplicate = r.duplicate
@@ -339,7 +340,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
             handles.append(handle)
         results = await committed(self._node.replica.cancel(
             handles, _may(principal, Action.CANCEL)))
-        self._node.metrics.cancelled.inc(results.count(CancelOutcome.CANCELLED))
+        self._node.metrics.cancelled.inc(results.count(CancelResult.CANCELLED))
         return pb.CancelResponse(cancelled=[outcome.cancelled for outcome in results],
                                  outcomes=[int(outcome) for outcome in results])
 
@@ -365,7 +366,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                             principal: Principal) -> pb.ReceiveResponse:
         node = self._node
         invisible_ms, wait_ms = validation.check_receive(
-            request, node.limits, node.hub.config.default_visibility_timeout_ms)
+            request, node.limits, node.courier.config.default_visibility_timeout_ms)
         _require(principal, Action.CONSUME, request.topic, "topic", request.group)
         batch = await node.unary.receive(request.topic, request.group, request.consumer,
                                          request.max_messages, invisible_ms, wait_ms / 1000)
@@ -391,7 +392,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                        request: Message, error: NotLeader, principal: Principal) -> Message:
         leader = self._node.leader_peer(error.leader_hint)
         if leader is None or (context is not None and was_forwarded(context)):
-            raise Unavailable(f"no leader reachable from here yet ({error}); retry")
+            raise Retryable(f"no leader reachable from here yet ({error}); retry")
         call = getattr(self._node.forwarder.stub(leader), method)(
             request, metadata=self._forwarded(principal),
             timeout=(context and context.time_remaining()) or WRITE_TIMEOUT_S)
@@ -404,20 +405,20 @@ class TickwheelService(pb_grpc.TickwheelServicer):
     # -- consumers --------------------------------------------------------------------------
 
     async def _read_consumer(self, request_iterator: AsyncIterator[pb.ReceiveRequest],
-                             consumer: Consumer) -> None:
+                             consumer: Session) -> None:
         """Credits, acks and nacks from the consumer, until it closes its side."""
-        hub, limits = self._node.hub, self._node.limits
+        courier, limits = self._node.courier, self._node.limits
         try:
             async for request in request_iterator:
                 kind = request.WhichOneof("kind")
                 if kind == "credit":
                     validation.check_credits(request.credit.credits,
                                              consumer.credits + len(consumer.unacked), limits)
-                    hub.grant(consumer, request.credit.credits)
+                    courier.grant(consumer, request.credit.credits)
                 elif kind == "ack":
-                    hub.acknowledge(consumer, list(request.ack.receipts))
+                    courier.acknowledge(consumer, list(request.ack.receipts))
                 elif kind == "nack":
-                    hub.nack(consumer, list(request.nack.receipts))
+                    courier.nack(consumer, list(request.nack.receipts))
                 else:
                     raise InvalidMessage("subscribe", "a stream subscribes once, first")
             consumer.close(_EndOfStream())
@@ -431,7 +432,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         """A follower passes a consumer stream through to the leader, both ways."""
         leader = self._node.leader_peer(error.leader_hint)
         if leader is None or was_forwarded(context):
-            await self._abort(context, Unavailable(
+            await self._abort(context, Retryable(
                 f"no leader reachable from here yet ({error}); retry"))
         call = self._node.forwarder.stub(leader).Receive(metadata=self._forwarded(principal))
         refused: list[TickwheelError] = []
@@ -544,7 +545,7 @@ def cluster_info(node: NodeContext, principal: Principal = ANYONE) -> pb.Cluster
         members.append(pb.Member(raft_address=peer, grpc_address=node.members[peer], role=role,
                                  connected=peer in status.connected, lag_entries=lag))
     topics = [pb.TopicInfo(topic=topic, ready=ready, unacked=unacked, consumers=consumers)
-              for topic, ready, unacked, consumers in node.hub.topics() if sees(topic)]
+              for topic, ready, unacked, consumers in node.courier.topics() if sees(topic)]
     lag_ms = cursor_lag_ms(status, node.clock.now_ms())
     return pb.ClusterInfoResponse(
         address=status.address, role=status.role, leader=status.leader or "",
@@ -555,7 +556,7 @@ def cluster_info(node: NodeContext, principal: Principal = ANYONE) -> pb.Cluster
         topics=topics, cursor_lag_ms=lag_ms, readied_past_cursor=status.readied_past_cursor,
         groups=[pb.GroupInfo(topic=g.topic, group=g.name, ready=g.ready, leased=g.leased,
                              dropped=g.dropped,
-                             consumers=node.hub.consumers_of(g.topic, g.name) if leading else 0)
+                             consumers=node.courier.consumers_of(g.topic, g.name) if leading else 0)
                 for g in status.groups if sees(g.topic)],
         pending=[pb.TopicPending(topic=topic, pending=count)
                  for topic, count in sorted(status.pending.items()) if sees(topic)],

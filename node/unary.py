@@ -6,7 +6,7 @@ for a batch, goes away, and settles the receipts later, from any connection. Its
 retries the message as a visibility timeout does; a leader change keeps them (only stream
 leases end with a leadership).
 
-Each ``(topic, group, consumer name)`` is one consumer of the `Hub`, kept between calls (and
+Each ``(topic, group, consumer name)`` is one consumer of the `Courier`, kept between calls (and
 dropped after `IDLE_S` without one): a call gives it credits for its batch, waits for the first
 messages, lingers a little for the ones granted with them (the hand-out runs ahead of the due
 time), and takes the credits it did not use back. What was granted meanwhile stays in the
@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable
 
 from tickwheel.node.commits import committed
-from tickwheel.node.delivery import Consumer, Hub, Sent
+from tickwheel.node.delivery import Courier, Session
+from tickwheel.node.sent import Sent
 from tickwheel.replication import DURABLE, LeaseRef, Replica, decode_receipt
 
 IDLE_S = 60.0
@@ -31,13 +32,13 @@ LINGER_S = 0.03
 
 
 class UnaryConsumers:
-    """The stream-less consumers of one leader's `Hub`. On the loop."""
+    """The stream-less consumers of one leader's `Courier`. On the loop."""
 
-    def __init__(self, hub: Hub, replica: Replica, clock_ms: Callable[[], int]) -> None:
-        self._hub = hub
+    def __init__(self, courier: Courier, replica: Replica, clock_ms: Callable[[], int]) -> None:
+        self._courier = courier
         self._replica = replica
         self._clock_ms = clock_ms
-        self._consumers: dict[tuple[str, str, str], tuple[Consumer, asyncio.Lock]] = {}
+        self._consumers: dict[tuple[str, str, str], tuple[Session, asyncio.Lock]] = {}
         self._used_s: dict[tuple[str, str, str], float] = {}
 
     async def receive(self, topic: str, group: str, name: str, max_messages: int,
@@ -53,7 +54,7 @@ class UnaryConsumers:
             if batch:
                 return batch
             consumer.credits = max(consumer.credits, 0)  # sends beyond its credits: a spill
-            self._hub.grant(consumer, max_messages)
+            self._courier.grant(consumer, max_messages)
             try:
                 try:
                     batch = await asyncio.wait_for(consumer.next_batch(), wait_s)
@@ -69,7 +70,7 @@ class UnaryConsumers:
                 return batch
             finally:
                 if consumer.credits > 0:
-                    self._hub.grant(consumer, -consumer.credits)
+                    self._courier.grant(consumer, -consumer.credits)
 
     async def settle(self, topic: str, group: str, receipts: list[str],
                      invisible_ms: int | None) -> list[bool]:
@@ -97,20 +98,20 @@ class UnaryConsumers:
         return [lease is not None and next(answers) for lease in leases]
 
     async def _consumer(self, key: tuple[str, str, str], invisible_ms: int
-                        ) -> tuple[Consumer, asyncio.Lock]:
+                        ) -> tuple[Session, asyncio.Lock]:
         held = self._consumers.get(key)
         if held is not None and held[0].closed is None and (
                 held[0].visibility_timeout_ms == invisible_ms):
             return held
         if held is not None:
-            self._hub.unsubscribe(held[0])
+            self._courier.unsubscribe(held[0])
         topic, group, name = key
-        consumer = await self._hub.subscribe(topic, group, name, 0, invisible_ms, DURABLE)
+        consumer = await self._courier.subscribe(topic, group, name, 0, invisible_ms, DURABLE)
         held = self._consumers[key] = (consumer, asyncio.Lock())
         return held
 
     @staticmethod
-    def _waiting(consumer: Consumer, max_messages: int) -> list[Sent]:
+    def _waiting(consumer: Session, max_messages: int) -> list[Sent]:
         """What the consumer's outbox already holds, at most ``max_messages``."""
         while not consumer.outbox.empty():
             batch = consumer.outbox.get_nowait()
@@ -134,4 +135,4 @@ class UnaryConsumers:
         for key in [k for k, used in self._used_s.items() if now_s - used > IDLE_S]:
             consumer, _ = self._consumers.pop(key)
             del self._used_s[key]
-            self._hub.unsubscribe(consumer)
+            self._courier.unsubscribe(consumer)

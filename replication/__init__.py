@@ -1,7 +1,7 @@
 """The Raft state machine over the wheel: group commit, cursor sync, lease, hand-over (issue 3).
 
 Its face, what the layers above use: the `Replica` (the one object a node drives) with its
-settings and status; what its calls answer (`Scheduled`, `Rejected`, `Retried`, `MoveOutcome`;
+settings and status; what its calls answer (`Accepted`, `Rejected`, `Retried`, `MoveOutcome`;
 `Delivery` and `Expired` for the hand-out it makes); lease receipts (`LeaseRef`,
 `encode_receipt`, `decode_receipt`); consumer groups' names and kinds; the handle cipher. The
 Raft port has its own face, `tickwheel.replication.raft`. Nothing outside this package imports
@@ -19,7 +19,7 @@ from tickwheel.replication.handout import (
     encode_receipt,
 )
 from tickwheel.replication.replica import STORAGE_EXIT_CODE, Replica, ReplicaConfig, ReplicaStatus
-from tickwheel.replication.state import MoveOutcome, Rejected, Retried, Scheduled, StateConfig
+from tickwheel.replication.state import Accepted, MoveOutcome, Rejected, Retried, StateConfig
 
 __all__ = [
     "DEFAULT_GROUP",
@@ -27,6 +27,7 @@ __all__ = [
     "STORAGE_EXIT_CODE",
     "STREAM",
     "TARGET_GROUP_PROPERTY",
+    "Accepted",
     "ConsumerSlot",
     "Delivery",
     "DispatchConfig",
@@ -40,7 +41,6 @@ __all__ = [
     "ReplicaConfig",
     "ReplicaStatus",
     "Retried",
-    "Scheduled",
     "StateConfig",
     "decode_receipt",
     "encode_receipt",

@@ -46,7 +46,7 @@ class DedupeWindow:
         # key -> deliver_at_ms << 64 | handle: one int per id keeps the window small
         self._buckets: dict[int, dict[bytes, int]] = {}
         self._ids = 0
-        self._pending: dict[int, bytearray] = {}
+        self._unwritten: dict[int, bytearray] = {}
         self._forgotten: list[int] = []
 
     @classmethod
@@ -83,10 +83,10 @@ class DedupeWindow:
         bucket.update(zip(keys, [due_ms << 64 | handle for handle, due_ms
                                  in zip(handles, deliver_at_ms, strict=True)], strict=True))
         crcs = map(zlib.crc32, map(_ENTRY_HEAD.pack, keys, handles, deliver_at_ms))
-        pending = self._pending.setdefault(number, bytearray())
-        pending += b"".join(map(_ENTRY.pack, keys, handles, deliver_at_ms, crcs, repeat(0)))
+        unwritten = self._unwritten.setdefault(number, bytearray())
+        unwritten += b"".join(map(_ENTRY.pack, keys, handles, deliver_at_ms, crcs, repeat(0)))
         self._ids += len(keys)
-        if len(pending) >= _MAX_BUFFERED_BYTES:
+        if len(unwritten) >= _MAX_BUFFERED_BYTES:
             self._flush_bucket(number)
 
     def forget_expired(self, stamp_ms: int) -> None:
@@ -100,7 +100,7 @@ class DedupeWindow:
 
     def files(self) -> dict[str, int]:
         """Flush, then the remembered buckets' files with their sizes."""
-        for number in list(self._pending):
+        for number in list(self._unwritten):
             self._flush_bucket(number)
         return {path.name: path.stat().st_size for number in sorted(self._buckets)
                 if (path := self._path(number)).exists()}
@@ -116,7 +116,7 @@ class DedupeWindow:
             self._forgotten.remove(int(name))
 
     def close(self) -> None:
-        for number in list(self._pending):
+        for number in list(self._unwritten):
             self._flush_bucket(number)
 
     def _path(self, number: int) -> Path:
@@ -125,17 +125,17 @@ class DedupeWindow:
     def _forget(self, number: int, reason: str) -> None:
         dropped = self._buckets.pop(number)
         self._ids -= len(dropped)
-        self._pending.pop(number, None)
+        self._unwritten.pop(number, None)
         self._forgotten.append(number)
         log.debug("event=dedupe_bucket_forgotten bucket=%d ids=%d reason=%s", number,
                   len(dropped), reason)
 
     def _flush_bucket(self, number: int) -> None:
-        pending = self._pending.pop(number)
+        unwritten = self._unwritten.pop(number)
         fd = os.open(self._path(number), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                      0o644)
         try:
-            view = memoryview(pending)
+            view = memoryview(unwritten)
             while view:
                 view = view[os.write(fd, view):]
         finally:

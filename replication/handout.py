@@ -122,7 +122,7 @@ class Planner:
 
     def leave(self, key: int) -> tuple[list[LeaseRef], list[LeaseRef]]:
         """A consumer's stream closed: the stream leases it holds, to release, as those whose
-        messages the hub sent (`sent`) and those it never did."""
+        messages the courier sent (`sent`) and those it never did."""
         slot = self._consumers.pop(key, None)
         if slot is None:
             return [], []
@@ -286,7 +286,7 @@ class Planner:
             slot.credits += 1
 
     def sent(self, key: int, leases: Sequence[LeaseRef], sent_ms: int) -> None:
-        """The hub sent these leases' messages to consumer ``key`` at ``sent_ms``: their
+        """The courier sent these leases' messages to consumer ``key`` at ``sent_ms``: their
         visibility timeout counts from then, since the grant was planned a commit round
         before the consumer could see the message."""
         slot = self._consumers.get(key)

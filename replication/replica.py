@@ -3,7 +3,7 @@
 One thread (``tickwheel-raft``) owns everything stateful. Each turn of its loop:
 
 1. `RaftPort.tick`: Raft sends and receives, commits, applies committed commands to the
-   `WheelState`, takes snapshots and installs them;
+   `StateMachine`, takes snapshots and installs them;
 2. notices leadership changes. A new leader proposes a *barrier* (a cursor command that moves
    nothing); once it is applied, every entry of earlier terms is applied too, and dispatch
    starts from the replicated cursor. A node that stops leading ends dispatch at once;
@@ -47,9 +47,9 @@ from tickwheel.common.errors import (
     InvariantViolation,
     NotLeader,
     Overloaded,
+    Retryable,
     StorageIncomplete,
     TickwheelError,
-    Unavailable,
     UnknownHandle,
 )
 from tickwheel.replication import commands
@@ -73,7 +73,7 @@ from tickwheel.replication.raft import (
     read_snapshot,
     write_snapshot,
 )
-from tickwheel.replication.state import Manifest, Rejected, Retried, StateConfig, WheelState
+from tickwheel.replication.state import Manifest, Rejected, Retried, StateConfig, StateMachine
 from tickwheel.wheel import Cursor, DueMessage, NewMessage
 from tickwheel.wheel.mending import MendCounts
 
@@ -206,7 +206,7 @@ class Replica:
                 f"the snapshot, or move {self._data_dir} away: the node then starts empty and "
                 "catches up from the leader (do that only while a majority of the other members "
                 "has its data)")
-        self._state = WheelState.open(self._data_dir / "state", self._config.state, fresh=fresh,
+        self._state = StateMachine.open(self._data_dir / "state", self._config.state, fresh=fresh,
                                       copies=None if copies is None else partial(
                                           self._copies_from_peers, copies))
         self._raft = raft(address, list(peers), raft_dir, self._config.raft,
@@ -224,7 +224,7 @@ class Replica:
             op: deque() for op in LeaseOp}
         self._cipher: tuple[bytes, HandleCipher] | None = None
         self._consumer_ops: deque[Callable[[Planner], None]] = deque()
-        """What the hub reported of its consumers, for the planner (on the Raft thread)."""
+        """What the courier reported of its consumers, for the planner (on the Raft thread)."""
         self._group_ops: deque[tuple[bool, str, str, Future]] = deque()
         self._lease_until_s = 0.0
         self._inflight_entries: dict[int, Entry | Future] = {}
@@ -253,7 +253,7 @@ class Replica:
         log.info("event=replica_stopped address=%s", self.address)
 
     def schedule(self, messages: Sequence[NewMessage]) -> Future:
-        """Queue ``messages`` for the next entry; the future gets one `Scheduled` or `Rejected`
+        """Queue ``messages`` for the next entry; the future gets one `Accepted` or `Rejected`
         per message, in order. Raises `NotLeader` on a follower, `Overloaded` when full."""
         self._require_leader()
         self._state.wheel.check_delays([m.deliver_at_ms for m in messages], self._clock.now_ms())
@@ -271,7 +271,7 @@ class Replica:
 
     def cancel(self, handles: Sequence[int],
                may: Callable[[str], bool] | None = None) -> Future:
-        """The future gets a `CancelOutcome` per handle, or one `Rejected` (naming
+        """The future gets a `CancelResult` per handle, or one `Rejected` (naming
         ``handles[i]``) when a handle was never issued, or names a message of a topic ``may``
         refuses: then nothing was cancelled."""
         handles = list(handles)
@@ -340,7 +340,7 @@ class Replica:
         self._consumer_op(lambda planner: planner.credit(key, credits))
 
     def sent(self, key: int, leases: Sequence[LeaseRef], sent_ms: int) -> None:
-        """The hub sent these leases' messages at ``sent_ms``: their visibility timeout
+        """The courier sent these leases' messages at ``sent_ms``: their visibility timeout
         counts from then (not from the grant, a commit round earlier)."""
         self._consumer_op(lambda planner: planner.sent(key, leases, sent_ms))
 
@@ -360,10 +360,10 @@ class Replica:
 
     def handle_cipher(self) -> HandleCipher:
         """What turns wheel handles into the ones clients see and back (any thread); raises
-        `Unavailable` before the cluster's first leader set the handle key."""
+        `Retryable` before the cluster's first leader set the handle key."""
         key = self._state.handle_key
         if key is None:
-            raise Unavailable("the cluster has no handle key yet (no leader yet); retry")
+            raise Retryable("the cluster has no handle key yet (no leader yet); retry")
         cipher = self._cipher
         if cipher is None or cipher[0] != key:
             cipher = self._cipher = (key, HandleCipher(key))

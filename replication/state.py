@@ -37,7 +37,7 @@ from tickwheel.replication.groups import Groups
 from tickwheel.replication.groups import Snapshot as GroupsSnapshot
 from tickwheel.replication.pending import PendingCounts
 from tickwheel.replication.pending import Snapshot as PendingSnapshot
-from tickwheel.wheel import CancelOutcome, Cursor, DueMessage, Wheel
+from tickwheel.wheel import CancelResult, Cursor, DueMessage, Wheel
 from tickwheel.wheel.format import SECONDS_PER_HOUR, encode_record, record_topics
 from tickwheel.wheel.mending import CopySource, MendCounts, Unmended
 from tickwheel.wheel.segment import APPEND_ONLY_FILES
@@ -81,7 +81,7 @@ class StateConfig:
     message not moved before is refused (``RESOURCE_EXHAUSTED``)."""
 
 
-class Scheduled(NamedTuple):
+class Accepted(NamedTuple):
     """What scheduling one message returned. ``duplicate``: its id was seen in the window, and
     these are the first scheduling's handle and the message's due time now (a reschedule
     moves it)."""
@@ -142,8 +142,8 @@ class Manifest:
     moves: dict[int, int] = field(default_factory=dict)
 
 
-class WheelState:
-    """The state machine. Open with `WheelState.open`; `apply` commands; `close` at the end."""
+class StateMachine:
+    """The state machine. Open with `StateMachine.open`; `apply` commands; `close` at the end."""
 
     def __init__(self, root: Path, config: StateConfig, copies: CopySource | None = None) -> None:
         self._root = root
@@ -169,7 +169,7 @@ class WheelState:
 
     @classmethod
     def open(cls, root: Path, config: StateConfig, *, fresh: bool,
-             copies: CopySource | None = None) -> WheelState:
+             copies: CopySource | None = None) -> StateMachine:
         """Open the state under ``root``. ``fresh``: no snapshot exists, so the Raft journal
         will replay from its first entry, and whatever files are here must go first.
         ``copies``: other replicas' copies of the state files (paths relative to ``root``), where
@@ -230,7 +230,7 @@ class WheelState:
             log.info("event=handle_key_set")
         return self._apply_cursor(position, stamp_ms)
 
-    def _apply_schedule(self, command: bytes, stamp_ms: int) -> list[Scheduled | Rejected]:
+    def _apply_schedule(self, command: bytes, stamp_ms: int) -> list[Accepted | Rejected]:
         """File every message whose id is new; a remembered id (also one repeated within the
         entry) returns its first result, flagged ``duplicate``."""
         stamp_ms = max(stamp_ms, self.wheel.stamp_ms)
@@ -244,22 +244,22 @@ class WheelState:
             return self._apply_schedule_mixed(due_ms, keys, records, stamp_ms, remembered)
         # The usual entry, every message new and in time: filed column by column.
         handles = self._file(records, due_ms, keys, stamp_ms)
-        return list(map(Scheduled, handles, due_ms, repeat(False)))
+        return list(map(Accepted, handles, due_ms, repeat(False)))
 
     def _apply_schedule_mixed(self, due_ms: list[int], keys: list[bytes],
                               records: list[bytes], stamp_ms: int,
                               remembered: dict[bytes, tuple[int, int]],
-                              ) -> list[Scheduled | Rejected]:
+                              ) -> list[Accepted | Rejected]:
         """`_apply_schedule` of an entry with retried ids or messages due too late, message by
         message."""
-        results: list[Scheduled | Rejected | bytes | None] = []
+        results: list[Accepted | Rejected | bytes | None] = []
         first_at: dict[bytes, int] = {}
         new_records, new_due_ms, new_keys = [], [], []
         latest_ms = stamp_ms + self._config.wheel.max_delay_ms
         for deliver_at_ms, key, record in zip(due_ms, keys, records, strict=True):
             earlier = remembered.get(key)
             if earlier is not None:
-                results.append(Scheduled(*self._due_now(*earlier), duplicate=True))
+                results.append(Accepted(*self._due_now(*earlier), duplicate=True))
             elif key in first_at:
                 results.append(key)  # the first one's result, once it is filed
             elif deliver_at_ms > latest_ms:
@@ -272,7 +272,7 @@ class WheelState:
                 new_keys.append(key)
         handles = self._file(new_records, new_due_ms, new_keys, stamp_ms)
         for key, handle, deliver_at_ms in zip(new_keys, handles, new_due_ms, strict=True):
-            results[first_at[key]] = Scheduled(handle, deliver_at_ms, duplicate=False)
+            results[first_at[key]] = Accepted(handle, deliver_at_ms, duplicate=False)
         return [_filled(result, results, first_at) for result in results]
 
     def _due_now(self, handle: int, deliver_at_ms: int) -> tuple[int, int]:
@@ -318,7 +318,7 @@ class WheelState:
                 retired, tag = self.wheel.cancel_tag(retry.replaces_handle)
             except UnknownHandle as error:
                 return Rejected(error)
-            if retired is not CancelOutcome.CANCELLED:
+            if retired is not CancelResult.CANCELLED:
                 return Retried(None, retry.deliver_at_ms)
             # The copy is counted at once: a later original of the loop may take its topic's
             # count to zero and free the tag, which another topic would then get.
@@ -361,7 +361,7 @@ class WheelState:
             f"{deliver_at_ms} is more than {self._config.wheel.max_delay_ms} ms after "
             f"{stamp_ms}")))
 
-    def _apply_cancel(self, command: bytes) -> list[CancelOutcome] | list[Rejected]:
+    def _apply_cancel(self, command: bytes) -> list[CancelResult] | list[Rejected]:
         """Cancel each handle, in log order with the handouts: a message that no group ever
         leased is ``CANCELLED`` and never will be; one that some group leased is
         ``HANDED_OUT`` (the groups that did not lease it never will). A request naming an
@@ -401,28 +401,28 @@ class WheelState:
                 raise  # another replica has it: applying on without it would diverge
             return Rejected(UnknownHandle(name, f"{handle}: {error}"))
 
-    def _cancel_one(self, found: tuple[DueMessage, bool] | None) -> CancelOutcome:
+    def _cancel_one(self, found: tuple[DueMessage, bool] | None) -> CancelResult:
         if found is None:
-            return CancelOutcome.NOT_PENDING
+            return CancelResult.NOT_PENDING
         message, tombstoned = found
         if tombstoned:
-            return (CancelOutcome.NOT_PENDING if self._long_passed(message.handle)
-                    else CancelOutcome.ALREADY_CANCELLED)
+            return (CancelResult.NOT_PENDING if self._long_passed(message.handle)
+                    else CancelResult.ALREADY_CANCELLED)
         position = message.position
         if not self._readied(position.second, position.local_index):
             outcome, tag = self.wheel.cancel_tag(message.handle)
-            if outcome is CancelOutcome.CANCELLED:
+            if outcome is CancelResult.CANCELLED:
                 self.pending.remove({tag: 1})
             return outcome
         never_leased = self.groups.cancel(message.handle, message.topic)
         if never_leased is None:
-            return CancelOutcome.NOT_PENDING
+            return CancelResult.NOT_PENDING
         if not never_leased:
-            return CancelOutcome.HANDED_OUT
+            return CancelResult.HANDED_OUT
         tag = self.wheel.tombstone(message.handle)
         if position >= self.wheel.cursor:  # still counted pending: the cursor will not count it
             self.pending.remove({tag: 1})
-        return CancelOutcome.CANCELLED
+        return CancelResult.CANCELLED
 
     def _apply_move(self, command: bytes, stamp_ms: int) -> list[Moved] | list[Rejected]:
         """Move each pending message to its new due time: the original is retired as a cancel
@@ -474,7 +474,7 @@ class WheelState:
         if message.deliver_at_ms == deliver_at_ms:
             return Moved(MoveOutcome.RESCHEDULED, deliver_at_ms)  # there already: a repeat
         retired = self._cancel_one(found)
-        invariant(retired is CancelOutcome.CANCELLED, f"a pending message's cancel: {retired}")
+        invariant(retired is CancelResult.CANCELLED, f"a pending message's cancel: {retired}")
         record = encode_record(message.id, message.topic, message.body, deliver_at_ms,
                                message.properties, message.attempt)
         tags = self._tags([record])
@@ -649,13 +649,13 @@ def _copies_under(copies: CopySource, folder: str, path: str, offset: int, size:
     return copies(f"{folder}/{path}", offset, size)
 
 
-def _filled(result: Scheduled | Rejected | bytes | None,
-            results: list[Scheduled | Rejected | bytes | None],
-            first_at: dict[bytes, int]) -> Scheduled | Rejected:
+def _filled(result: Accepted | Rejected | bytes | None,
+            results: list[Accepted | Rejected | bytes | None],
+            first_at: dict[bytes, int]) -> Accepted | Rejected:
     """A result, with a repeat within the entry turned into its first occurrence's."""
     if isinstance(result, bytes):
         first = results[first_at[result]]
-        invariant(isinstance(first, Scheduled), "a repeated id's first result is missing")
+        invariant(isinstance(first, Accepted), "a repeated id's first result is missing")
         return first._replace(duplicate=True)
     invariant(result is not None, "a schedule result was never filled in")
     return result

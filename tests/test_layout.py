@@ -5,7 +5,31 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PROJECT = Path(__file__).resolve().parent.parent
+CODE = ("common", "wheel", "replication", "node", "chaos", "client", "harness")
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PROJECT).with_suffix("").parts
+    return ".".join(("tickwheel", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+MODULES = {_module(path): path for folder in CODE for path in (PROJECT / folder).rglob("*.py")}
+
+
+def _imported(path: Path) -> list[str]:
+    """The modules ``path`` imports, anywhere in it (a function, ``TYPE_CHECKING``): for
+    ``from a import b``, ``a.b`` if that is one of ours, else ``a``."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names += [full if (full := f"{node.module}.{alias.name}") in MODULES
+                      else node.module for alias in node.names]
+    return names
 
 
 def _import_from_outside(module: str) -> subprocess.CompletedProcess[str]:
@@ -34,29 +58,49 @@ def test_only_the_raft_port_imports_pysyncobj() -> None:
     """pysyncobj is sealed behind ``tickwheel.replication.raft`` (issue 20): an upgrade or a
     replacement touches that package only."""
     offenders = []
-    for folder in ("common", "wheel", "replication", "node", "chaos", "client", "harness"):
+    for folder in CODE:
         for path in (PROJECT / folder).rglob("*.py"):
-            if (PROJECT / "replication" / "raft") in path.parents:
-                continue
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-                offenders += [f"{path.relative_to(PROJECT)}: {name}" for name in names
+            if (PROJECT / "replication" / "raft") not in path.parents:
+                offenders += [f"{path.relative_to(PROJECT)}: {name}" for name in _imported(path)
                               if name.split(".")[0] == "pysyncobj"]
     assert offenders == []
 
 
-def test_the_layers_above_use_the_replication_layers_face_only() -> None:
-    """Above it, code imports ``tickwheel.replication`` and the Raft port's face
-    ``tickwheel.replication.raft``, never a module inside (issue 20: `state.Rejected` and
-    `dispatcher.Delivery` were imported from wherever they lived)."""
-    faces = {"tickwheel.replication", "tickwheel.replication.raft"}
+@pytest.mark.parametrize(("package", "faces", "above"), [
+    ("tickwheel.replication", {"tickwheel.replication", "tickwheel.replication.raft"},
+     ("node", "harness", "chaos", "client")),
+    ("tickwheel.node", {"tickwheel.node"}, ("harness", "chaos", "client")),
+])
+def test_the_layers_above_use_a_layers_face_only(package: str, faces: set[str],
+                                                 above: tuple[str, ...]) -> None:
+    """Above a layer, code imports its face (``tickwheel.replication`` and the Raft port's
+    ``tickwheel.replication.raft``; ``tickwheel.node``), never a module inside (issue 20:
+    `state.Rejected` and `dispatcher.Delivery` were imported from wherever they lived, and the
+    harness reached into the node's CLI, disk watch and RocketMQ signing)."""
     offenders = []
-    for folder in ("node", "harness", "chaos", "client"):
+    for folder in above:
         for path in (PROJECT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-                offenders += [f"{path.relative_to(PROJECT)}: {name}" for name in names
-                              if name.startswith("tickwheel.replication") and name not in faces]
+            offenders += [f"{path.relative_to(PROJECT)}: {name}" for name in _imported(path)
+                          if name.startswith(package) and name not in faces]
     assert offenders == []
+
+
+def test_no_modules_import_each_other() -> None:
+    """No circle of imports, not even one for type hints only (issue 20: the courier, the
+    metrics and the journal imported one another): each module can be read, tested and
+    moved with what it imports alone."""
+    graph = {module: {name for name in _imported(path) if name in MODULES and name != module}
+             for module, path in MODULES.items()}
+    circles = []
+    for start in graph:  # a depth-first walk from each module, back to it
+        stack = [(start, [start])]
+        seen = set()
+        while stack:
+            module, trail = stack.pop()
+            for name in graph[module]:
+                if name == start:
+                    circles.append(" -> ".join([*trail, start]))
+                elif name not in seen:
+                    seen.add(name)
+                    stack.append((name, [*trail, name]))
+    assert circles == []

@@ -80,10 +80,10 @@ from tickwheel.common.errors import (
     UnknownHandle,
 )
 from tickwheel.wheel.engine import Wheel
-from tickwheel.wheel.types import CancelOutcome, Cursor, DueMessage, NewMessage, WheelConfig
+from tickwheel.wheel.types import CancelResult, Cursor, DueMessage, NewMessage, WheelConfig
 
 __all__ = [
-    "CancelOutcome",
+    "CancelResult",
     "ClientError",
     "CorruptSegment",
     "Cursor",

@@ -29,7 +29,7 @@ from tickwheel.wheel.mending import CopySource, MendCounts, Mender
 from tickwheel.wheel.meta import MetaFile
 from tickwheel.wheel.passage import CursorPassage
 from tickwheel.wheel.segment import HourSegment
-from tickwheel.wheel.types import CancelOutcome, Cursor, DueMessage, NewMessage, WheelConfig
+from tickwheel.wheel.types import CancelResult, Cursor, DueMessage, NewMessage, WheelConfig
 from tickwheel.wheel.window import GLOBAL_INDEX_BITS, GLOBAL_INDEX_MASK, DueWindow
 
 log = logging.getLogger("tickwheel.wheel")
@@ -162,8 +162,8 @@ class Wheel:
             self.flush()
         return handles
 
-    def cancel(self, handle: int) -> CancelOutcome:
-        """Tombstone the message ``handle`` names, and say what that did (`CancelOutcome`).
+    def cancel(self, handle: int) -> CancelResult:
+        """Tombstone the message ``handle`` names, and say what that did (`CancelResult`).
 
         A message already handed out by `take_due` but not yet behind the cursor is still
         cancelled: it will not be handed out again. A tombstone is checked before the cursor,
@@ -172,24 +172,24 @@ class Wheel:
         """
         return self.cancel_tag(handle)[0]
 
-    def cancel_tag(self, handle: int) -> tuple[CancelOutcome, int]:
+    def cancel_tag(self, handle: int) -> tuple[CancelResult, int]:
         """`cancel`, and the tag of the message when this call cancelled it (else 0)."""
         if handle < 0:
             raise UnknownHandle("handle", f"{handle} was never returned by schedule")
         hour, global_index = handle >> GLOBAL_INDEX_BITS, handle & GLOBAL_INDEX_MASK
         if (hour + 1) * SECONDS_PER_HOUR <= self._cursor.second:
-            return CancelOutcome.NOT_PENDING, 0  # its hour is behind the cursor, and deleted
+            return CancelResult.NOT_PENDING, 0  # its hour is behind the cursor, and deleted
         segment = self._hours.segment(hour, create=False)
         if segment is None or global_index >= segment.units:
             raise UnknownHandle("handle", f"{handle} was never returned by schedule")
         if global_index in segment.tombstones:
-            return CancelOutcome.ALREADY_CANCELLED, 0
+            return CancelResult.ALREADY_CANCELLED, 0
         fields = segment.read_unit(global_index)
         if Cursor(hour * SECONDS_PER_HOUR + fields[6], fields[2]) < self._cursor:
-            return CancelOutcome.NOT_PENDING, 0
+            return CancelResult.NOT_PENDING, 0
         segment.add_tombstone(global_index)
         self._hours.written(hour, TOMBSTONE.size)
-        return CancelOutcome.CANCELLED, fields[7]
+        return CancelResult.CANCELLED, fields[7]
 
     def read(self, handle: int) -> tuple[DueMessage, bool]:
         """The message ``handle`` names, and whether it is cancelled (tombstoned). Raises

@@ -67,9 +67,9 @@ class HourSegment:
         self.occupied = _occupancy(heads)
         self._flushed_units = units
         self._flushed_log_size_bytes = log_size_bytes
-        self._pending_log = bytearray()
-        self._pending_index = bytearray()
-        self._pending_tombstones = bytearray()
+        self._unflushed_log = bytearray()
+        self._unflushed_index = bytearray()
+        self._unflushed_tombstones = bytearray()
         self._heads_dirty = False
         self._mapped = False
         self._log_map: mmap.mmap | None = None
@@ -131,7 +131,7 @@ class HourSegment:
         first_global_index = global_index = self.units
         offset = self.log_size_bytes
         occupied = self.occupied
-        index = self._pending_index
+        index = self._unflushed_index
         pack, pack_crc, crc32 = UNIT.pack, UNIT_CRC.pack, zlib.crc32
         local_indexes: list[int] = []
         add_local = local_indexes.append
@@ -151,7 +151,7 @@ class HourSegment:
             add_local(local_index)
             offset += size
             global_index += 1
-        self._pending_log += b"".join(records)
+        self._unflushed_log += b"".join(records)
         self.occupied = occupied
         self.units = global_index
         self.log_size_bytes = offset
@@ -161,23 +161,24 @@ class HourSegment:
     def add_tombstone(self, global_index: int) -> None:
         invariant(global_index < self.units, f"tombstone for unit {global_index} of {self.units}")
         self.tombstones.add(global_index)
-        self._pending_tombstones += pack_tombstone(self.hour, global_index)
+        self._unflushed_tombstones += pack_tombstone(self.hour, global_index)
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._pending_log) + len(self._pending_index) + len(self._pending_tombstones)
+        return (len(self._unflushed_log) + len(self._unflushed_index)
+                + len(self._unflushed_tombstones))
 
     def flush(self) -> None:
         """Write what is buffered: log, index, tombstones, then the heads checkpoint."""
-        if self._pending_log:
-            _write_all(self._write_fd(_LOG), self._pending_log)
-            self._pending_log = bytearray()
-        if self._pending_index:
-            _write_all(self._write_fd(_INDEX), self._pending_index)
-            self._pending_index = bytearray()
-        if self._pending_tombstones:
-            _write_all(self._write_fd(_TOMBSTONES), self._pending_tombstones)
-            self._pending_tombstones = bytearray()
+        if self._unflushed_log:
+            _write_all(self._write_fd(_LOG), self._unflushed_log)
+            self._unflushed_log = bytearray()
+        if self._unflushed_index:
+            _write_all(self._write_fd(_INDEX), self._unflushed_index)
+            self._unflushed_index = bytearray()
+        if self._unflushed_tombstones:
+            _write_all(self._write_fd(_TOMBSTONES), self._unflushed_tombstones)
+            self._unflushed_tombstones = bytearray()
         self._flushed_units = self.units
         self._flushed_log_size_bytes = self.log_size_bytes
         if self._heads_dirty:
@@ -219,7 +220,7 @@ class HourSegment:
         pos = global_index * UNIT_SIZE
         data: bytes | bytearray | mmap.mmap
         if global_index >= self._flushed_units:
-            data, pos = self._pending_index, pos - self._flushed_units * UNIT_SIZE
+            data, pos = self._unflushed_index, pos - self._flushed_units * UNIT_SIZE
         elif self._mapped:
             data = self._mapped_index(pos + UNIT_SIZE)
         else:
@@ -251,7 +252,7 @@ class HourSegment:
         both, and mends)."""
         if offset >= self._flushed_log_size_bytes:
             start = offset - self._flushed_log_size_bytes
-            return bytes(self._pending_log[start:start + size])
+            return bytes(self._unflushed_log[start:start + size])
         if not self._mapped:
             return _pread(self.path / _LOG, size, offset)
         if self._log_map is None or offset + size > len(self._log_map):
@@ -279,7 +280,7 @@ class HourSegment:
         sequential read instead of a chain walk per second, for loading most of an hour."""
         self._map_flushed_index()
         global_index = 0
-        for data in (self._index_map or b"", self._pending_index):
+        for data in (self._index_map or b"", self._unflushed_index):
             view = memoryview(data)
             for pos in range(0, len(view), UNIT_SIZE):
                 try:
@@ -300,14 +301,14 @@ class HourSegment:
                   f"{self.units}")
         self._map_flushed_index()
         mapped: bytes | mmap.mmap = self._index_map if self._index_map is not None else b""
-        pending: bytearray = self._pending_index
+        unflushed: bytearray = self._unflushed_index
         flushed = self._flushed_units
         data: bytes | bytearray | mmap.mmap
         unpack, crc32, body_size = UNIT_AND_CRC.unpack_from, zlib.crc32, UNIT.size
         add_global, add_tag = global_indexes.append, tags.append
         while global_index >= 0 and max_units > 0:
             if global_index >= flushed:
-                data, pos = pending, (global_index - flushed) * UNIT_SIZE
+                data, pos = unflushed, (global_index - flushed) * UNIT_SIZE
             else:
                 data, pos = mapped, global_index * UNIT_SIZE
             fields = unpack(data, pos)
@@ -340,8 +341,8 @@ class HourSegment:
 
     def discard(self) -> None:
         """Close without writing what is buffered: the hour is about to be deleted."""
-        self._pending_log, self._pending_index = bytearray(), bytearray()
-        self._pending_tombstones = bytearray()
+        self._unflushed_log, self._unflushed_index = bytearray(), bytearray()
+        self._unflushed_tombstones = bytearray()
         self._heads_dirty = False
         self.close()
 

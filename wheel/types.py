@@ -23,7 +23,7 @@ class Cursor(NamedTuple):
     local_index: int
 
 
-class CancelOutcome(IntEnum):
+class CancelResult(IntEnum):
     """What cancelling a handle did. Cancelling is idempotent: a repeated cancel (a client
     retrying one whose answer was lost in a leader change) reads ``ALREADY_CANCELLED``, never
     ``NOT_PENDING``, so the caller learns the truth either way."""
@@ -42,7 +42,7 @@ class CancelOutcome(IntEnum):
     @property
     def cancelled(self) -> bool:
         """Whether the message is cancelled, by this call or an earlier one."""
-        return self in (CancelOutcome.CANCELLED, CancelOutcome.ALREADY_CANCELLED)
+        return self in (CancelResult.CANCELLED, CancelResult.ALREADY_CANCELLED)
 
 
 class NewMessage(NamedTuple):

@@ -27,9 +27,9 @@ from tickwheel.common.errors import (
     ClientError,
     Overloaded,
     PermissionDenied,
+    Retryable,
     TickwheelError,
     Unauthenticated,
-    Unavailable,
 )
 from tickwheel.node.server import LeaderRefused
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq
@@ -87,7 +87,7 @@ def refusal_of(error: TickwheelError | LeaderRefused) -> Refusal:
         code = rmq.Code.BAD_REQUEST
     elif isinstance(error, Overloaded):
         code = rmq.Code.TOO_MANY_REQUESTS
-    elif isinstance(error, Unavailable):
+    elif isinstance(error, Retryable):
         code = rmq.Code.HA_NOT_AVAILABLE
     else:
         code = rmq.Code.INTERNAL_SERVER_ERROR

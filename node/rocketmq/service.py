@@ -29,7 +29,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from tickwheel.common.errors import TickwheelError, Unavailable
+from tickwheel.common.errors import Retryable, TickwheelError
 from tickwheel.node.access import Action, Principal
 from tickwheel.node.levels import RetryPolicy
 from tickwheel.node.rocketmq import convert
@@ -403,7 +403,7 @@ Context = grpc.aio.ServicerContext
 
 def _no_leader(error: BaseException) -> bool:
     """No leader yet, or the one named cannot be reached (it just died)."""
-    return isinstance(error, Unavailable) or (
+    return isinstance(error, Retryable) or (
         isinstance(error, LeaderRefused) and error.code == grpc.StatusCode.UNAVAILABLE)
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tickwheel.node.delivery import Sent
 from tickwheel.node.journal import DeliveryJournal
+from tickwheel.node.sent import Sent
 from tickwheel.replication.commands import LeaseRef
 from tickwheel.replication.dispatcher import Delivery
 from tickwheel.wheel import Cursor

@@ -1,4 +1,4 @@
-"""A seeded simulation of a tickwheel cluster in one process: real `Replica`s (real `WheelState`
+"""A seeded simulation of a tickwheel cluster in one process: real `Replica`s (real `StateMachine`
 files, real dispatch and hand-over logic) on a simulated Raft port and a simulated clock.
 
 Everything that varies comes from one ``random.Random(seed)``: due times, when leaders change,
@@ -39,8 +39,8 @@ from tickwheel.replication.groups import DEFAULT_GROUP, STREAM
 from tickwheel.replication.handout import ConsumerSlot
 from tickwheel.replication.raft import OnResult, RaftConfig, RaftStatus, Role
 from tickwheel.replication.replica import Replica, ReplicaConfig
-from tickwheel.replication.state import Moved, MoveOutcome, Scheduled
-from tickwheel.wheel import CancelOutcome, Cursor, NewMessage
+from tickwheel.replication.state import Accepted, Moved, MoveOutcome
+from tickwheel.wheel import CancelResult, Cursor, NewMessage
 
 EPOCH_MS = 1_800_000_000_000
 LEASE_MS = RaftConfig().lease_ms
@@ -430,7 +430,7 @@ class Run:
                 self._retries.append((self.world.now_s + PRODUCER_RETRY_S, messages))
             else:
                 for message, result in zip(messages, future.result(), strict=True):
-                    if isinstance(result, Scheduled):
+                    if isinstance(result, Accepted):
                         self.scheduled[message.id] = result.deliver_at_ms
                         self.handles[message.id] = result.handle
 
@@ -468,7 +468,7 @@ class Run:
                     self._answered(message_id, kind, outcome, new_due_ms)
 
     def _answered(self, message_id: str, kind: str, outcome: object, new_due_ms: int) -> None:
-        if outcome in (CancelOutcome.CANCELLED, CancelOutcome.ALREADY_CANCELLED):
+        if outcome in (CancelResult.CANCELLED, CancelResult.ALREADY_CANCELLED):
             self.cancelled.add(message_id)
         elif isinstance(outcome, Moved) and outcome.outcome is MoveOutcome.RESCHEDULED:
             self.due_now[message_id] = new_due_ms
@@ -535,7 +535,7 @@ class Run:
         by_id: dict[str, list[tuple[bool, int, int, str]]] = defaultdict(list)
         for message_id, flagged, at_ms, due_ms, node in self.deliveries:
             by_id[message_id].append((flagged, at_ms, due_ms, node))
-            if at_ms + LEAD_MS < due_ms:  # the sink waits for the due time (the hub does)
+            if at_ms + LEAD_MS < due_ms:  # the sink waits for the due time (the courier does)
                 found.append(f"{message_id} handed out early by {node}: {at_ms} < {due_ms} "
                              f"- {LEAD_MS} ms")
         lost = sorted(self.scheduled.keys() - by_id.keys() - self.cancelled - self.unsure)

@@ -21,25 +21,25 @@ from tickwheel.replication.handout import (
     encode_receipt,
 )
 from tickwheel.replication.state import (
+    Accepted,
     Moved,
     MoveOutcome,
     Rejected,
     Retried,
-    Scheduled,
     StateConfig,
-    WheelState,
+    StateMachine,
 )
-from tickwheel.wheel import CancelOutcome, Cursor, DueMessage, NewMessage
+from tickwheel.wheel import CancelResult, Cursor, DueMessage, NewMessage
 
 T0_MS = 1_800_000_000_000
 
 
-def schedule(state: WheelState, messages: list[NewMessage]) -> list[int]:
+def schedule(state: StateMachine, messages: list[NewMessage]) -> list[int]:
     parts = [commands.encoded_message(m) for m in messages]
     return [r.handle for r in state.apply(commands.schedule(T0_MS, parts))]
 
 
-def ready(state: WheelState, handles: list[int], grants: list[Grant] = ()) -> list[int]:
+def ready(state: StateMachine, handles: list[int], grants: list[Grant] = ()) -> list[int]:
     """Ready ``handles`` (as a leader that took them from the wheel would) and grant."""
     items = []
     for handle in handles:
@@ -55,14 +55,14 @@ def grant(handle: int, group: str = "", nonce: int = 7, mode: int = STREAM,
 
 
 @pytest.fixture
-def state(tmp_path: Path) -> WheelState:
-    opened = WheelState.open(tmp_path, StateConfig(max_ready_msgs=5), fresh=True)
+def state(tmp_path: Path) -> StateMachine:
+    opened = StateMachine.open(tmp_path, StateConfig(max_ready_msgs=5), fresh=True)
     yield opened
     opened.close()
 
 
 def test_every_group_gets_every_message_and_a_topic_without_groups_gets_its_default(
-        state: WheelState) -> None:
+        state: StateMachine) -> None:
     (early,) = schedule(state, [NewMessage("e", "orders", b"x", T0_MS)])
     ready(state, [early])
     assert [g.name for g in state.groups.of_topic("orders")] == [""]  # the default group
@@ -74,42 +74,42 @@ def test_every_group_gets_every_message_and_a_topic_without_groups_gets_its_defa
     assert list(billing.ready) == [later]  # it exists since after "e" came due
 
 
-def test_a_cancel_ordered_before_the_grant_means_never(state: WheelState) -> None:
+def test_a_cancel_ordered_before_the_grant_means_never(state: StateMachine) -> None:
     a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
     # the leader took both from the wheel; a cancel of a is applied before its handout
-    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelOutcome.CANCELLED]
+    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelResult.CANCELLED]
     assert ready(state, [a, b], [grant(a), grant(b)]) == [0, 1]  # a is not granted
-    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelOutcome.ALREADY_CANCELLED]
+    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelResult.ALREADY_CANCELLED]
     (group,) = state.groups.of_topic("orders")
     assert list(group.leases) == [b]
 
 
 def test_a_cancel_after_a_grant_answers_handed_out_and_stops_the_other_groups(
-        state: WheelState) -> None:
+        state: StateMachine) -> None:
     state.apply(commands.group(T0_MS, True, "orders", "billing"))
     state.apply(commands.group(T0_MS, True, "orders", "audit"))
     a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
     assert ready(state, [a, b], [grant(a, "billing")]) == [1]
-    assert state.apply(commands.cancel(T0_MS, [a, b])) == [CancelOutcome.HANDED_OUT,
-                                                          CancelOutcome.CANCELLED]
+    assert state.apply(commands.cancel(T0_MS, [a, b])) == [CancelResult.HANDED_OUT,
+                                                          CancelResult.CANCELLED]
     billing, audit = state.groups.of_topic("orders")
     assert list(audit.ready) == [] and list(billing.leases) == [a]
     assert ready(state, [], [grant(a, "audit")]) == [0]  # audit never gets a
-    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelOutcome.HANDED_OUT]
+    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelResult.HANDED_OUT]
     # once billing acks it, a is done everywhere
     assert state.apply(commands.leases(T0_MS, LeaseOp.ACK, [LeaseRef(billing.id, a, 1, 7)])) == [
         True]
-    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelOutcome.NOT_PENDING]
+    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelResult.NOT_PENDING]
 
 
-def test_a_rejected_cancel_changes_nothing(state: WheelState) -> None:
+def test_a_rejected_cancel_changes_nothing(state: StateMachine) -> None:
     (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS)])
     (refused,) = state.apply(commands.cancel(T0_MS, [a, (a | 0xFFFF)]))
     assert isinstance(refused, Rejected) and refused.error.field == "handles[1]"
-    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelOutcome.CANCELLED]
+    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelResult.CANCELLED]
 
 
-def test_forged_foreign_and_never_granted_receipts_change_nothing(state: WheelState) -> None:
+def test_forged_foreign_and_never_granted_receipts_change_nothing(state: StateMachine) -> None:
     state.apply(commands.group(T0_MS, True, "orders", "billing"))
     state.apply(commands.group(T0_MS, True, "orders", "audit"))
     a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
@@ -137,7 +137,7 @@ def test_receipts_round_trip_and_garbage_is_no_receipt() -> None:
 
 
 def test_a_released_lease_comes_back_first_and_its_next_lease_is_the_second(
-        state: WheelState) -> None:
+        state: StateMachine) -> None:
     a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
     assert ready(state, [a, b], [grant(a, nonce=5), grant(b, nonce=6, mode=DURABLE)]) == [1, 1]
     (group,) = state.groups.of_topic("orders")
@@ -153,13 +153,13 @@ def test_a_released_lease_comes_back_first_and_its_next_lease_is_the_second(
 
 
 def test_a_lease_given_back_unsent_does_not_count_toward_the_next_flag(
-        state: WheelState) -> None:
+        state: StateMachine) -> None:
     a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
     assert ready(state, [a, b], [grant(a, nonce=5), grant(b, nonce=6)]) == [1, 1]
     (group,) = state.groups.of_topic("orders")
     forged = [LeaseRef(group.id, a, 1, 4), LeaseRef(group.id, a, 2, 5)]
     assert state.apply(commands.leases(T0_MS, LeaseOp.RETURN, forged)) == [False, False]
-    # a's consumer left before the hub sent it; b's had it sent, then left
+    # a's consumer left before the courier sent it; b's had it sent, then left
     assert state.apply(commands.leases(T0_MS, LeaseOp.RETURN, [LeaseRef(group.id, a, 1, 5)])) == [
         True]
     assert state.apply(commands.leases(T0_MS, LeaseOp.RELEASE, [LeaseRef(group.id, b, 1, 6)])) == [
@@ -174,7 +174,7 @@ def test_a_lease_given_back_unsent_does_not_count_toward_the_next_flag(
 
 
 def test_a_planner_gives_back_what_a_departing_consumer_was_never_sent(
-        state: WheelState) -> None:
+        state: StateMachine) -> None:
     planner = Planner(DispatchConfig(), epoch=1)
     planner.join(ConsumerSlot(1, "orders", "", 10, visibility_ms=500, mode=STREAM))
     a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
@@ -185,13 +185,13 @@ def test_a_planner_gives_back_what_a_departing_consumer_was_never_sent(
     plan = planner.plan(state.groups, [read(a), read(b)], T0_MS, T0_MS, read)
     seqs = state.apply(commands.handout(T0_MS, plan.ready, plan.grants))
     sent, unsent = (d.lease for d in planner.granted(plan, seqs, state.groups))
-    planner.sent(1, [sent], T0_MS + 5)  # the stream closed before the hub sent the other
+    planner.sent(1, [sent], T0_MS + 5)  # the stream closed before the courier sent the other
     assert planner.leave(1) == ([sent], [unsent])
     assert planner.leave(1) == ([], [])
 
 
 def test_a_group_nobody_reads_drops_its_oldest_past_its_bound_and_says_so(
-        state: WheelState, caplog: pytest.LogCaptureFixture) -> None:
+        state: StateMachine, caplog: pytest.LogCaptureFixture) -> None:
     handles = schedule(state, [NewMessage(f"m{i}", "orders", b"x", T0_MS) for i in range(8)])
     with caplog.at_level(logging.WARNING, "tickwheel.replication.groups"):
         ready(state, handles[:1], [grant(handles[0])])  # leased: never dropped
@@ -203,7 +203,7 @@ def test_a_group_nobody_reads_drops_its_oldest_past_its_bound_and_says_so(
 
 
 def test_a_retry_copy_goes_to_its_group_only_and_ends_the_lease_once(
-        state: WheelState) -> None:
+        state: StateMachine) -> None:
     state.apply(commands.group(T0_MS, True, "orders", "billing"))
     state.apply(commands.group(T0_MS, True, "orders", "audit"))
     (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS)])
@@ -222,7 +222,7 @@ def test_a_retry_copy_goes_to_its_group_only_and_ends_the_lease_once(
 
 
 def test_groups_and_leases_come_back_from_a_manifest(tmp_path: Path) -> None:
-    state = WheelState.open(tmp_path / "a", StateConfig(), fresh=True)
+    state = StateMachine.open(tmp_path / "a", StateConfig(), fresh=True)
     state.apply(commands.group(T0_MS, True, "orders", "billing"))
     handles = schedule(state, [NewMessage(f"m{i}", "orders", b"x", T0_MS) for i in range(3)])
     ready(state, handles, [grant(handles[0], "billing")])
@@ -240,7 +240,7 @@ def test_a_default_group_goes_away_once_drained_so_passing_topics_leave_nothing(
         tmp_path: Path) -> None:
     # max_groups bounds named groups only: far more topics than that come due and none of
     # their messages is lost for want of a group
-    state = WheelState.open(tmp_path, StateConfig(max_groups=2), fresh=True)
+    state = StateMachine.open(tmp_path, StateConfig(max_groups=2), fresh=True)
     topics = [f"t{i}" for i in range(10)]
     handles = schedule(state, [NewMessage(t, t, b"x", T0_MS) for t in topics])
     ready(state, handles, [grant(h, topic=t, nonce=i) for i, (h, t) in
@@ -260,7 +260,7 @@ def test_a_default_group_goes_away_once_drained_so_passing_topics_leave_nothing(
 
 
 def test_a_default_group_beside_a_named_one_stays_and_a_retry_copy_finds_its_group(
-        state: WheelState) -> None:
+        state: StateMachine) -> None:
     (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS)])
     ready(state, [a], [grant(a, nonce=3)])
     default = state.groups.get("orders", "")
@@ -287,7 +287,7 @@ def test_a_default_group_beside_a_named_one_stays_and_a_retry_copy_finds_its_gro
 
 
 def test_a_visibility_timeout_counts_from_the_send_not_from_the_grant(
-        state: WheelState) -> None:
+        state: StateMachine) -> None:
     planner = Planner(DispatchConfig(), epoch=1)
     planner.join(ConsumerSlot(1, "orders", "", 10, visibility_ms=500, mode=STREAM))
     (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS)])
@@ -310,12 +310,12 @@ def test_a_visibility_timeout_counts_from_the_send_not_from_the_grant(
 
 # -- reschedule: a move is a cancel and a schedule in one command, ordered with the handouts --
 
-def move(state: WheelState, *moves: tuple[int, int]) -> list:
+def move(state: StateMachine, *moves: tuple[int, int]) -> list:
     return state.apply(commands.move(T0_MS, list(moves)))
 
 
 def test_a_reschedule_moves_a_pending_message_once_and_its_handle_follows(
-        state: WheelState) -> None:
+        state: StateMachine) -> None:
     a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS + 60_000) for i in "ab"])
     before = state.pending.snapshot()
     assert move(state, (a, T0_MS + 5_000)) == [Moved(MoveOutcome.RESCHEDULED, T0_MS + 5_000)]
@@ -330,22 +330,22 @@ def test_a_reschedule_moves_a_pending_message_once_and_its_handle_follows(
     # the client's handle names the copy now: moved again, then cancelled through it
     assert move(state, (a, T0_MS + 9_000)) == [Moved(MoveOutcome.RESCHEDULED, T0_MS + 9_000)]
     assert state.wheel.is_cancelled(copy)
-    assert state.apply(commands.cancel(T0_MS, [a, b])) == [CancelOutcome.CANCELLED] * 2
+    assert state.apply(commands.cancel(T0_MS, [a, b])) == [CancelResult.CANCELLED] * 2
     assert move(state, (a, T0_MS), (b, T0_MS)) == [Moved(MoveOutcome.CANCELLED, 0)] * 2
 
 
-def test_a_retried_schedule_of_a_moved_message_answers_its_new_time(state: WheelState) -> None:
+def test_a_retried_schedule_of_a_moved_message_answers_its_new_time(state: StateMachine) -> None:
     """A producer whose schedule answer was lost retries it after someone rescheduled the
     message: the answer is the same handle, flagged duplicate, due when it now is."""
     (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS + 60_000)])
     move(state, (a, T0_MS + 5_000))
     parts = [commands.encoded_message(NewMessage("a", "orders", b"x", T0_MS + 60_000))]
     assert state.apply(commands.schedule(T0_MS, parts)) == [
-        Scheduled(a, T0_MS + 5_000, duplicate=True)]
+        Accepted(a, T0_MS + 5_000, duplicate=True)]
 
 
 def test_a_reschedule_ordered_after_a_grant_answers_handed_out_and_moves_nothing(
-        state: WheelState) -> None:
+        state: StateMachine) -> None:
     state.apply(commands.group(T0_MS, True, "orders", "billing"))
     a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
     assert ready(state, [a, b], [grant(a, "billing")]) == [1]
@@ -362,7 +362,7 @@ def test_a_reschedule_ordered_after_a_grant_answers_handed_out_and_moves_nothing
 
 
 def test_a_reschedule_ordered_before_the_handout_means_the_old_time_never_comes(
-        state: WheelState) -> None:
+        state: StateMachine) -> None:
     (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS)])
     # the leader took a from the wheel; the move is applied before its handout
     assert move(state, (a, T0_MS + 60_000)) == [Moved(MoveOutcome.RESCHEDULED, T0_MS + 60_000)]
@@ -370,7 +370,7 @@ def test_a_reschedule_ordered_before_the_handout_means_the_old_time_never_comes(
     assert state.groups.of_topic("orders") == []
 
 
-def test_a_rejected_reschedule_changes_nothing(state: WheelState) -> None:
+def test_a_rejected_reschedule_changes_nothing(state: StateMachine) -> None:
     (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS + 60_000)])
     (refused,) = move(state, (a, T0_MS), (a | 0xFFFF, T0_MS))
     assert isinstance(refused, Rejected) and refused.error.field == "moves[1].handle"
@@ -382,7 +382,7 @@ def test_a_rejected_reschedule_changes_nothing(state: WheelState) -> None:
 
 def test_moved_messages_are_bounded_remembered_in_snapshots_and_forgotten_once_passed(
         tmp_path: Path) -> None:
-    state = WheelState.open(tmp_path, StateConfig(max_moved_msgs=1), fresh=True)
+    state = StateMachine.open(tmp_path, StateConfig(max_moved_msgs=1), fresh=True)
     a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS + 60_000) for i in "ab"])
     assert move(state, (a, T0_MS + 3_600_000)) == [
         Moved(MoveOutcome.RESCHEDULED, T0_MS + 3_600_000)]
@@ -400,5 +400,5 @@ def test_moved_messages_are_bounded_remembered_in_snapshots_and_forgotten_once_p
     assert list(state.moves) == [a]
     state.apply(commands.cursor(T0_MS + 18_000_000, Cursor((T0_MS + 18_000_000) // 1000, 0)))
     assert state.moves == {}
-    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelOutcome.NOT_PENDING]
+    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelResult.NOT_PENDING]
     state.close()

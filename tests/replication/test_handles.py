@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tickwheel.replication import commands
 from tickwheel.replication.handles import HANDLE_BITS, HandleCipher
-from tickwheel.replication.state import StateConfig, WheelState
+from tickwheel.replication.state import StateConfig, StateMachine
 from tickwheel.wheel import Cursor
 
 T0_MS = 1_800_000_000_000
@@ -44,7 +44,7 @@ def test_the_permutation_is_the_one_handles_were_issued_under() -> None:
 
 
 def test_the_first_barrier_sets_the_key_once_and_a_manifest_keeps_it(tmp_path: Path) -> None:
-    state = WheelState.open(tmp_path / "a", StateConfig(), fresh=True)
+    state = StateMachine.open(tmp_path / "a", StateConfig(), fresh=True)
     assert state.handle_key is None
     state.apply(commands.barrier(T0_MS, Cursor(0, 0), b"k" * 16))
     state.apply(commands.barrier(T0_MS, state.cursor, b"x" * 16))  # a later leader's
@@ -52,7 +52,7 @@ def test_the_first_barrier_sets_the_key_once_and_a_manifest_keeps_it(tmp_path: P
     assert state.handle_key == b"k" * 16
     manifest = state.manifest()
     state.close()
-    other = WheelState.open(tmp_path / "b", StateConfig(), fresh=True)
+    other = StateMachine.open(tmp_path / "b", StateConfig(), fresh=True)
     other.install(manifest, lambda path, offset, size: b"")
     assert other.handle_key == b"k" * 16
     other.close()

@@ -11,8 +11,8 @@ from tickwheel.common.errors import InvariantViolation, NotLeader
 from tickwheel.replication import commands
 from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import GroupCommitter
-from tickwheel.replication.state import Rejected, Retried, Scheduled, StateConfig, WheelState
-from tickwheel.wheel import CancelOutcome, Cursor, NewMessage
+from tickwheel.replication.state import Accepted, Rejected, Retried, StateConfig, StateMachine
+from tickwheel.wheel import CancelResult, Cursor, NewMessage
 
 T0_MS = 1_800_000_000_000
 
@@ -85,7 +85,7 @@ def test_replicas_applying_the_same_commands_hold_identical_files(tmp_path: Path
                                                    T0_MS + 1_000 * (i * 7 % 13) + j)
                                         for j in range(5)])
            for i in range(40)]
-    states = [WheelState.open(tmp_path / name, StateConfig(), fresh=True) for name in "ab"]
+    states = [StateMachine.open(tmp_path / name, StateConfig(), fresh=True) for name in "ab"]
     results = [[state.apply(command) for command in log] for state in states]
     handles = [scheduled.handle for scheduled in results[0][3]]
     log = [commands.cancel(T0_MS + 50, [handles[1], 1 << 40]),
@@ -96,7 +96,7 @@ def test_replicas_applying_the_same_commands_hold_identical_files(tmp_path: Path
     assert repr(results[0]) == repr(results[1])
     (refused,) = results[0][-3]  # a handle no schedule returned: the whole cancel is refused
     assert isinstance(refused, Rejected) and refused.error.field == "handles[1]"
-    assert results[0][-2] == [CancelOutcome.CANCELLED] * 3  # handles[1] was left alone
+    assert results[0][-2] == [CancelResult.CANCELLED] * 3  # handles[1] was left alone
     manifests = [state.manifest() for state in states]
     for state in states:
         state.close()
@@ -108,11 +108,11 @@ def test_replicas_applying_the_same_commands_hold_identical_files(tmp_path: Path
 
 
 def test_a_repeated_id_returns_its_first_result_also_within_one_entry(tmp_path: Path) -> None:
-    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    state = StateMachine.open(tmp_path, StateConfig(), fresh=True)
     first = state.apply(schedule_command(T0_MS, [NewMessage("a", "t", b"1", T0_MS + 5_000),
                                                  NewMessage("a", "t", b"2", T0_MS + 9_000)]))
     again = state.apply(schedule_command(T0_MS + 1, [NewMessage("a", "t", b"3", T0_MS)]))
-    assert first[0] == Scheduled(first[0].handle, T0_MS + 5_000, duplicate=False)
+    assert first[0] == Accepted(first[0].handle, T0_MS + 5_000, duplicate=False)
     assert first[1] == again[0] == first[0]._replace(duplicate=True)
     state.close()
 
@@ -121,10 +121,10 @@ def test_an_entry_mixing_new_retried_and_too_late_messages_answers_each_in_order
         tmp_path: Path) -> None:
     # An entry whose messages are all new is filed column by column; any other goes message
     # by message. The remembered ids must come back from the files after a reopen too.
-    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    state = StateMachine.open(tmp_path, StateConfig(), fresh=True)
     first = state.apply(schedule_command(T0_MS, [NewMessage("a", "t", b"1", T0_MS + 5_000)]))
     state.close()
-    state = WheelState.open(tmp_path, StateConfig(), fresh=False)
+    state = StateMachine.open(tmp_path, StateConfig(), fresh=False)
     too_late_ms = T0_MS + 1 + state.wheel._config.max_delay_ms + 1
     mixed = state.apply(schedule_command(T0_MS + 1, [
         NewMessage("b", "u", b"2", T0_MS + 6_000),
@@ -132,11 +132,11 @@ def test_an_entry_mixing_new_retried_and_too_late_messages_answers_each_in_order
         NewMessage("c", "t", b"4", too_late_ms),
         NewMessage("b", "u", b"5", T0_MS),
         NewMessage("d", "t", b"6", T0_MS + 7_000)]))
-    assert mixed[0] == Scheduled(mixed[0].handle, T0_MS + 6_000, duplicate=False)
+    assert mixed[0] == Accepted(mixed[0].handle, T0_MS + 6_000, duplicate=False)
     assert mixed[1] == first[0]._replace(duplicate=True)
     assert isinstance(mixed[2], Rejected) and mixed[2].error.field == "deliver_at_ms"
     assert mixed[3] == mixed[0]._replace(duplicate=True)
-    assert mixed[4] == Scheduled(mixed[4].handle, T0_MS + 7_000, duplicate=False)
+    assert mixed[4] == Accepted(mixed[4].handle, T0_MS + 7_000, duplicate=False)
     assert len({first[0].handle, mixed[0].handle, mixed[4].handle}) == 3
     assert state.pending.by_topic() == {"t": 1, "u": 1}  # this entry's (open read no manifest)
     state.close()
@@ -144,7 +144,7 @@ def test_an_entry_mixing_new_retried_and_too_late_messages_answers_each_in_order
 
 def test_the_dedupe_window_forgets_ids_after_its_time(tmp_path: Path) -> None:
     config = StateConfig(dedupe_window_ms=60_000)
-    state = WheelState.open(tmp_path, config, fresh=True)
+    state = StateMachine.open(tmp_path, config, fresh=True)
     state.apply(schedule_command(T0_MS, [NewMessage("a", "t", b"1", T0_MS + 500_000)]))
     later = state.apply(schedule_command(T0_MS + 120_000,
                                          [NewMessage("a", "t", b"1", T0_MS + 500_000)]))
@@ -154,8 +154,8 @@ def test_the_dedupe_window_forgets_ids_after_its_time(tmp_path: Path) -> None:
 
 
 def test_install_cuts_longer_files_and_fetches_missing_tails(tmp_path: Path) -> None:
-    source = WheelState.open(tmp_path / "source", StateConfig(), fresh=True)
-    behind = WheelState.open(tmp_path / "behind", StateConfig(), fresh=True)
+    source = StateMachine.open(tmp_path / "source", StateConfig(), fresh=True)
+    behind = StateMachine.open(tmp_path / "behind", StateConfig(), fresh=True)
     early = schedule_command(T0_MS, [NewMessage(f"m{i}", "t", b"x" * 200, T0_MS + 4_000_000)
                                      for i in range(50)])
     for state in (source, behind):
@@ -180,7 +180,7 @@ def test_install_cuts_longer_files_and_fetches_missing_tails(tmp_path: Path) -> 
     behind.close()
 
 
-def ready_all(state: WheelState, taken: list) -> None:
+def ready_all(state: StateMachine, taken: list) -> None:
     """Apply a handout that readies ``taken`` (no grants)."""
     state.apply(commands.handout(T0_MS, [
         commands.Ready(m.handle, m.slot_second, m.local_index, m.topic, None) for m in taken],
@@ -189,12 +189,12 @@ def ready_all(state: WheelState, taken: list) -> None:
 
 def test_the_cursor_passes_readied_and_cancelled_messages_and_waits_for_a_closed_second(
         tmp_path: Path) -> None:
-    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    state = StateMachine.open(tmp_path, StateConfig(), fresh=True)
     second = T0_MS // 1000
     scheduled = state.apply(schedule_command(T0_MS, [
         NewMessage(f"m{i}", "t", b"x", T0_MS + 100 * i) for i in range(3)]))
     assert state.apply(commands.cancel(T0_MS, [scheduled[1].handle])) == [
-        CancelOutcome.CANCELLED]
+        CancelResult.CANCELLED]
     dispatcher = Dispatcher(DispatchConfig())
     dispatcher.begin(state.wheel, state.readied)
     taken = dispatcher.take(state.wheel, T0_MS + 999)
@@ -218,7 +218,7 @@ def test_the_cursor_passes_readied_and_cancelled_messages_and_waits_for_a_closed
 
 
 def test_a_new_leader_takes_again_exactly_what_no_handout_readied(tmp_path: Path) -> None:
-    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    state = StateMachine.open(tmp_path, StateConfig(), fresh=True)
     second = T0_MS // 1000
     state.apply(schedule_command(T0_MS, [
         NewMessage(f"m{i}", "t", b"x", T0_MS + i) for i in range(8)]))
@@ -245,7 +245,7 @@ def retry_command(stamp_ms: int, retries: list[tuple[int, NewMessage]]) -> bytes
 
 
 def test_a_reschedule_retires_the_original_and_files_its_copy_once(tmp_path: Path) -> None:
-    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    state = StateMachine.open(tmp_path, StateConfig(), fresh=True)
     (original,) = state.apply(schedule_command(T0_MS, [NewMessage("a", "t", b"x", T0_MS)]))
     copy = NewMessage("a", "t", b"x", T0_MS + 10_000, attempt=2)
     (retried,) = state.apply(retry_command(T0_MS + 5, [(original.handle, copy)]))
@@ -274,7 +274,7 @@ def test_a_reschedule_that_frees_a_topic_tag_keeps_every_copy_counted_under_its_
     """Two retries of topic ``a``: the second original takes ``a``'s count to zero and frees
     its tag, which the second copy's topic ``b`` then gets; the first copy, of ``a``, must
     not end up counted as ``b``."""
-    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    state = StateMachine.open(tmp_path, StateConfig(), fresh=True)
     originals = state.apply(schedule_command(T0_MS, [
         NewMessage(f"a{i}", "a", b"x", T0_MS) for i in range(2)]))
     state.apply(retry_command(T0_MS + 5, [
@@ -285,25 +285,25 @@ def test_a_reschedule_that_frees_a_topic_tag_keeps_every_copy_counted_under_its_
 
 
 def test_a_reschedule_refused_at_apply_leaves_the_original_pending(tmp_path: Path) -> None:
-    state = WheelState.open(tmp_path, StateConfig(), fresh=True)
+    state = StateMachine.open(tmp_path, StateConfig(), fresh=True)
     (original,) = state.apply(schedule_command(T0_MS, [NewMessage("a", "t", b"x", T0_MS)]))
     too_far = NewMessage("a", "t", b"x", T0_MS + 400 * 86_400_000, attempt=2)
     (refused,) = state.apply(retry_command(T0_MS, [(original.handle, too_far)]))
     assert isinstance(refused, Rejected)
-    assert state.apply(commands.cancel(T0_MS, [original.handle])) == [CancelOutcome.CANCELLED]
+    assert state.apply(commands.cancel(T0_MS, [original.handle])) == [CancelResult.CANCELLED]
     state.close()
 
 
 def test_pending_counts_follow_schedules_cancels_and_the_cursor_and_come_back_from_a_manifest(
         tmp_path: Path) -> None:
-    state = WheelState.open(tmp_path / "a", StateConfig(max_tracked_topics=2), fresh=True)
+    state = StateMachine.open(tmp_path / "a", StateConfig(max_tracked_topics=2), fresh=True)
     topics = ["a", "b", "a", "c", "b", "a"]  # "c" is over the cap of two tracked topics
     batch = [NewMessage(f"m{i}", t, b"x", T0_MS + 1_000 * (i % 3)) for i, t in enumerate(topics)]
     results = state.apply(schedule_command(T0_MS, batch))
     state.apply(schedule_command(T0_MS, batch[:2]))  # retried ids count once
     assert (state.pending.by_topic(), state.pending.untracked) == ({"a": 3, "b": 2}, 1)
     assert state.apply(commands.cancel(T0_MS, [results[0].handle, results[0].handle])) == [
-        CancelOutcome.CANCELLED, CancelOutcome.ALREADY_CANCELLED]
+        CancelResult.CANCELLED, CancelResult.ALREADY_CANCELLED]
     state.apply(commands.cursor(T0_MS + 1_000, Cursor(T0_MS // 1_000 + 1, 1)))  # m0 m3 m1
     assert (state.pending.by_topic(), state.pending.untracked) == ({"a": 2, "b": 1}, 0)
     manifest = state.manifest()

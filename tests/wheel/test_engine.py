@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tickwheel.wheel import (
-    CancelOutcome,
+    CancelResult,
     CorruptSegment,
     Cursor,
     InvalidMessage,
@@ -138,25 +138,25 @@ def test_cancel_tombstones_once_and_never_returns_the_message(tmp_path: Path) ->
     with Wheel.open(tmp_path) as wheel:
         keep, drop = wheel.schedule([msg("keep", NOW_MS + 10), msg("drop", NOW_MS + 20)],
                                     NOW_MS)
-        assert wheel.cancel(drop) is CancelOutcome.CANCELLED
-        assert wheel.cancel(drop) is CancelOutcome.ALREADY_CANCELLED
+        assert wheel.cancel(drop) is CancelResult.CANCELLED
+        assert wheel.cancel(drop) is CancelResult.ALREADY_CANCELLED
         with pytest.raises(UnknownHandle) as error:
             wheel.cancel(drop + 1_000)
         assert error.value.field == "handle"
     with Wheel.open(tmp_path) as wheel:
         assert [m.id for m in take_all(wheel, NOW_MS + 1_000)] == ["keep"]
         wheel.advance_cursor(Cursor(NOW_MS // 1000 + 1, 0))
-        assert wheel.cancel(keep) is CancelOutcome.NOT_PENDING  # behind the cursor: done
-        assert wheel.cancel(drop) is CancelOutcome.ALREADY_CANCELLED  # its hour is still kept
+        assert wheel.cancel(keep) is CancelResult.NOT_PENDING  # behind the cursor: done
+        assert wheel.cancel(drop) is CancelResult.ALREADY_CANCELLED  # its hour is still kept
         wheel.advance_cursor(Cursor(NOW_MS // 1000 + 2 * 3600, 0))
-        assert wheel.cancel(drop) is CancelOutcome.NOT_PENDING  # its hour is deleted
+        assert wheel.cancel(drop) is CancelResult.NOT_PENDING  # its hour is deleted
 
 
 def test_cancelling_a_message_in_flight_keeps_it_from_being_handed_out_again(
         wheel: Wheel) -> None:
     [handle] = wheel.schedule([msg("a", NOW_MS)], NOW_MS)
     assert [m.id for m in wheel.take_due(NOW_MS, 10)] == ["a"]
-    assert wheel.cancel(handle) is CancelOutcome.CANCELLED
+    assert wheel.cancel(handle) is CancelResult.CANCELLED
     wheel.rewind()
     assert wheel.take_due(NOW_MS, 10) == []
 
@@ -284,8 +284,8 @@ def test_live_tags_until_counts_each_passed_uncancelled_message_once(tmp_path: P
     batch = [msg(f"m{i}", NOW_MS + 1_000 * (i % 2)) for i in range(6)]
     handles = wheel.schedule_records([encode_record(*m) for m in batch],
                                      [m.deliver_at_ms for m in batch], NOW_MS, [1, 2, 3, 1, 2, 3])
-    assert wheel.cancel_tag(handles[2]) == (CancelOutcome.CANCELLED, 3)
-    assert wheel.cancel_tag(handles[2]) == (CancelOutcome.ALREADY_CANCELLED, 0)
+    assert wheel.cancel_tag(handles[2]) == (CancelResult.CANCELLED, 3)
+    assert wheel.cancel_tag(handles[2]) == (CancelResult.ALREADY_CANCELLED, 0)
     assert wheel.live_tags_until(Cursor(second, 2)) == {1: 1}  # m0, m2 (cancelled)
     wheel.advance_cursor(Cursor(second, 2))
     late = wheel.schedule_records([encode_record(*msg("late", 0))], [0], NOW_MS, [7])
@@ -304,7 +304,7 @@ def test_a_batch_across_hours_writes_the_units_pack_unit_makes(tmp_path: Path) -
     with Wheel.open(tmp_path) as wheel:
         handles = wheel.schedule_records(records, due_ms, NOW_MS, tags)
         assert [wheel.cancel_tag(handle) for handle in handles] == [
-            (CancelOutcome.CANCELLED, tag) for tag in tags]
+            (CancelResult.CANCELLED, tag) for tag in tags]
     sizes = [len(record) for record in records]
     # hour 1000 holds m0, m1, m3, m4 (seconds 5, 5, 6, 5); hour 1001 holds m2 (second 1)
     expected = {"00001000": [pack_unit(0, sizes[0], 0, 0, -1, due_ms[0], 5, 11),
@@ -338,7 +338,7 @@ def test_walking_ahead_in_steps_changes_no_count_the_cursor_takes(tmp_path: Path
 
     def cancel(local_index: int) -> None:
         for wheel, filed in zip((walked, direct), handles, strict=True):
-            assert wheel.cancel_tag(filed[local_index])[0] is CancelOutcome.CANCELLED
+            assert wheel.cancel_tag(filed[local_index])[0] is CancelResult.CANCELLED
         tags[local_index] = 0
 
     file(50, 1)

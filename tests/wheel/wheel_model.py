@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from tickwheel.wheel import CancelOutcome
+from tickwheel.wheel import CancelResult
 
 SECONDS_PER_HOUR = 3600
 
@@ -80,16 +80,16 @@ class Model:
         times = [e.due_ms for e in self.pending() if not e.taken]
         return min(times) if times else None
 
-    def cancel(self, handle: int) -> CancelOutcome:
+    def cancel(self, handle: int) -> CancelResult:
         entry = self.entries[handle]
         if (entry.slot // 3600 + 1) * 3600 <= self.cursor[0]:
-            return CancelOutcome.NOT_PENDING  # the hour is deleted with whatever it knew
+            return CancelResult.NOT_PENDING  # the hour is deleted with whatever it knew
         if entry.cancelled:
-            return CancelOutcome.ALREADY_CANCELLED
+            return CancelResult.ALREADY_CANCELLED
         if entry.key < self.cursor:
-            return CancelOutcome.NOT_PENDING
+            return CancelResult.NOT_PENDING
         entry.cancelled = True
-        return CancelOutcome.CANCELLED
+        return CancelResult.CANCELLED
 
     def cursor_limit(self) -> tuple[int, int] | None:
         """The furthest cursor allowed: the first pending message not yet taken."""

@@ -1,0 +1,25 @@
+"""A message handed to a consumer: what the courier, the delivery journal and the metrics share.
+
+Its own module so that the courier (`tickwheel.node.delivery`) can use the journal and the
+metrics while they read its messages, without the three importing one another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tickwheel.replication import Delivery
+
+
+@dataclass(eq=False, slots=True)
+class Sent:
+    """One message on its way to (or at) a consumer: its lease, what the consumer sees."""
+
+    delivery: Delivery
+    receipt: str
+    attempt: int
+    delivered_at_ms: int
+    properties: Mapping[str, str]
+    taken: bool = False
+    """Taken from the outbox by its stream (being written to the consumer, or written)."""
