@@ -8,13 +8,13 @@ above imports these from here, never a module inside; `tests/test_layout.py` che
 """
 
 from tickwheel.node.cli import main
-from tickwheel.node.console import console
 from tickwheel.node.dev_credentials import ADMIN as ADMIN_GRANTS
 from tickwheel.node.dev_credentials import DevCredentials, Grants
 from tickwheel.node.dev_credentials import make as make_dev_credentials
 from tickwheel.node.disk import DEFAULT_RESERVE_BYTES, free_bytes
 from tickwheel.node.rocketmq.signature import secret_key as rocketmq_secret_key
 from tickwheel.node.serve import EXIT_STORAGE
+from tickwheel.node.terminal import console
 
 __all__ = [
     "ADMIN_GRANTS",

@@ -38,7 +38,7 @@ from rich.table import Table
 
 from tickwheel.client import Client, Credentials, Message, TickwheelClientError
 from tickwheel.node import cli_credentials, cli_serve
-from tickwheel.node.console import console
+from tickwheel.node.terminal import console
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from tickwheel.node import dev_credentials
 from tickwheel.node.access import ACCESS_KEY_PATTERN, new_token, token_digest
-from tickwheel.node.console import console
 from tickwheel.node.rocketmq.signature import secret_key
+from tickwheel.node.terminal import console
 
 
 def _certs(args: argparse.Namespace) -> int:

@@ -10,8 +10,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from tickwheel.node import config as node_config
-from tickwheel.node.console import console
 from tickwheel.node.serve import run
+from tickwheel.node.terminal import console
 
 
 def add_parser(serve: argparse.ArgumentParser) -> None:

@@ -9,7 +9,9 @@ its other modules (tests/test_layout.py checks it).
 """
 
 from tickwheel.replication.commands import LeaseRef
+from tickwheel.replication.config import ReplicaConfig
 from tickwheel.replication.dispatcher import Delivery, DispatchConfig, Expired
+from tickwheel.replication.exits import STORAGE_EXIT_CODE
 from tickwheel.replication.groups import DEFAULT_GROUP, DURABLE, STREAM, GroupSummary
 from tickwheel.replication.handles import HandleCipher
 from tickwheel.replication.handout import (
@@ -18,8 +20,9 @@ from tickwheel.replication.handout import (
     decode_receipt,
     encode_receipt,
 )
-from tickwheel.replication.replica import STORAGE_EXIT_CODE, Replica, ReplicaConfig, ReplicaStatus
-from tickwheel.replication.state import Accepted, MoveOutcome, Rejected, Retried, StateConfig
+from tickwheel.replication.outcomes import Accepted, MoveOutcome, Rejected, Retried
+from tickwheel.replication.replica import Replica, ReplicaStatus
+from tickwheel.replication.state import StateConfig
 
 __all__ = [
     "DEFAULT_GROUP",

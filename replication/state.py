@@ -2,9 +2,8 @@
 
 Every replica applies the same commands in the same order and so holds byte-identical files.
 All its state is append-only files plus a cursor and a stamp, which is what makes snapshots
-cheap: a `Manifest` lists each file's *length*, never its bytes. Restoring a manifest cuts every
-file back to its listed length (a restart: the journal replays what came after) or fetches the
-missing tail of each file from a peer (a follower that fell behind the log, or was wiped).
+cheap: a `Manifest` lists each file's *length*, never its bytes (`state_files`). What each
+command answers is in `outcomes`.
 
 Single-threaded: the Raft thread owns it (applies, snapshots, installs).
 """
@@ -12,15 +11,13 @@ Single-threaded: the Raft thread owns it (applies, snapshots, installs).
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 from functools import partial
 from itertools import repeat
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 from tickwheel.common.errors import (
     CorruptSegment,
@@ -34,13 +31,19 @@ from tickwheel.replication import commands
 from tickwheel.replication.commands import Kind, LeaseOp
 from tickwheel.replication.dedupe import DedupeWindow
 from tickwheel.replication.groups import Groups
-from tickwheel.replication.groups import Snapshot as GroupsSnapshot
+from tickwheel.replication.outcomes import Accepted, Moved, MoveOutcome, Rejected, Retried
 from tickwheel.replication.pending import PendingCounts
-from tickwheel.replication.pending import Snapshot as PendingSnapshot
+from tickwheel.replication.state_files import (
+    DEDUPE,
+    WHEEL,
+    Fetch,
+    Manifest,
+    copies_under,
+    restore_files,
+)
 from tickwheel.wheel import CancelResult, Cursor, DueMessage, Wheel
 from tickwheel.wheel.format import SECONDS_PER_HOUR, encode_record, record_topics
 from tickwheel.wheel.mending import CopySource, MendCounts, Unmended
-from tickwheel.wheel.segment import APPEND_ONLY_FILES
 from tickwheel.wheel.types import WheelConfig
 from tickwheel.wheel.window import GLOBAL_INDEX_BITS
 
@@ -50,14 +53,9 @@ _Copy = TypeVar("_Copy", commands.LeasedRetry, commands.RetryRecord)
 
 log = logging.getLogger("tickwheel.replication.state")
 
-_WHEEL = "wheel"
-_DEDUPE = "dedupe"
-FETCH_CHUNK_BYTES = 4 << 20
 PASSED_HOURS = 2
 """How many hours behind the cursor a rescheduled message's handles are remembered."""
 
-Fetch = Callable[[str, int, int], bytes]
-"""``fetch(path, offset, size)``: bytes ``[offset, offset + size)`` of a state file, from a peer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,67 +77,6 @@ class StateConfig:
     """Rescheduled messages whose handles are remembered (while the hour of the handle, or
     of the message's new due time, is ahead of the cursor); beyond it a reschedule of a
     message not moved before is refused (``RESOURCE_EXHAUSTED``)."""
-
-
-class Accepted(NamedTuple):
-    """What scheduling one message returned. ``duplicate``: its id was seen in the window, and
-    these are the first scheduling's handle and the message's due time now (a reschedule
-    moves it)."""
-
-    handle: int
-    deliver_at_ms: int
-    duplicate: bool
-
-
-class Retried(NamedTuple):
-    """What rescheduling one delivered message returned: the retry copy's handle and due time,
-    or ``handle`` None when the message it replaces was already retired (rescheduled before,
-    cancelled, or done): then nothing was filed."""
-
-    handle: int | None
-    deliver_at_ms: int
-
-
-class Rejected(NamedTuple):
-    """A message or handle refused at apply time (the same on every replica)."""
-
-    error: InvalidMessage | UnknownHandle | Overloaded | PermissionDenied
-
-
-class MoveOutcome(IntEnum):
-    """What rescheduling one message did (the values of the proto's ``RescheduleOutcome``)."""
-
-    RESCHEDULED = 1
-    """It was pending and is now due at the new time (also when it already was: a repeat)."""
-    CANCELLED = 2
-    """It had been cancelled: nothing to move."""
-    NOT_PENDING = 3
-    """Done: delivered and acked, or its hour has passed."""
-    HANDED_OUT = 4
-    """Too late: a consumer group had it already; it stays where it was."""
-
-
-class Moved(NamedTuple):
-    """What rescheduling one message returned: the outcome and the message's due time now
-    (the new one when ``RESCHEDULED``; the old one when ``HANDED_OUT``; else 0)."""
-
-    outcome: MoveOutcome
-    deliver_at_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class Manifest:
-    """A snapshot: the lengths of every state file, the cursor, the stamp, the pending
-    counts, the consumer groups and the positions readied past the cursor."""
-
-    cursor: Cursor
-    stamp_ms: int
-    files: dict[str, int]
-    pending: PendingSnapshot
-    groups: GroupsSnapshot = (1, [], {})
-    readied: dict[int, set[int]] = field(default_factory=dict)
-    handle_key: bytes | None = None
-    moves: dict[int, int] = field(default_factory=dict)
 
 
 class StateMachine:
@@ -585,9 +522,9 @@ class StateMachine:
 
     def manifest(self) -> Manifest:
         """Flush everything and list it. Cost: one ``stat`` per file, never the data."""
-        files = {f"{_WHEEL}/{path}": size
+        files = {f"{WHEEL}/{path}": size
                  for path, size in self.wheel.files(self.groups.oldest_hour()).items()}
-        files.update({f"{_DEDUPE}/{path}": size for path, size in self.dedupe.files().items()})
+        files.update({f"{DEDUPE}/{path}": size for path, size in self.dedupe.files().items()})
         return Manifest(self.wheel.cursor, self.wheel.stamp_ms, files, self.pending.snapshot(),
                         self.groups.snapshot(),
                         {second: set(indexes) for second, indexes in self.readied.items()},
@@ -601,10 +538,10 @@ class StateMachine:
         if self._last_manifest is not None:
             named |= set(self._last_manifest.files)
         for hour in self.wheel.passed_hours():
-            if not any(path.startswith(f"{_WHEEL}/hours/{hour:08d}/") for path in named):
+            if not any(path.startswith(f"{WHEEL}/hours/{hour:08d}/") for path in named):
                 self.wheel.delete_hour(hour)
         for name in self.dedupe.forgotten_files():
-            if f"{_DEDUPE}/{name}" not in named:
+            if f"{DEDUPE}/{name}" not in named:
                 self.dedupe.delete_file(name)
         self._last_manifest = manifest
 
@@ -612,13 +549,7 @@ class StateMachine:
         """Make the files exactly those of ``manifest``: cut what is longer, delete what it
         does not name, fetch from a peer what is missing; then reopen."""
         self.close()
-        fetched = 0
-        for path in _state_files(self._root):
-            if path not in manifest.files:
-                (self._root / path).unlink()
-        _remove_empty_hour_dirs(self._root / _WHEEL / "hours")
-        for path, size in manifest.files.items():
-            fetched += _restore_file(self._root / path, path, size, fetch)
+        fetched = restore_files(self._root, manifest.files, fetch)
         self.wheel, self.dedupe = self._open_files()
         self.wheel.reset_to(manifest.cursor, manifest.stamp_ms)
         self.pending.restore(manifest.pending)
@@ -635,18 +566,12 @@ class StateMachine:
         self.dedupe.close()
 
     def _open_files(self) -> tuple[Wheel, DedupeWindow]:
-        wheel_copies = None if self._copies is None else partial(_copies_under, self._copies,
-                                                                 _WHEEL)
-        return (Wheel.open(self._root / _WHEEL, self._config.wheel, replicated=True,
+        wheel_copies = None if self._copies is None else partial(copies_under, self._copies,
+                                                                 WHEEL)
+        return (Wheel.open(self._root / WHEEL, self._config.wheel, replicated=True,
                            copies=wheel_copies, mend_counts=self.mended),
-                DedupeWindow.open(self._root / _DEDUPE, self._config.dedupe_window_ms,
+                DedupeWindow.open(self._root / DEDUPE, self._config.dedupe_window_ms,
                                   self._config.max_dedupe_ids))
-
-
-def _copies_under(copies: CopySource, folder: str, path: str, offset: int, size: int
-                  ) -> Iterable[bytes | None]:
-    """``copies`` of ``path`` relative to ``folder`` (the wheel's paths are its own)."""
-    return copies(f"{folder}/{path}", offset, size)
 
 
 def _filled(result: Accepted | Rejected | bytes | None,
@@ -659,42 +584,3 @@ def _filled(result: Accepted | Rejected | bytes | None,
         return first._replace(duplicate=True)
     invariant(result is not None, "a schedule result was never filled in")
     return result
-
-
-def _state_files(root: Path) -> list[str]:
-    """Every append-only state file under ``root``, relative to it."""
-    found = []
-    for directory, _, names in os.walk(root):
-        relative = Path(directory).relative_to(root)
-        for name in names:
-            if name in APPEND_ONLY_FILES or (
-                    relative.parts[:1] == (_DEDUPE,) and name.isdigit()):
-                found.append(str(relative / name))
-    return found
-
-
-def _remove_empty_hour_dirs(hours: Path) -> None:
-    if not hours.exists():
-        return
-    for hour in os.listdir(hours):
-        files = set(os.listdir(hours / hour))
-        if not files - {"heads"}:
-            shutil.rmtree(hours / hour)
-
-
-def _restore_file(path: Path, name: str, size: int, fetch: Fetch) -> int:
-    """Cut ``path`` to ``size`` or append the bytes it lacks from ``fetch``; bytes fetched."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as file:
-        have = start = file.seek(0, os.SEEK_END)
-        if have >= size:
-            file.truncate(size)
-            return 0
-        while have < size:
-            chunk = fetch(name, have, min(FETCH_CHUNK_BYTES, size - have))
-            invariant(len(chunk) > 0, f"peer returned nothing for {name} at {have}")
-            file.write(chunk)
-            have += len(chunk)
-        invariant(have == size, f"{name}: fetched to {have}, wanted {size}")
-    return size - start
-

@@ -32,14 +32,16 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from tickwheel.replication import commands
+from tickwheel.replication.config import ReplicaConfig
 from tickwheel.replication.dispatcher import Delivery, Expired
 from tickwheel.replication.groups import DEFAULT_GROUP, STREAM
 from tickwheel.replication.handout import ConsumerSlot
+from tickwheel.replication.outcomes import Accepted, Moved, MoveOutcome
 from tickwheel.replication.raft import OnResult, RaftConfig, RaftStatus, Role
-from tickwheel.replication.replica import Replica, ReplicaConfig
-from tickwheel.replication.state import Accepted, Moved, MoveOutcome
+from tickwheel.replication.replica import Replica
 from tickwheel.wheel import CancelResult, Cursor, NewMessage
 
 EPOCH_MS = 1_800_000_000_000
@@ -320,9 +322,9 @@ class Run:
         peers = [a for a in self.addresses if a != address]
         sink = RecordingSink(self, address)
         replica = Replica(address, peers, data, sink, fetch=self._fetch,
-                          clock=self.clocks[address], config=ReplicaConfig(), raft=raft)
+                          clock=self.clocks[address], config=ReplicaConfig(), raft=raft,
+                          die=_raise_died)
         sink.replica = replica
-        replica._die = _raise_died  # exit 70 would end the simulation; the node is restarted
         return replica
 
     def _fetch(self, peers: list[str], path: str, offset: int, size: int) -> bytes:
@@ -596,11 +598,12 @@ class Run:
 
 
 class NodeDied(Exception):
-    """A replica called its ``_die`` (a real node exits with 70 and is restarted)."""
+    """A replica called its ``die`` (a real node exits with 70 and is restarted)."""
 
 
-def _raise_died(reason: str) -> None:
-    raise NodeDied(reason)
+def _raise_died(address: str, reason: str, code: int) -> NoReturn:
+    """Exit 70 (or 3, 74) would end the simulation; the node is crashed and restarted."""
+    raise NodeDied(f"{address} exit {code}: {reason}")
 
 
 def _kill(replica: Replica) -> None:

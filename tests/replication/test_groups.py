@@ -20,15 +20,8 @@ from tickwheel.replication.handout import (
     decode_receipt,
     encode_receipt,
 )
-from tickwheel.replication.state import (
-    Accepted,
-    Moved,
-    MoveOutcome,
-    Rejected,
-    Retried,
-    StateConfig,
-    StateMachine,
-)
+from tickwheel.replication.outcomes import Accepted, Moved, MoveOutcome, Rejected, Retried
+from tickwheel.replication.state import StateConfig, StateMachine
 from tickwheel.wheel import CancelResult, Cursor, DueMessage, NewMessage
 
 T0_MS = 1_800_000_000_000

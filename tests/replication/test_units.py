@@ -11,7 +11,8 @@ from tickwheel.common.errors import InvariantViolation, NotLeader
 from tickwheel.replication import commands
 from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import GroupCommitter
-from tickwheel.replication.state import Accepted, Rejected, Retried, StateConfig, StateMachine
+from tickwheel.replication.outcomes import Accepted, Rejected, Retried
+from tickwheel.replication.state import StateConfig, StateMachine
 from tickwheel.wheel import CancelResult, Cursor, NewMessage
 
 T0_MS = 1_800_000_000_000

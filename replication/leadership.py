@@ -1,0 +1,212 @@
+"""What a replica does while it leads: the barrier, dispatch under the lease, the cursor.
+
+A new leader proposes a *barrier* (a cursor command that moves nothing); once it is applied,
+every entry of earlier terms is applied too, and dispatch starts from the replicated cursor.
+While the Raft lease holds, each step takes what comes due by ``now + lead_ms`` from the wheel
+and proposes one *handout*: those messages readied for their consumer groups, and leases
+granted to consumers with credits (`tickwheel.replication.handout`); once it is applied, the
+granted messages go to the sink. Leases whose deadline passed go to the sink to be retried.
+Every ``cursor_sync_ms`` the cursor is proposed if it moved. A node that stops leading ends
+dispatch at once, and every request and proposal still waiting fails with `NotLeader`.
+
+Single-threaded (the Raft thread), but for `may_deliver`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from tickwheel.common.clock import Clock
+from tickwheel.common.errors import CorruptSegment, NotLeader, UnknownHandle
+from tickwheel.replication import commands
+from tickwheel.replication.commands import HANDLE_KEY_BYTES
+from tickwheel.replication.config import ReplicaConfig
+from tickwheel.replication.dispatcher import DeliverySink, Dispatcher
+from tickwheel.replication.handout import Planner
+from tickwheel.replication.proposals import Applied, Proposals
+from tickwheel.replication.raft import RaftPort
+from tickwheel.replication.requests import Requests
+from tickwheel.replication.state import StateMachine
+from tickwheel.wheel import Cursor, DueMessage
+
+log = logging.getLogger("tickwheel.replication")
+
+DAMAGE_RETRY_S = 1.0
+"""How long the dispatch waits before asking again for a copy of damaged bytes it holds at."""
+
+
+class Leadership:
+    def __init__(self, config: ReplicaConfig, raft: RaftPort, state: StateMachine,
+                 clock: Clock, sink: DeliverySink, proposals: Proposals, requests: Requests,
+                 leader_hint: Callable[[], str | None]) -> None:
+        self._config = config
+        self._raft = raft
+        self._state = state
+        self._clock = clock
+        self._sink = sink
+        self._proposals = proposals
+        self._requests = requests
+        self._leader_hint = leader_hint
+        self.dispatcher = Dispatcher(config.dispatch)
+        self.term: int | None = None
+        """The term this node leads in; None while it does not lead."""
+        self.planner: Planner | None = None
+        self._lease_until_s = 0.0
+        self._proposed_cursor: Cursor | None = None
+        self._last_cursor_sync = 0.0
+        self._next_dispatch_s = 0.0
+
+    def may_deliver(self) -> bool:
+        """Whether this node still holds its lease (any thread)."""
+        return self._clock.monotonic_s() < self._lease_until_s
+
+    def follow(self, now_ms: int) -> None:
+        """Notice a leadership won or lost since the last turn."""
+        leading = self._raft.is_leader()
+        term = self._raft.term()
+        if self.term is not None and (not leading or term != self.term):
+            self.end()
+        if leading and self.term is None:
+            self.term = term
+            self._proposed_cursor = None
+            self.planner = Planner(self._config.dispatch, 0)
+            key = os.urandom(HANDLE_KEY_BYTES) if self._state.handle_key is None else None
+            barrier = commands.barrier(now_ms, self._state.cursor, key)
+            self._proposals.propose(barrier, self._barrier_applied(term))
+            log.info("event=leadership_won term=%d cursor_second=%d cursor_local_index=%d",
+                     term, *self._state.cursor)
+
+    def end(self) -> None:
+        log.info("event=leadership_lost term=%s dispatched_epoch=%d", self.term,
+                 self.dispatcher.epoch)
+        self.term = None
+        self._lease_until_s = 0.0
+        self._sink.dispatch_stopped(self.dispatcher.epoch)
+        self.dispatcher.end()
+        self.planner = None
+        error = NotLeader(self._leader_hint())
+        self._requests.fail_all(error)
+        self._proposals.fail_all(error)
+
+    def step(self, now_ms: int) -> float:
+        """Dispatch what comes due, under the lease; returns how long the poller may sleep."""
+        self._lease_until_s = self._raft.lease_until_s(self._config.raft.lease_ms)
+        if not self.dispatcher.active or self._clock.monotonic_s() >= self._lease_until_s:
+            return self._config.raft.heartbeat_ms / 1000
+        lead_until_ms = now_ms + self._config.dispatch.lead_ms
+        taken = self._take_due(lead_until_ms)
+        self._hand_out(taken, now_ms, lead_until_ms)
+        self._sync_cursor(now_ms)
+        return self._sleep_s(now_ms, len(taken))
+
+    def _barrier_applied(self, term: int) -> Applied:
+        future: Applied = Future()
+
+        def start_dispatch(done: Applied) -> None:
+            if done.exception() is None and self.term == term:
+                takeover_ms = self._clock.now_ms()
+                self.dispatcher.begin(self._state.wheel, self._state.readied)
+                planner = self.planner
+                if planner is not None:
+                    planner.epoch = self.dispatcher.epoch
+                    for group in self._state.groups:
+                        for handle, lease in group.leases.items():
+                            planner.watch(lease.deadline_ms, group.id, handle, lease.seq)
+                self._sink.dispatch_started(term, self.dispatcher.epoch, self._state.cursor,
+                                            takeover_ms)
+                log.info("event=dispatch_started term=%d takeover_ms=%d cursor_second=%d "
+                         "cursor_local_index=%d readied_past_cursor=%d", term, takeover_ms,
+                         *self._state.cursor, self._state.readied_past_cursor)
+        future.add_done_callback(start_dispatch)
+        return future
+
+    def _hand_out(self, taken: list[DueMessage], now_ms: int, lead_until_ms: int) -> None:
+        """Propose one handout of what comes due by ``lead_until_ms`` and the leases to grant;
+        once it is applied, the sink gets the granted messages (to send each at its due
+        time). Expired leases go to the sink too."""
+        planner = self.planner
+        if planner is None:
+            return
+        groups = self._state.groups
+        plan = planner.plan(groups, taken, now_ms, lead_until_ms, self._read)
+        if plan.ready or plan.grants:
+            future: Applied = Future()
+            epoch = self.dispatcher.epoch
+
+            def applied(done: Applied) -> None:
+                if self.dispatcher.epoch != epoch or self.planner is not planner:
+                    return
+                self.dispatcher.unapplied -= len(plan.ready)
+                if done.exception() is not None:
+                    planner.failed(plan)
+                    return
+                deliveries = planner.granted(plan, done.result(), groups)
+                if deliveries:
+                    self._sink.deliver(deliveries)
+            future.add_done_callback(applied)
+            self._proposals.propose(commands.handout(now_ms, plan.ready, plan.grants), future)
+        expired = planner.expired(groups, now_ms, self._read)
+        if expired:
+            self._sink.expired(expired)
+
+    def _read(self, handle: int) -> DueMessage | None:
+        """A ready message's body, from the wheel (None, logged, if it cannot be read)."""
+        try:
+            return self._state.wheel.read(handle)[0]
+        except (UnknownHandle, CorruptSegment) as error:
+            log.error("event=ready_message_unreadable handle=%d error=%r", handle, str(error))
+            return None
+
+    def _take_due(self, until_ms: int) -> list[DueMessage]:
+        """Messages due by ``until_ms``, at most once per ``dispatch_interval_ms`` unless a
+        backlog fills whole steps."""
+        now_s = self._clock.monotonic_s()
+        if now_s < self._next_dispatch_s:
+            return []
+        deliveries = self.dispatcher.take(self._state.wheel, until_ms)
+        if self._state.wheel.damage_held is not None:
+            self._next_dispatch_s = now_s + DAMAGE_RETRY_S  # nothing passes it meanwhile
+        elif deliveries and len(deliveries) < self._config.dispatch.max_take_msgs:
+            self._next_dispatch_s = now_s + self._config.dispatch_interval_ms / 1000
+        return deliveries
+
+    def _sync_cursor(self, now_ms: int) -> None:
+        now_s = self._clock.monotonic_s()
+        if now_s - self._last_cursor_sync < self._config.cursor_sync_ms / 1000:
+            return
+        cursor, stamp_only = self.dispatcher.next_cursor(self._state.wheel,
+                                                         self._state.readied, now_ms)
+        floor = max(self._state.cursor, self._proposed_cursor or self._state.cursor)
+        if cursor > floor or (stamp_only and self._proposed_cursor is None):
+            self._last_cursor_sync = now_s
+            self._proposed_cursor = cursor
+            self._proposals.propose(commands.cursor(now_ms, cursor), self._cursor_applied())
+
+    def _cursor_applied(self) -> Applied:
+        future: Applied = Future()
+
+        def clear(_: Applied) -> None:
+            if self._proposed_cursor is not None and self._proposed_cursor <= self._state.cursor:
+                self._proposed_cursor = None
+        future.add_done_callback(clear)
+        return future
+
+    def _sleep_s(self, now_ms: int, delivered: int) -> float:
+        dispatch = self._config.dispatch
+        if (delivered >= dispatch.max_take_msgs
+                and self.dispatcher.unapplied < dispatch.max_unapplied_msgs):
+            return 0.0  # a backlog: take the next step at once
+        wait_s = self._config.cursor_sync_ms / 1000
+        due_ms = self._state.wheel.next_due_ms()
+        if due_ms is not None:
+            due_ms -= dispatch.lead_ms
+        if self.planner is not None:
+            deadline_ms = self.planner.next_deadline_ms()
+            if deadline_ms is not None:
+                due_ms = deadline_ms if due_ms is None else min(due_ms, deadline_ms)
+        if due_ms is not None:
+            wait_s = min(wait_s, max(0, due_ms - now_ms) / 1000)
+        return max(wait_s, self._next_dispatch_s - self._clock.monotonic_s())

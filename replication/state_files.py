@@ -1,0 +1,100 @@
+"""The state's files on disk, and what a snapshot says of them.
+
+Every state file is append-only, so a `Manifest` lists each file's *length*, never its bytes.
+Restoring one cuts every file back to its listed length (a restart: the journal replays what
+came after), deletes what it does not name, and fetches the missing tail of each file from a
+peer (a follower that fell behind the log, or was wiped).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tickwheel.common.errors import invariant
+from tickwheel.replication.groups import Snapshot as GroupsSnapshot
+from tickwheel.replication.pending import Snapshot as PendingSnapshot
+from tickwheel.wheel import Cursor
+from tickwheel.wheel.mending import CopySource
+from tickwheel.wheel.segment import APPEND_ONLY_FILES
+
+WHEEL = "wheel"
+DEDUPE = "dedupe"
+"""The folders of the wheel's and the dedupe window's files, under the state's root."""
+FETCH_CHUNK_BYTES = 4 << 20
+
+Fetch = Callable[[str, int, int], bytes]
+"""``fetch(path, offset, size)``: bytes ``[offset, offset + size)`` of a state file, from a peer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A snapshot: the lengths of every state file, the cursor, the stamp, the pending
+    counts, the consumer groups and the positions readied past the cursor."""
+
+    cursor: Cursor
+    stamp_ms: int
+    files: dict[str, int]
+    pending: PendingSnapshot
+    groups: GroupsSnapshot = (1, [], {})
+    readied: dict[int, set[int]] = field(default_factory=dict)
+    handle_key: bytes | None = None
+    moves: dict[int, int] = field(default_factory=dict)
+
+
+def restore_files(root: Path, files: dict[str, int], fetch: Fetch) -> int:
+    """Make the files under ``root`` exactly ``files``: cut what is longer, delete what it
+    does not name, fetch what is missing. Returns the bytes fetched."""
+    for path in _state_files(root):
+        if path not in files:
+            (root / path).unlink()
+    _remove_empty_hour_dirs(root / WHEEL / "hours")
+    return sum(_restore_file(root / path, path, size, fetch) for path, size in files.items())
+
+
+def copies_under(copies: CopySource, folder: str, path: str, offset: int, size: int
+                  ) -> Iterable[bytes | None]:
+    """``copies`` of ``path`` relative to ``folder`` (the wheel's paths are its own)."""
+    return copies(f"{folder}/{path}", offset, size)
+
+
+def _state_files(root: Path) -> list[str]:
+    """Every append-only state file under ``root``, relative to it."""
+    found = []
+    for directory, _, names in os.walk(root):
+        relative = Path(directory).relative_to(root)
+        for name in names:
+            if name in APPEND_ONLY_FILES or (
+                    relative.parts[:1] == (DEDUPE,) and name.isdigit()):
+                found.append(str(relative / name))
+    return found
+
+
+def _remove_empty_hour_dirs(hours: Path) -> None:
+    if not hours.exists():
+        return
+    for hour in os.listdir(hours):
+        files = set(os.listdir(hours / hour))
+        if not files - {"heads"}:
+            shutil.rmtree(hours / hour)
+
+
+def _restore_file(path: Path, name: str, size: int, fetch: Fetch) -> int:
+    """Cut ``path`` to ``size`` or append the bytes it lacks from ``fetch``; bytes fetched."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as file:
+        have = start = file.seek(0, os.SEEK_END)
+        if have >= size:
+            file.truncate(size)
+            return 0
+        while have < size:
+            chunk = fetch(name, have, min(FETCH_CHUNK_BYTES, size - have))
+            invariant(len(chunk) > 0, f"peer returned nothing for {name} at {have}")
+            file.write(chunk)
+            have += len(chunk)
+        invariant(have == size, f"{name}: fetched to {have}, wanted {size}")
+    return size - start
+
