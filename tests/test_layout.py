@@ -104,3 +104,18 @@ def test_no_modules_import_each_other() -> None:
                     seen.add(name)
                     stack.append((name, [*trail, name]))
     assert circles == []
+
+
+def test_the_node_face_loads_only_what_is_asked_for() -> None:
+    """A benchmark's RocketMQ consumer runs the official client, whose protos clash with the
+    node's copy in one process: taking the dev credentials from the node's face must not load
+    the server (it did, once the face imported its names eagerly). Every name resolves."""
+    code = ("import sys\nimport tickwheel.node as face\n"
+            "from tickwheel.harness import local_cluster\n"
+            "face.make_dev_credentials, face.rocketmq_secret_key\n"
+            "print(sorted(m for m in ('tickwheel.node.server', 'tickwheel.rocketmq.v2.service_pb2')"
+            " if m in sys.modules))\n"
+            "print(all(getattr(face, name) is not None for name in face.__all__))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    assert out[:2] == ["[]", "True"]
