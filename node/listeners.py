@@ -15,17 +15,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tickwheel.common.errors import Unauthenticated, invariant
+from tickwheel.node.context import NodeContext
 from tickwheel.node.disk import DiskWatch
 from tickwheel.node.forward import CHANNEL_OPTIONS
 from tickwheel.node.identity import ClientCallers, PeerCallers
 from tickwheel.node.rocketmq.service import MessagingService, add_messaging_service
 from tickwheel.node.rocketmq.signature import Signatures
-from tickwheel.node.server import (
-    SERVICE_NAME,
-    NodeContext,
-    TickwheelService,
-    add_tickwheel_service,
-)
+from tickwheel.node.server import SERVICE_NAME, TickwheelService, add_tickwheel_service
 from tickwheel.replication import Replica
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc

@@ -22,6 +22,7 @@ from tickwheel.common.clock import SystemClock
 from tickwheel.common.errors import StorageIncomplete, StorageLocked, invariant
 from tickwheel.node.access import AccessFile
 from tickwheel.node.config import NodeSettings
+from tickwheel.node.context import NodeContext
 from tickwheel.node.delivery import Courier, CourierConfig
 from tickwheel.node.disk import DiskWatch, poll_peers
 from tickwheel.node.forward import Forwarder
@@ -30,12 +31,13 @@ from tickwheel.node.identity import (
     PeerCallers,
     ServerCertificates,
 )
+from tickwheel.node.info import cursor_lag_ms
 from tickwheel.node.journal import DeliveryJournal
 from tickwheel.node.listeners import Listeners, start_server
 from tickwheel.node.metrics import Metrics
 from tickwheel.node.peers import PeerFiles
 from tickwheel.node.rocketmq.signature import Signatures
-from tickwheel.node.server import SERVICE_NAME, NodeContext, cursor_lag_ms
+from tickwheel.node.server import SERVICE_NAME
 from tickwheel.node.unary import UnaryConsumers
 from tickwheel.replication import STORAGE_EXIT_CODE, Replica
 

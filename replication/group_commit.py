@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
+from typing import Any
 
 from tickwheel.common.errors import Overloaded
 from tickwheel.replication import commands
@@ -32,7 +33,7 @@ from tickwheel.replication import commands
 @dataclass(eq=False, slots=True)
 class _Request:
     parts: list[bytes]
-    future: Future
+    future: Future[Any]
     results: list[object] = field(default_factory=list)
     missing: int = 0
     failed: bool = False
@@ -78,11 +79,11 @@ class GroupCommitter:
     def queued_msgs(self) -> int:
         return self._queued_msgs
 
-    def submit(self, parts: list[bytes]) -> Future:
+    def submit(self, parts: list[bytes]) -> Future[Any]:
         """Queue one request of `commands.encoded_message` (or `commands.encoded_retry`) parts;
         its future gets the results.
         Raises `Overloaded` when ``max_queued_msgs`` are already waiting."""
-        future: Future = Future()
+        future: Future[Any] = Future()
         if not parts:
             future.set_result([])
             return future
@@ -129,7 +130,7 @@ class GroupCommitter:
             resolve(request.future, error=error)
 
 
-def resolve(future: Future, result: object = None, error: BaseException | None = None) -> None:
+def resolve(future: Future[Any], result: object = None, error: BaseException | None = None) -> None:
     """Give ``future`` its result or error, unless its caller gave up on it: a gRPC call that
     is cancelled cancels the future it awaits, from the event loop's thread, at any moment."""
     with contextlib.suppress(InvalidStateError):

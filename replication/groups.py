@@ -36,7 +36,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from tickwheel.common.errors import invariant
 from tickwheel.replication.commands import LeaseRef
@@ -51,7 +51,7 @@ DURABLE: Final = 1
 DEFAULT_GROUP: Final = ""
 """The group of consumers that name none, and of a topic's messages before any group exists."""
 
-Snapshot = tuple[int, list[tuple], dict[int, list]]
+Snapshot = tuple[int, list[tuple[Any, ...]], dict[int, list[Any]]]
 """``(next_id, [group as plain values], fan-out)``: for the snapshot file."""
 
 
@@ -93,7 +93,7 @@ class Groups:
         self._by_key: dict[tuple[str, str], Group] = {}
         self._by_id: dict[int, Group] = {}
         self._by_topic: dict[str, list[Group]] = {}
-        self._fanout: dict[int, list] = {}
+        self._fanout: dict[int, list[Any]] = {}
         """handle -> [groups still holding it, whether any leased it], for a message readied
         into more than one group: a cancel must know whether any of them handed it out."""
         self._next_id = 1

@@ -23,7 +23,7 @@ import heapq
 from collections import Counter
 from typing import Final
 
-from tickwheel.common.errors import invariant
+from tickwheel.common.errors import InvariantViolation, invariant
 
 UNTRACKED_TAG: Final = 0
 MAX_TAG: Final = 0xFFFF
@@ -82,7 +82,8 @@ class PendingCounts:
                 invariant(self.untracked >= 0, f"untracked pending fell to {self.untracked}")
                 continue
             topic = self._topics.get(tag)
-            invariant(topic is not None, f"pending count of unknown tag {tag}")
+            if topic is None:
+                raise InvariantViolation(f"pending count of unknown tag {tag}")
             left = self._counts[topic] - removed
             invariant(left >= 0, f"pending count of topic {topic!r} fell to {left}")
             if left:

@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from tickwheel.common.clock import Clock, SystemClock
 from tickwheel.common.errors import NotLeader, Retryable, TickwheelError
@@ -38,7 +38,7 @@ from tickwheel.replication.groups import Groups, GroupSummary
 from tickwheel.replication.handles import HandleCipher
 from tickwheel.replication.handout import ConsumerSlot
 from tickwheel.replication.leadership import Leadership
-from tickwheel.replication.proposals import Proposals
+from tickwheel.replication.proposals import Applied, Proposals
 from tickwheel.replication.raft import DISK_FULL, RaftNode, RaftPort
 from tickwheel.replication.requests import Requests
 from tickwheel.replication.snapshots import (
@@ -146,14 +146,14 @@ class Replica:
         self._state.close()
         log.info("event=replica_stopped address=%s", self.address)
 
-    def schedule(self, messages: Sequence[NewMessage]) -> Future:
+    def schedule(self, messages: Sequence[NewMessage]) -> Applied:
         """Queue ``messages`` for the next entry; the future gets one `Accepted` or `Rejected`
         per message, in order. Raises `NotLeader` on a follower, `Overloaded` when full."""
         self._require_leader()
         self._state.wheel.check_delays([m.deliver_at_ms for m in messages], self._clock.now_ms())
         return self._requests.schedules.submit([commands.encoded_message(m) for m in messages])
 
-    def retry(self, retries: Sequence[tuple[LeaseRef, NewMessage]]) -> Future:
+    def retry(self, retries: Sequence[tuple[LeaseRef, NewMessage]]) -> Applied:
         """For each ``(lease, copy)``: resolve the leased message and file ``copy`` (same id,
         new due time and attempt, maybe another topic) in one replicated command. The future
         gets one `Retried` or `Rejected` per item, in order; ``Retried(None, ...)`` when the
@@ -164,7 +164,7 @@ class Replica:
                                      for lease, copy in retries])
 
     def cancel(self, handles: Sequence[int],
-               may: Callable[[str], bool] | None = None) -> Future:
+               may: Callable[[str], bool] | None = None) -> Applied:
         """The future gets a `CancelResult` per handle, or one `Rejected` (naming
         ``handles[i]``) when a handle was never issued, or names a message of a topic ``may``
         refuses: then nothing was cancelled."""
@@ -173,7 +173,7 @@ class Replica:
                                handles, "handles[{}]", may)
 
     def reschedule(self, moves: Sequence[tuple[int, int]],
-                   may: Callable[[str], bool] | None = None) -> Future:
+                   may: Callable[[str], bool] | None = None) -> Applied:
         """Move pending messages: ``(handle, deliver_at_ms)`` each. The future gets a `Moved`
         per move, or one `Rejected` (naming ``moves[i]``; also when ``may`` refuses a
         message's topic): then nothing moved."""
@@ -182,7 +182,7 @@ class Replica:
                                [handle for handle, _ in moves], "moves[{}].handle", may)
 
     def _handle_op(self, command: Callable[[int], bytes], handles: list[int], field: str,
-                   may: Callable[[str], bool] | None) -> Future:
+                   may: Callable[[str], bool] | None) -> Applied:
         """Queue a cancel or a reschedule, made into its command (given the stamp) when the
         Raft thread proposes it. With ``may``, the Raft thread first reads the topic of each
         handle's message (a handle does not carry it; a message never changes topic, so
@@ -192,30 +192,30 @@ class Replica:
         return self._requests.handle_op(command, None if may is None else (
             lambda: self._state.refused_topic(handles, field, may)))
 
-    def ack(self, leases: Sequence[LeaseRef]) -> Future:
+    def ack(self, leases: Sequence[LeaseRef]) -> Applied:
         """Acknowledge leased messages: the future gets, per lease, whether it was a genuine
         current lease (then the message is done in its group; else nothing changed)."""
         return self._lease_op(LeaseOp.ACK, leases)
 
-    def release(self, leases: Sequence[LeaseRef]) -> Future:
+    def release(self, leases: Sequence[LeaseRef]) -> Applied:
         """End leases early: their messages are ready again for their groups."""
         return self._lease_op(LeaseOp.RELEASE, leases)
 
-    def give_back(self, leases: Sequence[LeaseRef]) -> Future:
+    def give_back(self, leases: Sequence[LeaseRef]) -> Applied:
         """End leases whose messages were never sent: ready again, and their next delivery
         is not flagged for them."""
         return self._lease_op(LeaseOp.RETURN, leases)
 
-    def extend(self, leases: Sequence[LeaseRef], deadlines_ms: Sequence[int]) -> Future:
+    def extend(self, leases: Sequence[LeaseRef], deadlines_ms: Sequence[int]) -> Applied:
         """Move the deadlines of current leases (shorter or longer)."""
         return self._lease_op(LeaseOp.EXTEND, leases, deadlines_ms)
 
-    def ensure_group(self, topic: str, name: str) -> Future:
+    def ensure_group(self, topic: str, name: str) -> Applied:
         """Create the consumer group ``(topic, name)`` unless it exists; the future gets
         whether it exists now (False: ``max_groups`` reached)."""
         return self._group_op(True, topic, name)
 
-    def delete_group(self, topic: str, name: str) -> Future:
+    def delete_group(self, topic: str, name: str) -> Applied:
         """Delete a consumer group and everything waiting in it; the future gets whether it
         existed."""
         return self._group_op(False, topic, name)
@@ -253,11 +253,11 @@ class Replica:
         return self._state.groups
 
     def _lease_op(self, op: LeaseOp, leases: Sequence[LeaseRef],
-                  deadlines_ms: Sequence[int] = ()) -> Future:
+                  deadlines_ms: Sequence[int] = ()) -> Applied:
         self._require_leader()
         return self._requests.lease_op(op, leases, deadlines_ms)
 
-    def _group_op(self, create: bool, topic: str, name: str) -> Future:
+    def _group_op(self, create: bool, topic: str, name: str) -> Applied:
         self._require_leader()
         return self._requests.group_op(create, topic, name)
 
@@ -339,11 +339,11 @@ class Replica:
             self._raft.compact()
         return self._state.apply(command)
 
-    def _serialize(self, path: str, raft_tail: tuple) -> None:
+    def _serialize(self, path: str, raft_tail: tuple[Any, ...]) -> None:
         self._bytes_since_snapshot = 0
         self._snapshots.take(path, raft_tail)
 
-    def _deserialize(self, path: str) -> tuple:
+    def _deserialize(self, path: str) -> tuple[Any, ...]:
         raft_tail, took_s = self._snapshots.install(path)
         if took_s > self._config.raft.election_min_ms / 2000:
             self._raft.postpone_election()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -20,6 +21,7 @@ from tickwheel.replication import commands
 from tickwheel.replication.commands import Kind, LeaseOp
 from tickwheel.replication.dedupe import DedupeWindow
 from tickwheel.replication.groups import Groups
+from tickwheel.replication.outcomes import Rejected
 from tickwheel.replication.pending import PendingCounts
 from tickwheel.replication.retiring import Retiring
 from tickwheel.replication.scheduling import Scheduling
@@ -135,6 +137,12 @@ class StateMachine:
     def readied_past_cursor(self) -> int:
         """How many messages at or past the cursor have left the wheel for their groups."""
         return sum(map(len, list(self.readied.values())))
+
+    def refused_topic(self, handles: Sequence[int], field: str,
+                      may: Callable[[str], bool]) -> Rejected | None:
+        """`Rejected` naming ``field.format(i)`` for the first handle whose message is of a
+        topic ``may`` refuses (`Retiring.refused_topic`)."""
+        return self._retiring.refused_topic(handles, field, may)
 
     # -- applying commands ----------------------------------------------------------------
 

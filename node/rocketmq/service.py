@@ -31,12 +31,13 @@ from tenacity import (
 
 from tickwheel.common.errors import Retryable, TickwheelError
 from tickwheel.node.access import Action, Principal
+from tickwheel.node.context import NodeContext
 from tickwheel.node.levels import RetryPolicy
 from tickwheel.node.rocketmq import convert
 from tickwheel.node.rocketmq.convert import OK, Refusal
 from tickwheel.node.rocketmq.renewals import LEASE_MS, Renewals
 from tickwheel.node.rocketmq.signature import Signatures
-from tickwheel.node.server import LeaderRefused, NodeContext, TickwheelService
+from tickwheel.node.server import LeaderRefused, TickwheelService
 from tickwheel.node.validation import CONSUMER_PATTERN, MAX_RECEIVE_WAIT_MS
 from tickwheel.replication import decode_receipt
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq

@@ -1,0 +1,44 @@
+"""What the node's services share: the replica, the courier and the rest of one process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tickwheel.common.clock import Clock
+from tickwheel.node import validation
+from tickwheel.node.delivery import Courier
+from tickwheel.node.disk import DiskWatch
+from tickwheel.node.forward import Forwarder
+from tickwheel.node.identity import PeerCallers
+from tickwheel.node.levels import RetryPolicy
+from tickwheel.node.metrics import Metrics
+from tickwheel.node.unary import UnaryConsumers
+from tickwheel.replication import Replica
+
+
+@dataclass(frozen=True, slots=True)
+class NodeContext:
+    """What the services share."""
+
+    replica: Replica
+    courier: Courier
+    members: dict[str, str]
+    """Raft address -> gRPC address, for every member."""
+    peers: dict[str, str]
+    """Raft address -> peer listener address, for every member (none for a node alone)."""
+    peer_callers: PeerCallers
+    limits: validation.Limits
+    retry: RetryPolicy
+    """The delay level table (``delay_level``) and the retry ladder."""
+    clock: Clock
+    metrics: Metrics
+    forwarder: Forwarder
+    unary: UnaryConsumers
+    disk: DiskWatch
+    """Every member's free space: new messages wait while one is below its reserve."""
+
+    def leader_grpc(self, raft_address: str | None) -> str | None:
+        return None if raft_address is None else self.members.get(raft_address)
+
+    def leader_peer(self, raft_address: str | None) -> str | None:
+        return None if raft_address is None else self.peers.get(raft_address)
