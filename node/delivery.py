@@ -10,10 +10,13 @@ changes nothing. A stream's leases end with the stream (its messages are ready a
 and the next lease of each is flagged ``possible_duplicate``).
 
 A *nack*, or a lease deadline (the visibility timeout) passing, retries the message through the
-wheel (`Replica.retry`): a copy with the same id and ``attempt + 1``, for this group only, after
-the next step of the retry ladder, or in the group's dead-letter topic after the last attempt
-(`RetryPolicy`): ``%DLQ%<topic>`` for the default group, ``%DLQ%<group>`` for a named one, as
-RocketMQ does. The copy and the end of the lease are one replicated command.
+wheel (`tickwheel.node.retries`): a copy with the same id and ``attempt + 1``, for this group
+only, after the next step of the retry ladder, or in the group's dead-letter topic after the
+last attempt (`RetryPolicy`): ``%DLQ%<topic>`` for the default group, ``%DLQ%<group>`` for a
+named one, as RocketMQ does. The copy and the end of the lease are one replicated command.
+
+A consumer is a `Session` (`tickwheel.node.sessions`); which leases its receipts may settle
+is `tickwheel.node.receipts`.
 
 Nothing is sent without the Raft lease (`Replica.may_deliver`): a leader paused past it holds
 what it has until the Raft thread notices that it no longer leads, and then drops it
@@ -29,15 +32,17 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 
-from tickwheel.common.errors import ConsumerStalled, NotLeader, Overloaded, TickwheelError
+from tickwheel.common.errors import NotLeader, Overloaded, TickwheelError
 from tickwheel.node.journal import DeliveryJournal
-from tickwheel.node.levels import DLQ_PREFIX, RetryPolicy
+from tickwheel.node.levels import RetryPolicy
 from tickwheel.node.metrics import Metrics
+from tickwheel.node.receipts import Receipts
+from tickwheel.node.retries import Retries
 from tickwheel.node.sent import Sent
+from tickwheel.node.sessions import Session
 from tickwheel.replication import (
     DEFAULT_GROUP,
     STREAM,
@@ -47,11 +52,9 @@ from tickwheel.replication import (
     Expired,
     LeaseRef,
     Replica,
-    Retried,
-    decode_receipt,
     encode_receipt,
 )
-from tickwheel.wheel import Cursor, DueMessage, NewMessage
+from tickwheel.wheel import Cursor
 
 log = logging.getLogger("tickwheel.delivery")
 
@@ -64,47 +67,6 @@ class CourierConfig:
     default_visibility_timeout_ms: int = 30_000
     max_batch_msgs: int = 256
     """Messages sent to a consumer in one response."""
-
-
-@dataclass(eq=False)
-class Session:
-    """One `Receive` stream, or one stream-less consumer (`tickwheel.node.unary`)."""
-
-    key: int
-    topic: str
-    group: str
-    name: str
-    visibility_timeout_ms: int
-    credits: int
-    mode: int = STREAM
-    """Of its leases: `STREAM` (they end with it) or `DURABLE` (only at their deadline)."""
-    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
-    unacked: dict[str, Sent] = field(default_factory=dict)
-    closed: BaseException | None = None
-    spill: list[Sent] = field(default_factory=list)
-    """Sent to a stream-less consumer and not yet taken by a call."""
-
-    async def next_batch(self) -> list[Sent]:
-        """The next messages to send; raises the reason once the consumer is closed."""
-        batch = await self.outbox.get()
-        if batch is None:
-            raise self.closed
-        for sent in batch:
-            sent.taken = True
-        return batch
-
-    def stalled(self) -> None:
-        """Close a stream that does not read (`ConsumerStalled`), dropping what waits in its
-        outbox: the one response being written is all it still pins."""
-        while not self.outbox.empty():
-            self.outbox.get_nowait()
-        self.close(ConsumerStalled(self.visibility_timeout_ms))
-
-    def close(self, reason: BaseException) -> None:
-        """End the stream: `next_batch` raises ``reason`` (the first reason given wins)."""
-        if self.closed is None:
-            self.closed = reason
-            self.outbox.put_nowait(None)
 
 
 class Courier:
@@ -127,7 +89,8 @@ class Courier:
         self._epoch: int | None = None
         self._term = 0
         self._lease_retry: asyncio.TimerHandle | None = None
-        self.refused_receipts = 0
+        self.receipts = Receipts(metrics)
+        self._retries = Retries(retry, clock_ms, metrics, self._loop, lambda: self._replica)
 
     def attach(self, replica: Replica) -> None:
         """The replica this courier is the sink of (it is created with the courier as its sink)."""
@@ -205,7 +168,7 @@ class Courier:
         """Ack the leases of these receipts; returns how many were sent for the replica to
         check. A receipt of another group, or no receipt at all, is refused here; one never
         granted is refused when the ack is applied. Either way it changes nothing."""
-        leases = self._own_leases(consumer, receipts)
+        leases = self.receipts.own_leases(consumer, receipts, self._replica.groups())
         if not leases:
             return 0
         try:
@@ -216,7 +179,7 @@ class Courier:
             return 0
         topic = consumer.topic
         future.add_done_callback(lambda done: self._loop.call_soon_threadsafe(
-            self._acked, topic, done))
+            self.receipts.acked, topic, done))
         return len(leases)
 
     def nack(self, consumer: Session, receipts: list[str]) -> int:
@@ -224,8 +187,8 @@ class Courier:
         how many. Receipts this stream does not hold are ignored."""
         nacked = [consumer.unacked.pop(receipt) for receipt in receipts
                   if receipt in consumer.unacked]
-        self._retry([(sent.delivery.message, sent.delivery.lease, consumer.group, sent.attempt)
-                     for sent in nacked], "nack")
+        self._retries.propose([(sent.delivery.message, sent.delivery.lease, consumer.group,
+                                sent.attempt) for sent in nacked], "nack")
         return len(nacked)
 
     def topics(self) -> list[tuple[str, int, int, int]]:
@@ -246,50 +209,6 @@ class Courier:
         self._stop()
 
     # -- internals ------------------------------------------------------------------------
-
-    def _own_leases(self, consumer: Session, receipts: list[str]) -> list[LeaseRef]:
-        """The leases of these receipts, less those of another group (refused here). A
-        receipt of a group that is gone goes on: its lease ended with the group, and the
-        replica answers it as it answers any stale receipt."""
-        leases = []
-        groups = self._replica.groups()
-        for index, receipt in enumerate(receipts):
-            sent = consumer.unacked.pop(receipt, None)
-            if sent is not None:  # sent to this very consumer: its lease, no decoding
-                leases.append(sent.delivery.lease)
-                continue
-            try:
-                lease = decode_receipt(receipt, f"ack.receipts[{index}]")
-            except TickwheelError:
-                lease = None
-            group = groups.by_id(lease.group_id) if lease is not None else None
-            if lease is None or (group is not None
-                                 and (group.topic, group.name) != (consumer.topic,
-                                                                   consumer.group)):
-                self._refused(consumer, receipt, "not a receipt of this group")
-                continue
-            leases.append(lease)
-        return leases
-
-    def _refused(self, consumer: Session, receipt: str, why: str) -> None:
-        self.refused_receipts += 1
-        self._metrics.refused_receipts.inc()
-        if self.refused_receipts <= 10 or self.refused_receipts % 1000 == 0:
-            log.warning("event=receipt_refused topic=%s group=%r consumer=%r receipt=%r "
-                        "reason=%r refused=%d", consumer.topic, consumer.group, consumer.name,
-                        receipt[:64], why, self.refused_receipts)
-
-    def _acked(self, topic: str, done: Future) -> None:
-        if done.exception() is not None:
-            return  # leadership ended: the next leader has the leases
-        results = done.result()
-        taken = sum(results)
-        if taken:
-            self._metrics.acked.labels(self._metrics.topic(topic)).inc(taken)
-        refused = len(results) - taken
-        if refused:
-            self.refused_receipts += refused
-            self._metrics.refused_receipts.inc(refused)
 
     def _start(self, term: int, epoch: int, cursor: Cursor, takeover_ms: int) -> None:
         self._epoch, self._term = epoch, term
@@ -383,8 +302,8 @@ class Courier:
                      item.message.topic, item.group, item.message.id, attempt)
             (at_once if item.durable else retries).append(
                 (item.message, item.lease, item.group, attempt))
-        self._retry(retries, "visibility_timeout")
-        self._retry(at_once, "lease_deadline", at_once=True)
+        self._retries.propose(retries, "visibility_timeout")
+        self._retries.propose(at_once, "lease_deadline", at_once=True)
         for consumer in stalled.values():
             self._stall(consumer)
 
@@ -401,48 +320,3 @@ class Courier:
         consumer.stalled()
         self.unsubscribe(consumer)
 
-    def _retry(self, items: list[tuple[DueMessage, LeaseRef, str, int]], reason: str,
-               at_once: bool = False) -> None:
-        """Propose a retry copy of each message for its group, after the retry ladder's next
-        step (or, ``at_once``, now); the lease ends with it."""
-        if not items:
-            return
-        now_ms = self._clock_ms()
-        copies = []
-        for message, lease, group, attempt in items:
-            topic, delay_ms = self._retry_policy.next_copy(message.topic, attempt)
-            if at_once:
-                delay_ms = 0
-            properties = dict(message.properties)
-            if topic == message.topic:
-                properties[TARGET_GROUP_PROPERTY] = group
-            else:
-                properties.pop(TARGET_GROUP_PROPERTY, None)
-                if group != DEFAULT_GROUP:
-                    topic = DLQ_PREFIX + group
-            copies.append((lease, NewMessage(message.id, topic, message.body, now_ms + delay_ms,
-                                             properties or _NO_PROPERTIES, attempt + 1)))
-        try:
-            future = self._replica.retry(copies)
-        except TickwheelError as error:
-            log.warning("event=retry_failed messages=%d error=%r", len(items), error)
-            return  # the lease stays: its deadline retries it, or the next leader does
-        future.add_done_callback(lambda done: self._loop.call_soon_threadsafe(
-            self._retried, items, copies, done, reason))
-
-    def _retried(self, items: list[tuple[DueMessage, LeaseRef, str, int]],
-                 copies: list[tuple[LeaseRef, NewMessage]], done: Future, reason: str) -> None:
-        if done.exception() is not None:
-            log.warning("event=retry_failed messages=%d error=%r", len(items),
-                        done.exception())
-            return
-        for (message, _, group, attempt), (_, copy), result in zip(
-                items, copies, done.result(), strict=True):
-            if not isinstance(result, Retried) or result.handle is None:
-                continue
-            counter = (self._metrics.retried if copy.topic == message.topic
-                       else self._metrics.dead_lettered)
-            counter.labels(self._metrics.topic(message.topic)).inc()
-            log.info("event=message_retried reason=%s id=%r topic=%s group=%r attempt=%d "
-                     "to_topic=%s deliver_at_ms=%d handle=%s", reason, copy.id, message.topic,
-                     group, attempt, copy.topic, copy.deliver_at_ms, result.handle)

@@ -19,7 +19,8 @@ from tickwheel.node.context import NodeContext
 from tickwheel.node.disk import DiskWatch
 from tickwheel.node.forward import CHANNEL_OPTIONS
 from tickwheel.node.identity import ClientCallers, PeerCallers
-from tickwheel.node.rocketmq.service import MessagingService, add_messaging_service
+from tickwheel.node.rocketmq.binding import add_messaging_service
+from tickwheel.node.rocketmq.service import MessagingService
 from tickwheel.node.rocketmq.signature import Signatures
 from tickwheel.node.server import SERVICE_NAME, TickwheelService, add_tickwheel_service
 from tickwheel.replication import Replica

@@ -36,7 +36,6 @@ from tickwheel.node.access import Action, Principal
 from tickwheel.node.calls import LeaderCalls, receive_response, require
 from tickwheel.node.commits import WRITE_TIMEOUT_S
 from tickwheel.node.context import NodeContext
-from tickwheel.node.delivery import Session
 from tickwheel.node.forward import (
     FORWARDED,
     LEADER_KEY,
@@ -44,6 +43,7 @@ from tickwheel.node.forward import (
 )
 from tickwheel.node.identity import ClientCallers, PeerCallers
 from tickwheel.node.info import cluster_info
+from tickwheel.node.sessions import Session
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 

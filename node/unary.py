@@ -20,8 +20,9 @@ import time
 from collections.abc import Callable
 
 from tickwheel.node.commits import committed
-from tickwheel.node.delivery import Courier, Session
+from tickwheel.node.delivery import Courier
 from tickwheel.node.sent import Sent
+from tickwheel.node.sessions import Session
 from tickwheel.replication import DURABLE, LeaseRef, Replica, decode_receipt
 
 IDLE_S = 60.0

@@ -3,7 +3,8 @@
 Its face, what the layers above use: the `Replica` (the one object a node drives) with its
 settings and status; what its calls answer (`Accepted`, `Rejected`, `Retried`, `MoveOutcome`;
 `Delivery` and `Expired` for the hand-out it makes); lease receipts (`LeaseRef`,
-`encode_receipt`, `decode_receipt`); consumer groups' names and kinds; the handle cipher. The
+`encode_receipt`, `decode_receipt`); consumer groups (`Groups`, read-only above), their names
+and kinds; the handle cipher. The
 Raft port has its own face, `tickwheel.replication.raft`. Nothing outside this package imports
 its other modules (tests/test_layout.py checks it).
 """
@@ -12,7 +13,7 @@ from tickwheel.replication.commands import LeaseRef
 from tickwheel.replication.config import ReplicaConfig
 from tickwheel.replication.dispatcher import Delivery, DispatchConfig, Expired
 from tickwheel.replication.exits import STORAGE_EXIT_CODE
-from tickwheel.replication.groups import DEFAULT_GROUP, DURABLE, STREAM, GroupSummary
+from tickwheel.replication.groups import DEFAULT_GROUP, DURABLE, STREAM, Groups, GroupSummary
 from tickwheel.replication.handles import HandleCipher
 from tickwheel.replication.handout import (
     TARGET_GROUP_PROPERTY,
@@ -36,6 +37,7 @@ __all__ = [
     "DispatchConfig",
     "Expired",
     "GroupSummary",
+    "Groups",
     "HandleCipher",
     "LeaseRef",
     "MoveOutcome",

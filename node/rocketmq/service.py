@@ -2,10 +2,10 @@
 
 Every call is authenticated by its signature (`tickwheel.node.rocketmq.signature`), turned into
 the native request (`tickwheel.node.rocketmq.convert`) and answered through
-`TickwheelService.perform` as the signer's principal: here on the leader, forwarded by a
-follower, with the same checks, limits and grants as the native API. So any node serves any
-call, and the route names one address for all of them: the one the client asked with (a
-Kubernetes Service, a list of nodes), or ``rocketmq_advertise``.
+`TickwheelService.perform` (`tickwheel.node.rocketmq.calls`) as the signer's principal: here on
+the leader, forwarded by a follower, with the same checks, limits and grants as the native API.
+So any node serves any call, and the route names one address for all of them: the one the
+client asked with (a Kubernetes Service, a list of nodes), or ``rocketmq_advertise``.
 
 Every answer carries a RocketMQ status (refusals too: the clients read the status, not gRPC's
 code); a request that does not decode answers ``BAD_REQUEST``. What tickwheel does not serve
@@ -14,40 +14,34 @@ code); a request that does not decode answers ``BAD_REQUEST``. What tickwheel do
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc
-from google.protobuf.message import DecodeError, Message
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_delay,
-    wait_random_exponential,
-)
+from google.protobuf.message import Message
 
-from tickwheel.common.errors import Retryable, TickwheelError
-from tickwheel.node.access import Action, Principal
+from tickwheel.common.errors import TickwheelError
+from tickwheel.node.access import Principal
 from tickwheel.node.context import NodeContext
 from tickwheel.node.levels import RetryPolicy
 from tickwheel.node.rocketmq import convert
+from tickwheel.node.rocketmq.binding import decode
+from tickwheel.node.rocketmq.calls import (
+    CLIENT_ID_KEY,
+    DEFAULT_LONG_POLL_MS,
+    Context,
+    NativeCalls,
+    client_id_of,
+)
 from tickwheel.node.rocketmq.convert import OK, Refusal
-from tickwheel.node.rocketmq.renewals import LEASE_MS, Renewals
 from tickwheel.node.rocketmq.signature import Signatures
-from tickwheel.node.server import LeaderRefused, TickwheelService
-from tickwheel.node.validation import CONSUMER_PATTERN, MAX_RECEIVE_WAIT_MS
-from tickwheel.replication import decode_receipt
+from tickwheel.node.server import TickwheelService
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.rocketmq.v2 import service_pb2 as svc
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 log = logging.getLogger("tickwheel.node.rocketmq")
 
-SERVICE_NAME = svc.DESCRIPTOR.services_by_name["MessagingService"].full_name
-CLIENT_ID_KEY = "x-mq-client-id"
 BROKER_NAME = "tickwheel"
 PRODUCER_ATTEMPTS = 8
 """Sends a producer tries (its own retries reuse the message id, so they are one message):
@@ -55,11 +49,6 @@ enough to ride out a leader election with the back-off below."""
 PRODUCER_BACKOFF = rmq.ExponentialBackoff(initial=convert.ms_duration(100),
                                           max=convert.ms_duration(2_000), multiplier=2.0)
 DEFAULT_BATCH = 32
-DEFAULT_LONG_POLL_MS = 20_000
-LEADER_WAIT_S = 5.0
-"""How long a call waits for a leader it can reach (an election takes about a second)."""
-DEADLINE_MARGIN_S = 0.5
-"""A long poll ends this long before the client's deadline, so its answer arrives in time."""
 
 
 class MessagingService:
@@ -73,7 +62,7 @@ class MessagingService:
         self._native = native
         self._signatures = signatures
         self._advertise = _endpoints(advertise) if advertise else None
-        self._renewals = Renewals(self._renew)
+        self._calls = NativeCalls(node, native)
 
     # -- routes and clients -------------------------------------------------------------------
 
@@ -102,7 +91,7 @@ class MessagingService:
     async def NotifyClientTermination(self, request: svc.NotifyClientTerminationRequest,
                                       context: Context) -> svc.NotifyClientTerminationResponse:
         self._caller(context)
-        self._renewals.forget(_client_id(context))
+        self._calls.renewals.forget(client_id_of(context))
         return svc.NotifyClientTerminationResponse(status=OK)
 
     async def Telemetry(self, request_iterator: AsyncIterator[bytes], context: Context
@@ -116,7 +105,7 @@ class MessagingService:
             return
         async for data in request_iterator:
             try:
-                command = _decode(svc.TelemetryCommand, data)
+                command = decode(svc.TelemetryCommand, data)
                 if command.HasField("settings"):
                     settings = await self._settings(command.settings, principal, context)
                     yield svc.TelemetryCommand(status=OK, settings=settings)
@@ -134,7 +123,7 @@ class MessagingService:
         max_delay_ms = self._node.limits.max_delay_ms
         messages = [convert.to_tickwheel(m, f"messages[{i}]", now_ms, max_delay_ms)
                     for i, m in enumerate(request.messages)]
-        response = await self._perform(context, "Schedule",
+        response = await self._calls.perform(context, "Schedule",
                                        pb.ScheduleRequest(messages=messages), principal)
         entries = [svc.SendResultEntry(status=OK, message_id=result.id,
                                        recall_handle=f"{result.handle}.{result.id}")
@@ -151,7 +140,7 @@ class MessagingService:
         if not handle.lstrip("-").isdigit() or not message_id:
             raise Refusal(rmq.Code.BAD_REQUEST, "recall_handle: is not one this cluster gave "
                                                 "out")
-        response = await self._perform(context, "Cancel",
+        response = await self._calls.perform(context, "Cancel",
                                        pb.CancelRequest(handles=[int(handle)]), principal)
         outcome = response.outcomes[0]
         if outcome in (pb.CANCEL_OUTCOME_CANCELLED, pb.CANCEL_OUTCOME_ALREADY_CANCELLED):
@@ -168,7 +157,7 @@ class MessagingService:
         (it subscribed without them, as RocketMQ skips them)."""
         try:
             principal = self._caller(context)
-            batch, invisible_ms = await self._receive(request, principal, context)
+            batch, invisible_ms = await self._calls.receive(request, principal, context)
         except Refusal as refusal:
             yield svc.ReceiveMessageResponse(status=refusal.status())
             return
@@ -192,8 +181,8 @@ class MessagingService:
         if not request.entries:
             raise Refusal(rmq.Code.BAD_REQUEST, "entries: is empty")
         receipts = [entry.receipt_handle for entry in request.entries]
-        settled = await self._settle(context, principal, topic, group, receipts, None)
-        self._renewals.drop(_client_id(context), receipts)
+        settled = await self._calls.settle(context, principal, topic, group, receipts, None)
+        self._calls.renewals.drop(client_id_of(context), receipts)
         entries = [svc.AckMessageResultEntry(
             message_id=entry.message_id, receipt_handle=entry.receipt_handle,
             status=OK if ok else _invalid_receipt(f"entries[{index}]"))
@@ -210,11 +199,11 @@ class MessagingService:
         principal = self._caller(context)
         topic = convert.check_resource(request.topic, "topic")
         group = convert.check_resource(request.group, "group")
-        invisible_ms = self._invisible_ms(request.invisible_duration, "invisible_duration",
+        invisible_ms = self._calls.invisible_ms(request.invisible_duration, "invisible_duration",
                                           least_ms=0)
-        [ok] = await self._settle(context, principal, topic, group, [request.receipt_handle],
+        [ok] = await self._calls.settle(context, principal, topic, group, [request.receipt_handle],
                                   invisible_ms)
-        self._renewals.drop(_client_id(context), [request.receipt_handle])
+        self._calls.renewals.drop(client_id_of(context), [request.receipt_handle])
         if not ok:
             return svc.ChangeInvisibleDurationResponse(status=_invalid_receipt("receipt_handle"))
         return svc.ChangeInvisibleDurationResponse(status=OK,
@@ -257,30 +246,8 @@ class MessagingService:
             principal = self._signatures.principal(metadata)
         except TickwheelError as error:
             raise Refusal(rmq.Code.UNAUTHORIZED, str(error)) from None
-        self._renewals.seen(metadata.get(CLIENT_ID_KEY, ""))
+        self._calls.renewals.seen(metadata.get(CLIENT_ID_KEY, ""))
         return principal
-
-    async def _perform(self, context: Context | None, method: str, request: Message,
-                       principal: Principal) -> Any:
-        """The native call, tried again while the cluster has no leader it can reach (until
-        `LEADER_WAIT_S`, or the call's deadline): RocketMQ's clients retry at once, without
-        back-off (the Python producer's 8 attempts are spent in milliseconds), so the wait for
-        a new leader happens here. Every call retried is idempotent or harmless again:
-        sends by message id, recalls, moves of a deadline; a lease granted to an answer that
-        was lost runs out."""
-        remaining_s = context.time_remaining() if context is not None else None
-        budget_s = LEADER_WAIT_S if remaining_s is None else min(
-            LEADER_WAIT_S, remaining_s - DEADLINE_MARGIN_S)
-        try:
-            async for attempt in AsyncRetrying(
-                    retry=retry_if_exception(_no_leader), reraise=True,
-                    stop=stop_after_delay(max(0.0, budget_s)),
-                    wait=wait_random_exponential(multiplier=0.05, max=0.5)):
-                with attempt:
-                    return await self._native.perform(context, method, request, principal)
-        except (TickwheelError, LeaderRefused) as error:
-            raise convert.refusal_of(error) from None
-        raise AssertionError("not reached: the last attempt raises or returns")
 
     def _queue(self, topic: str, asked: rmq.Endpoints) -> rmq.MessageQueue:
         endpoints = self._advertise or asked
@@ -311,7 +278,7 @@ class MessagingService:
             topic = convert.check_resource(entry.topic, f"{field}.topic")
             convert.TagFilter(entry.expression, f"{field}.expression")
             # the group exists from now on: what comes due is kept for it
-            await self._perform(context, "CreateGroup", pb.GroupRequest(topic=topic,
+            await self._calls.perform(context, "CreateGroup", pb.GroupRequest(topic=topic,
                                                                         group=group), principal)
         subscription.fifo = False
         if not subscription.receive_batch_size:
@@ -322,121 +289,7 @@ class MessagingService:
         answer.backoff_policy.CopyFrom(_consumer_backoff(self._node.retry))
         return answer
 
-    async def _receive(self, request: svc.ReceiveMessageRequest, principal: Principal,
-                       context: Context) -> tuple[list[pb.Delivered], int]:
-        topic = convert.check_resource(request.message_queue.topic, "message_queue.topic")
-        group = convert.check_resource(request.group, "group")
-        tags = convert.TagFilter(request.filter_expression, "filter_expression")
-        limits = self._node.limits
-        if not 1 <= request.batch_size <= limits.max_credits:
-            raise Refusal(rmq.Code.BAD_REQUEST, f"batch_size: {request.batch_size}, must be 1 "
-                                                f"to {limits.max_credits}")
-        renew = request.auto_renew and not request.HasField("invisible_duration")
-        invisible_ms = (LEASE_MS if renew else self._invisible_ms(
-            request.invisible_duration, "invisible_duration",
-            least_ms=limits.min_visibility_timeout_ms))
-        poll_ms = (convert.duration_ms(request.long_polling_timeout)
-                   if request.HasField("long_polling_timeout") else DEFAULT_LONG_POLL_MS)
-        if poll_ms < 0:
-            raise Refusal(rmq.Code.ILLEGAL_POLLING_TIME, "long_polling_timeout: is negative")
-        remaining_s = context.time_remaining()
-        if remaining_s is not None:
-            poll_ms = min(poll_ms, int((remaining_s - DEADLINE_MARGIN_S) * 1000))
-        loop = asyncio.get_running_loop()
-        until_s = loop.time() + max(0, min(poll_ms, MAX_RECEIVE_WAIT_MS)) / 1000
-        client_id = _client_id(context)
-        consumer = _consumer_name(client_id, context)
-        while True:
-            wait_ms = max(0, int((until_s - loop.time()) * 1000))
-            response = await self._perform(context, "ReceiveMessages", pb.ReceiveMessagesRequest(
-                topic=topic, group=group, consumer=consumer,
-                max_messages=request.batch_size, invisible_duration_ms=invisible_ms,
-                wait_ms=wait_ms), principal)
-            batch, skipped = [], []
-            for message in response.messages:
-                if tags.matches(message):
-                    batch.append(message)
-                else:
-                    skipped.append(message.receipt)
-            if skipped:
-                await self._settle(context, principal, topic, group, skipped, None)
-            if batch or wait_ms == 0:
-                break
-        if renew and batch:
-            self._renewals.hold(client_id, principal, topic, group,
-                                [m.receipt for m in batch], invisible_ms)
-        return batch, invisible_ms
 
-    async def _settle(self, context: Context | None, principal: Principal, topic: str,
-                      group: str, receipts: list[str], invisible_ms: int | None) -> list[bool]:
-        """Ack (``invisible_ms`` None) or move the deadline of each receipt's lease; per
-        receipt, whether it named a current lease (one that is no receipt at all: False)."""
-        valid = [index for index, receipt in enumerate(receipts) if _is_receipt(receipt)]
-        settled = [False] * len(receipts)
-        if valid:
-            request = pb.SettleRequest(topic=topic, group=group,
-                                       receipts=[receipts[i] for i in valid])
-            method = "AckMessages"
-            if invisible_ms is not None:
-                method, request.invisible_duration_ms = "ChangeInvisibleDuration", invisible_ms
-            response = await self._perform(context, method, request, principal)
-            for index, ok in zip(valid, response.settled, strict=True):
-                settled[index] = ok
-        return settled
-
-    async def _renew(self, principal: Principal, topic: str, group: str, receipts: list[str],
-                     invisible_ms: int) -> list[bool]:
-        if not principal.may(Action.CONSUME, topic, group):
-            return [False] * len(receipts)
-        return await self._settle(None, principal, topic, group, receipts, invisible_ms)
-
-    def _invisible_ms(self, duration: Any, field: str, least_ms: int) -> int:
-        invisible_ms = convert.duration_ms(duration)
-        most_ms = self._node.limits.max_visibility_timeout_ms
-        if not least_ms <= invisible_ms <= most_ms:
-            raise Refusal(rmq.Code.ILLEGAL_INVISIBLE_TIME, f"{field}: {invisible_ms} ms, must "
-                                                           f"be {least_ms} to {most_ms} ms")
-        return invisible_ms
-
-
-Context = grpc.aio.ServicerContext
-
-
-def _no_leader(error: BaseException) -> bool:
-    """No leader yet, or the one named cannot be reached (it just died)."""
-    return isinstance(error, Retryable) or (
-        isinstance(error, LeaderRefused) and error.code == grpc.StatusCode.UNAVAILABLE)
-
-
-def _decode(message_class: type[Any], data: bytes) -> Any:
-    try:
-        return message_class.FromString(data)
-    except DecodeError as error:
-        raise Refusal(rmq.Code.BAD_REQUEST, f"request: could not be decoded: {error}") from None
-
-
-def _client_id(context: Context) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == CLIENT_ID_KEY and isinstance(value, str):
-            return value
-    return ""
-
-
-def _consumer_name(client_id: str, context: Context) -> str:
-    """The consumer a client is on the leader: its client id, or a digest of one that is not
-    fit for logs."""
-    name = client_id or context.peer()
-    if CONSUMER_PATTERN.fullmatch(name):
-        return name
-    return "rocketmq-" + hashlib.sha256(name.encode()).hexdigest()[:24]
-
-
-def _is_receipt(receipt: str) -> bool:
-    try:
-        decode_receipt(receipt, "receipt_handle")
-    except TickwheelError:
-        return False
-    return True
 
 
 def _invalid_receipt(field: str) -> rmq.Status:
@@ -468,49 +321,3 @@ def _endpoints(address: str) -> rmq.Endpoints:
     return rmq.Endpoints(scheme=scheme, addresses=[rmq.Address(host=host, port=int(port))])
 
 
-def add_messaging_service(service: MessagingService, server: grpc.aio.Server) -> None:
-    """Bind every RPC of ``MessagingService``: requests arrive as bytes and are decoded in the
-    handler (a request that does not decode answers ``BAD_REQUEST`` in its status, as any
-    refusal does, instead of grpcio's ``UNKNOWN`` and a logged traceback)."""
-    handlers = {}
-    for method in svc.DESCRIPTOR.services_by_name["MessagingService"].methods:
-        handler = getattr(service, method.name)
-        request_class = getattr(svc, method.input_type.name)
-        response_class = getattr(svc, method.output_type.name)
-        encode = response_class.SerializeToString
-        if method.client_streaming:
-            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                handler, response_serializer=encode)
-        elif method.server_streaming:
-            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
-                _streaming(handler, request_class, response_class),
-                response_serializer=encode)
-        else:
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _unary(handler, request_class, response_class), response_serializer=encode)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
-                                                                          handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
-
-
-def _unary(handler: Callable[[Any, Context], Awaitable[Any]], request_class: type[Any],
-           response_class: type[Any]) -> Callable[[bytes, Context], Awaitable[Any]]:
-    async def handle(data: bytes, context: Context) -> Any:
-        try:
-            return await handler(_decode(request_class, data), context)
-        except Refusal as refusal:
-            return response_class(status=refusal.status())
-    return handle
-
-
-def _streaming(handler: Callable[[Any, Context], AsyncIterator[Any]], request_class: type[Any],
-               response_class: type[Any]) -> Callable[[bytes, Context], AsyncIterator[Any]]:
-    async def handle(data: bytes, context: Context) -> AsyncIterator[Any]:
-        try:
-            request = _decode(request_class, data)
-        except Refusal as refusal:
-            yield response_class(status=refusal.status())
-            return
-        async for response in handler(request, context):
-            yield response
-    return handle

@@ -1,0 +1,73 @@
+"""How `MessagingService` is bound to a gRPC server: every request arrives as bytes and is
+decoded in its handler, so one that does not decode answers ``BAD_REQUEST`` in its status, as
+any refusal does, instead of grpcio's ``UNKNOWN`` and a logged traceback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from tickwheel.node.rocketmq.convert import Refusal
+from tickwheel.rocketmq.v2 import definition_pb2 as rmq
+from tickwheel.rocketmq.v2 import service_pb2 as svc
+
+Context = grpc.aio.ServicerContext
+SERVICE_NAME = svc.DESCRIPTOR.services_by_name["MessagingService"].full_name
+
+
+def decode(message_class: type[Any], data: bytes) -> Any:
+    try:
+        return message_class.FromString(data)
+    except DecodeError as error:
+        raise Refusal(rmq.Code.BAD_REQUEST, f"request: could not be decoded: {error}") from None
+
+
+def add_messaging_service(service: object, server: grpc.aio.Server) -> None:
+    """Bind every RPC of ``MessagingService``: requests arrive as bytes and are decoded in the
+    handler (a request that does not decode answers ``BAD_REQUEST`` in its status, as any
+    refusal does, instead of grpcio's ``UNKNOWN`` and a logged traceback)."""
+    handlers = {}
+    for method in svc.DESCRIPTOR.services_by_name["MessagingService"].methods:
+        handler = getattr(service, method.name)
+        request_class = getattr(svc, method.input_type.name)
+        response_class = getattr(svc, method.output_type.name)
+        encode = response_class.SerializeToString
+        if method.client_streaming:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                handler, response_serializer=encode)
+        elif method.server_streaming:
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
+                _streaming(handler, request_class, response_class),
+                response_serializer=encode)
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                _unary(handler, request_class, response_class), response_serializer=encode)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
+                                                                          handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+def _unary(handler: Callable[[Any, Context], Awaitable[Any]], request_class: type[Any],
+           response_class: type[Any]) -> Callable[[bytes, Context], Awaitable[Any]]:
+    async def handle(data: bytes, context: Context) -> Any:
+        try:
+            return await handler(decode(request_class, data), context)
+        except Refusal as refusal:
+            return response_class(status=refusal.status())
+    return handle
+
+
+def _streaming(handler: Callable[[Any, Context], AsyncIterator[Any]], request_class: type[Any],
+               response_class: type[Any]) -> Callable[[bytes, Context], AsyncIterator[Any]]:
+    async def handle(data: bytes, context: Context) -> AsyncIterator[Any]:
+        try:
+            request = decode(request_class, data)
+        except Refusal as refusal:
+            yield response_class(status=refusal.status())
+            return
+        async for response in handler(request, context):
+            yield response
+    return handle

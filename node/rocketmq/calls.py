@@ -1,0 +1,175 @@
+"""The native calls a RocketMQ call becomes: tried again while no leader can be reached,
+consumer receives as long polls filtered by tag, acks and deadline changes by receipt, and
+the renewals of a PushConsumer's leases."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from tickwheel.common.errors import Retryable, TickwheelError
+from tickwheel.node.access import Action, Principal
+from tickwheel.node.context import NodeContext
+from tickwheel.node.rocketmq import convert
+from tickwheel.node.rocketmq.convert import Refusal
+from tickwheel.node.rocketmq.renewals import LEASE_MS, Renewals
+from tickwheel.node.server import LeaderRefused, TickwheelService
+from tickwheel.node.validation import CONSUMER_PATTERN, MAX_RECEIVE_WAIT_MS
+from tickwheel.replication import decode_receipt
+from tickwheel.rocketmq.v2 import definition_pb2 as rmq
+from tickwheel.rocketmq.v2 import service_pb2 as svc
+from tickwheel.v1 import tickwheel_pb2 as pb
+
+Context = grpc.aio.ServicerContext
+CLIENT_ID_KEY = "x-mq-client-id"
+DEFAULT_LONG_POLL_MS = 20_000
+LEADER_WAIT_S = 5.0
+"""How long a call waits for a leader it can reach (an election takes about a second)."""
+DEADLINE_MARGIN_S = 0.5
+"""A long poll ends this long before the client's deadline, so its answer arrives in time."""
+
+
+class NativeCalls:
+    def __init__(self, node: NodeContext, native: TickwheelService) -> None:
+        self._node = node
+        self._native = native
+        self.renewals = Renewals(self._renew)
+        """The leases of PushConsumers' messages, kept alive while their clients are."""
+
+    async def perform(self, context: Context | None, method: str, request: Message,
+                       principal: Principal) -> Any:
+        """The native call, tried again while the cluster has no leader it can reach (until
+        `LEADER_WAIT_S`, or the call's deadline): RocketMQ's clients retry at once, without
+        back-off (the Python producer's 8 attempts are spent in milliseconds), so the wait for
+        a new leader happens here. Every call retried is idempotent or harmless again:
+        sends by message id, recalls, moves of a deadline; a lease granted to an answer that
+        was lost runs out."""
+        remaining_s = context.time_remaining() if context is not None else None
+        budget_s = LEADER_WAIT_S if remaining_s is None else min(
+            LEADER_WAIT_S, remaining_s - DEADLINE_MARGIN_S)
+        try:
+            async for attempt in AsyncRetrying(
+                    retry=retry_if_exception(_no_leader), reraise=True,
+                    stop=stop_after_delay(max(0.0, budget_s)),
+                    wait=wait_random_exponential(multiplier=0.05, max=0.5)):
+                with attempt:
+                    return await self._native.perform(context, method, request, principal)
+        except (TickwheelError, LeaderRefused) as error:
+            raise convert.refusal_of(error) from None
+        raise AssertionError("not reached: the last attempt raises or returns")
+
+    async def receive(self, request: svc.ReceiveMessageRequest, principal: Principal,
+                       context: Context) -> tuple[list[pb.Delivered], int]:
+        topic = convert.check_resource(request.message_queue.topic, "message_queue.topic")
+        group = convert.check_resource(request.group, "group")
+        tags = convert.TagFilter(request.filter_expression, "filter_expression")
+        limits = self._node.limits
+        if not 1 <= request.batch_size <= limits.max_credits:
+            raise Refusal(rmq.Code.BAD_REQUEST, f"batch_size: {request.batch_size}, must be 1 "
+                                                f"to {limits.max_credits}")
+        renew = request.auto_renew and not request.HasField("invisible_duration")
+        invisible_ms = (LEASE_MS if renew else self.invisible_ms(
+            request.invisible_duration, "invisible_duration",
+            least_ms=limits.min_visibility_timeout_ms))
+        poll_ms = (convert.duration_ms(request.long_polling_timeout)
+                   if request.HasField("long_polling_timeout") else DEFAULT_LONG_POLL_MS)
+        if poll_ms < 0:
+            raise Refusal(rmq.Code.ILLEGAL_POLLING_TIME, "long_polling_timeout: is negative")
+        remaining_s = context.time_remaining()
+        if remaining_s is not None:
+            poll_ms = min(poll_ms, int((remaining_s - DEADLINE_MARGIN_S) * 1000))
+        loop = asyncio.get_running_loop()
+        until_s = loop.time() + max(0, min(poll_ms, MAX_RECEIVE_WAIT_MS)) / 1000
+        client_id = client_id_of(context)
+        consumer = _consumer_name(client_id, context)
+        while True:
+            wait_ms = max(0, int((until_s - loop.time()) * 1000))
+            response = await self.perform(context, "ReceiveMessages", pb.ReceiveMessagesRequest(
+                topic=topic, group=group, consumer=consumer,
+                max_messages=request.batch_size, invisible_duration_ms=invisible_ms,
+                wait_ms=wait_ms), principal)
+            batch, skipped = [], []
+            for message in response.messages:
+                if tags.matches(message):
+                    batch.append(message)
+                else:
+                    skipped.append(message.receipt)
+            if skipped:
+                await self.settle(context, principal, topic, group, skipped, None)
+            if batch or wait_ms == 0:
+                break
+        if renew and batch:
+            self.renewals.hold(client_id, principal, topic, group,
+                                [m.receipt for m in batch], invisible_ms)
+        return batch, invisible_ms
+
+    async def settle(self, context: Context | None, principal: Principal, topic: str,
+                      group: str, receipts: list[str], invisible_ms: int | None) -> list[bool]:
+        """Ack (``invisible_ms`` None) or move the deadline of each receipt's lease; per
+        receipt, whether it named a current lease (one that is no receipt at all: False)."""
+        valid = [index for index, receipt in enumerate(receipts) if is_receipt(receipt)]
+        settled = [False] * len(receipts)
+        if valid:
+            request = pb.SettleRequest(topic=topic, group=group,
+                                       receipts=[receipts[i] for i in valid])
+            method = "AckMessages"
+            if invisible_ms is not None:
+                method, request.invisible_duration_ms = "ChangeInvisibleDuration", invisible_ms
+            response = await self.perform(context, method, request, principal)
+            for index, ok in zip(valid, response.settled, strict=True):
+                settled[index] = ok
+        return settled
+
+    async def _renew(self, principal: Principal, topic: str, group: str, receipts: list[str],
+                     invisible_ms: int) -> list[bool]:
+        if not principal.may(Action.CONSUME, topic, group):
+            return [False] * len(receipts)
+        return await self.settle(None, principal, topic, group, receipts, invisible_ms)
+
+    def invisible_ms(self, duration: Any, field: str, least_ms: int) -> int:
+        invisible_ms = convert.duration_ms(duration)
+        most_ms = self._node.limits.max_visibility_timeout_ms
+        if not least_ms <= invisible_ms <= most_ms:
+            raise Refusal(rmq.Code.ILLEGAL_INVISIBLE_TIME, f"{field}: {invisible_ms} ms, must "
+                                                           f"be {least_ms} to {most_ms} ms")
+        return invisible_ms
+
+
+def _no_leader(error: BaseException) -> bool:
+    """No leader yet, or the one named cannot be reached (it just died)."""
+    return isinstance(error, Retryable) or (
+        isinstance(error, LeaderRefused) and error.code == grpc.StatusCode.UNAVAILABLE)
+
+
+def client_id_of(context: Context) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_ID_KEY and isinstance(value, str):
+            return value
+    return ""
+
+
+def _consumer_name(client_id: str, context: Context) -> str:
+    """The consumer a client is on the leader: its client id, or a digest of one that is not
+    fit for logs."""
+    name = client_id or context.peer()
+    if CONSUMER_PATTERN.fullmatch(name):
+        return name
+    return "rocketmq-" + hashlib.sha256(name.encode()).hexdigest()[:24]
+
+
+def is_receipt(receipt: str) -> bool:
+    try:
+        decode_receipt(receipt, "receipt_handle")
+    except TickwheelError:
+        return False
+    return True
