@@ -15,6 +15,7 @@ from tickwheel.common.errors import invariant
 from tickwheel.replication.raft import wire
 from tickwheel.replication.raft.lease import LeaseClock
 from tickwheel.replication.raft.link_protocol import LinkSettings
+from tickwheel.replication.raft.link_server import LinkServer
 
 SWEEP_INTERVAL_S = 0.1
 
@@ -35,7 +36,7 @@ class LinkTransport(TCPTransport):
     def _createServer(self) -> None:
         address = self._syncObj.conf.bindAddress or self._selfNode.address
         host, port = address.rsplit(":", 1)
-        self._server = wire.LinkServer(self._syncObj._poller, host, int(port),
+        self._server = LinkServer(self._syncObj._poller, host, int(port),
                                        self._onNewIncomingConnection, self._links)
 
     def addNode(self, node: Any) -> None:  # pysyncobj's TCPNode

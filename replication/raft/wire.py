@@ -1,6 +1,8 @@
 """Raft links over TCP (pysyncobj's ``TcpConnection`` and ``TcpServer`` replaced): the protocol
 of `tickwheel.replication.raft.link_protocol` on non-blocking sockets, driven by pysyncobj's poller
 on the Raft thread; `tickwheel.replication.raft.transport` plugs them into pysyncobj's transport.
+The handshake's logic is `tickwheel.replication.raft.handshake`; the listener is
+`tickwheel.replication.raft.link_server`.
 
 pysyncobj's own connection unpickles whatever arrives on the Raft port, buffers announced frames
 of up to 2 GiB (quadratically) before any check, and answers ``status`` to anyone; its
@@ -18,9 +20,7 @@ Callbacks and states use pysyncobj's names and values (``CONNECTION_STATE``,
 
 from __future__ import annotations
 
-import hmac
 import logging
-import os
 import pickle
 import socket
 import time
@@ -31,20 +31,19 @@ from typing import Protocol
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from tickwheel.replication.raft.handshake import (
+    AWAIT_HELLO,
+    AWAIT_PROOF,
+    DIALING,
+    OPEN,
+    Handshake,
+    Refused,
+)
 from tickwheel.replication.raft.link_protocol import (
     FRAME_HEAD,
-    HELLO,
-    MAGIC,
-    NONCE_BYTES,
     PICKLE_PROTOCOL,
-    PROOF_BYTES,
-    VERSION,
-    WELCOME,
     LinkSettings,
-    ciphers,
     frame_nonce,
-    key_id,
-    proof,
     safe_loads,
 )
 
@@ -79,8 +78,6 @@ class Link:
                  sock: socket.socket | None = None) -> None:
         self._poller = poller
         self._settings = settings
-        self._keys = settings.keys
-        self._master = next(iter(self._keys.values()))
         self._socket: socket.socket | None = None
         self._fileno: int | None = None
         self._on_message: Callable[[object], None] | None = None
@@ -109,7 +106,7 @@ class Link:
     def connect(self, host: str | None, port: int) -> bool:
         if host is None:
             return False
-        sock = socket.socket(_family(host), socket.SOCK_STREAM)
+        sock = socket.socket(family(host), socket.SOCK_STREAM)
         sock.setblocking(False)
         try:
             sock.connect((host, port))
@@ -153,14 +150,14 @@ class Link:
 
     @property
     def authenticated(self) -> bool:
-        return self._phase == _OPEN
+        return self._handshake.step == OPEN
 
     def check_deadlines(self, now_s: float) -> None:
         """Drop the link if its handshake or its silence has gone on too long."""
         if self.state == DISCONNECTED:
             return
-        if self._phase != _OPEN and now_s > self._handshake_deadline_s:
-            if self._phase in (_AWAIT_HELLO, _AWAIT_PROOF):
+        if self._handshake.step != OPEN and now_s > self._handshake_deadline_s:
+            if self._handshake.step in (AWAIT_HELLO, AWAIT_PROOF):
                 self.refuse("handshake_timeout")  # a stranger, or a peer that stalled
             else:
                 self.disconnect()  # a peer we dial that is down or cut off: not a refusal
@@ -169,13 +166,11 @@ class Link:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _reset(self) -> None:
-        self._phase = _DIALING
+    def _reset(self, *, dialler: bool = True) -> None:
+        self._handshake = Handshake(self._settings.keys, dialler=dialler)
         self._in = bytearray()
         self._out: deque[memoryview] = deque()
         self._out_bytes = 0
-        self._nonce = b""
-        self._peer_nonce = b""
         self._send_aead: AESGCM | None = None
         self._recv_aead: AESGCM | None = None
         self._send_count = self._recv_count = 0
@@ -184,7 +179,7 @@ class Link:
                                       + self._settings.handshake_timeout_ms / 1000)
 
     def _adopt(self, sock: socket.socket, *, accepted: bool) -> None:
-        self._reset()
+        self._reset(dialler=not accepted)
         settings = self._settings
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, settings.send_buffer_bytes)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, settings.recv_buffer_bytes)
@@ -193,7 +188,6 @@ class Link:
         self._socket, self._fileno = sock, sock.fileno()
         self.state = CONNECTING
         if accepted:
-            self._phase = _AWAIT_HELLO
             try:
                 host, port = sock.getpeername()[:2]
                 self.peer = f"{host}:{port}"
@@ -216,10 +210,8 @@ class Link:
         if events & ERROR or self._socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
             self.disconnect()
             return
-        if self._phase == _DIALING:
-            self._nonce = os.urandom(NONCE_BYTES)
-            self._phase = _AWAIT_WELCOME
-            self._queue(HELLO.pack(MAGIC, VERSION, key_id(self._master), self._nonce))
+        if self._handshake.step == DIALING:
+            self._queue(self._handshake.hello())
             return
         if events & WRITE:
             self._flush()
@@ -272,66 +264,35 @@ class Link:
             self._consume()
 
     def _wanted(self) -> int:
-        step = _STEP_BYTES.get(self._phase)
+        step = self._handshake.wanted
         if step is None:
             return self._settings.recv_buffer_bytes
         return step - len(self._in)
 
     def _consume(self) -> None:
-        if self._phase == _AWAIT_HELLO and len(self._in) == HELLO.size:
-            self._answer_hello(bytes(self._in))
-        elif self._phase == _AWAIT_WELCOME and len(self._in) == WELCOME.size:
-            self._check_welcome(bytes(self._in))
-        elif self._phase == _AWAIT_PROOF and len(self._in) == PROOF_BYTES:
-            self._check_proof(bytes(self._in))
-        elif self._phase == _OPEN:
+        handshake = self._handshake
+        if handshake.step == OPEN:
             self._deliver_frames()
-
-    def _answer_hello(self, hello: bytes) -> None:
-        magic, version, their_key_id, self._peer_nonce = HELLO.unpack(hello)
+            return
+        if len(self._in) != handshake.wanted:
+            return
+        step = bytes(self._in)
         self._in.clear()
-        if magic != MAGIC or version != VERSION:
-            self.refuse("not_a_tickwheel_link")
+        try:
+            answer = handshake.receive(step)
+        except Refused as refused:
+            self.refuse(refused.reason)
             return
-        if their_key_id not in self._keys:
-            self.refuse("wrong_secret")
-            return
-        self._master = self._keys[their_key_id]
-        self._nonce = os.urandom(NONCE_BYTES)
-        self._phase = _AWAIT_PROOF
-        welcome = WELCOME.pack(MAGIC, VERSION, self._nonce,
-                             proof(self._master, b"S", self._peer_nonce, self._nonce))
-        self._queue(welcome)
+        if answer:
+            self._queue(answer)
+        if handshake.step == OPEN:
+            self._open()
 
-    def _check_welcome(self, welcome: bytes) -> None:
-        magic, version, self._peer_nonce, their_proof = WELCOME.unpack(welcome)
-        self._in.clear()
-        if magic != MAGIC or version != VERSION:
-            self.refuse("not_a_tickwheel_link")
-            return
-        if not hmac.compare_digest(their_proof,
-                                   proof(self._master, b"S", self._nonce, self._peer_nonce)):
-            self.refuse("wrong_secret")
-            return
-        self._queue(proof(self._master, b"C", self._nonce, self._peer_nonce))
-        self._open(dialler=True)
-
-    def _check_proof(self, their_proof: bytes) -> None:
-        self._in.clear()
-        if not hmac.compare_digest(their_proof,
-                                   proof(self._master, b"C", self._peer_nonce, self._nonce)):
-            self.refuse("wrong_secret")
-            return
-        self._open(dialler=False)
-
-    def _open(self, *, dialler: bool) -> None:
+    def _open(self) -> None:
         if not self._settings.insecure:
-            nonces = ((self._nonce, self._peer_nonce) if dialler
-                      else (self._peer_nonce, self._nonce))
-            self._send_aead, self._recv_aead = ciphers(self._master, *nonces, dialler=dialler)
-        self._phase = _OPEN
+            self._send_aead, self._recv_aead = self._handshake.ciphers()
         self.state = CONNECTED
-        if dialler and self._on_connected is not None:
+        if self._handshake.dialler and self._on_connected is not None:
             self._on_connected()
 
     def _deliver_frames(self) -> None:
@@ -376,66 +337,6 @@ class Link:
         self.disconnect()
 
 
-class LinkServer:
-    """Listens on exactly ``host:port`` (pysyncobj's ``TcpServer`` interface) and hands each
-    accepted `Link` to ``on_link``; keeps at most ``max_unauthenticated`` links in their
-    handshake, pushing out the oldest."""
-
-    def __init__(self, poller: Poller, host: str, port: int,
-                 on_link: Callable[[Link], None], settings: LinkSettings) -> None:
-        self._poller = poller
-        self._address = (host, port)
-        self._on_link = on_link
-        self._settings = settings
-        self._socket: socket.socket | None = None
-        self._handshaking: deque[Link] = deque()
-
-    def bind(self) -> None:
-        sock = socket.socket(_family(self._address[0]), socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(self._address)
-            sock.listen(128)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
-        self._socket = sock
-        self._poller.subscribe(sock.fileno(), self._on_event, READ | ERROR)
-
-    def unbind(self) -> None:
-        if self._socket is not None:
-            self._poller.unsubscribe(self._socket.fileno())
-            self._socket.close()
-            self._socket = None
-        for link in list(self._handshaking):
-            link.disconnect()
-        self._handshaking.clear()
-
-    def _on_event(self, _fileno: int, events: int) -> None:
-        if events & ERROR:
-            self.unbind()
-            return
-        while self._socket is not None:
-            try:
-                sock, _ = self._socket.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                return
-            self._admit(Link(self._poller, self._settings, sock=sock))
-
-    def _admit(self, link: Link) -> None:
-        pending = self._handshaking = deque(
-            waiting for waiting in self._handshaking
-            if waiting.state != DISCONNECTED and not waiting.authenticated)
-        if len(pending) >= self._settings.max_unauthenticated:
-            oldest = pending.popleft()
-            oldest.refuse("too_many_unauthenticated")
-        pending.append(link)
-        self._on_link(link)
-
-
 class _Refusals:
     """Refused links, logged at most once every `REFUSAL_LOG_INTERVAL_S` (a port scan or a
     flood must not flood the log), with how many were not logged."""
@@ -459,12 +360,7 @@ class _Refusals:
 
 _refusals = _Refusals()
 
-_DIALING, _AWAIT_HELLO, _AWAIT_WELCOME, _AWAIT_PROOF, _OPEN = range(5)
-_STEP_BYTES = {_AWAIT_HELLO: HELLO.size, _AWAIT_WELCOME: WELCOME.size,
-               _AWAIT_PROOF: PROOF_BYTES}
-
-
-def _family(host: str) -> socket.AddressFamily:
+def family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from tickwheel.replication.raft import link_protocol, wire
 from tickwheel.replication.raft.link_protocol import LinkSettings
-from tickwheel.replication.raft.wire import CONNECTED, DISCONNECTED, Link, LinkServer
+from tickwheel.replication.raft.link_server import LinkServer
+from tickwheel.replication.raft.wire import CONNECTED, DISCONNECTED, Link
 
 SECRET = b"a-test-secret-of-enough-bytes-0123"
 SETTINGS = LinkSettings(secrets=(SECRET,), max_frame_bytes=16 << 20)
