@@ -18,8 +18,8 @@ from tickwheel.common.errors import invariant
 from tickwheel.replication.groups import Snapshot as GroupsSnapshot
 from tickwheel.replication.pending import Snapshot as PendingSnapshot
 from tickwheel.wheel import Cursor
+from tickwheel.wheel.fileio import APPEND_ONLY_FILES
 from tickwheel.wheel.mending import CopySource
-from tickwheel.wheel.segment import APPEND_ONLY_FILES
 
 WHEEL = "wheel"
 DEDUPE = "dedupe"

@@ -18,10 +18,19 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tickwheel.common.errors import CorruptSegment, InvariantViolation, invariant
+from tickwheel.wheel.fileio import (
+    APPEND_ONLY_FILES,
+    HEADS,
+    INDEX,
+    LOG,
+    TOMBSTONES,
+    map_readonly,
+    overwrite,
+    pread_file,
+    write_all,
+)
 from tickwheel.wheel.format import (
     HEAD,
-    SECONDS_PER_HOUR,
-    TOMBSTONE,
     UNIT,
     UNIT_AND_CRC,
     UNIT_CRC,
@@ -30,17 +39,17 @@ from tickwheel.wheel.format import (
     decode_record,
     pack_heads,
     pack_tombstone,
-    unpack_heads,
-    unpack_tombstones,
-    unpack_unit,
 )
 from tickwheel.wheel.mending import Mender, Unmended
+from tickwheel.wheel.repair import (
+    checked_unit,
+    decodes,
+    mended_unit,
+    occupancy,
+    open_hour,
+)
 
-_LOG, _INDEX, _HEADS, _TOMBSTONES = "log", "index", "heads", "tombstones"
-APPEND_ONLY_FILES = (_LOG, _INDEX, _TOMBSTONES)
-"""The files of a segment that only ever grow; heads is rewritten in place."""
 FDS_PER_HOUR = 4  # write descriptors an open segment may hold, one per file
-_SCAN_CHUNK_UNITS = 65_536
 _LITTLE_ENDIAN = sys.byteorder == "little"
 assert HEAD.format == "<iI", "the heads table is kept as array('i') of (head, count) pairs"
 
@@ -64,7 +73,7 @@ class HourSegment:
         self.units = units
         self.log_size_bytes = log_size_bytes
         self.tombstones = tombstones
-        self.occupied = _occupancy(heads)
+        self.occupied = occupancy(heads)
         self._flushed_units = units
         self._flushed_log_size_bytes = log_size_bytes
         self._unflushed_log = bytearray()
@@ -80,38 +89,13 @@ class HourSegment:
 
     @classmethod
     def open(cls, root: Path, hour: int, mender: Mender) -> HourSegment:
-        """Open (creating if absent) the segment of ``hour`` under ``root``, repairing torn tails.
-
-        The fast path reads only the heads file: when its header matches the sizes of index and
-        log exactly, nothing else is read. Otherwise the tail is repaired: the index is cut to
-        its last unit that is whole, passes its CRC and points inside the log; the log is cut
-        after that unit's record; heads are replayed from the index (from the checkpoint when
-        it is still a prefix, else from the start) and written back. A unit or tombstone that
-        fails its CRC inside the files (not at their end) is mended from a copy (`Mender`).
-        """
+        """Open (creating if absent) the segment of ``hour`` under ``root``, repairing torn
+        tails (`tickwheel.wheel.repair`) and writing repaired heads back."""
         path = _segment_path(root, hour)
-        if not path.exists():
-            path.mkdir(parents=True)
-            return cls(path, hour, _empty_heads(), 0, 0, set(), mender)
-        index_size = _size(path / _INDEX)
-        log_size = _size(path / _LOG)
-        checkpoint = unpack_heads(_read(path / _HEADS))
-        if (checkpoint is not None and index_size == checkpoint[0] * UNIT_SIZE
-                and log_size == checkpoint[1]):
-            units = checkpoint[0]
-            heads = _heads_from(checkpoint[2])
-            repaired = False
-        else:
-            units, log_size = _repair_tail(path, index_size, log_size)
-            if checkpoint is not None and checkpoint[0] <= units:
-                heads, start = _heads_from(checkpoint[2]), checkpoint[0]
-            else:
-                heads, start = _empty_heads(), 0
-            _replay(path, heads, start, units, mender)
-            repaired = True
-        tombstones = _load_tombstones(path, hour, units, mender)
-        segment = cls(path, hour, heads, units, log_size, tombstones, mender)
-        if repaired:
+        opened = open_hour(path, hour, mender)
+        segment = cls(path, hour, opened.heads, opened.units, opened.log_size, opened.tombstones,
+                      mender)
+        if opened.repaired:
             segment._heads_dirty = True
             segment.flush()
         return segment
@@ -171,19 +155,19 @@ class HourSegment:
     def flush(self) -> None:
         """Write what is buffered: log, index, tombstones, then the heads checkpoint."""
         if self._unflushed_log:
-            _write_all(self._write_fd(_LOG), self._unflushed_log)
+            write_all(self._write_fd(LOG), self._unflushed_log)
             self._unflushed_log = bytearray()
         if self._unflushed_index:
-            _write_all(self._write_fd(_INDEX), self._unflushed_index)
+            write_all(self._write_fd(INDEX), self._unflushed_index)
             self._unflushed_index = bytearray()
         if self._unflushed_tombstones:
-            _write_all(self._write_fd(_TOMBSTONES), self._unflushed_tombstones)
+            write_all(self._write_fd(TOMBSTONES), self._unflushed_tombstones)
             self._unflushed_tombstones = bytearray()
         self._flushed_units = self.units
         self._flushed_log_size_bytes = self.log_size_bytes
         if self._heads_dirty:
             table = self.heads.tobytes() if _LITTLE_ENDIAN else _swapped(self.heads)
-            _overwrite(self._write_fd(_HEADS), pack_heads(table, self.units, self.log_size_bytes))
+            overwrite(self._write_fd(HEADS), pack_heads(table, self.units, self.log_size_bytes))
             self._heads_dirty = False
 
     def _write_fd(self, name: str) -> int:
@@ -191,7 +175,7 @@ class HourSegment:
         rewritten in place at offset 0 and never changes size."""
         fd = self._write_fds.get(name)
         if fd is None:
-            flags = os.O_WRONLY | os.O_CREAT | (0 if name == _HEADS else os.O_APPEND)
+            flags = os.O_WRONLY | os.O_CREAT | (0 if name == HEADS else os.O_APPEND)
             fd = self._write_fds[name] = os.open(self.path / name, flags, 0o644)
         return fd
 
@@ -202,8 +186,8 @@ class HourSegment:
         the files as flushes extend them."""
         self.unmap()
         self._mapped = True
-        self._log_map = _map(self.path / _LOG, self._flushed_log_size_bytes)
-        self._index_map = _map(self.path / _INDEX, self._flushed_units * UNIT_SIZE)
+        self._log_map = map_readonly(self.path / LOG, self._flushed_log_size_bytes)
+        self._index_map = map_readonly(self.path / INDEX, self._flushed_units * UNIT_SIZE)
 
     def unmap(self) -> None:
         for view in (self._log_map, self._index_map):
@@ -224,9 +208,9 @@ class HourSegment:
         elif self._mapped:
             data = self._mapped_index(pos + UNIT_SIZE)
         else:
-            data, pos = _pread(self.path / _INDEX, UNIT_SIZE, pos), 0
+            data, pos = pread_file(self.path / INDEX, UNIT_SIZE, pos), 0
         try:
-            return _checked_unit(data, pos, global_index, self.path)
+            return checked_unit(data, pos, global_index, self.path)
         except CorruptSegment as damage:
             return self._mend_unit(global_index, damage)
 
@@ -238,14 +222,14 @@ class HourSegment:
         except CorruptSegment as damage:
             if offset + size > self._flushed_log_size_bytes:
                 raise Unmended(damage.where, str(damage), everywhere=True) from damage
-            copy = self._mender.mend(self.path / _LOG, offset, size, _decodes, damage)
+            copy = self._mender.mend(self.path / LOG, offset, size, decodes, damage)
             return decode_record(copy)
 
     def _mend_unit(self, global_index: int, damage: CorruptSegment) -> tuple[int, ...]:
         """Unit ``global_index``, which failed its check, from a good copy."""
         if global_index >= self._flushed_units:
             raise Unmended(damage.where, str(damage), everywhere=True) from damage
-        return _mended_unit(self._mender, self.path, global_index, damage)
+        return mended_unit(self._mender, self.path, global_index, damage)
 
     def read_record(self, offset: int, size: int) -> bytes:
         """The raw log record at ``offset``; `decode_record` checks its CRC (`record` does
@@ -254,7 +238,7 @@ class HourSegment:
             start = offset - self._flushed_log_size_bytes
             return bytes(self._unflushed_log[start:start + size])
         if not self._mapped:
-            return _pread(self.path / _LOG, size, offset)
+            return pread_file(self.path / LOG, size, offset)
         if self._log_map is None or offset + size > len(self._log_map):
             self.map_for_reading()
         log_map = self._log_map
@@ -284,7 +268,7 @@ class HourSegment:
             view = memoryview(data)
             for pos in range(0, len(view), UNIT_SIZE):
                 try:
-                    yield _checked_unit(view, pos, global_index, self.path)
+                    yield checked_unit(view, pos, global_index, self.path)
                 except CorruptSegment as damage:
                     yield self._mend_unit(global_index, damage)
                 global_index += 1
@@ -314,9 +298,9 @@ class HourSegment:
             fields = unpack(data, pos)
             if fields[3] != global_index or crc32(data[pos:pos + body_size]) != fields[8]:
                 fields = self._mend_unit(global_index, CorruptSegment(
-                    str(self.path / _INDEX), f"unit {global_index} is damaged"))
+                    str(self.path / INDEX), f"unit {global_index} is damaged"))
             if fields[4] >= global_index:
-                raise CorruptSegment(str(self.path / _INDEX), f"unit {global_index} does not "
+                raise CorruptSegment(str(self.path / INDEX), f"unit {global_index} does not "
                                      "point to an older one")
             if fields[2] < stop_local_index:
                 return -1
@@ -357,7 +341,7 @@ class HourSegment:
 def remove_segment(root: Path, hour: int) -> None:
     """Delete the files of ``hour``: every message in it is behind the cursor."""
     path = _segment_path(root, hour)
-    for name in (_LOG, _INDEX, _HEADS, _TOMBSTONES):
+    for name in (LOG, INDEX, HEADS, TOMBSTONES):
         (path / name).unlink(missing_ok=True)
     with contextlib.suppress(FileNotFoundError):
         path.rmdir()
@@ -379,173 +363,7 @@ def _segment_path(root: Path, hour: int) -> Path:
     return root / f"{hour:08d}"
 
 
-def _empty_heads() -> array[int]:
-    return array("i", [-1, 0]) * SECONDS_PER_HOUR
-
-
-def _heads_from(table: memoryview) -> array[int]:
-    heads = array("i")
-    heads.frombytes(table)
-    if not _LITTLE_ENDIAN:
-        heads.byteswap()
-    return heads
-
-
 def _swapped(heads: array[int]) -> bytes:
     copy = array("i", heads)
     copy.byteswap()
     return copy.tobytes()
-
-
-# The last byte of a little-endian chain head is 0xFF only for -1 (an empty second), since heads
-# are below 2**31: one translate turns those bytes into a string of binary digits.
-_OCCUPIED_DIGIT = bytes.maketrans(bytes(range(256)), b"1" * 255 + b"0")
-
-
-def _occupancy(heads: array[int]) -> int:
-    """Bit ``s`` set when second ``s`` holds a message."""
-    if not _LITTLE_ENDIAN:
-        return sum(1 << second for second, count in enumerate(heads[1::2]) if count)
-    digits = heads.tobytes()[3::HEAD.size].translate(_OCCUPIED_DIGIT)
-    return int(digits[::-1], 2)
-
-
-def _repair_tail(path: Path, index_size: int, log_size: int) -> tuple[int, int]:
-    """Cut index and log back to their longest consistent prefix; returns (units, log size)."""
-    units, end = index_size // UNIT_SIZE, 0
-    with open(path / _INDEX, "a+b") as index:
-        while units:
-            fields = unpack_unit(os.pread(index.fileno(), UNIT_SIZE, (units - 1) * UNIT_SIZE))
-            if fields is not None and fields[3] == units - 1 and fields[0] + fields[1] <= log_size:
-                end = fields[0] + fields[1]
-                break
-            units -= 1
-        index.truncate(units * UNIT_SIZE)
-    with open(path / _LOG, "a+b") as log:
-        log.truncate(end)
-    return units, end
-
-
-def _replay(path: Path, heads: array[int], start: int, units: int, mender: Mender) -> None:
-    """Apply index units ``[start, units)`` to ``heads``, checking every chain link (and
-    mending a unit that fails its CRC)."""
-    with open(path / _INDEX, "rb") as index:
-        for chunk_start in range(start, units, _SCAN_CHUNK_UNITS):
-            count = min(_SCAN_CHUNK_UNITS, units - chunk_start)
-            data = os.pread(index.fileno(), count * UNIT_SIZE, chunk_start * UNIT_SIZE)
-            for i in range(count):
-                global_index = chunk_start + i
-                try:
-                    fields = _checked_unit(data, i * UNIT_SIZE, global_index, path)
-                except CorruptSegment as damage:
-                    fields = _mended_unit(mender, path, global_index, damage)
-                slot = fields[6] << 1
-                if fields[4] != heads[slot] or fields[2] != heads[slot + 1]:
-                    raise CorruptSegment(str(path / _INDEX), f"unit {global_index} breaks its "
-                                         "second's chain")
-                heads[slot] = global_index
-                heads[slot + 1] += 1
-
-
-def _mended_unit(mender: Mender, path: Path, global_index: int,
-                 damage: CorruptSegment) -> tuple[int, ...]:
-    """Unit ``global_index`` of ``path``'s index, which failed its check, from a good copy."""
-
-    def good(copy: bytes) -> bool:
-        fields = unpack_unit(copy)
-        return fields is not None and fields[3] == global_index
-
-    fields = unpack_unit(mender.mend(path / _INDEX, global_index * UNIT_SIZE, UNIT_SIZE, good,
-                                     damage))
-    if fields is None:
-        raise InvariantViolation(f"{path}: mended unit {global_index} fails its check")
-    return fields
-
-
-def _decodes(record: bytes) -> bool:
-    try:
-        decode_record(record)
-    except CorruptSegment:
-        return False
-    return True
-
-
-def _checked_unit(data: bytes | bytearray | memoryview | mmap.mmap, pos: int,
-                  global_index: int, path: Path) -> tuple[int, ...]:
-    """The fields of unit ``global_index`` stored at ``pos`` of ``data``; `CorruptSegment` if
-    it fails its CRC or is not the unit it should be."""
-    fields = unpack_unit(data, pos)
-    if fields is None or fields[3] != global_index:
-        raise CorruptSegment(str(path / _INDEX), f"unit {global_index} is damaged")
-    return fields
-
-
-def _load_tombstones(path: Path, hour: int, units: int, mender: Mender) -> set[int]:
-    """The valid tombstones; a torn tail, or one naming a unit that was cut, is dropped. A
-    whole entry that fails its CRC with more after it is damage, not a torn write: it is
-    mended from a copy (and dropped with the rest only if none has it)."""
-    data = _read(path / _TOMBSTONES)
-    found = unpack_tombstones(hour, data)
-    while (len(found) + 1) * TOMBSTONE.size < len(data):
-        offset = len(found) * TOMBSTONE.size
-        damage = CorruptSegment(str(path / _TOMBSTONES), f"tombstone {len(found)} is damaged")
-        try:
-            copy = mender.mend(path / _TOMBSTONES, offset, TOMBSTONE.size,
-                               lambda entry: len(unpack_tombstones(hour, entry)) == 1, damage)
-        except Unmended:
-            break
-        data = data[:offset] + copy + data[offset + TOMBSTONE.size:]
-        found = unpack_tombstones(hour, data)
-    kept = [g for g in found if g < units]
-    expected = b"".join(pack_tombstone(hour, g) for g in kept)
-    if expected != data:
-        fd = os.open(path / _TOMBSTONES, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            _overwrite(fd, expected)
-        finally:
-            os.close(fd)
-    return set(kept)
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return b""
-
-
-def _pread(path: Path, size: int, offset: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.pread(fd, size, offset)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data: bytes | bytearray) -> None:
-    """Append all of ``data``."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _overwrite(fd: int, data: bytes) -> None:
-    """Make the file hold exactly ``data``, written in place from offset 0."""
-    view, written = memoryview(data), 0
-    while written < len(data):
-        written += os.pwrite(fd, view[written:], written)
-    os.ftruncate(fd, len(data))
-
-
-def _map(path: Path, size: int) -> mmap.mmap | None:
-    if size == 0:
-        return None
-    with open(path, "rb") as file:
-        return mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ)

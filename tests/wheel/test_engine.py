@@ -18,8 +18,8 @@ from tickwheel.wheel import (
     UnknownHandle,
     Wheel,
     WheelConfig,
+    repair,
 )
-from tickwheel.wheel import segment as segment_module
 from tickwheel.wheel.format import UNIT, UNIT_SIZE, encode_record, pack_unit
 from tickwheel.wheel.types import DAY_MS
 
@@ -195,7 +195,7 @@ def test_reopen_after_a_clean_close_reads_heads_and_never_replays_the_index(
     def no_replay(*args: object) -> None:
         raise AssertionError("reopen replayed the index")
 
-    monkeypatch.setattr(segment_module, "_replay", no_replay)
+    monkeypatch.setattr(repair, "_replay", no_replay)
     with Wheel.open(tmp_path) as wheel:
         assert wheel.next_due_ms() == NOW_MS
         assert len(take_all(wheel, NOW_MS + 500 * 60_000)) == 500
