@@ -56,15 +56,9 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from tickwheel.chaos.audit import (
-    audit,
-    build_session,
-    lateness_points,
-    load_logs,
-    read_run,
-    verdict,
-)
+from tickwheel.chaos.audit import audit, build_session, lateness_points, verdict
 from tickwheel.chaos.failovers import Fault, LeaderChange, find_failovers
+from tickwheel.chaos.run_logs import load_logs, read_run
 
 T0_MS = 1_700_000_000_000
 SENT_MS = 1_000

@@ -1,0 +1,114 @@
+"""What a chaos run leaves in its output folder, and how the audit reads it: ``run.json`` (the
+run's window and tolerances, `Run`) and the JSON-lines logs (`Logs`), each read with an explicit
+schema, a malformed line dropped (a process killed mid-write tears its last line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+SCHEDULED_SCHEMA = ("id STRING, topic STRING, deliver_at_ms BIGINT, sent_ms BIGINT, "
+                    "acked BOOLEAN, acked_ms BIGINT, handle BIGINT, kind STRING")
+CANCELS_SCHEMA = ("id STRING, handle BIGINT, sent_ms BIGINT, done_ms BIGINT, outcome STRING, "
+                  "deliver_at_ms BIGINT, raced BOOLEAN")
+RESCHEDULES_SCHEMA = ("id STRING, handle BIGINT, sent_ms BIGINT, done_ms BIGINT, outcome STRING, "
+                      "deliver_at_ms BIGINT, old_deliver_at_ms BIGINT, batch BIGINT, size BIGINT")
+RECEIVED_SCHEMA = ("id STRING, topic STRING, group STRING, deliver_at_ms BIGINT, "
+                   "delivered_at_ms BIGINT, received_ms BIGINT, attempt BIGINT, "
+                   "possible_duplicate BOOLEAN, node STRING, consumer STRING, acked BOOLEAN")
+JOURNAL_SCHEMA = ("event STRING, node STRING, term BIGINT, epoch BIGINT, cursor ARRAY<BIGINT>, "
+                  "takeover_ms BIGINT, id STRING, topic STRING, group STRING, handle BIGINT, "
+                  "deliver_at_ms BIGINT, delivered_at_ms BIGINT, position ARRAY<BIGINT>, "
+                  "possible_duplicate BOOLEAN, attempt BIGINT")
+"""``node`` is the Raft address; the audit names nodes by the journal's file name instead."""
+LEADERS_SCHEMA = "at_ms BIGINT, leader STRING, term BIGINT"
+FAULTS_SCHEMA = "fault STRING, node STRING, started_ms BIGINT, ended_ms BIGINT, detail STRING"
+JOURNAL_NAME = r"([^/]+)\.\d+\.jsonl$"
+"""``journals/<node name>.<generation>.jsonl``: group 1 is the node's name."""
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """``run.json``: the run's window and the tolerances it is judged by."""
+
+    started_ms: int
+    ended_ms: int
+    seed: int | None
+    grace_ms: int
+    allowed_early_ms: int
+    drained_due_ms: int | None = None
+    """What the harness drained for: every message due by then had arrived (or the drain
+    timed out). None in runs recorded before the harness wrote it."""
+    groups: dict[str, list[str]] | None = None
+    """Consumed topics and their groups; None (runs before groups): every topic, its default
+    group."""
+    idle_topics: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def lost_cutoff_ms(self) -> int:
+        """Messages due by then must have arrived."""
+        cutoff = self.ended_ms - self.grace_ms
+        return cutoff if self.drained_due_ms is None else min(cutoff, self.drained_due_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Logs:
+    """One run's logs as DataFrames (journals gain ``node_name``, from the file name;
+    receipts without a group are the default group's)."""
+
+    run: Run
+    scheduled: DataFrame
+    cancels: DataFrame
+    reschedules: DataFrame
+    received: DataFrame
+    journals: DataFrame
+    leaders: DataFrame
+    faults: DataFrame
+
+
+def read_run(out_dir: Path, grace_ms: int | None = None,
+             allowed_early_ms: int | None = None) -> Run:
+    """``OUT_DIR/run.json``; ``grace_ms`` and ``allowed_early_ms`` override its values when given.
+    Raises `OSError` if it is unreadable, `ValueError` if a field is missing."""
+    path = out_dir / "run.json"
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    missing = [key for key in ("started_ms", "ended_ms", "grace_ms", "allowed_early_ms")
+               if raw.get(key) is None]
+    if missing:
+        raise ValueError(f"{path}: missing {', '.join(missing)} (did the run finish?)")
+    return Run(started_ms=raw["started_ms"], ended_ms=raw["ended_ms"], seed=raw.get("seed"),
+               grace_ms=raw["grace_ms"] if grace_ms is None else grace_ms,
+               allowed_early_ms=(raw["allowed_early_ms"] if allowed_early_ms is None
+                                 else allowed_early_ms),
+               drained_due_ms=raw.get("drained_due_ms"), groups=raw.get("groups"),
+               idle_topics=raw.get("idle_topics", []))
+
+
+def load_logs(spark: SparkSession, out_dir: Path, run: Run) -> Logs:
+    """The logs under ``out_dir`` as DataFrames with explicit schemas."""
+    journals = _read_jsonl(spark, sorted((out_dir / "journals").glob("*.jsonl")), JOURNAL_SCHEMA)
+    return Logs(
+        run=run,
+        scheduled=_read_jsonl(spark, [out_dir / "scheduled.jsonl"], SCHEDULED_SCHEMA),
+        cancels=_read_jsonl(spark, [out_dir / "cancels.jsonl"], CANCELS_SCHEMA),
+        reschedules=_read_jsonl(spark, [out_dir / "reschedules.jsonl"], RESCHEDULES_SCHEMA),
+        received=_read_jsonl(spark, [out_dir / "received.jsonl"], RECEIVED_SCHEMA)
+        .withColumn("group", F.coalesce("group", F.lit(""))),
+        journals=journals.withColumn(
+            "node_name", F.regexp_extract(F.input_file_name(), JOURNAL_NAME, 1)),
+        leaders=_read_jsonl(spark, [out_dir / "leaders.jsonl"], LEADERS_SCHEMA),
+        faults=_read_jsonl(spark, [out_dir / "faults.jsonl"], FAULTS_SCHEMA))
+
+
+def _read_jsonl(spark: SparkSession, paths: list[Path], schema: str) -> DataFrame:
+    """The JSON lines of those ``paths`` that exist (none: no rows); malformed lines dropped."""
+    existing = [str(path) for path in paths if path.is_file()]
+    if not existing:
+        return spark.createDataFrame(spark.sparkContext.emptyRDD(), schema)
+    return spark.read.schema(schema).option("mode", "DROPMALFORMED").json(existing)
