@@ -22,20 +22,17 @@ from rich.console import Console
 from rich.progress import Progress
 
 from tickwheel.chaos.cluster import ChaosCluster
+from tickwheel.chaos.consumers import SUBSCRIPTIONS, ConsumerWorker
 from tickwheel.chaos.nemesis import Nemesis, NemesisConfig
+from tickwheel.chaos.races import Canceller, Race, Racer
 from tickwheel.chaos.workload import (
     GROUPS,
     IDLE_TOPIC,
-    SUBSCRIPTIONS,
-    Canceller,
-    ConsumerWorker,
     Endpoint,
     EventLog,
     LeaderMonitor,
     Mix,
     Producer,
-    Race,
-    Racer,
     now_ms,
 )
 from tickwheel.harness.local_cluster import wait_for
