@@ -6,10 +6,10 @@ accepted well ahead of its due time and hands others to a racer, which cancels o
 them a few milliseconds before they are due (`tickwheel.chaos.races`); consumers in two groups
 of one topic and the default group of another receive and acknowledge (some slowly, some
 "crashing" before the acknowledgement, one receiving without a stream:
-`tickwheel.chaos.consumers`); a monitor polls `ClusterInfo` and notes every leader change. Each writes JSON lines (`EventLog`) whose fields the audit
-(`tickwheel.chaos.audit`) documents. Every random choice comes from a `random.Random` seeded
-from the run's seed, so a run's workload is reproducible (its timing, on a shared machine, is
-not).
+`tickwheel.chaos.consumers`); a monitor polls `ClusterInfo` and notes every leader change. Each
+writes JSON lines (`EventLog`) whose fields the audit (`tickwheel.chaos.audit`) documents. Every
+random choice comes from a `random.Random` seeded from the run's seed, so a run's workload is
+reproducible (its timing, on a shared machine, is not).
 
 Times are Unix milliseconds on the harness's real clock: the clock the audit judges by.
 """
