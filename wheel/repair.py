@@ -34,6 +34,7 @@ from tickwheel.wheel.mending import Mender, Unmended
 
 _SCAN_CHUNK_UNITS = 65_536
 _LITTLE_ENDIAN = sys.byteorder == "little"
+assert HEAD.format == "<iI", "the heads table is kept as array('i') of (head, count) pairs"
 
 
 class Opened(NamedTuple):
@@ -82,6 +83,15 @@ def _heads_from(table: memoryview) -> array[int]:
     if not _LITTLE_ENDIAN:
         heads.byteswap()
     return heads
+
+
+def heads_table(heads: array[int]) -> bytes:
+    """``heads`` as the heads file stores them, little-endian (`_heads_from` reads them back)."""
+    if _LITTLE_ENDIAN:
+        return heads.tobytes()
+    swapped = array("i", heads)
+    swapped.byteswap()
+    return swapped.tobytes()
 
 
 # The last byte of a little-endian chain head is 0xFF only for -1 (an empty second), since heads

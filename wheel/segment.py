@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import sys
 import zlib
 from array import array
 from collections.abc import Iterator, Sequence
@@ -30,7 +29,6 @@ from tickwheel.wheel.fileio import (
     write_all,
 )
 from tickwheel.wheel.format import (
-    HEAD,
     UNIT,
     UNIT_AND_CRC,
     UNIT_CRC,
@@ -44,14 +42,13 @@ from tickwheel.wheel.mending import Mender, Unmended
 from tickwheel.wheel.repair import (
     checked_unit,
     decodes,
+    heads_table,
     mended_unit,
     occupancy,
     open_hour,
 )
 
 FDS_PER_HOUR = 4  # write descriptors an open segment may hold, one per file
-_LITTLE_ENDIAN = sys.byteorder == "little"
-assert HEAD.format == "<iI", "the heads table is kept as array('i') of (head, count) pairs"
 
 
 class HourSegment:
@@ -166,7 +163,7 @@ class HourSegment:
         self._flushed_units = self.units
         self._flushed_log_size_bytes = self.log_size_bytes
         if self._heads_dirty:
-            table = self.heads.tobytes() if _LITTLE_ENDIAN else _swapped(self.heads)
+            table = heads_table(self.heads)
             overwrite(self._write_fd(HEADS), pack_heads(table, self.units, self.log_size_bytes))
             self._heads_dirty = False
 
@@ -362,8 +359,3 @@ def segment_files(root: Path, hour: int) -> dict[str, int]:
 def _segment_path(root: Path, hour: int) -> Path:
     return root / f"{hour:08d}"
 
-
-def _swapped(heads: array[int]) -> bytes:
-    copy = array("i", heads)
-    copy.byteswap()
-    return copy.tobytes()
