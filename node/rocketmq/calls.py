@@ -21,6 +21,7 @@ from tickwheel.common.errors import Retryable, TickwheelError
 from tickwheel.node.access import Action, Principal
 from tickwheel.node.context import NodeContext
 from tickwheel.node.rocketmq import convert
+from tickwheel.node.rocketmq.binding import Context
 from tickwheel.node.rocketmq.convert import Refusal
 from tickwheel.node.rocketmq.renewals import LEASE_MS, Renewals
 from tickwheel.node.server import LeaderRefused, TickwheelService
@@ -30,7 +31,6 @@ from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.rocketmq.v2 import service_pb2 as svc
 from tickwheel.v1 import tickwheel_pb2 as pb
 
-Context = grpc.aio.ServicerContext
 CLIENT_ID_KEY = "x-mq-client-id"
 DEFAULT_LONG_POLL_MS = 20_000
 LEADER_WAIT_S = 5.0
