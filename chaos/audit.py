@@ -9,46 +9,9 @@ OUT_DIR``. Missing or empty ``.jsonl`` files are no rows; lines that are not JSO
 writer's torn last line) are skipped. Times are Unix ms on the harness machine, except
 ``delivered_at_ms`` (the sending leader's clock).
 
-The definitions, which the chaos CI test relies on:
+What is owed, lost, a duplicate or a false alarm is defined in `tickwheel.chaos.deliveries`;
+the figures built on them:
 
-- **deliveries owed**: every consumer group is owed every message of its topic. ``run.json``'s
-  ``groups`` maps each consumed topic to its groups ("": the default group); a topic it does not
-  name (``idle_topics``: written to, never read) is owed to nobody. A run without ``groups``
-  owes every topic's messages to its default group. A delivery is a ``(id, group)``; receipts
-  without a ``group`` are the default group's. Ids in the summary are ``id`` for the default
-  group and ``group/id`` otherwise.
-- **moved**: an id whose reschedule answered ``rescheduled`` is owed at that reschedule's
-  ``deliver_at_ms`` (the latest answered, if several); one whose reschedule's outcome is
-  ``unknown`` at the later of its old and asked times.
-- **lost**: owed deliveries of scheduled and acked messages (``acked`` true; a message whose
-  schedule call failed is never counted lost, since it may or may not exist), not cancelled (no
-  cancel with outcome ``cancelled``, ``already_cancelled`` (a retried cancel whose first try got
-  it), ``unknown``, or ``handed_out``: some group had it, and the groups that had not never
-  will), due (moved, as above) by the cutoff, and never received in their group.
-  The cutoff is ``ended_ms - grace_ms``, and no later than ``drained_due_ms`` when ``run.json``
-  has it: the harness drains delivery until every delivery due by the end of production has
-  arrived, and one due after that may still sit, delivered, in a slow consumer's queue when the
-  run ends. Must be 0.
-- **duplicates**: every receipt of a delivery but its original: the first *plain* receipt
-  (``possible_duplicate`` false and ``attempt`` 1) if there is one, else the first by
-  ``received_ms``. Each is ``flagged`` (``possible_duplicate``), else a ``redelivery``
-  (``attempt`` > 1: the consumer is told it is a retry), else ``unflagged`` (a second plain
-  receipt: the consumer could not tell, a bug). ``after_ack`` counts the
-  duplicates whose previous receipt had been acknowledged by the consumer.
-- **false_alarms**: deliveries whose original is flagged ``possible_duplicate``: a first
-  receipt that says it may be a repeat. Most were sent before and never handled (they sat in a
-  consumer's buffer when its stream broke, or were granted to a receive call whose answer was
-  lost); ``false_alarms_unsent`` counts those no journal shows sent to the group before (fewer
-  than two ``delivered`` lines for the delivery): hand-outs a leader committed and died before
-  sending, the only false alarms the design allows.
-- **cancelled_but_delivered**: messages with a cancel of outcome ``cancelled`` or
-  ``already_cancelled`` and a receipt with ``received_ms`` after that cancel's ``done_ms``.
-  Must be 0.
-- **contrary_to_reschedule**: receipts of a moved message (answered ``rescheduled``) more than
-  ``allowed_early_ms`` before its new due time: a delivery at the time the answer said it had
-  left. Must be 0. (A move to an earlier time that also delivers at the old one shows as an
-  unflagged duplicate.)
-- **delivered_early**: receipts with ``received_ms < deliver_at_ms - allowed_early_ms``.
 - **lateness_ms** of first receipts: ``received_ms - max(deliver_at_ms, acked_ms or sent_ms)``, so
   a message scheduled already due is judged from when it was accepted (``deliver_at_ms`` is the
   receipt's: a moved message's new time). ``p50`` and ``p99`` are exact nearest-rank
@@ -119,10 +82,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from tickwheel.chaos import report
+from tickwheel.chaos import deliveries, report
+from tickwheel.chaos.deliveries import CLASSES, DELIVERY
 from tickwheel.chaos.failovers import (
     Failover,
     Fault,
@@ -142,48 +106,42 @@ PERCENTILE_ACCURACY = 10_000_000
 """``percentile_approx`` is exact while there are fewer first receipts than this."""
 SHUFFLE_PARTITIONS = 4
 """The logs of one run fit one machine; Spark's default of 200 only adds overhead."""
-CLASSES = ("flagged", "redelivery", "unflagged")
-"""The duplicate classes, in order of precedence."""
-CANCELLED_OUTCOMES = ("cancelled", "already_cancelled")
-"""Cancel outcomes that mean the message is cancelled (`tickwheel.client.CancelOutcome`)."""
-DELIVERY = ("id", "group")
-"""What is owed and received: a message, to one consumer group."""
 
 # -- the audit ---------------------------------------------------------------------------------
 
 def audit(spark: SparkSession, out_dir: Path, grace_ms: int | None = None,
           allowed_early_ms: int | None = None) -> dict[str, Any]:
-    """The summary of the run logged in ``out_dir`` (see the module docstring); writes nothing."""
+    """The summary of the run logged in ``out_dir`` (its shape: the module docstring); writes nothing."""
     return summarize(load_logs(spark, out_dir, read_run(out_dir, grace_ms, allowed_early_ms)))
 
 
 def summarize(logs: Logs) -> dict[str, Any]:
     """Every figure of the summary, from the loaded logs."""
     run = logs.run
-    messages = _messages(logs.scheduled)
-    cancels = _cancels(logs.cancels)
-    moves = _moves(logs.reschedules)
-    owed = _owed(run, messages, moves)
-    receipts = _ordered_receipts(logs.received).join(_sends(logs.journals), list(DELIVERY),
-                                                     "left")
+    messages = deliveries.messages(logs.scheduled)
+    cancels = deliveries.cancels(logs.cancels)
+    moves = deliveries.moves(logs.reschedules)
+    owed = deliveries.owed(run, messages, moves)
+    receipts = deliveries.ordered_receipts(logs.received).join(
+        deliveries.sends(logs.journals), list(DELIVERY), "left")
     duplicates = receipts.filter(F.col("duplicate"))
-    first = _first_receipts(receipts, messages)
-    lost = _lost(run, owed, cancels, logs.received)
+    first = deliveries.first_receipts(receipts, messages)
+    lost = deliveries.lost(run, owed, cancels, logs.received)
     faults = [Fault(**row.asDict()) for row in logs.faults.orderBy("started_ms").collect()]
     changes = [LeaderChange(**row.asDict())
                for row in logs.leaders.orderBy("at_ms", "term").collect()]
     failovers = find_failovers(changes, faults)
     duplicate_counts, unflagged_ids = _duplicate_counts(duplicates)
-    late_cancels = _problem(_cancelled_but_delivered(cancels, logs.received))
-    contrary = _problem(_contrary_to_reschedule(run, moves, logs.received))
-    early = _problem(_delivered_early(run, logs.received))
+    late_cancels = _problem(deliveries.cancelled_but_delivered(cancels, logs.received))
+    contrary = _problem(deliveries.contrary_to_reschedule(run, moves, logs.received))
+    early = _problem(deliveries.delivered_early(run, logs.received))
     summary: dict[str, Any] = {
         "run": dataclasses.asdict(run),
         "messages": _message_counts(messages, cancels, moves, owed, logs.received),
-        "lost": _problem(lost.select(_label().alias("id"))),
+        "lost": _problem(lost.select(deliveries.label().alias("id"))),
         "duplicates": duplicate_counts,
-        "false_alarms": receipts.filter(_false_alarm()).count(),
-        "false_alarms_unsent": receipts.filter(_unsent_alarm()).count(),
+        "false_alarms": receipts.filter(deliveries.false_alarm()).count(),
+        "false_alarms_unsent": receipts.filter(deliveries.unsent_alarm()).count(),
         "cancelled_but_delivered": late_cancels["count"],
         "contrary_to_reschedule": contrary["count"],
         "delivered_early": early["count"],
@@ -202,7 +160,7 @@ def summarize(logs: Logs) -> dict[str, Any]:
 
 
 def verdict(summary: dict[str, Any]) -> str:
-    """``clean`` iff no promise was broken (see the module docstring), else ``dirty``."""
+    """``clean`` iff no promise was broken (the ``verdict`` above), else ``dirty``."""
     broken = (summary["lost"]["count"], summary["duplicates"]["unflagged"],
               summary["delivered_early"], summary["cancelled_but_delivered"],
               summary["contrary_to_reschedule"])
@@ -212,110 +170,13 @@ def verdict(summary: dict[str, Any]) -> str:
 def lateness_points(logs: Logs, max_points: int = 100_000) -> list[tuple[int, int]]:
     """``(received_ms, lateness_ms)`` of first receipts, by receipt time, for the plot; a seeded
     sample of about ``max_points`` when there are more."""
-    first = _first_receipts(_ordered_receipts(logs.received), _messages(logs.scheduled))
+    first = deliveries.first_receipts(deliveries.ordered_receipts(logs.received),
+                                      deliveries.messages(logs.scheduled))
     count = first.count()
     if count > max_points:
         first = first.sample(fraction=max_points / count, seed=0)
     rows = first.select("received_ms", "lateness_ms").orderBy("received_ms").collect()
     return [(row.received_ms, row.lateness_ms) for row in rows]
-
-
-def _messages(scheduled: DataFrame) -> DataFrame:
-    """One row per scheduled id; acked if any attempt to schedule it was."""
-    return scheduled.groupBy("id").agg(
-        F.first("topic").alias("topic"),
-        F.min("deliver_at_ms").alias("deliver_at_ms"), F.min("sent_ms").alias("sent_ms"),
-        F.bool_or("acked").alias("acked"), F.min("acked_ms").alias("acked_ms"))
-
-
-def _cancels(cancels: DataFrame) -> DataFrame:
-    """One row per id cancels were sent for: ``cancelled_ms``, when the first cancel that
-    says it is cancelled returned (None if none did), and ``maybe_cancelled``, true if any
-    cancel did, may have (outcome ``unknown``), or did for the groups that had not had it yet
-    (``handed_out``)."""
-    outcome = F.col("outcome")
-    cancelled = outcome.isin(*CANCELLED_OUTCOMES)
-    return cancels.groupBy("id").agg(
-        F.min(F.when(cancelled, F.col("done_ms"))).alias("cancelled_ms"),
-        F.bool_or(cancelled | outcome.isin("unknown", "handed_out")).alias("maybe_cancelled"))
-
-
-def _moves(reschedules: DataFrame) -> DataFrame:
-    """One row per id reschedules were sent for: ``moved_ms``, the new due time of the latest
-    answered ``rescheduled`` (None if none), and ``maybe_moved_ms``, the latest asked time of
-    those whose outcome is ``unknown``."""
-    moved = F.col("outcome") == "rescheduled"
-    return reschedules.groupBy("id").agg(
-        F.max_by(F.when(moved, F.col("deliver_at_ms")), F.when(moved, F.col("done_ms")))
-        .alias("moved_ms"),
-        F.max(F.when(F.col("outcome") == "unknown", F.col("deliver_at_ms")))
-        .alias("maybe_moved_ms"))
-
-
-def _owed(run: Run, messages: DataFrame, moves: DataFrame) -> DataFrame:
-    """One row per delivery owed (``id``, ``topic``, ``group``) of an acked message, with
-    ``owed_ms``: when it is due, moved as the module docstring says."""
-    spark = messages.sparkSession
-    if run.groups is None:
-        groups = messages.select("topic").distinct().withColumn("group", F.lit(""))
-    else:
-        pairs = [(topic, group) for topic, names in run.groups.items() for group in names]
-        groups = spark.createDataFrame(pairs, "topic STRING, group STRING")
-    due = F.coalesce("moved_ms", "deliver_at_ms")
-    return (messages.filter("acked").join(groups, "topic").join(moves, "id", "left")
-            .withColumn("owed_ms", F.greatest(due, F.col("maybe_moved_ms")))
-            .select("id", "topic", "group", "owed_ms"))
-
-
-def _label() -> Column:
-    """A delivery's name in the summary: ``id`` in the default group, else ``group/id``."""
-    return F.when(F.col("group") == "", F.col("id")).otherwise(
-        F.concat(F.col("group"), F.lit("/"), F.col("id")))
-
-
-def _false_alarm() -> Column:
-    """An original receipt (see `_ordered_receipts`) flagged as a possible duplicate."""
-    return ~F.col("duplicate") & F.col("possible_duplicate")
-
-
-def _unsent_alarm() -> Column:
-    """A false alarm that no journal shows sent to its group before (its own send only)."""
-    return _false_alarm() & (F.coalesce("sends", F.lit(0)) <= 1)
-
-
-def _sends(journals: DataFrame) -> DataFrame:
-    """``sends``: how many ``delivered`` journal lines each delivery has, on any node."""
-    return (journals.filter(F.col("event") == "delivered")
-            .withColumn("group", F.coalesce("group", F.lit("")))
-            .groupBy(*DELIVERY).agg(F.count("*").alias("sends")))
-
-
-def _ordered_receipts(received: DataFrame) -> DataFrame:
-    """Receipts numbered per delivery in order of arrival (``receipt``, from 1), with the
-    duplicate ``class`` (see `CLASSES`) and whether the previous receipt was acked
-    (``after_ack``)."""
-    order = Window.partitionBy(*DELIVERY).orderBy("received_ms", "attempt", "possible_duplicate")
-    plain = ~F.col("possible_duplicate") & (F.col("attempt") == 1)
-    # The original is the first plain receipt if there is one: a consumer may handle an early,
-    # unflagged copy after the flagged re-send overtook it (it sat in a slow consumer's
-    # buffer), and that is no bug; two plain receipts of one id are.
-    original = Window.partitionBy(*DELIVERY).orderBy(plain.desc(), "received_ms", "attempt",
-                                                     "possible_duplicate")
-    return (received
-            .withColumn("receipt", F.row_number().over(order))
-            .withColumn("duplicate", F.row_number().over(original) > 1)
-            .withColumn("after_ack", F.coalesce(F.lag("acked").over(order), F.lit(False)))
-            .withColumn("class", F.when(F.col("possible_duplicate"), CLASSES[0])
-                        .when(F.col("attempt") > 1, CLASSES[1]).otherwise(CLASSES[2])))
-
-
-def _first_receipts(receipts: DataFrame, messages: DataFrame) -> DataFrame:
-    """First receipts with ``lateness_ms``, judged from the later of the due time and the time
-    the schedule was accepted (acked, else sent; just the due time for unknown ids)."""
-    accepted = messages.select("id", F.coalesce("acked_ms", "sent_ms").alias("accepted_ms"))
-    return (receipts.filter(F.col("receipt") == 1).join(accepted, "id", "left")
-            .withColumn("lateness_ms", F.col("received_ms")
-                        - F.greatest("deliver_at_ms", "accepted_ms")))
 
 
 def _message_counts(messages: DataFrame, cancels: DataFrame, moves: DataFrame, owed: DataFrame,
@@ -329,34 +190,6 @@ def _message_counts(messages: DataFrame, cancels: DataFrame, moves: DataFrame, o
                                    F.count("*").alias("receipts")))
            .first())
     return row.asDict()
-
-
-def _lost(run: Run, owed: DataFrame, cancels: DataFrame, received: DataFrame) -> DataFrame:
-    """Deliveries owed by the cutoff, of messages not (maybe) cancelled, never received in
-    their group."""
-    due = owed.filter(F.col("owed_ms") <= run.lost_cutoff_ms)
-    return (due.join(cancels.filter("maybe_cancelled"), "id", "left_anti")
-            .join(received, list(DELIVERY), "left_anti"))
-
-
-def _cancelled_but_delivered(cancels: DataFrame, received: DataFrame) -> DataFrame:
-    """Ids received after a cancel that found them pending had returned."""
-    return (received.join(cancels, "id")
-            .filter(F.col("received_ms") > F.col("cancelled_ms")).select("id").distinct())
-
-
-def _contrary_to_reschedule(run: Run, moves: DataFrame, received: DataFrame) -> DataFrame:
-    """Receipts (one row each) of moved messages more than ``allowed_early_ms`` before their
-    new due time."""
-    early = F.col("received_ms") < F.col("moved_ms") - run.allowed_early_ms
-    return (received.join(moves.filter(F.col("moved_ms").isNotNull()), "id").filter(early)
-            .select("id"))
-
-
-def _delivered_early(run: Run, received: DataFrame) -> DataFrame:
-    """Receipts (one row each) more than ``allowed_early_ms`` before their due time."""
-    early = F.col("received_ms") < F.col("deliver_at_ms") - run.allowed_early_ms
-    return received.filter(early).select("id")
 
 
 def _problem(ids: DataFrame) -> dict[str, Any]:
@@ -400,7 +233,7 @@ def _per_group(owed: DataFrame, receipts: DataFrame, first: DataFrame,
         .join(receipts.groupBy(*keys).agg(
             F.count_distinct("id").alias("received"),
             *(F.count_if(duplicate & (F.col("class") == name)).alias(name) for name in CLASSES),
-            F.count_if(_false_alarm()).alias("false_alarms")), keys, "full")
+            F.count_if(deliveries.false_alarm()).alias("false_alarms")), keys, "full")
         .join(first.groupBy(*keys).agg(F.percentile_approx(
             "lateness_ms", 0.99, PERCENTILE_ACCURACY).alias("p99")), keys, "left")
         .join(lost.groupBy(*keys).agg(F.count("*").alias("lost")), keys, "left"))
@@ -459,7 +292,8 @@ def _duplicates_per_failover(failovers: list[Failover],
     if not failovers:
         return counts
     kind = (F.when(F.col("duplicate"), F.col("class"))
-            .when(_unsent_alarm(), F.lit("unsent")).when(_false_alarm(), F.lit("sent")))
+            .when(deliveries.unsent_alarm(), F.lit("unsent"))
+            .when(deliveries.false_alarm(), F.lit("sent")))
     rows = (receipts.withColumn("kind", kind).filter(F.col("kind").isNotNull())
             .groupBy(failover_index(failovers).alias("failover"), "kind").count()
             .filter(F.col("failover").isNotNull()).collect())
