@@ -155,7 +155,7 @@ class Leadership:
     def _read(self, handle: int) -> DueMessage | None:
         """A ready message's body, from the wheel (None, logged, if it cannot be read)."""
         try:
-            return self._state.wheel.read(handle)[0]
+            return self._state.wheel.handles.read(handle)[0]
         except (UnknownHandle, CorruptSegment) as error:
             log.error("event=ready_message_unreadable handle=%d error=%r", handle, str(error))
             return None

@@ -65,9 +65,9 @@ class Retiring:
         whether it is tombstoned; None when its hour is behind the cursor."""
         current = self._s.moves.get(handle, handle)
         try:
-            return self._s.wheel.read(current)
+            return self._s.wheel.handles.read(current)
         except UnknownHandle:
-            if self._s.wheel.is_behind(current):
+            if self._s.wheel.handles.is_behind(current):
                 return None  # its hour is behind the cursor, and deleted
             return Rejected(UnknownHandle(name, f"{handle} was never returned by schedule"))
         except CorruptSegment as error:
@@ -84,7 +84,7 @@ class Retiring:
                     else CancelResult.ALREADY_CANCELLED)
         position = message.position
         if not self._s.is_readied(position.second, position.local_index):
-            outcome, tag = self._s.wheel.cancel_tag(message.handle)
+            outcome, tag = self._s.wheel.handles.cancel_tag(message.handle)
             if outcome is CancelResult.CANCELLED:
                 self._s.pending.remove({tag: 1})
             return outcome
@@ -93,7 +93,7 @@ class Retiring:
             return CancelResult.NOT_PENDING
         if not never_leased:
             return CancelResult.HANDED_OUT
-        tag = self._s.wheel.tombstone(message.handle)
+        tag = self._s.wheel.handles.tombstone(message.handle)
         if position >= self._s.wheel.cursor:  # still counted pending: the cursor will not count it
             self._s.pending.remove({tag: 1})
         return CancelResult.CANCELLED
@@ -132,7 +132,7 @@ class Retiring:
         message, tombstoned = found
         current = self._s.moves.get(handle, handle)
         if current != message.handle:  # moved by an earlier move of this same request
-            found = self._s.wheel.read(self._s.moves[handle])
+            found = self._s.wheel.handles.read(self._s.moves[handle])
             message, tombstoned = found
         if tombstoned:
             return Moved(MoveOutcome.NOT_PENDING if self._long_passed(message.handle)

@@ -79,7 +79,7 @@ class Scheduling:
         if copy is None:
             return handle, deliver_at_ms
         try:
-            return handle, self._s.wheel.read(copy)[0].deliver_at_ms
+            return handle, self._s.wheel.handles.read(copy)[0].deliver_at_ms
         except (UnknownHandle, CorruptSegment):
             return handle, deliver_at_ms
 
@@ -104,7 +104,7 @@ class Scheduling:
         and would otherwise be swallowed as a retried schedule."""
         def retire(retry: commands.RetryRecord) -> Retried | Rejected | None:
             try:
-                retired, tag = self._s.wheel.cancel_tag(retry.replaces_handle)
+                retired, tag = self._s.wheel.handles.cancel_tag(retry.replaces_handle)
             except UnknownHandle as error:
                 return Rejected(error)
             if retired is not CancelResult.CANCELLED:

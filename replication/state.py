@@ -189,7 +189,8 @@ class StateMachine:
         ready, grants = commands.read_handout(command)
         wheel, groups, readied = self._s.wheel, self._s.groups, self._s.readied
         for item in ready:
-            if wheel.is_cancelled(item.handle) or self._s.is_readied(item.second, item.local_index):
+            if (wheel.handles.is_cancelled(item.handle)
+                    or self._s.is_readied(item.second, item.local_index)):
                 continue  # cancelled meanwhile, or readied already (a handout proposed twice)
             readied.setdefault(item.second, set()).add(item.local_index)
             groups.ready(item.handle, item.topic, item.target, stamp_ms)
@@ -294,7 +295,7 @@ class StateMachine:
     def _open_files(self) -> tuple[Wheel, DedupeWindow]:
         wheel_copies = None if self._copies is None else partial(copies_under, self._copies,
                                                                  WHEEL)
-        return (Wheel.open(self._root / WHEEL, self._config.wheel, replicated=True,
+        return (Wheel.open(self._root / WHEEL, self._config.wheel,
                            copies=wheel_copies, mend_counts=self.mended),
                 DedupeWindow.open(self._root / DEDUPE, self._config.dedupe_window_ms,
                                   self._config.max_dedupe_ids))

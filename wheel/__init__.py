@@ -26,8 +26,9 @@ handed out. Memory is O(open hours + preload window), never O(pending messages).
 
 **The cursor.** ``(second, local_index)``: everything before it is done. A message due at or
 before the cursor's second - or before the second of the batch's time stamp - is filed under the
-later of the two, after what is already there, so it can never fall behind the cursor. Once the
-cursor passes an hour, the hour's files are deleted.
+later of the two, after what is already there, so it can never fall behind the cursor. An hour
+the cursor has passed is deleted by the wheel's owner (`Wheel.delete_hour`) once no snapshot names
+it.
 
 **Costs.** insert O(1) amortised (buffered appends); cancel O(1) (a tombstone); take O(log w)
 per message for a window of w units; reopen O(hours) after a clean close, plus O(units of the

@@ -3,7 +3,7 @@
 See the package docstring (`tickwheel.wheel`) for the algorithm, its costs and a worked example.
 `Wheel` owns the cursor, the stamp and the ``meta`` file, and composes the parts it delegates
 to: `HourSet` (the hours on disk and the open segments), `DueWindow` (the preload window) and
-`CursorPassage` (what the cursor passes, by tag).
+`CursorPassage` (what the cursor passes, by tag); `Handles` reads and cancels by handle.
 """
 
 from __future__ import annotations
@@ -15,22 +15,20 @@ from types import TracebackType
 
 from tickwheel.common.errors import (
     InvalidMessage,
-    UnknownHandle,
     invariant,
 )
 from tickwheel.wheel.filing import file_records
 from tickwheel.wheel.format import (
     SECONDS_PER_HOUR,
-    TOMBSTONE,
     encode_record,
 )
+from tickwheel.wheel.handles import Handles
 from tickwheel.wheel.hours import HourSet
 from tickwheel.wheel.mending import CopySource, MendCounts, Mender
 from tickwheel.wheel.meta import MetaFile
 from tickwheel.wheel.passage import CursorPassage
-from tickwheel.wheel.segment import HourSegment
 from tickwheel.wheel.types import CancelResult, Cursor, DueMessage, NewMessage, WheelConfig
-from tickwheel.wheel.window import GLOBAL_INDEX_BITS, GLOBAL_INDEX_MASK, DueWindow
+from tickwheel.wheel.window import DueWindow
 
 log = logging.getLogger("tickwheel.wheel")
 
@@ -43,40 +41,39 @@ class Wheel:
     """
 
     def __init__(self, config: WheelConfig, meta: MetaFile, cursor: Cursor, stamp_ms: int,
-                 hours: HourSet, replicated: bool) -> None:
+                 hours: HourSet) -> None:
         self._config = config
         self._meta = meta
         self._cursor, self._stamp_ms = cursor, stamp_ms
         self._hours = hours
         self._window = DueWindow(hours, config, self._cursor.second, self._skip)
         self._passage = CursorPassage(hours)
-        self._replicated = replicated
+        self.handles = Handles(hours, lambda: self._cursor)
+        """Reading, cancelling and tombstoning by handle (`Handles`)."""
         self._skipped: list[Cursor] = []
 
     @classmethod
     def open(cls, root: Path | str, config: WheelConfig | None = None, *,
-             replicated: bool = False, copies: CopySource | None = None,
+             copies: CopySource | None = None,
              mend_counts: MendCounts | None = None) -> Wheel:
         """Open the wheel stored under ``root`` (created if absent).
 
         Cost: one directory listing and the ``meta`` file; hour segments open lazily, each from
         its heads checkpoint. Raises `StorageLocked` if another process has it open.
 
-        ``replicated`` is for a wheel that is the state machine of a Raft log: hours the cursor
-        has passed stay on disk until `delete_hour` (a snapshot may still name them), and
-        positions passed over without being handed out are reported by `drain_skipped`.
+        The wheel is the state machine of a Raft log, so its owner decides when files go:
+        hours the cursor has passed stay on disk until `delete_hour` (a snapshot may still name
+        them), and positions passed over without being handed out are kept for `drain_skipped`.
 
         ``copies`` is where a damaged record, unit or tombstone finds a good copy (see
-        `tickwheel.wheel.mending`): the other replicas' files, for a replicated wheel; what
+        `tickwheel.wheel.mending`): the other replicas' files; what
         mending did is added to ``mend_counts`` (a new one if None; see `mended`).
         """
         root = Path(root)
         config = config or WheelConfig()
         hours = HourSet.open(root, config.max_open_hours, Mender(root, copies, mend_counts))
         meta, cursor, stamp_ms = MetaFile.open(root)
-        wheel = cls(config, meta, cursor, stamp_ms, hours, replicated)
-        if not replicated:
-            hours.delete_before(cursor.second // SECONDS_PER_HOUR, cursor.second)
+        wheel = cls(config, meta, cursor, stamp_ms, hours)
         log.info("event=wheel_opened root=%s hours=%d cursor_second=%d cursor_local_index=%d",
                  root, len(hours.hours), cursor.second, cursor.local_index)
         return wheel
@@ -163,65 +160,10 @@ class Wheel:
         return handles
 
     def cancel(self, handle: int) -> CancelResult:
-        """Tombstone the message ``handle`` names, and say what that did (`CancelResult`).
-
-        A message already handed out by `take_due` but not yet behind the cursor is still
-        cancelled: it will not be handed out again. A tombstone is checked before the cursor,
-        so a repeated cancel reads ``ALREADY_CANCELLED`` until the message's hour is deleted.
-        Raises `UnknownHandle` for a handle never returned.
-        """
-        return self.cancel_tag(handle)[0]
-
-    def cancel_tag(self, handle: int) -> tuple[CancelResult, int]:
-        """`cancel`, and the tag of the message when this call cancelled it (else 0)."""
-        if handle < 0:
-            raise UnknownHandle("handle", f"{handle} was never returned by schedule")
-        hour, global_index = handle >> GLOBAL_INDEX_BITS, handle & GLOBAL_INDEX_MASK
-        if (hour + 1) * SECONDS_PER_HOUR <= self._cursor.second:
-            return CancelResult.NOT_PENDING, 0  # its hour is behind the cursor, and deleted
-        segment = self._hours.segment(hour, create=False)
-        if segment is None or global_index >= segment.units:
-            raise UnknownHandle("handle", f"{handle} was never returned by schedule")
-        if global_index in segment.tombstones:
-            return CancelResult.ALREADY_CANCELLED, 0
-        fields = segment.read_unit(global_index)
-        if Cursor(hour * SECONDS_PER_HOUR + fields[6], fields[2]) < self._cursor:
-            return CancelResult.NOT_PENDING, 0
-        segment.add_tombstone(global_index)
-        self._hours.written(hour, TOMBSTONE.size)
-        return CancelResult.CANCELLED, fields[7]
-
-    def read(self, handle: int) -> tuple[DueMessage, bool]:
-        """The message ``handle`` names, and whether it is cancelled (tombstoned). Raises
-        `UnknownHandle` for a handle never returned or of an hour already deleted, and
-        `CorruptSegment` for a record that fails its CRC."""
-        segment, global_index = self._segment_of(handle)
-        fields = segment.read_unit(global_index)
-        offset, size, local_index = fields[:3]
-        second = (handle >> GLOBAL_INDEX_BITS) * SECONDS_PER_HOUR + fields[6]
-        decoded = segment.record(offset, size)
-        message = DueMessage(*decoded[:5], handle, second, local_index, decoded[5])
-        return message, global_index in segment.tombstones
-
-    def is_cancelled(self, handle: int) -> bool:
-        """Whether ``handle`` is tombstoned (False for an unknown handle)."""
-        segment = self._hours.segment(handle >> GLOBAL_INDEX_BITS, create=False)
-        return segment is not None and handle & GLOBAL_INDEX_MASK in segment.tombstones
-
-    def tombstone(self, handle: int) -> int:
-        """Tombstone ``handle`` wherever it is, behind the cursor too, and return its tag: a
-        replicated state machine cancels messages that left the wheel for consumer groups
-        this way, so that a repeated cancel reads ``ALREADY_CANCELLED``."""
-        segment, global_index = self._segment_of(handle)
-        if global_index not in segment.tombstones:
-            segment.add_tombstone(global_index)
-            self._hours.written(handle >> GLOBAL_INDEX_BITS, TOMBSTONE.size)
-        return int(segment.read_unit(global_index)[7])
-
-    def is_behind(self, handle: int) -> bool:
-        """Whether the whole hour of ``handle`` is behind the cursor."""
-        return handle >= 0 and ((handle >> GLOBAL_INDEX_BITS) + 1) * SECONDS_PER_HOUR <= (
-            self._cursor.second)
+        """Tombstone the message ``handle`` names, and say what that did (`CancelResult`;
+        `Handles.cancel_tag` has the rules). Raises `UnknownHandle` for a handle never
+        returned."""
+        return self.handles.cancel_tag(handle)[0]
 
     def next_due_ms(self) -> int | None:
         """When the next message is due, or None if nothing is pending ahead of the dispatch.
@@ -246,7 +188,7 @@ class Wheel:
         return taken
 
     def advance_cursor(self, cursor: Cursor, now_ms: int | None = None) -> None:
-        """Move the cursor forward (never back) and delete the hours it has passed.
+        """Move the cursor forward (never back); the hours it passes stay until `delete_hour`.
 
         Appends at or before the cursor's hour are flushed before the cursor is written, so a
         crash can never leave a cursor that points past messages the files do not hold.
@@ -265,8 +207,6 @@ class Wheel:
         cursor_hour = cursor.second // SECONDS_PER_HOUR
         self._hours.flush_through(cursor_hour)
         self._write_meta()
-        if not self._replicated:
-            self._hours.delete_before(cursor_hour, cursor.second)
 
     def rewind(self) -> None:
         """Start a new dispatch pass from the cursor (after a restart or a leader change)."""
@@ -284,8 +224,8 @@ class Wheel:
 
     def drain_skipped(self) -> list[Cursor]:
         """Positions at or after the cursor that this pass went past without handing them out
-        (cancelled or corrupt), since the last call. Only a ``replicated`` wheel records them:
-        its dispatcher counts them as done when it works out how far the cursor may move."""
+        (cancelled or corrupt), since the last call or `rewind`: the dispatcher counts them as
+        done when it works out how far the cursor may move."""
         skipped, self._skipped = self._skipped, []
         return skipped
 
@@ -316,8 +256,7 @@ class Wheel:
         return self._hours.next_occupied_second(from_second)
 
     def passed_hours(self) -> list[int]:
-        """Hours still on disk that the cursor has passed (only a ``replicated`` wheel keeps
-        them)."""
+        """Hours still on disk that the cursor has passed."""
         return self._hours.before(self._cursor.second // SECONDS_PER_HOUR)
 
     def delete_hour(self, hour: int) -> None:
@@ -358,21 +297,12 @@ class Wheel:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _segment_of(self, handle: int) -> tuple[HourSegment, int]:
-        hour, global_index = handle >> GLOBAL_INDEX_BITS, handle & GLOBAL_INDEX_MASK
-        segment = self._hours.segment(hour, create=False) if handle >= 0 else None
-        if segment is None or global_index >= segment.units:
-            raise UnknownHandle("handle", f"{handle} was never returned by schedule, or its "
-                                "hour is gone")
-        return segment, global_index
-
     def _release_maps(self) -> None:
         """Unmap hours the dispatch has left behind."""
         self._hours.release_maps(self._window.hours_in_use()[0])
 
     def _skip(self, slot: int, local_index: int) -> None:
-        if self._replicated:
-            self._skipped.append(Cursor(slot, local_index))
+        self._skipped.append(Cursor(slot, local_index))
 
     def _write_meta(self) -> None:
         self._meta.write(self._cursor, self._stamp_ms)

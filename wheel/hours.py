@@ -143,13 +143,6 @@ class HourSet:
         self._remove(hour, cursor_second)
         self.hours.remove(hour)
 
-    def delete_before(self, hour: int, cursor_second: int) -> None:
-        """Delete every hour before ``hour``."""
-        passed = bisect.bisect_left(self.hours, hour)
-        for passed_hour in self.hours[:passed]:
-            self._remove(passed_hour, cursor_second)
-        del self.hours[:passed]
-
     def files(self, first_hour: int) -> dict[str, int]:
         """The append-only files of the hours from ``first_hour`` on, by path relative to the
         wheel's root, with their sizes (flush first)."""

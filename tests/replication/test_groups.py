@@ -36,7 +36,7 @@ def ready(state: StateMachine, handles: list[int], grants: list[Grant] = ()) -> 
     """Ready ``handles`` (as a leader that took them from the wheel would) and grant."""
     items = []
     for handle in handles:
-        message, _ = state.wheel.read(handle)
+        message, _ = state.wheel.handles.read(handle)
         items.append(Ready(handle, message.slot_second, message.local_index, message.topic,
                            message.properties.get(TARGET_GROUP_PROPERTY)))
     return state.apply(commands.handout(T0_MS, items, list(grants)))
@@ -173,7 +173,7 @@ def test_a_planner_gives_back_what_a_departing_consumer_was_never_sent(
     a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
 
     def read(handle: int) -> DueMessage | None:
-        return state.wheel.read(handle)[0]
+        return state.wheel.handles.read(handle)[0]
 
     plan = planner.plan(state.groups, [read(a), read(b)], T0_MS, T0_MS, read)
     seqs = state.apply(commands.handout(T0_MS, plan.ready, plan.grants))
@@ -286,7 +286,7 @@ def test_a_visibility_timeout_counts_from_the_send_not_from_the_grant(
     (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS)])
 
     def read(handle: int) -> DueMessage | None:
-        return state.wheel.read(handle)[0]
+        return state.wheel.handles.read(handle)[0]
 
     plan = planner.plan(state.groups, [read(a)], T0_MS, T0_MS, read)
     seqs = state.apply(commands.handout(T0_MS, plan.ready, plan.grants))
@@ -313,16 +313,16 @@ def test_a_reschedule_moves_a_pending_message_once_and_its_handle_follows(
     before = state.pending.snapshot()
     assert move(state, (a, T0_MS + 5_000)) == [Moved(MoveOutcome.RESCHEDULED, T0_MS + 5_000)]
     copy = state.moves[a]
-    message, tombstoned = state.wheel.read(copy)
+    message, tombstoned = state.wheel.handles.read(copy)
     assert (message.id, message.deliver_at_ms, tombstoned) == ("a", T0_MS + 5_000, False)
-    assert state.wheel.is_cancelled(a)  # the original will not come due
+    assert state.wheel.handles.is_cancelled(a)  # the original will not come due
     assert state.pending.snapshot() == before  # still one pending message each
     # a repeat (its answer was lost) finds it there already: nothing moves again
     assert move(state, (a, T0_MS + 5_000)) == [Moved(MoveOutcome.RESCHEDULED, T0_MS + 5_000)]
     assert state.moves[a] == copy and state.pending.snapshot() == before
     # the client's handle names the copy now: moved again, then cancelled through it
     assert move(state, (a, T0_MS + 9_000)) == [Moved(MoveOutcome.RESCHEDULED, T0_MS + 9_000)]
-    assert state.wheel.is_cancelled(copy)
+    assert state.wheel.handles.is_cancelled(copy)
     assert state.apply(commands.cancel(T0_MS, [a, b])) == [CancelResult.CANCELLED] * 2
     assert move(state, (a, T0_MS), (b, T0_MS)) == [Moved(MoveOutcome.CANCELLED, 0)] * 2
 
@@ -370,7 +370,7 @@ def test_a_rejected_reschedule_changes_nothing(state: StateMachine) -> None:
     far = T0_MS + StateConfig().wheel.max_delay_ms + 1
     (refused,) = move(state, (a, T0_MS), (a, far))
     assert isinstance(refused, Rejected) and refused.error.field == "moves[1].deliver_at_ms"
-    assert state.moves == {} and not state.wheel.is_cancelled(a)
+    assert state.moves == {} and not state.wheel.handles.is_cancelled(a)
 
 
 def test_moved_messages_are_bounded_remembered_in_snapshots_and_forgotten_once_passed(

@@ -122,15 +122,22 @@ def test_the_cursor_never_moves_backwards(wheel: Wheel) -> None:
         wheel.advance_cursor(Cursor(100, 4))
 
 
-def test_hours_are_deleted_once_the_cursor_has_passed_them(tmp_path: Path) -> None:
+def test_passed_hours_stay_until_their_owner_deletes_them(tmp_path: Path) -> None:
     with Wheel.open(tmp_path) as wheel:
         wheel.schedule([msg("a", NOW_MS + 10), msg("b", NOW_MS + HOUR_MS + 10)], NOW_MS)
         wheel.flush()
         assert wheel.hours == [1000, 1001]
         wheel.advance_cursor(Cursor(1001 * 3600 - 1, 0))  # still inside hour 1000
-        assert (tmp_path / "hours" / "00001000").exists()
+        assert wheel.passed_hours() == []
+        with pytest.raises(InvariantViolation):
+            wheel.delete_hour(1000)
         wheel.advance_cursor(Cursor(1001 * 3600, 0))
-        assert wheel.hours == [1001]
+        assert wheel.passed_hours() == [1000]  # a snapshot may still name it
+        assert (tmp_path / "hours" / "00001000").exists()
+    with Wheel.open(tmp_path) as wheel:  # nor does reopening delete it
+        assert wheel.passed_hours() == [1000]
+        wheel.delete_hour(1000)
+        assert wheel.hours == [1001] and wheel.passed_hours() == []
         assert not (tmp_path / "hours" / "00001000").exists()
 
 
@@ -279,13 +286,13 @@ def test_the_preload_window_stays_bounded(tmp_path: Path) -> None:
 
 
 def test_live_tags_until_counts_each_passed_uncancelled_message_once(tmp_path: Path) -> None:
-    wheel = Wheel.open(tmp_path, replicated=True)
+    wheel = Wheel.open(tmp_path)
     second = NOW_MS // 1_000
     batch = [msg(f"m{i}", NOW_MS + 1_000 * (i % 2)) for i in range(6)]
     handles = wheel.schedule_records([encode_record(*m) for m in batch],
                                      [m.deliver_at_ms for m in batch], NOW_MS, [1, 2, 3, 1, 2, 3])
-    assert wheel.cancel_tag(handles[2]) == (CancelResult.CANCELLED, 3)
-    assert wheel.cancel_tag(handles[2]) == (CancelResult.ALREADY_CANCELLED, 0)
+    assert wheel.handles.cancel_tag(handles[2]) == (CancelResult.CANCELLED, 3)
+    assert wheel.handles.cancel_tag(handles[2]) == (CancelResult.ALREADY_CANCELLED, 0)
     assert wheel.live_tags_until(Cursor(second, 2)) == {1: 1}  # m0, m2 (cancelled)
     wheel.advance_cursor(Cursor(second, 2))
     late = wheel.schedule_records([encode_record(*msg("late", 0))], [0], NOW_MS, [7])
@@ -303,7 +310,7 @@ def test_a_batch_across_hours_writes_the_units_pack_unit_makes(tmp_path: Path) -
     tags = [11, 12, 13, 14, 15]
     with Wheel.open(tmp_path) as wheel:
         handles = wheel.schedule_records(records, due_ms, NOW_MS, tags)
-        assert [wheel.cancel_tag(handle) for handle in handles] == [
+        assert [wheel.handles.cancel_tag(handle) for handle in handles] == [
             (CancelResult.CANCELLED, tag) for tag in tags]
     sizes = [len(record) for record in records]
     # hour 1000 holds m0, m1, m3, m4 (seconds 5, 5, 6, 5); hour 1001 holds m2 (second 1)
@@ -324,7 +331,7 @@ def test_walking_ahead_in_steps_changes_no_count_the_cursor_takes(tmp_path: Path
     # still filed there and some are cancelled; the counts must be those of a wheel that
     # read nothing ahead.
     second = NOW_MS // 1_000 + 5
-    walked, direct = (Wheel.open(tmp_path / name, replicated=True) for name in ("a", "b"))
+    walked, direct = (Wheel.open(tmp_path / name) for name in ("a", "b"))
     tags: list[int] = []
     handles: list[list[int]] = [[], []]
 
@@ -338,7 +345,7 @@ def test_walking_ahead_in_steps_changes_no_count_the_cursor_takes(tmp_path: Path
 
     def cancel(local_index: int) -> None:
         for wheel, filed in zip((walked, direct), handles, strict=True):
-            assert wheel.cancel_tag(filed[local_index])[0] is CancelResult.CANCELLED
+            assert wheel.handles.cancel_tag(filed[local_index])[0] is CancelResult.CANCELLED
         tags[local_index] = 0
 
     file(50, 1)
