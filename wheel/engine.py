@@ -231,20 +231,14 @@ class Wheel:
 
     def live_tags_until(self, cursor: Cursor) -> dict[int, int]:
         """How many messages of each tag the cursor passes moving to ``cursor``: those at or
-        after the cursor and before ``cursor`` that are not cancelled. A replicated state
-        machine keeps per-tag pending counts with it, the same on every replica.
-
-        Cost: one unit read per message passed, mostly ahead of time (`walk_ahead`); a second
-        the cursor crosses in several steps is read once (its units are kept until the cursor
-        leaves it), never per step.
-        """
+        after the cursor and before ``cursor`` that are not cancelled (`CursorPassage`: one
+        unit read per message passed, mostly ahead of time by `walk_ahead`)."""
         return self._passage.live_tags_between(self._cursor, cursor)
 
     def walk_ahead(self, max_units: int) -> None:
         """Read up to ``max_units`` index units of the next second the cursor will pass, so
-        that the cursor command entering it finds them read: a second of 20,000 messages
-        took 12 ms to read at once, a delivery stall on every replica once a second. The
-        Raft thread calls this between turns; it reads nothing once that second is read."""
+        that the cursor command entering it finds them read (`CursorPassage`); the Raft thread
+        calls this between turns."""
         self._passage.walk_ahead(self._cursor.second, max_units)
 
     def count_at(self, second: int) -> int:
