@@ -111,7 +111,8 @@ SHUFFLE_PARTITIONS = 4
 
 def audit(spark: SparkSession, out_dir: Path, grace_ms: int | None = None,
           allowed_early_ms: int | None = None) -> dict[str, Any]:
-    """The summary of the run logged in ``out_dir`` (its shape: the module docstring); writes nothing."""
+    """The summary of the run logged in ``out_dir`` (the module docstring has its shape);
+    writes nothing."""
     return summarize(load_logs(spark, out_dir, read_run(out_dir, grace_ms, allowed_early_ms)))
 
 
