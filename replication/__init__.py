@@ -13,7 +13,8 @@ from tickwheel.replication.commands import LeaseRef
 from tickwheel.replication.config import ReplicaConfig
 from tickwheel.replication.dispatcher import Delivery, DispatchConfig, Expired
 from tickwheel.replication.exits import STORAGE_EXIT_CODE
-from tickwheel.replication.groups import DEFAULT_GROUP, DURABLE, STREAM, Groups, GroupSummary
+from tickwheel.replication.group import DEFAULT_GROUP, DURABLE, STREAM, GroupSummary
+from tickwheel.replication.groups import Groups
 from tickwheel.replication.handles import HandleCipher
 from tickwheel.replication.handout import (
     TARGET_GROUP_PROPERTY,

@@ -33,54 +33,25 @@ Single-threaded (the Raft thread); other threads read `summary`.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from typing import Any
 
 from tickwheel.common.errors import invariant
 from tickwheel.replication.commands import LeaseRef
+from tickwheel.replication.group import (
+    DEFAULT_GROUP,
+    FanOut,
+    Group,
+    GroupSummary,
+    Lease,
+    PlainGroup,
+)
 from tickwheel.wheel.window import GLOBAL_INDEX_BITS
 
 log = logging.getLogger("tickwheel.replication.groups")
 
-STREAM: Final = 0
-"""A lease that ends when the consumer's stream closes (and when its leader loses office)."""
-DURABLE: Final = 1
-"""A lease that ends only at its deadline, an ack, a nack or a change of its deadline."""
-DEFAULT_GROUP: Final = ""
-"""The group of consumers that name none, and of a topic's messages before any group exists."""
-
-Snapshot = tuple[int, list[tuple[Any, ...]], dict[int, list[Any]]]
+Snapshot = tuple[int, list[PlainGroup], dict[int, list[Any]]]
 """``(next_id, [group as plain values], fan-out)``: for the snapshot file."""
-
-
-class Lease(NamedTuple):
-    seq: int
-    nonce: int
-    deadline_ms: int
-    mode: int
-
-
-@dataclass(eq=False, slots=True)
-class Group:
-    id: int
-    topic: str
-    name: str
-    created_ms: int
-    ready: OrderedDict[int, tuple[int, int]] = field(default_factory=OrderedDict)
-    """handle -> (seq, nonce) of its last lease, or (0, 0); oldest first."""
-    leases: dict[int, Lease] = field(default_factory=dict)
-    dropped: int = 0
-    """Ready messages dropped past ``max_ready_msgs`` (replicated: the same on every node)."""
-
-
-class GroupSummary(NamedTuple):
-    topic: str
-    name: str
-    ready: int
-    leased: int
-    dropped: int
 
 
 class Groups:
@@ -93,9 +64,7 @@ class Groups:
         self._by_key: dict[tuple[str, str], Group] = {}
         self._by_id: dict[int, Group] = {}
         self._by_topic: dict[str, list[Group]] = {}
-        self._fanout: dict[int, list[Any]] = {}
-        """handle -> [groups still holding it, whether any leased it], for a message readied
-        into more than one group: a cancel must know whether any of them handed it out."""
+        self._fanout = FanOut()
         self._next_id = 1
         self._named = 0
 
@@ -150,7 +119,7 @@ class Groups:
             return False
         self._remove(group)
         for handle in list(group.ready) + list(group.leases):
-            self._resolved(handle)
+            self._fanout.resolved(handle)
         log.info("event=group_deleted topic=%s group=%r ready=%d leased=%d", topic, name,
                  len(group.ready), len(group.leases))
         self._retire_if_idle(topic)
@@ -175,21 +144,15 @@ class Groups:
             group.ready[handle] = (0, 0)
             if len(group.ready) > self._max_ready_msgs:
                 self._drop_oldest(group)
-        if len(groups) > 1:
-            self._fanout[handle] = [len(groups), False]
+        self._fanout.readied(handle, len(groups))
         return len(groups)
 
     def grant(self, group: Group, handle: int, nonce: int, deadline_ms: int, mode: int) -> int:
         """Lease a ready message; its sequence number, or 0 if it is not ready in ``group``
         (cancelled, dropped, leased already)."""
-        last = group.ready.pop(handle, None)
-        if last is None:
-            return 0
-        seq = last[0] + 1
-        group.leases[handle] = Lease(seq, nonce, deadline_ms, mode)
-        fanout = self._fanout.get(handle)
-        if fanout is not None:
-            fanout[1] = True
+        seq = group.grant(handle, nonce, deadline_ms, mode)
+        if seq:
+            self._fanout.leased(handle)
         return seq
 
     def find(self, ref: LeaseRef) -> tuple[Group, bool] | None:
@@ -216,7 +179,7 @@ class Groups:
             del group.leases[ref.handle]
         else:
             del group.ready[ref.handle]
-        self._resolved(ref.handle)
+        self._fanout.resolved(ref.handle)
         self._retire_if_idle(group.topic)
         return True
 
@@ -225,7 +188,7 @@ class Groups:
         current = self._current(ref)
         if current is None:
             return False
-        _back_to_ready(current[0], ref.handle, current[1])
+        current[0].back_to_ready(ref.handle, current[1])
         return True
 
     def give_back(self, ref: LeaseRef) -> bool:
@@ -238,7 +201,7 @@ class Groups:
         if current is None:
             return False
         group, lease = current
-        _back_to_ready(group, ref.handle, lease._replace(seq=lease.seq - 1, nonce=0))
+        group.back_to_ready(ref.handle, lease._replace(seq=lease.seq - 1, nonce=0))
         return True
 
     def extend(self, ref: LeaseRef, deadline_ms: int) -> bool:
@@ -253,13 +216,7 @@ class Groups:
     def release_streams(self) -> int:
         """A new leader took office: every stream lease ends (its stream died with the old
         leader's office), so its message is ready again. Returns how many."""
-        released = 0
-        for group in self._by_id.values():
-            streamed = [(h, lease) for h, lease in group.leases.items() if lease.mode == STREAM]
-            for handle, lease in reversed(streamed):
-                _back_to_ready(group, handle, lease)
-            released += len(streamed)
-        return released
+        return sum(group.release_streams() for group in self._by_id.values())
 
     def never_leased(self, handle: int, topic: str) -> bool | None:
         """Of a readied message: None if no group holds it any more (all resolved it); True
@@ -277,7 +234,7 @@ class Groups:
         for group in holding:
             if group.ready.get(handle, (1, 0))[0] == 0:
                 del group.ready[handle]
-                self._resolved(handle)
+                self._fanout.resolved(handle)
         self._retire_if_idle(topic)
         return not handed_out
 
@@ -286,40 +243,31 @@ class Groups:
                 or handle in g.leases]
 
     def _handed_out(self, handle: int, holding: list[Group]) -> bool:
-        fanout = self._fanout.get(handle)
-        return (fanout is not None and bool(fanout[1])) or any(
+        return self._fanout.ever_leased(handle) or any(
             handle in g.leases or g.ready[handle][0] for g in holding)
 
     # -- snapshots --------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
-        return self._next_id, [
-            (g.id, g.topic, g.name, g.created_ms, g.dropped, list(g.ready.items()),
-             [(h, *lease) for h, lease in g.leases.items()]) for g in self._by_id.values()
-        ], {handle: list(state) for handle, state in self._fanout.items()}
+        return (self._next_id, [group.plain() for group in self._by_id.values()],
+                self._fanout.snapshot())
 
     def restore(self, snapshot: Snapshot) -> None:
         next_id, groups, fanout = snapshot
         self._by_key, self._by_id, self._by_topic = {}, {}, {}
         self._named = 0
-        self._fanout = {handle: list(state) for handle, state in fanout.items()}
+        self._fanout = FanOut({handle: list(entry) for handle, entry in fanout.items()})
         self._next_id = next_id
-        for group_id, topic, name, created_ms, dropped, ready, leases in groups:
-            group = Group(group_id, topic, name, created_ms, OrderedDict(
-                (h, (seq, nonce)) for h, (seq, nonce) in ready),
-                {h: Lease(seq, nonce, deadline_ms, mode)
-                 for h, seq, nonce, deadline_ms, mode in leases}, dropped)
-            self._add(group)
+        for plain in groups:
+            self._add(Group.from_plain(plain))
 
     # -- internals ----------------------------------------------------------------------------
 
     def _current(self, ref: LeaseRef) -> tuple[Group, Lease] | None:
         """The group and lease ``ref`` names, if that lease is the message's current one."""
         group = self._by_id.get(ref.group_id)
-        lease = group.leases.get(ref.handle) if group is not None else None
-        if group is None or lease is None or (lease.seq, lease.nonce) != (ref.seq, ref.nonce):
-            return None
-        return group, lease
+        lease = group.current(ref.handle, ref.seq, ref.nonce) if group is not None else None
+        return None if group is None or lease is None else (group, lease)
 
     def _create(self, topic: str, name: str, stamp_ms: int) -> Group:
         group = Group(self._next_id, topic, name, stamp_ms)
@@ -356,25 +304,10 @@ class Groups:
     def _drop_oldest(self, group: Group) -> None:
         handle, _ = group.ready.popitem(last=False)
         group.dropped += 1
-        self._resolved(handle)
+        self._fanout.resolved(handle)
         if group.dropped == 1 or group.dropped % 1000 == 0:
             log.warning("event=ready_dropped topic=%s group=%r dropped=%d max_ready_msgs=%d "
                         "handle=%d", group.topic, group.name, group.dropped,
                         self._max_ready_msgs, handle)
 
-    def _resolved(self, handle: int) -> None:
-        fanout = self._fanout.get(handle)
-        if fanout is not None:
-            fanout[0] -= 1
-            # with one holder left, its own state tells a cancel enough unless another group
-            # leased the message: then the entry stays until the last holder resolves it
-            if fanout[0] <= 0 or (fanout[0] == 1 and not fanout[1]):
-                del self._fanout[handle]
 
-
-def _back_to_ready(group: Group, handle: int, lease: Lease) -> None:
-    """End a lease early: the message is ready again, first in line, under ``lease``'s number
-    and nonce (what the next grant counts from, and what an ack of the old receipt matches)."""
-    del group.leases[handle]
-    group.ready[handle] = (lease.seq, lease.nonce)
-    group.ready.move_to_end(handle, last=False)

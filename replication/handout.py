@@ -31,7 +31,8 @@ from typing import Final, NamedTuple
 from tickwheel.common.errors import InvalidMessage
 from tickwheel.replication.commands import Grant, LeaseRef, Ready
 from tickwheel.replication.dispatcher import Delivery, DispatchConfig, Expired
-from tickwheel.replication.groups import DEFAULT_GROUP, DURABLE, STREAM, Group, Groups
+from tickwheel.replication.group import DEFAULT_GROUP, DURABLE, STREAM, Group
+from tickwheel.replication.groups import Groups
 from tickwheel.wheel import DueMessage
 
 TARGET_GROUP_PROPERTY: Final = "%group"

@@ -34,7 +34,8 @@ from tickwheel.replication.commands import LeaseOp, LeaseRef
 from tickwheel.replication.config import ReplicaConfig
 from tickwheel.replication.dispatcher import DeliverySink
 from tickwheel.replication.exits import DISK_FULL_EXIT_CODE, FATAL_EXIT_CODE, Die, die
-from tickwheel.replication.groups import Groups, GroupSummary
+from tickwheel.replication.group import GroupSummary
+from tickwheel.replication.groups import Groups
 from tickwheel.replication.handles import HandleCipher
 from tickwheel.replication.handout import ConsumerSlot
 from tickwheel.replication.leadership import Leadership

@@ -37,7 +37,7 @@ from typing import NoReturn
 from tickwheel.replication import commands
 from tickwheel.replication.config import ReplicaConfig
 from tickwheel.replication.dispatcher import Delivery, Expired
-from tickwheel.replication.groups import DEFAULT_GROUP, STREAM
+from tickwheel.replication.group import DEFAULT_GROUP, STREAM
 from tickwheel.replication.handout import ConsumerSlot
 from tickwheel.replication.outcomes import Accepted, Moved, MoveOutcome
 from tickwheel.replication.raft import OnResult, RaftConfig, RaftStatus, Role

@@ -12,7 +12,7 @@ from tickwheel.common.errors import InvalidMessage, Overloaded
 from tickwheel.replication import commands
 from tickwheel.replication.commands import Grant, LeaseOp, LeaseRef, Ready
 from tickwheel.replication.dispatcher import DispatchConfig
-from tickwheel.replication.groups import DURABLE, STREAM
+from tickwheel.replication.group import DURABLE, STREAM
 from tickwheel.replication.handout import (
     TARGET_GROUP_PROPERTY,
     ConsumerSlot,
