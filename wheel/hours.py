@@ -18,9 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tickwheel.common.errors import InvariantViolation
+from tickwheel.wheel.fileio import FDS_PER_HOUR
 from tickwheel.wheel.format import SECONDS_PER_HOUR
 from tickwheel.wheel.mending import Mender
-from tickwheel.wheel.segment import FDS_PER_HOUR, HourSegment, remove_segment, segment_files
+from tickwheel.wheel.segment import HourSegment, remove_segment, segment_files
 
 log = logging.getLogger("tickwheel.wheel")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-import os
 import zlib
 from array import array
 from collections.abc import Iterator, Sequence
@@ -23,7 +22,7 @@ from tickwheel.wheel.fileio import (
     INDEX,
     LOG,
     TOMBSTONES,
-    map_readonly,
+    SegmentFiles,
     overwrite,
     pread_file,
     write_all,
@@ -47,8 +46,6 @@ from tickwheel.wheel.repair import (
     occupancy,
     open_hour,
 )
-
-FDS_PER_HOUR = 4  # write descriptors an open segment may hold, one per file
 
 
 class HourSegment:
@@ -77,10 +74,7 @@ class HourSegment:
         self._unflushed_index = bytearray()
         self._unflushed_tombstones = bytearray()
         self._heads_dirty = False
-        self._mapped = False
-        self._log_map: mmap.mmap | None = None
-        self._index_map: mmap.mmap | None = None
-        self._write_fds: dict[str, int] = {}
+        self._files = SegmentFiles(path)
 
     # -- opening and repair ---------------------------------------------------------------
 
@@ -152,46 +146,31 @@ class HourSegment:
     def flush(self) -> None:
         """Write what is buffered: log, index, tombstones, then the heads checkpoint."""
         if self._unflushed_log:
-            write_all(self._write_fd(LOG), self._unflushed_log)
+            write_all(self._files.write_fd(LOG), self._unflushed_log)
             self._unflushed_log = bytearray()
         if self._unflushed_index:
-            write_all(self._write_fd(INDEX), self._unflushed_index)
+            write_all(self._files.write_fd(INDEX), self._unflushed_index)
             self._unflushed_index = bytearray()
         if self._unflushed_tombstones:
-            write_all(self._write_fd(TOMBSTONES), self._unflushed_tombstones)
+            write_all(self._files.write_fd(TOMBSTONES), self._unflushed_tombstones)
             self._unflushed_tombstones = bytearray()
         self._flushed_units = self.units
         self._flushed_log_size_bytes = self.log_size_bytes
         if self._heads_dirty:
             table = heads_table(self.heads)
-            overwrite(self._write_fd(HEADS), pack_heads(table, self.units, self.log_size_bytes))
+            overwrite(self._files.write_fd(HEADS),
+                      pack_heads(table, self.units, self.log_size_bytes))
             self._heads_dirty = False
-
-    def _write_fd(self, name: str) -> int:
-        """A descriptor kept open while the segment is: append-only but for heads, which is
-        rewritten in place at offset 0 and never changes size."""
-        fd = self._write_fds.get(name)
-        if fd is None:
-            flags = os.O_WRONLY | os.O_CREAT | (0 if name == HEADS else os.O_APPEND)
-            fd = self._write_fds[name] = os.open(self.path / name, flags, 0o644)
-        return fd
 
     # -- reading ----------------------------------------------------------------------------
 
     def map_for_reading(self) -> None:
         """Map log and index read-only, for the hours the dispatcher is walking; the maps follow
         the files as flushes extend them."""
-        self.unmap()
-        self._mapped = True
-        self._log_map = map_readonly(self.path / LOG, self._flushed_log_size_bytes)
-        self._index_map = map_readonly(self.path / INDEX, self._flushed_units * UNIT_SIZE)
+        self._files.map(self._flushed_log_size_bytes, self._flushed_units * UNIT_SIZE)
 
     def unmap(self) -> None:
-        for view in (self._log_map, self._index_map):
-            if view is not None:
-                view.close()
-        self._log_map = self._index_map = None
-        self._mapped = False
+        self._files.unmap()
 
     def read_unit(self, global_index: int) -> tuple[int, ...]:
         """``(offset, size, local_index, global_index, pre_global_index, deliver_at_ms,
@@ -202,7 +181,7 @@ class HourSegment:
         data: bytes | bytearray | mmap.mmap
         if global_index >= self._flushed_units:
             data, pos = self._unflushed_index, pos - self._flushed_units * UNIT_SIZE
-        elif self._mapped:
+        elif self._files.mapped:
             data = self._mapped_index(pos + UNIT_SIZE)
         else:
             data, pos = pread_file(self.path / INDEX, UNIT_SIZE, pos), 0
@@ -234,20 +213,20 @@ class HourSegment:
         if offset >= self._flushed_log_size_bytes:
             start = offset - self._flushed_log_size_bytes
             return bytes(self._unflushed_log[start:start + size])
-        if not self._mapped:
+        if not self._files.mapped:
             return pread_file(self.path / LOG, size, offset)
-        if self._log_map is None or offset + size > len(self._log_map):
+        if self._files.log_map is None or offset + size > len(self._files.log_map):
             self.map_for_reading()
-        log_map = self._log_map
+        log_map = self._files.log_map
         if log_map is None:
             raise InvariantViolation(f"{self.path} log not mapped")
         return log_map[offset:offset + size]
 
     def _mapped_index(self, end: int) -> mmap.mmap:
         """The index map, remapped if it does not reach ``end`` bytes."""
-        if self._index_map is None or end > len(self._index_map):
+        if self._files.index_map is None or end > len(self._files.index_map):
             self.map_for_reading()
-        index_map = self._index_map
+        index_map = self._files.index_map
         if index_map is None:
             raise InvariantViolation(f"{self.path} index not mapped")
         return index_map
@@ -261,7 +240,7 @@ class HourSegment:
         sequential read instead of a chain walk per second, for loading most of an hour."""
         self._map_flushed_index()
         global_index = 0
-        for data in (self._index_map or b"", self._unflushed_index):
+        for data in (self._files.index_map or b"", self._unflushed_index):
             view = memoryview(data)
             for pos in range(0, len(view), UNIT_SIZE):
                 try:
@@ -281,7 +260,8 @@ class HourSegment:
         invariant(global_index < self.units, f"chain walk from unit {global_index} of "
                   f"{self.units}")
         self._map_flushed_index()
-        mapped: bytes | mmap.mmap = self._index_map if self._index_map is not None else b""
+        index_map = self._files.index_map
+        mapped: bytes | mmap.mmap = index_map if index_map is not None else b""
         unflushed: bytearray = self._unflushed_index
         flushed = self._flushed_units
         data: bytes | bytearray | mmap.mmap
@@ -309,7 +289,8 @@ class HourSegment:
 
     def _map_flushed_index(self) -> None:
         """Map (again) unless the index map covers every flushed unit."""
-        if not self._mapped or len(self._index_map or b"") < self._flushed_units * UNIT_SIZE:
+        files = self._files
+        if not files.mapped or len(files.index_map or b"") < self._flushed_units * UNIT_SIZE:
             self.map_for_reading()
 
     def chain(self, second_of_hour: int) -> Iterator[tuple[int, ...]]:
@@ -329,10 +310,7 @@ class HourSegment:
 
     def close(self) -> None:
         self.flush()
-        self.unmap()
-        for fd in self._write_fds.values():
-            os.close(fd)
-        self._write_fds.clear()
+        self._files.close()
 
 
 def remove_segment(root: Path, hour: int) -> None:
