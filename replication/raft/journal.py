@@ -24,6 +24,7 @@ from pysyncobj.journal import (
 )
 from pysyncobj.pickle import dumps
 
+from tickwheel.common.errors import invariant
 from tickwheel.replication.raft.durability import SyncLedger, fsync_files, fsync_written
 from tickwheel.replication.raft.snapshot import SNAPSHOT_FILE
 
@@ -173,6 +174,10 @@ class AtomicJournal(FileJournal):
         self._kept.extendleft(reversed(removed))
 
     def deleteEntriesTo(self, entryTo: int) -> None:
+        entries = len(self._FileJournal__journal)
+        invariant(entryTo < entries, f"compacting to entry {entryTo} of {entries} would empty "
+                  "the journal: a cut to a snapshot that a received one replaced "
+                  "(ReceivingSerializer)")
         self._snapshot_durable()
         kept = self._FileJournal__journal[entryTo:]
         header = bytearray(self._FileJournal__getDefaultHeader())

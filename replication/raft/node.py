@@ -58,7 +58,11 @@ from tickwheel.replication.raft.journal import JOURNAL_FILE, AtomicJournal, Msyn
 from tickwheel.replication.raft.lease import LeaseClock
 from tickwheel.replication.raft.port import OnResult, RaftStatus, Role
 from tickwheel.replication.raft.prevote import SHAPES, PreVote, well_formed
-from tickwheel.replication.raft.snapshot import SNAPSHOT_FILE, DurableSerializer
+from tickwheel.replication.raft.snapshot import (
+    SNAPSHOT_FILE,
+    DurableSerializer,
+    ReceivingSerializer,
+)
 from tickwheel.replication.raft.transport import LinkTransport
 
 log = logging.getLogger("tickwheel.replication")
@@ -120,8 +124,8 @@ class RaftNode:
         journal, serializer = pysyncobj.syncobj.createJournal, pysyncobj.syncobj.Serializer
         pysyncobj.syncobj.createJournal = functools.partial(
             MsyncJournal if config.fsync else AtomicJournal, ledger=ledger)
-        if config.fsync:
-            pysyncobj.syncobj.Serializer = functools.partial(DurableSerializer, ledger=ledger)
+        pysyncobj.syncobj.Serializer = (functools.partial(DurableSerializer, ledger=ledger)
+                                        if config.fsync else ReceivingSerializer)
         try:
             self._core = _Core(apply, self_address, list(peers), _conf(config, raft_dir,
                                                                          snapshot),

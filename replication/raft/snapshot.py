@@ -29,12 +29,34 @@ SNAPSHOT_FILE = "snapshot"
 """pysyncobj's full dump file, beside the journal in the Raft folder."""
 
 
-class DurableSerializer(Serializer):
-    """pysyncobj's snapshot handler, except that a snapshot received from the leader reaches
-    the disk before it replaces this node's own. pysyncobj writes the chunks to a temporary
-    file and renames it over the snapshot unsynced: a power cut right after left an empty
-    file where a good snapshot had been, and the node refused to start (found by the chaos
-    harness's power cut)."""
+class ReceivingSerializer(Serializer):
+    """pysyncobj's snapshot handler, except that a snapshot received from the leader voids the
+    one this node took and has not yet cut its journal to.
+
+    pysyncobj learns that its own snapshot is written at the next tick, and then cuts the
+    journal up to that snapshot's index. A snapshot received in between has already replaced
+    the journal with its own two entries, older ones: the cut emptied the journal, and the
+    next look at the log's last index raised IndexError and killed the node (found by the
+    chaos harness: a wiped follower took a snapshot just as its leader sent it one)."""
+
+    def setTransmissionData(self, data: tuple[bytes, bool, bool] | None) -> bool:
+        """One chunk of a snapshot from the leader; True when it was the last one and the
+        snapshot is in place, which voids this node's own snapshot still to be cut to."""
+        installed = self._receive(data)
+        if installed:
+            self._Serializer__pid = 0  # checkSerializing: NOT_SERIALIZING, no cut
+        return installed
+
+    def _receive(self, data: tuple[bytes, bool, bool] | None) -> bool:
+        return bool(super().setTransmissionData(data))
+
+
+class DurableSerializer(ReceivingSerializer):
+    """`ReceivingSerializer`, and a snapshot received from the leader reaches the disk before
+    it replaces this node's own. pysyncobj writes the chunks to a temporary file and renames
+    it over the snapshot unsynced: a power cut right after left an empty file where a good
+    snapshot had been, and the node refused to start (found by the chaos harness's power
+    cut)."""
 
     def __init__(self, *args: Any, ledger: SyncLedger | None = None) -> None:
         super().__init__(*args)
@@ -42,9 +64,9 @@ class DurableSerializer(Serializer):
         self._ledger = ledger
         self._incoming: BinaryIO | None = None
 
-    def setTransmissionData(self, data: tuple[bytes, bool, bool] | None) -> bool:
-        """One chunk of a snapshot from the leader; True when it was the last one and the
-        snapshot is in place (fsynced, renamed, its folder fsynced)."""
+    def _receive(self, data: tuple[bytes, bool, bool] | None) -> bool:
+        """Stage the chunk; True when it was the last one and the snapshot is in place
+        (fsynced, renamed, its folder fsynced)."""
         if data is None:
             return False
         chunk, first, last = data

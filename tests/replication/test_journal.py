@@ -26,6 +26,7 @@ import pytest
 from pysyncobj.journal import FileJournal
 
 from tickwheel.chaos.storage import power_cut
+from tickwheel.common.errors import InvariantViolation
 from tickwheel.replication.raft.durability import SyncLedger
 from tickwheel.replication.raft.journal import AtomicJournal, MsyncJournal
 
@@ -227,3 +228,19 @@ def test_a_power_cut_while_a_follower_takes_its_entries_again_keeps_them(
     journal._file.close_unsynced()
     power_cut(data, ledger)
     assert reopened_entries(path) == [(i, 1) for i in range(1, 11)]
+
+
+def test_a_compaction_that_would_empty_the_journal_stops_before_it_changes_anything(
+        tmp_path: Path) -> None:
+    """Compaction keeps the snapshot's last two entries; a cut past the journal's end is a cut
+    to a snapshot a received one replaced, and an empty journal killed the node later, with
+    an IndexError far from its cause (chaos run of stop 33)."""
+    journal = AtomicJournal(str(tmp_path / "journal"))
+    for idx in (149_920, 149_921):
+        journal.add(b"c" * 10, idx, 9)
+    with pytest.raises(InvariantViolation, match="would empty the journal"):
+        journal.deleteEntriesTo(835)
+    assert [entry[1] for entry in journal] == [149_920, 149_921]
+    journal.deleteEntriesTo(1)
+    assert [entry[1] for entry in journal] == [149_921]
+    journal._destroy()

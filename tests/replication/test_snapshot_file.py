@@ -13,6 +13,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from pysyncobj.config import SERIALIZER_STATE
 
 from tickwheel.chaos.storage import power_cut
 from tickwheel.replication.raft import SnapshotDamaged, read_snapshot, write_snapshot
@@ -21,6 +22,7 @@ from tickwheel.replication.raft.snapshot import (
     SNAPSHOT_CHECK,
     STATE_FORMAT_VERSION,
     DurableSerializer,
+    ReceivingSerializer,
 )
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "upgrade"
@@ -106,3 +108,30 @@ def test_a_snapshot_received_from_the_leader_survives_a_power_cut_right_after(
     assert done == [False] * (len(parts) - 1) + [True]
     power_cut(tmp_path / "data", ledger)
     assert read_snapshot(str(path)) == (MANIFEST, RAFT_TAIL)
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["plain", "fsync"])
+def test_a_snapshot_received_voids_the_one_this_node_took_before_its_journal_cut(
+        tmp_path: Path, durable: bool) -> None:
+    """pysyncobj cuts the journal to this node's own snapshot at the tick after taking it; a
+    snapshot received in between had replaced the journal with its older entries, and the cut
+    emptied it: the node died on its next look at the log (chaos run of stop 33). Run against
+    pysyncobj's ``Serializer``, ``checkSerializing`` still answers SUCCESS with the stale
+    index, and pysyncobj cuts."""
+    path = tmp_path / "snapshot"
+    sent = tmp_path / "sent"
+    write_snapshot(str(sent), MANIFEST, RAFT_TAIL, fsync=False)
+
+    def own(tmp: str, raft_tail: tuple) -> None:
+        write_snapshot(tmp, MANIFEST, raft_tail, fsync=False)
+
+    args = (str(path), 1 << 20, False, own, read_snapshot, None)
+    serializer = (DurableSerializer(*args, ledger=SyncLedger(tmp_path / "synced")) if durable
+                  else ReceivingSerializer(*args))
+    serializer.serialize((None, ("noop", 150_756, 9), ("noop", 150_755, 9), ()), 150_755)
+    assert path.exists()  # this node's own snapshot is written; the cut waits for the next tick
+    assert serializer.setTransmissionData((sent.read_bytes(), True, True))
+    assert serializer.checkSerializing() == (SERIALIZER_STATE.NOT_SERIALIZING, None)
+    assert read_snapshot(str(path)) == (MANIFEST, RAFT_TAIL)  # the received one is in place
+    serializer.serialize((None, ("noop", 12, 3), ("noop", 11, 3), ()), 11)  # and later ones cut
+    assert serializer.checkSerializing() == (SERIALIZER_STATE.SUCCESS, 11)
