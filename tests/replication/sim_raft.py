@@ -21,7 +21,6 @@ from pathlib import Path
 from tickwheel.replication.raft import OnResult, RaftConfig, RaftStatus, Role
 
 EPOCH_MS = 1_800_000_000_000
-LEASE_MS = RaftConfig().lease_ms
 ELECTION_MS = RaftConfig().election_min_ms
 
 
