@@ -15,6 +15,7 @@ from tickwheel.chaos import storage
 from tickwheel.chaos.proxy import RaftMesh
 from tickwheel.chaos.storage import MountFailed, PowerCut, mount_disk, unmount_disk
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode, free_ports
+from tickwheel.node import journal_files
 from tickwheel.replication.raft import SyncLedger
 
 
@@ -123,8 +124,12 @@ class ChaosCluster(LocalCluster):
             self.collect_journal(node)
 
     def collect_journal(self, node: LocalNode) -> None:
-        source = node.data / "deliveries.jsonl"
-        if source.exists():
+        """Copy ``node``'s delivery journal (its rotated file first) into one file."""
+        sources = journal_files(node.data / "deliveries.jsonl")
+        if sources:
             name = self.name(node)
             self.journals.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, self.journals / f"{name}.{self._generation[name]}.jsonl")
+            with open(self.journals / f"{name}.{self._generation[name]}.jsonl", "wb") as out:
+                for source in sources:
+                    with open(source, "rb") as data:
+                        shutil.copyfileobj(data, out)

@@ -35,6 +35,7 @@ from tickwheel.node import (
     ADMIN_GRANTS,
     DevCredentials,
     Grants,
+    journal_files,
     make_dev_credentials,
     rocketmq_secret_key,
 )
@@ -133,10 +134,9 @@ class LocalNode:
             return None
 
     def journal(self) -> list[dict]:
-        path = self.data / "deliveries.jsonl"
-        if not path.exists():
-            return []
-        lines = path.read_text().splitlines()
+        """The events of this node's delivery journal, its rotated file's first."""
+        lines = [line for path in journal_files(self.data / "deliveries.jsonl")
+                 for line in path.read_text().splitlines()]
         return [json.loads(line) for line in lines if line.endswith("}")]
 
     def alive(self) -> bool:

@@ -2,7 +2,8 @@
 
 The face the layers above use (`tickwheel.harness`, `tickwheel.chaos`): the node's commands
 (`main`, and the `console` they print to), how a node says its storage failed
-(`EXIT_STORAGE`), the disk reserve it keeps and how it measures free space, the development
+(`EXIT_STORAGE`), the disk reserve it keeps and how it measures free space, the files of its
+delivery journal (`journal_files`), the development
 credentials a local cluster runs with, and the SecretKey a RocketMQ client signs with. Code
 above imports these from here, never a module inside; `tests/test_layout.py` checks it.
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from tickwheel.node.dev_credentials import DevCredentials, Grants
     from tickwheel.node.dev_credentials import make as make_dev_credentials
     from tickwheel.node.disk import DEFAULT_RESERVE_BYTES, free_bytes
+    from tickwheel.node.journal import files as journal_files
     from tickwheel.node.rocketmq.signature import secret_key as rocketmq_secret_key
     from tickwheel.node.serve import EXIT_STORAGE
     from tickwheel.node.terminal import console
@@ -34,6 +36,7 @@ _FACE = {
     "Grants": ("dev_credentials", "Grants"),
     "console": ("terminal", "console"),
     "free_bytes": ("disk", "free_bytes"),
+    "journal_files": ("journal", "files"),
     "main": ("cli", "main"),
     "make_dev_credentials": ("dev_credentials", "make"),
     "rocketmq_secret_key": ("rocketmq.signature", "secret_key"),
@@ -46,6 +49,7 @@ __all__ = [
     "Grants",
     "console",
     "free_bytes",
+    "journal_files",
     "main",
     "make_dev_credentials",
     "rocketmq_secret_key",

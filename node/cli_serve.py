@@ -69,7 +69,7 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
                  "max_request_bytes", "max_concurrent_rpcs",
                  "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
                  "max_queued_msgs", "max_topic_labels", "max_ready_msgs", "max_groups",
-                 "max_moved_msgs", "min_free_bytes"):
+                 "max_moved_msgs", "min_free_bytes", "journal_max_bytes"):
         serve.add_argument(f"--{name.replace('_', '-')}", type=int)
     serve.set_defaults(handler=_serve)
 

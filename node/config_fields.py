@@ -14,6 +14,7 @@ from pydantic_settings import NoDecode
 from tickwheel.node import statefulset
 from tickwheel.node.delivery import CourierConfig
 from tickwheel.node.disk import DEFAULT_RESERVE_BYTES
+from tickwheel.node.journal import DEFAULT_JOURNAL_MAX_BYTES
 from tickwheel.node.levels import DEFAULT_LEVELS
 from tickwheel.node.validation import Limits
 from tickwheel.replication import DispatchConfig, ReplicaConfig, StateConfig
@@ -105,6 +106,11 @@ class StorageFields(BaseModel):
     retries, the journal's growth and compaction, snapshots): while any member has less,
     Schedule and Reschedule answer RESOURCE_EXHAUSTED and everything stored is still
     delivered (`tickwheel.node.disk`); 0 turns the check off."""
+    journal_max_bytes: int = DEFAULT_JOURNAL_MAX_BYTES
+    """Disk space the delivery journal (``deliveries.jsonl``, the evidence the chaos audit
+    reads) may take: at half of it the file is renamed ``deliveries.jsonl.1`` (replacing the
+    one before) and a new one begun, so the two never hold more than this plus one batch;
+    0 writes no journal."""
     clock_skew_ms: int = 0
     """Fault injection only: offsets this node's clock."""
 

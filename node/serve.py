@@ -69,7 +69,8 @@ async def serve(settings: NodeSettings) -> None:
     members = settings.member_map()
     clock = SystemClock(settings.clock_skew_ms)
     metrics = Metrics(settings.max_topic_labels)
-    journal = DeliveryJournal(settings.data / "deliveries.jsonl", settings.raft_address)
+    journal = DeliveryJournal(settings.data / "deliveries.jsonl", settings.raft_address,
+                              settings.journal_max_bytes)
     retry = settings.retry_policy()
     courier = Courier(CourierConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms),
                       retry, clock.now_ms, journal, metrics)

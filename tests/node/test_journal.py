@@ -7,7 +7,9 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tickwheel.node.journal import DeliveryJournal
+from tickwheel.client import Message
+from tickwheel.harness.local_cluster import AckingConsumer, LocalCluster, wait_for
+from tickwheel.node.journal import DeliveryJournal, files
 from tickwheel.node.sent import Sent
 from tickwheel.replication.commands import LeaseRef
 from tickwheel.replication.dispatcher import Delivery
@@ -38,3 +40,56 @@ def test_delivered_lines_are_the_json_of_each_event(tmp_path_factory, ids: list[
         "delivered_at_ms": 1_700_000_000_123, "position": [m.slot_second, m.local_index],
         "possible_duplicate": duplicate, "attempt": attempt} for m in messages]
     assert lines[-1]["event"] == "dispatch_started"
+
+
+def _batch(first: int, count: int) -> list[Sent]:
+    return [Sent(Delivery(DueMessage(f"id-{i}", "orders", b"x", {}, 1_700_000_000_000 + i,
+                                     i, 1_700_000_000, i), 9, LeaseRef(1, i, 1, 77), False, 3),
+                 "receipt", 1, 1_700_000_000_123, {}) for i in range(first, first + count)]
+
+
+def test_the_journal_rotates_and_never_holds_more_than_its_bound(tmp_path: Path) -> None:
+    """A node that runs for months must not fill its disk with evidence: the journal and
+    the one file it rotated out stay under ``max_bytes`` (plus one batch), and what they
+    keep is the latest stretch, whole lines, in order."""
+    path = tmp_path / "deliveries.jsonl"
+    journal = DeliveryJournal(path, "n0", max_bytes=16_384)
+    for start in range(0, 2_000, 20):
+        journal.delivered(_batch(start, 20), "", 1, 1_700_000_000_123)
+        on_disk = sum(p.stat().st_size for p in files(path))
+        assert on_disk <= 16_384 + 20 * 400, on_disk
+    journal.close()
+    assert files(path) == [path.with_name("deliveries.jsonl.1"), path]
+    ids = [json.loads(line)["id"] for p in files(path) for line in p.read_text().splitlines()]
+    assert ids == [f"id-{i}" for i in range(2_000 - len(ids), 2_000)]
+    assert 16_384 // 2 // 400 < len(ids) < 2_000
+
+
+def test_a_journal_of_zero_bytes_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "deliveries.jsonl"
+    journal = DeliveryJournal(path, "n0", max_bytes=0)
+    journal.delivered(_batch(0, 5), "", 1, 1_700_000_000_123)
+    journal.dispatch_started(1, 1, Cursor(1, 0), 1)
+    journal.close()
+    assert files(path) == []
+
+
+def test_a_node_keeps_its_journal_under_journal_max_bytes(tmp_path: Path) -> None:
+    """The setting reaches the node: a real one, given 8 KiB, rotates its journal while it
+    delivers 300 messages (ten requests of 30) and keeps the latest of them within the
+    bound."""
+    with LocalCluster(tmp_path, 1, ("--journal-max-bytes", "8192")) as cluster:
+        cluster.leader()
+        arrived: list[str] = []
+        with cluster.client(timeout_s=30) as client, AckingConsumer(
+                cluster, "bounded", on_message=lambda m: arrived.append(m.id)):
+            for start in range(0, 300, 30):
+                client.schedule_many(Message("bounded", b"x", delay_ms=0, id=f"m-{i}")
+                                     for i in range(start, start + 30))
+                wait_for(lambda end=start + 30: len(arrived) >= end, 30, "the deliveries")
+        path = cluster.nodes[0].data / "deliveries.jsonl"
+        kept = files(path)
+        assert kept == [path.with_name("deliveries.jsonl.1"), path]
+        assert sum(p.stat().st_size for p in kept) <= 8192 + 30 * 400
+        ids = [event["id"] for event in cluster.nodes[0].journal() if "id" in event]
+        assert 0 < len(ids) < 300 and ids[-1] == arrived[-1]
