@@ -125,7 +125,7 @@ class ChaosCluster(LocalCluster):
 
     def collect_journal(self, node: LocalNode) -> None:
         """Copy ``node``'s delivery journal (its rotated file first) into one file."""
-        sources = journal_files(node.data / "deliveries.jsonl")
+        sources = journal_files(node.data)
         if sources:
             name = self.name(node)
             self.journals.mkdir(parents=True, exist_ok=True)

@@ -135,7 +135,7 @@ class LocalNode:
 
     def journal(self) -> list[dict]:
         """The events of this node's delivery journal, its rotated file's first."""
-        lines = [line for path in journal_files(self.data / "deliveries.jsonl")
+        lines = [line for path in journal_files(self.data)
                  for line in path.read_text().splitlines()]
         return [json.loads(line) for line in lines if line.endswith("}")]
 

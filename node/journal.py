@@ -8,7 +8,7 @@ and the number of its lease in that group: above 1, an earlier lease may have re
 Bounded: at half of ``max_bytes`` the file becomes ``<name>.1`` (replacing the one before) and a
 new one is begun, so a node that runs for months keeps the last stretch of evidence and never
 fills its disk with it (at 20,000 deliveries a second the journal grows ~6 MB/s). `files`
-names both, oldest first.
+names both, oldest first. The journal is `JOURNAL_FILE` in the node's data folder.
 """
 
 from __future__ import annotations
@@ -28,10 +28,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("tickwheel.node")
 
 DEFAULT_JOURNAL_MAX_BYTES: Final = 256 << 20
+JOURNAL_FILE: Final = "deliveries.jsonl"
 
 
-def files(path: Path) -> list[Path]:
-    """The journal's files that exist: the one rotated out, then the current one."""
+def files(data: Path) -> list[Path]:
+    """The journal files in a node's data folder that exist: the one rotated out, then the
+    current one."""
+    path = data / JOURNAL_FILE
     return [p for p in (rotated(path), path) if p.exists()]
 
 

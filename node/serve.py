@@ -32,7 +32,7 @@ from tickwheel.node.identity import (
     ServerCertificates,
 )
 from tickwheel.node.info import cursor_lag_ms
-from tickwheel.node.journal import DeliveryJournal
+from tickwheel.node.journal import JOURNAL_FILE, DeliveryJournal
 from tickwheel.node.listeners import Listeners, start_server
 from tickwheel.node.metrics import Metrics
 from tickwheel.node.peers import PeerFiles
@@ -69,7 +69,7 @@ async def serve(settings: NodeSettings) -> None:
     members = settings.member_map()
     clock = SystemClock(settings.clock_skew_ms)
     metrics = Metrics(settings.max_topic_labels)
-    journal = DeliveryJournal(settings.data / "deliveries.jsonl", settings.raft_address,
+    journal = DeliveryJournal(settings.data / JOURNAL_FILE, settings.raft_address,
                               settings.journal_max_bytes)
     retry = settings.retry_policy()
     courier = Courier(CourierConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms),

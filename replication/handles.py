@@ -47,13 +47,11 @@ class HandleCipher:
         lowest, highest = min(handles), max(handles)
         invariant(lowest >= 0 and highest < 1 << HANDLE_BITS,
                   f"wheel handles {lowest}..{highest} out of range")
-        left = _joined([h >> _HALF_BITS for h in handles])
-        right = _joined([h & _HALF_MASK for h in handles])
+        left, right = _halves(handles)
         count, encryptor = len(handles), self._cipher.encryptor()
         for number in range(_ROUNDS):  # (L, R) -> (R, L ^ F(R))
             left, right = right, left ^ _round(encryptor, number, right, count)
-        return [high << _HALF_BITS | low
-                for high, low in zip(_split(left, count), _split(right, count), strict=True)]
+        return _whole(left, right, count)
 
     def decode(self, handles: Sequence[int]) -> list[int | None]:
         """The wheel handles these client handles stand for; None for a number no client
@@ -62,14 +60,11 @@ class HandleCipher:
         count = len(valid)
         if not count:
             return [None] * len(handles)
-        left = _joined([h >> _HALF_BITS for h in valid])
-        right = _joined([h & _HALF_MASK for h in valid])
+        left, right = _halves(valid)
         encryptor = self._cipher.encryptor()
         for number in reversed(range(_ROUNDS)):  # undoes a round: (L, R) -> (R ^ F(L), L)
             left, right = right ^ _round(encryptor, number, left, count), left
-        decoded = iter(high << _HALF_BITS | low
-                       for high, low in zip(_split(left, count), _split(right, count),
-                                            strict=True))
+        decoded = iter(_whole(left, right, count))
         return [next(decoded) if 0 <= h < 1 << HANDLE_BITS else None for h in handles]
 
 
@@ -83,6 +78,19 @@ def _round(encryptor: CipherContext, number: int, halves: int, count: int) -> in
     words[1::2] = array("Q", halves.to_bytes(8 * count, "little"))
     out = array("Q", encryptor.update(words.tobytes()))[::2]
     return int.from_bytes(out.tobytes(), "little") & _mask(count)
+
+
+def _halves(handles: Sequence[int]) -> tuple[int, int]:
+    """The high and the low halves of ``handles``, each side joined into one integer (see
+    `_joined`)."""
+    return (_joined([h >> _HALF_BITS for h in handles]),
+            _joined([h & _HALF_MASK for h in handles]))
+
+
+def _whole(left: int, right: int, count: int) -> list[int]:
+    """The ``count`` numbers whose halves `_halves` joined into ``left`` and ``right``."""
+    return [high << _HALF_BITS | low
+            for high, low in zip(_split(left, count), _split(right, count), strict=True)]
 
 
 def _joined(halves: list[int]) -> int:

@@ -56,11 +56,11 @@ def test_the_journal_rotates_and_never_holds_more_than_its_bound(tmp_path: Path)
     journal = DeliveryJournal(path, "n0", max_bytes=16_384)
     for start in range(0, 2_000, 20):
         journal.delivered(_batch(start, 20), "", 1, 1_700_000_000_123)
-        on_disk = sum(p.stat().st_size for p in files(path))
+        on_disk = sum(p.stat().st_size for p in files(tmp_path))
         assert on_disk <= 16_384 + 20 * 400, on_disk
     journal.close()
-    assert files(path) == [path.with_name("deliveries.jsonl.1"), path]
-    ids = [json.loads(line)["id"] for p in files(path) for line in p.read_text().splitlines()]
+    assert files(tmp_path) == [path.with_name("deliveries.jsonl.1"), path]
+    ids = [json.loads(line)["id"] for p in files(tmp_path) for line in p.read_text().splitlines()]
     assert ids == [f"id-{i}" for i in range(2_000 - len(ids), 2_000)]
     assert 16_384 // 2 // 400 < len(ids) < 2_000
 
@@ -71,7 +71,7 @@ def test_a_journal_of_zero_bytes_writes_nothing(tmp_path: Path) -> None:
     journal.delivered(_batch(0, 5), "", 1, 1_700_000_000_123)
     journal.dispatch_started(1, 1, Cursor(1, 0), 1)
     journal.close()
-    assert files(path) == []
+    assert files(tmp_path) == []
 
 
 def test_a_node_keeps_its_journal_under_journal_max_bytes(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ def test_a_node_keeps_its_journal_under_journal_max_bytes(tmp_path: Path) -> Non
                                      for i in range(start, start + 30))
                 wait_for(lambda end=start + 30: len(arrived) >= end, 30, "the deliveries")
         path = cluster.nodes[0].data / "deliveries.jsonl"
-        kept = files(path)
+        kept = files(cluster.nodes[0].data)
         assert kept == [path.with_name("deliveries.jsonl.1"), path]
         assert sum(p.stat().st_size for p in kept) <= 8192 + 30 * 400
         ids = [event["id"] for event in cluster.nodes[0].journal() if "id" in event]
