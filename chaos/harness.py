@@ -145,7 +145,6 @@ def run(config: RunConfig, console: Console | None = None) -> dict:
     started_ms = now_ms()
     try:
         disk_size = DISK_SIZE if "disk-full" in config.nemesis.faults else None
-        # the audit needs every delivery of the run: no journal rotates within one
         node_args = ("--journal-max-bytes", str(CHAOS_JOURNAL_MAX_BYTES)) + (
             () if config.snapshot_min_entries is None
             else ("--snapshot-min-entries", str(config.snapshot_min_entries)))
