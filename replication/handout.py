@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import heapq
 import os
 import struct
 from collections import OrderedDict, deque
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
 from tickwheel.common.errors import InvalidMessage
+from tickwheel.common.runheap import RunHeap
 from tickwheel.replication.commands import Grant, LeaseRef, Ready
 from tickwheel.replication.dispatcher import Delivery, DispatchConfig, Expired
 from tickwheel.replication.group import DEFAULT_GROUP, DURABLE, STREAM, Group
@@ -99,9 +99,11 @@ class Planner:
         self._holders: dict[tuple[int, int], tuple[int, int, LeaseRef]] = {}
         """(group id, handle) -> (consumer key, body bytes, lease), for leases this leader
         granted."""
-        self._deadlines: list[tuple[int, int, int, int, int]] = []
+        self._deadlines = RunHeap[tuple[int, int, int, int, int]]()
         """(expire at ms, deadline_ms, group id, handle, seq) of leases; stale entries (the
-        lease resolved, or its deadline moved) are skipped."""
+        lease resolved, or its deadline moved) are skipped. Grants come in due order, so
+        their deadlines mostly do too: a `RunHeap`, where a heap of 600,000 (20,000 msg/s
+        with a 30 s visibility timeout) cost ~20 comparisons a pop."""
         self._sent: dict[tuple[int, int], int] = {}
         """(group id, handle) -> when its message was sent plus its consumer's visibility
         timeout: a lease expires at that time, if it is later than its replicated deadline."""
@@ -272,8 +274,8 @@ class Planner:
                 continue
             lease = LeaseRef(group.id, grant.handle, seq, grant.nonce)
             self._holders[group.id, grant.handle] = (slot.key, len(message.body), lease)
-            heapq.heappush(self._deadlines, (grant.deadline_ms, grant.deadline_ms, group.id,
-                                             grant.handle, seq))
+            self._deadlines.push((grant.deadline_ms, grant.deadline_ms, group.id, grant.handle,
+                                  seq))
             deliveries.append(Delivery(message, slot.key, lease, seq > 1, self.epoch))
         return deliveries
 
@@ -312,15 +314,15 @@ class Planner:
     def watch(self, deadline_ms: int, group_id: int, handle: int, seq: int) -> None:
         """Expire this lease at ``deadline_ms`` (a lease of an earlier leader, or extended)."""
         self._sent.pop((group_id, handle), None)
-        heapq.heappush(self._deadlines, (deadline_ms, deadline_ms, group_id, handle, seq))
+        self._deadlines.push((deadline_ms, deadline_ms, group_id, handle, seq))
 
     def expired(self, groups: Groups, now_ms: int,
                 read: Callable[[int], DueMessage | None]) -> list[Expired]:
         """Leases whose deadline passed, each once (until it is resolved)."""
         found = []
         deadlines = self._deadlines
-        while deadlines and deadlines[0][0] <= now_ms:
-            _, deadline_ms, group_id, handle, seq = heapq.heappop(deadlines)
+        while (first := deadlines.first()) is not None and first[0] <= now_ms:
+            _, deadline_ms, group_id, handle, seq = deadlines.pop()
             group = groups.by_id(group_id)
             lease = group.leases.get(handle) if group is not None else None
             if (group is None or lease is None or lease.seq != seq
@@ -328,7 +330,7 @@ class Planner:
                 continue
             sent_until_ms = self._sent.get((group_id, handle), 0)
             if sent_until_ms > now_ms:
-                heapq.heappush(deadlines, (sent_until_ms, deadline_ms, group_id, handle, seq))
+                deadlines.push((sent_until_ms, deadline_ms, group_id, handle, seq))
                 continue
             message = read(handle)
             if message is None:
@@ -341,4 +343,5 @@ class Planner:
         return found
 
     def next_deadline_ms(self) -> int | None:
-        return self._deadlines[0][0] if self._deadlines else None
+        first = self._deadlines.first()
+        return None if first is None else first[0]

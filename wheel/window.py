@@ -1,19 +1,20 @@
 """The preload window: the index units of the seconds about to come due, in dispatch order.
 
 The scan walks the occupied seconds ahead of the dispatch (``scan_second`` is the first it has
-not loaded) and pushes each unit onto a heap ordered by ``(slot_second, deliver_at_ms,
-local_index)``: dispatch order. A message filed for a second the scan has passed goes straight
-onto the heap. Loading stops at ``max_window_msgs`` units, or at the preload horizon; a span
-that holds most of an hour's units is read in one index scan instead of chain by chain.
+not loaded) and pushes each unit onto a queue ordered by ``(slot_second, deliver_at_ms,
+local_index)``: dispatch order (a `RunHeap`: messages filed in due order cost it one comparison
+each). A message filed for a second the scan has passed goes straight onto the queue. Loading
+stops at ``max_window_msgs`` units, or at the preload horizon; a span that holds most of an
+hour's units is read in one index scan instead of chain by chain.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 from collections.abc import Callable, Sequence
 
 from tickwheel.common.errors import CorruptSegment
+from tickwheel.common.runheap import RunHeap
 from tickwheel.wheel.format import MS_PER_SECOND, SECONDS_PER_HOUR
 from tickwheel.wheel.hours import HourSet
 from tickwheel.wheel.mending import Unmended
@@ -27,12 +28,12 @@ GLOBAL_INDEX_MASK = (1 << GLOBAL_INDEX_BITS) - 1
 """A handle is ``hour << GLOBAL_INDEX_BITS | global_index``."""
 
 WindowEntry = tuple[int, int, int, int, int, int]
-"""``(slot_second, deliver_at_ms, local_index, handle, log_offset, record_size)``. Heap order is
+"""``(slot_second, deliver_at_ms, local_index, handle, log_offset, record_size)``. Their order is
 dispatch order; the handle makes every entry unique."""
 
 
 class DueWindow:
-    """The heap of loaded units and how far the scan has gone. ``on_skip(slot, local_index)``
+    """The queue of loaded units and how far the scan has gone. ``on_skip(slot, local_index)``
     hears of every position passed over because its message is cancelled."""
 
     def __init__(self, hours: HourSet, config: WheelConfig, scan_second: int,
@@ -41,36 +42,36 @@ class DueWindow:
         self._config = config
         self.scan_second = scan_second
         self._on_skip = on_skip
-        self.heap: list[WindowEntry] = []
+        self.queue = RunHeap[WindowEntry]()
         self.corrupt_records_skipped = 0
         self.held: str | None = None
         """Why the last `take` stopped at damage it could not mend yet (None: it did not)."""
         hours.in_use = self.hours_in_use
 
     def __len__(self) -> int:
-        return len(self.heap)
+        return len(self.queue)
 
     def hours_in_use(self) -> tuple[int, int]:
         """The first and last hour the window reads from."""
-        low = (self.heap[0][0] if self.heap else self.scan_second) // SECONDS_PER_HOUR
+        first = self.queue.first()
+        low = (first[0] if first is not None else self.scan_second) // SECONDS_PER_HOUR
         return low, self.scan_second // SECONDS_PER_HOUR
 
     def rewind(self, cursor_second: int) -> None:
         """Forget everything loaded; scan again from ``cursor_second``."""
-        self.heap.clear()
+        self.queue.clear()
         self.scan_second = cursor_second
 
     def add_filed(self, slots: list[int], deliver_at_ms: Sequence[int],
                   records: Sequence[bytes], local_indexes: list[int], first_handle: int,
                   offset: int) -> None:
         """Put the messages just filed in one hour that are due before the scan second onto
-        the heap: the scan has passed their seconds already."""
-        scan_second, heap = self.scan_second, self.heap
+        the queue: the scan has passed their seconds already."""
+        scan_second, push = self.scan_second, self.queue.push
         for i, (slot, due_ms, record) in enumerate(zip(slots, deliver_at_ms, records,
                                                        strict=True)):
             if slot < scan_second:
-                heapq.heappush(heap, (slot, due_ms, local_indexes[i], first_handle + i,
-                                      offset, len(record)))
+                push((slot, due_ms, local_indexes[i], first_handle + i, offset, len(record)))
             offset += len(record)
 
     def take(self, now_ms: int, max_msgs: int, cursor: Cursor) -> list[DueMessage]:
@@ -82,11 +83,11 @@ class DueWindow:
         self.held = None
         limit_second = (now_ms + self._config.preload_ms) // MS_PER_SECOND
         now_second = now_ms // MS_PER_SECOND
-        heap, taken = self.heap, list[DueMessage]()
+        queue, taken = self.queue, list[DueMessage]()
         segment: HourSegment | None = None
         segment_hour = -1
         while len(taken) < max_msgs:
-            if not heap:
+            if not queue:
                 if self.scan_second > limit_second:
                     break
                 try:
@@ -98,12 +99,12 @@ class DueWindow:
                     self.held = str(damage)
                     break
                 segment_hour = -1
-                if not heap:
+                if not queue:
                     break
-            entry = heapq.heappop(heap)
+            entry = queue.pop()
             slot, deliver_at_ms, local_index, handle, offset, size = entry
             if deliver_at_ms > now_ms or slot > now_second:
-                heapq.heappush(heap, entry)
+                queue.unpop(entry)
                 break
             if (slot, local_index) < cursor:
                 continue
@@ -117,7 +118,7 @@ class DueWindow:
                 fields = segment.record(offset, size)
             except Unmended as error:
                 if not error.everywhere:
-                    heapq.heappush(heap, entry)
+                    queue.unpop(entry)
                     self.held = str(error)
                     break
                 self._skip_corrupt(segment, entry, error)
@@ -139,32 +140,33 @@ class DueWindow:
     def next_due_ms(self, cursor: Cursor) -> int | None:
         """When the next message is due (see `Wheel.next_due_ms`)."""
         self.drop_stale_top(cursor)
-        if self.heap:
-            slot, deliver_at_ms = self.heap[0][:2]
+        first = self.queue.first()
+        if first is not None:
+            slot, deliver_at_ms = first[:2]
             return max(deliver_at_ms, slot * MS_PER_SECOND)
         second = self._hours.next_occupied_second(self.scan_second)
         return None if second is None else second * MS_PER_SECOND
 
     def drop_stale_top(self, cursor: Cursor) -> None:
         """Pop entries behind the cursor, of deleted hours, or cancelled since loaded."""
-        heap = self.heap
-        while heap:
-            slot, _, local_index, handle, _, _ = heap[0]
+        queue = self.queue
+        while (first := queue.first()) is not None:
+            slot, _, local_index, handle, _, _ = first
             segment = self._hours.segment(handle >> GLOBAL_INDEX_BITS, create=False)
             if (slot, local_index) < cursor or segment is None:
-                heapq.heappop(heap)
+                queue.pop()
                 continue
             if handle & GLOBAL_INDEX_MASK not in segment.tombstones:
                 return
-            heapq.heappop(heap)
+            queue.pop()
             self._on_skip(slot, local_index)
 
     def load_until(self, limit_second: int, enough_msgs: int, cursor: Cursor) -> None:
         """Load the chains of occupied seconds up to ``limit_second``, one hour at a time,
-        until the heap holds ``enough_msgs`` units (at most ``max_window_msgs``): the heap
+        until the queue holds ``enough_msgs`` units (at most ``max_window_msgs``): the queue
         stays small, and so do its operations, however large the backlog."""
         enough_msgs = min(enough_msgs, self._config.max_window_msgs)
-        while self.scan_second <= limit_second and len(self.heap) < enough_msgs:
+        while self.scan_second <= limit_second and len(self.queue) < enough_msgs:
             second = self._hours.next_occupied_second(self.scan_second)
             if second is None or second > limit_second:
                 self.scan_second = limit_second + 1
@@ -174,7 +176,7 @@ class DueWindow:
     def _load_hour(self, first_second: int, limit_second: int, enough_msgs: int,
                    cursor: Cursor) -> None:
         """Load the occupied seconds of ``first_second``'s hour from it up to ``limit_second``,
-        second by second until the heap holds ``enough_msgs``, or in one index scan when the
+        second by second until the queue holds ``enough_msgs``, or in one index scan when the
         span holds most of the hour's units and fits under ``max_window_msgs``."""
         hour = first_second // SECONDS_PER_HOUR
         segment = self._hours.existing(hour)
@@ -184,14 +186,14 @@ class DueWindow:
         span_units = segment.units_between(first_second - base_second,
                                            last_second - base_second)
         if 2 * span_units >= segment.units and (
-                len(self.heap) + span_units <= self._config.max_window_msgs):
+                len(self.queue) + span_units <= self._config.max_window_msgs):
             self._load_span(segment, first_second, last_second, cursor)
             self.scan_second = last_second + 1
             return
         bits = segment.occupied >> (first_second - base_second)
         bits &= (1 << (last_second - first_second + 1)) - 1
         second = first_second
-        while bits and len(self.heap) < enough_msgs:
+        while bits and len(self.queue) < enough_msgs:
             skip = (bits & -bits).bit_length() - 1
             second += skip
             self._load_second(segment, second, cursor)
@@ -205,14 +207,13 @@ class DueWindow:
         done_below = cursor.local_index if slot == cursor.second else 0
         tombstones = segment.tombstones
         base = segment.hour << GLOBAL_INDEX_BITS
-        heap = self.heap
+        push = self.queue.push
         for offset, size, local_index, global_index, _, deliver_at_ms, _, _ in segment.chain(
                 slot % SECONDS_PER_HOUR):
             if local_index < done_below:
                 break
             if global_index not in tombstones:
-                heapq.heappush(heap, (slot, deliver_at_ms, local_index, base | global_index,
-                                      offset, size))
+                push((slot, deliver_at_ms, local_index, base | global_index, offset, size))
             else:
                 self._on_skip(slot, local_index)
 
@@ -235,10 +236,4 @@ class DueWindow:
                     self._on_skip(slot, local_index)
             loaded = [entry for entry in loaded
                       if entry[3] & GLOBAL_INDEX_MASK not in tombstones]
-        heap = self.heap  # changed in place: callers hold the list
-        if len(loaded) * 8 < len(heap):
-            for entry in loaded:
-                heapq.heappush(heap, entry)
-        else:
-            heap += loaded
-            heapq.heapify(heap)
+        self.queue.extend(loaded)
