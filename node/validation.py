@@ -92,6 +92,7 @@ def new_messages(messages: Sequence[pb.Message], now_ms: int, limits: Limits,
                              f"{limits.max_batch_msgs} per request")
     checked = Checked([], [])
     add_message, add_level = checked.messages.append, checked.clamped_levels.append
+    tuple_new = tuple.__new__  # a namedtuple's own constructor is a Python call per message
     checked_topics: set[str] = set()
     max_id_chars = limits.max_id_bytes // 4  # UTF-8: at most 4 bytes a character
     max_body_bytes, latest_ms = limits.max_body_bytes, now_ms + limits.max_delay_ms
@@ -105,7 +106,9 @@ def new_messages(messages: Sequence[pb.Message], now_ms: int, limits: Limits,
                 and message.HasField("deliver_at_ms") and not message.HasField("delay_ms")
                 and not message.HasField("delay_level")
                 and 0 <= (deliver_at_ms := message.deliver_at_ms) <= latest_ms):
-            add_message(NewMessage(message_id, topic, body, deliver_at_ms, _NO_PROPERTIES))
+            # every field given: tuple.__new__ knows no defaults
+            add_message(tuple_new(NewMessage, (message_id, topic, body, deliver_at_ms,
+                                               _NO_PROPERTIES, 1)))
             add_level(0)
             continue
         new, clamped_level = _new_message(message, i, now_ms, limits, levels, checked_topics)

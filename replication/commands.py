@@ -237,15 +237,16 @@ def read_handout(command: bytes) -> tuple[list[Ready], list[Grant]]:
     (count,) = _COUNT.unpack_from(command, pos)
     pos += _COUNT.size
     end = pos + count * _READY.size
-    ready = [Ready(handle, second, local_index, strings[topic],
-                   None if target < 0 else strings[target])
+    new = tuple.__new__  # each row straight into its tuple: no Python frame per row
+    ready = [new(Ready, (handle, second, local_index, strings[topic],
+                         None if target < 0 else strings[target]))
              for handle, second, local_index, topic, target
              in _READY.iter_unpack(command[pos:end])]
     (count,) = _COUNT.unpack_from(command, end)
     pos = end + _COUNT.size
     end = pos + count * _GRANT.size
     invariant(end == len(command), "handout command has a bad length")
-    grants = [Grant(handle, strings[topic], strings[group], nonce, deadline_ms, mode)
+    grants = [new(Grant, (handle, strings[topic], strings[group], nonce, deadline_ms, mode))
               for handle, topic, group, nonce, deadline_ms, mode
               in _GRANT.iter_unpack(command[pos:end])]
     return ready, grants

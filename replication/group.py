@@ -56,7 +56,7 @@ class Group:
         if last is None:
             return 0
         seq = last[0] + 1
-        self.leases[handle] = Lease(seq, nonce, deadline_ms, mode)
+        self.leases[handle] = tuple.__new__(Lease, (seq, nonce, deadline_ms, mode))
         return seq
 
     def current(self, handle: int, seq: int, nonce: int) -> Lease | None:

@@ -153,8 +153,9 @@ class Planner:
         consumers with credits, groups taking turns, of messages due by ``due_until_ms``
         (a little ahead of ``now_ms``: the sink sends each at its due time). ``read`` fetches
         a ready message's body from the wheel (None if it is gone)."""
-        ready = [Ready(m.handle, m.slot_second, m.local_index, m.topic,
-                       m.properties.get(TARGET_GROUP_PROPERTY)) for m in taken]
+        new = tuple.__new__  # a namedtuple's own constructor is a Python call per message
+        ready = [new(Ready, (m.handle, m.slot_second, m.local_index, m.topic,
+                             m.properties.get(TARGET_GROUP_PROPERTY))) for m in taken]
         fresh: dict[tuple[str, str], deque[DueMessage]] = {}
         for message, item in zip(taken, ready, strict=True):
             if item.target is not None:
@@ -262,21 +263,25 @@ class Planner:
         """The handout was applied: the deliveries of the grants that took (a grant on a
         message cancelled meanwhile took nothing)."""
         deliveries = []
+        new, epoch, holders, push = tuple.__new__, self.epoch, self._holders, self._deadlines.push
+        key: tuple[str, str] | None = None
+        demand: _Demand | None = None
+        group: Group | None = None
         for grant, (message, slot), seq in zip(plan.grants, plan.sends, seqs, strict=True):
-            demand = self._demand.get((grant.topic, grant.group))
+            if key is None or grant.topic != key[0] or grant.group != key[1]:
+                key = grant.topic, grant.group  # a plan grants in batches of one group
+                demand, group = self._demand.get(key), groups.get(*key)
             if demand is not None:
                 demand.granting.discard(grant.handle)
-            group = groups.get(grant.topic, grant.group)
             if not seq or group is None:
                 slot.credits += 1
                 if demand is not None:
                     demand.bytes_out -= len(message.body)
                 continue
-            lease = LeaseRef(group.id, grant.handle, seq, grant.nonce)
-            self._holders[group.id, grant.handle] = (slot.key, len(message.body), lease)
-            self._deadlines.push((grant.deadline_ms, grant.deadline_ms, group.id, grant.handle,
-                                  seq))
-            deliveries.append(Delivery(message, slot.key, lease, seq > 1, self.epoch))
+            lease = new(LeaseRef, (group.id, grant.handle, seq, grant.nonce))
+            holders[group.id, grant.handle] = (slot.key, len(message.body), lease)
+            push((grant.deadline_ms, grant.deadline_ms, group.id, grant.handle, seq))
+            deliveries.append(new(Delivery, (message, slot.key, lease, seq > 1, epoch)))
         return deliveries
 
     def failed(self, plan: Plan) -> None:

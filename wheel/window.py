@@ -84,6 +84,7 @@ class DueWindow:
         limit_second = (now_ms + self._config.preload_ms) // MS_PER_SECOND
         now_second = now_ms // MS_PER_SECOND
         queue, taken = self.queue, list[DueMessage]()
+        new = tuple.__new__  # a namedtuple's own constructor is a Python call per message
         segment: HourSegment | None = None
         segment_hour = -1
         while len(taken) < max_msgs:
@@ -124,7 +125,7 @@ class DueWindow:
                 self._skip_corrupt(segment, entry, error)
                 self._on_skip(slot, local_index)
                 continue
-            taken.append(DueMessage(*fields[:5], handle, slot, local_index, fields[5]))
+            taken.append(new(DueMessage, (*fields[:5], handle, slot, local_index, fields[5])))
         return taken
 
     def _skip_corrupt(self, segment: HourSegment, entry: WindowEntry,
