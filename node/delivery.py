@@ -53,6 +53,7 @@ from tickwheel.replication import (
     LeaseRef,
     Replica,
     encode_receipt,
+    encode_receipts,
 )
 from tickwheel.wheel import Cursor
 
@@ -246,7 +247,8 @@ class Courier:
             self._loop.call_later((first_ms - now_ms) / 1000, self._send_all, early)
         batches: dict[int, list[Sent]] = {}
         orphaned = []
-        for delivery in deliveries:
+        receipts = encode_receipts([delivery.lease for delivery in deliveries])
+        for delivery, receipt in zip(deliveries, receipts, strict=True):
             consumer = self._consumers.get(delivery.consumer)
             if consumer is None or consumer.closed is not None:
                 orphaned.append(delivery.lease)
@@ -255,8 +257,8 @@ class Courier:
             properties = message.properties
             if TARGET_GROUP_PROPERTY in properties:
                 properties = {k: v for k, v in properties.items() if k != TARGET_GROUP_PROPERTY}
-            sent = Sent(delivery, encode_receipt(delivery.lease),
-                        message.attempt + delivery.lease.seq - 1, now_ms, properties)
+            sent = Sent(delivery, receipt, message.attempt + delivery.lease.seq - 1, now_ms,
+                        properties)
             consumer.unacked[sent.receipt] = sent
             consumer.credits -= 1
             batches.setdefault(consumer.key, []).append(sent)

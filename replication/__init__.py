@@ -3,10 +3,10 @@
 Its face, what the layers above use: the `Replica` (the one object a node drives) with its
 settings and status; what its calls answer (`Accepted`, `Rejected`, `Retried`, `MoveOutcome`;
 `Delivery` and `Expired` for the hand-out it makes); lease receipts (`LeaseRef`,
-`encode_receipt`, `decode_receipt`); consumer groups (`Groups`, read-only above), their names
-and kinds; the handle cipher. The
-Raft port has its own face, `tickwheel.replication.raft`. Nothing outside this package imports
-its other modules (tests/test_layout.py checks it).
+`encode_receipt`, `encode_receipts`, `decode_receipt`); consumer groups (`Groups`, read-only
+above), their names and kinds; the handle cipher. The Raft port has its own face,
+`tickwheel.replication.raft`. Nothing outside this package imports its other modules
+(tests/test_layout.py checks it).
 """
 
 from tickwheel.replication.commands import LeaseRef
@@ -21,6 +21,7 @@ from tickwheel.replication.handout import (
     ConsumerSlot,
     decode_receipt,
     encode_receipt,
+    encode_receipts,
 )
 from tickwheel.replication.outcomes import Accepted, MoveOutcome, Rejected, Retried
 from tickwheel.replication.replica import Replica, ReplicaStatus
@@ -50,4 +51,5 @@ __all__ = [
     "StateConfig",
     "decode_receipt",
     "encode_receipt",
+    "encode_receipts",
 ]

@@ -40,6 +40,7 @@ TARGET_GROUP_PROPERTY: Final = "%group"
 that start with ``%``); the node strips it before a consumer sees the message."""
 _NONCE_BATCH: Final = struct.Struct("<512Q")
 _RECEIPT: Final = struct.Struct("<IqIQ")
+_RECEIPT_CHARS: Final = _RECEIPT.size // 3 * 4
 _MAX_BATCH: Final = 256
 _MAX_KEPT_MSGS: Final = 50_000
 _MAX_KEPT_BYTES: Final = 64 << 20
@@ -48,7 +49,15 @@ _MAX_KEPT_BYTES: Final = 64 << 20
 
 def encode_receipt(lease: LeaseRef) -> str:
     """A receipt: the lease, with its random nonce (unguessable: 64 bits)."""
-    return base64.urlsafe_b64encode(_RECEIPT.pack(*lease)).decode()
+    return encode_receipts([lease])[0]
+
+
+def encode_receipts(leases: Sequence[LeaseRef]) -> list[str]:
+    """`encode_receipt` of each lease, with one base64 call for the batch: a packed lease is
+    24 bytes, a multiple of 3, so its receipt is the same 32 characters alone or in a row."""
+    encoded = base64.urlsafe_b64encode(b"".join(_RECEIPT.pack(*lease) for lease in leases))
+    text = encoded.decode()
+    return [text[start:start + _RECEIPT_CHARS] for start in range(0, len(text), _RECEIPT_CHARS)]
 
 
 def decode_receipt(receipt: str, field_name: str) -> LeaseRef:
@@ -243,8 +252,8 @@ class Planner:
             if message is None:
                 break
             deadline_ms = max(now_ms, message.deliver_at_ms) + slot.visibility_ms
-            grants.append(Grant(message.handle, key[0], key[1], self._nonce(), deadline_ms,
-                                slot.mode))
+            grants.append(tuple.__new__(Grant, (message.handle, key[0], key[1], self._nonce(),
+                                                deadline_ms, slot.mode)))
             sends.append((message, slot))
             demand.granting.add(message.handle)
             demand.bytes_out += len(message.body)

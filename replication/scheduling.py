@@ -9,6 +9,7 @@ so a replica holds one or the other, never neither, and never both.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 from itertools import repeat
 from typing import TypeVar
 
@@ -41,7 +42,8 @@ class Scheduling:
             return self.apply_schedule_mixed(due_ms, keys, records, stamp_ms, remembered)
         # The usual entry, every message new and in time: filed column by column.
         handles = self._file(records, due_ms, keys, stamp_ms)
-        return list(map(Accepted, handles, due_ms, repeat(False)))
+        # tuple.__new__: a NamedTuple's own constructor is a Python call per message
+        return list(map(partial(tuple.__new__, Accepted), zip(handles, due_ms, repeat(False))))
 
     def apply_schedule_mixed(self, due_ms: list[int], keys: list[bytes],
                               records: list[bytes], stamp_ms: int,

@@ -19,6 +19,7 @@ from tickwheel.replication.handout import (
     Planner,
     decode_receipt,
     encode_receipt,
+    encode_receipts,
 )
 from tickwheel.replication.outcomes import Accepted, Moved, MoveOutcome, Rejected, Retried
 from tickwheel.replication.state import StateConfig, StateMachine
@@ -127,6 +128,15 @@ def test_receipts_round_trip_and_garbage_is_no_receipt() -> None:
     for garbage in ("", "1.2.3", "é", encode_receipt(lease)[:-4]):
         with pytest.raises(InvalidMessage, match=r"ack\.receipts\[0\]"):
             decode_receipt(garbage, "ack.receipts[0]")
+
+
+def test_a_batch_of_receipts_names_each_lease_as_a_single_receipt_does() -> None:
+    leases = [LeaseRef(group_id, handle, seq, nonce) for group_id, handle, seq, nonce in
+              [(0, 0, 1, 0), (3, 1 << 40 | 17, 2, 2**64 - 1), (2**32 - 1, 2**63 - 1, 7, 5)]]
+    for count in range(len(leases) + 1):
+        batch = encode_receipts(leases[:count])
+        assert batch == [encode_receipt(lease) for lease in leases[:count]]
+        assert [decode_receipt(receipt, "r") for receipt in batch] == leases[:count]
 
 
 def test_a_released_lease_comes_back_first_and_its_next_lease_is_the_second(
