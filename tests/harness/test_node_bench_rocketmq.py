@@ -19,3 +19,6 @@ def test_both_groups_get_every_message_of_one_load_and_report_their_lateness(
     for prefix in ("", "rocketmq_"):
         # nothing early (a little clock jitter between processes aside), nothing absurdly late
         assert -5 < run[f"{prefix}p50"] <= run[f"{prefix}p99"] <= run[f"{prefix}max"] < 30_000
+    # the leader's CPU from the first schedule to the last arrival, per message: some, and
+    # less than the whole run's wall time could hold
+    assert 0 < run["leader_cpu_us_per_msg"] < 1e6 * 60 / 100
