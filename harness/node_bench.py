@@ -15,6 +15,8 @@ A 3-node cluster of real processes on 127.0.0.1, 100-byte bodies. Figures:
   system) from the first schedule to the last arrival, divided by the messages: scheduling,
   hand-out, acks and sending, end to end. Steadier than p99 on a shared machine, and what
   decides the rate one leader can carry.
+- ``cluster_cpu_us_per_msg`` at each rate: the same, summed over the three nodes: what a
+  message costs the cluster (every replica files, readies, leases and resolves it).
 - ``rocketmq_lateness_p50_ms`` / ``_p99_ms`` / ``_max_ms`` at each of ``--rocketmq-rates``
   (200 and 500 due messages per second): a run as above, on a fresh cluster, with a second
   consumer group beside the native one: ``--rocketmq-consumers`` processes of RocketMQ 5's
@@ -231,7 +233,8 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
     total = int(rate * seconds)
     tick_s = 0.01
     leader_pid = cluster.leader().pid
-    leader_cpu_s = _cpu_s(leader_pid)
+    pids = [node.pid for node in cluster.nodes]
+    leader_cpu_s, cluster_cpu_s = _cpu_s(leader_pid), sum(map(_cpu_s, pids))
     with _client(_endpoint(cluster), 60) as client:
         began = time.monotonic()
         first_due_ms = now_ms() + int(LEAD_S * 1000)
@@ -254,10 +257,12 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
         wait_for(lambda: rocketmq_received.value >= total, 60,
                  f"{total} messages to reach the RocketMQ group", poll_s=0.1)
     leader_cpu_s = _cpu_s(leader_pid) - leader_cpu_s
+    cluster_cpu_s = sum(map(_cpu_s, pids)) - cluster_cpu_s
     stop.set()
     lateness = sorted(value for _ in processes for value in results.get(timeout=30))
     figures = {**_percentiles("", lateness), "producer_behind_s": round(max(0.0, behind_s), 3),
-               "leader_cpu_us_per_msg": round(1e6 * leader_cpu_s / total, 1)}
+               "leader_cpu_us_per_msg": round(1e6 * leader_cpu_s / total, 1),
+               "cluster_cpu_us_per_msg": round(1e6 * cluster_cpu_s / total, 1)}
     if rocketmq_consumers:
         figures |= _percentiles("rocketmq_", sorted(
             value for _ in rocketmq_processes for value in rocketmq_results.get(timeout=60)))
@@ -344,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                 for key in ("p50", "p99", "max"):
                     figures[f"{prefix}lateness_{key}_ms_at_{rate}"] = run[f"{prefix}{key}"]
             figures[f"producer_behind_s_at_{rate}"] = run["producer_behind_s"]
-            figures[f"leader_cpu_us_per_msg_at_{rate}"] = run["leader_cpu_us_per_msg"]
+            for key in ("leader_cpu_us_per_msg", "cluster_cpu_us_per_msg"):
+                figures[f"{key}_at_{rate}"] = run[key]
     if args.json:
         print(json.dumps(figures, indent=2))
     else:

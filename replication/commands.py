@@ -224,7 +224,19 @@ def handout(stamp_ms: int, ready: Sequence[Ready], grants: Sequence[Grant]) -> b
     return _framed(Kind.HANDOUT, stamp_ms, b"".join(parts))
 
 
-def read_handout(command: bytes) -> tuple[list[Ready], list[Grant]]:
+class HandoutRows(NamedTuple):
+    """A handout command as its rows: string indexes stand for topics and groups."""
+
+    strings: list[str]
+    ready: list[tuple[int, int, int, int, int]]
+    """``(handle, second, local_index, topic, target)``; target -1: every group."""
+    grants: list[tuple[int, int, int, int, int, int]]
+    """``(handle, topic, group, nonce, deadline_ms, mode)``."""
+
+
+def read_handout(command: bytes) -> HandoutRows:
+    """The rows as struct unpacks them (every replica reads every hand-out: a named tuple
+    per row cost a third of the apply)."""
     pos = _HEADER.size
     (count,) = _STRINGS.unpack_from(command, pos)
     pos += _STRINGS.size
@@ -237,19 +249,12 @@ def read_handout(command: bytes) -> tuple[list[Ready], list[Grant]]:
     (count,) = _COUNT.unpack_from(command, pos)
     pos += _COUNT.size
     end = pos + count * _READY.size
-    new = tuple.__new__  # each row straight into its tuple: no Python frame per row
-    ready = [new(Ready, (handle, second, local_index, strings[topic],
-                         None if target < 0 else strings[target]))
-             for handle, second, local_index, topic, target
-             in _READY.iter_unpack(command[pos:end])]
+    ready = list(_READY.iter_unpack(command[pos:end]))
     (count,) = _COUNT.unpack_from(command, end)
     pos = end + _COUNT.size
     end = pos + count * _GRANT.size
     invariant(end == len(command), "handout command has a bad length")
-    grants = [new(Grant, (handle, strings[topic], strings[group], nonce, deadline_ms, mode))
-              for handle, topic, group, nonce, deadline_ms, mode
-              in _GRANT.iter_unpack(command[pos:end])]
-    return ready, grants
+    return HandoutRows(strings, ready, list(_GRANT.iter_unpack(command[pos:end])))
 
 
 def leases(stamp_ms: int, op: LeaseOp, refs: Sequence[LeaseRef],

@@ -50,15 +50,6 @@ class Group:
     dropped: int = 0
     """Ready messages dropped past ``max_ready_msgs`` (replicated: the same on every node)."""
 
-    def grant(self, handle: int, nonce: int, deadline_ms: int, mode: int) -> int:
-        """Lease a ready message; its sequence number, or 0 if it is not ready here."""
-        last = self.ready.pop(handle, None)
-        if last is None:
-            return 0
-        seq = last[0] + 1
-        self.leases[handle] = tuple.__new__(Lease, (seq, nonce, deadline_ms, mode))
-        return seq
-
     def current(self, handle: int, seq: int, nonce: int) -> Lease | None:
         """The lease of ``handle`` if ``(seq, nonce)`` names its current one."""
         lease = self.leases.get(handle)
@@ -101,6 +92,10 @@ class FanOut:
     def __init__(self, state: dict[int, list[Any]] | None = None) -> None:
         self._state = state or {}
         """handle -> [groups still holding it, whether any leased it]"""
+
+    def __bool__(self) -> bool:
+        """Whether any message is readied into several groups (callers skip the rest)."""
+        return bool(self._state)
 
     def readied(self, handle: int, groups: int) -> None:
         if groups > 1:

@@ -33,8 +33,8 @@ Single-threaded (the Raft thread); other threads read `summary`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, Final
 
 from tickwheel.common.errors import invariant
 from tickwheel.replication.commands import LeaseRef
@@ -49,6 +49,9 @@ from tickwheel.replication.group import (
 from tickwheel.wheel.window import GLOBAL_INDEX_BITS
 
 log = logging.getLogger("tickwheel.replication.groups")
+
+_NEVER_LEASED: Final = (0, 0)
+"""A ready message's last lease: none yet."""
 
 Snapshot = tuple[int, list[PlainGroup], dict[int, list[Any]]]
 """``(next_id, [group as plain values], fan-out)``: for the snapshot file."""
@@ -147,13 +150,80 @@ class Groups:
         self._fanout.readied(handle, len(groups))
         return len(groups)
 
-    def grant(self, group: Group, handle: int, nonce: int, deadline_ms: int, mode: int) -> int:
-        """Lease a ready message; its sequence number, or 0 if it is not ready in ``group``
-        (cancelled, dropped, leased already)."""
-        seq = group.grant(handle, nonce, deadline_ms, mode)
-        if seq:
-            self._fanout.leased(handle)
-        return seq
+    def ready_many(self, items: Sequence[tuple[int, str, str | None]], stamp_ms: int) -> None:
+        """`ready` each ``(handle, topic, target)``, in order, with the same outcome. A run of
+        a topic's messages for all its groups costs one lookup and one C-level insert per
+        group (every replica applies every hand-out: a call per message was a quarter of a
+        follower's apply). Retry copies for one group, a topic without groups yet, and a run
+        that would push a group past ``max_ready_msgs`` go item by item, as they always did."""
+        start = 0
+        while start < len(items):
+            _, topic, target = items[start]
+            end = start + 1
+            while end < len(items) and items[end][1] == topic and items[end][2] == target:
+                end += 1
+            groups = self._by_topic.get(topic) if target is None else None
+            if not groups or any(len(group.ready) + end - start > self._max_ready_msgs
+                                 for group in groups):
+                for handle, _, _ in items[start:end]:
+                    self.ready(handle, topic, target, stamp_ms)
+            else:
+                handles = [item[0] for item in items[start:end]]
+                for group in groups:
+                    group.ready.update(dict.fromkeys(handles, _NEVER_LEASED))
+                if len(groups) > 1:
+                    for handle in handles:
+                        self._fanout.readied(handle, len(groups))
+            start = end
+
+    def grant_many(self, grants: Sequence[tuple[int, int, int, int, int, int]],
+                   strings: Sequence[str]) -> list[int]:
+        """Lease ready messages: per `read_handout` grant row (topic and group index
+        ``strings``) its sequence number, or 0 if it is not ready in that group (cancelled,
+        dropped, leased already; or the group is gone). One group lookup a run."""
+        results: list[int] = []
+        add = results.append
+        fanout = self._fanout
+        key, group = None, None
+        tuple_new = tuple.__new__  # a NamedTuple's own constructor is a Python call
+        for handle, topic, name, nonce, deadline_ms, mode in grants:
+            if (topic, name) != key:
+                key = (topic, name)
+                group = self._by_key.get((strings[topic], strings[name]))
+            last = None if group is None else group.ready.pop(handle, None)
+            if group is None or last is None:
+                add(0)
+                continue
+            seq = last[0] + 1
+            group.leases[handle] = tuple_new(Lease, (seq, nonce, deadline_ms, mode))
+            if fanout:
+                fanout.leased(handle)
+            add(seq)
+        return results
+
+    def resolve_many(self, refs: Sequence[LeaseRef]) -> list[bool]:
+        """`resolve` each, in order, with the same outcome: the usual ack, of a current
+        lease, costs two dict operations; anything else takes `resolve`."""
+        results: list[bool] = []
+        add = results.append
+        fanout = self._fanout
+        group_id, group, topics = None, None, set()
+        for ref in refs:
+            ref_group, handle, seq, nonce = ref
+            if ref_group != group_id:
+                group_id, group = ref_group, self._by_id.get(ref_group)
+            lease = None if group is None else group.leases.get(handle)
+            if group is None or lease is None or lease[0] != seq or lease[1] != nonce:
+                add(self.resolve(ref))
+                continue
+            del group.leases[handle]
+            if fanout:
+                fanout.resolved(handle)
+            topics.add(group.topic)
+            add(True)
+        for topic in topics:  # as `resolve` does after each (a retired group acks nothing)
+            self._retire_if_idle(topic)
+        return results
 
     def find(self, ref: LeaseRef) -> tuple[Group, bool] | None:
         """The group of a genuine receipt and whether its lease is the current one (else the

@@ -186,20 +186,23 @@ class StateMachine:
         grant the leases: per grant its sequence number, or 0 when the message is not ready
         in that group (cancelled, dropped, leased already)."""
         stamp_ms = max(stamp_ms, self.wheel.stamp_ms)
-        ready, grants = commands.read_handout(command)
-        wheel, groups, readied = self._s.wheel, self._s.groups, self._s.readied
-        for item in ready:
-            if (wheel.handles.is_cancelled(item.handle)
-                    or self._s.is_readied(item.second, item.local_index)):
-                continue  # cancelled meanwhile, or readied already (a handout proposed twice)
-            readied.setdefault(item.second, set()).add(item.local_index)
-            groups.ready(item.handle, item.topic, item.target, stamp_ms)
-        results = []
-        for grant in grants:
-            group = groups.get(grant.topic, grant.group)
-            results.append(0 if group is None else groups.grant(
-                group, grant.handle, grant.nonce, grant.deadline_ms, grant.mode))
-        return results
+        strings, ready, grants = commands.read_handout(command)
+        if ready:
+            cancelled = self._s.wheel.handles.cancelled_among([row[0] for row in ready])
+            cursor, readied = self._s.wheel.cursor, self._s.readied
+            fresh = []
+            for handle, second, local_index, topic, target in ready:
+                if handle in cancelled or (second, local_index) < cursor:
+                    continue  # cancelled meanwhile, or behind the cursor: readied already
+                at_second = readied.get(second)
+                if at_second is None:
+                    at_second = readied[second] = set()
+                elif local_index in at_second:
+                    continue  # readied already (a handout proposed twice)
+                at_second.add(local_index)
+                fresh.append((handle, strings[topic], None if target < 0 else strings[target]))
+            self._s.groups.ready_many(fresh, stamp_ms)
+        return self._s.groups.grant_many(grants, strings)
 
     def _apply_leases(self, command: bytes) -> list[bool]:
         """Acks, releases or new deadlines, each of a genuine current receipt (else False and
@@ -207,7 +210,7 @@ class StateMachine:
         op, refs = commands.read_leases(command)
         groups = self.groups
         if op is LeaseOp.ACK:
-            return [groups.resolve(ref) for ref, _ in refs]
+            return groups.resolve_many([ref for ref, _ in refs])
         if op is LeaseOp.RELEASE:
             return [groups.release(ref) for ref, _ in refs]
         if op is LeaseOp.RETURN:

@@ -69,6 +69,18 @@ class Handles:
         segment = self._hours.segment(handle >> GLOBAL_INDEX_BITS, create=False)
         return segment is not None and handle & GLOBAL_INDEX_MASK in segment.tombstones
 
+    def cancelled_among(self, handles: list[int]) -> set[int]:
+        """Those of ``handles`` that are tombstoned: a look per hour, and none per handle of
+        an hour without tombstones (the usual hour)."""
+        cancelled: set[int] = set()
+        for hour in {handle >> GLOBAL_INDEX_BITS for handle in handles}:
+            segment = self._hours.segment(hour, create=False)
+            if segment is not None and segment.tombstones:
+                tombstones = segment.tombstones
+                cancelled.update(h for h in handles if h >> GLOBAL_INDEX_BITS == hour
+                                 and h & GLOBAL_INDEX_MASK in tombstones)
+        return cancelled
+
     def tombstone(self, handle: int) -> int:
         """Tombstone ``handle`` wherever it is, behind the cursor too, and return its tag: a
         replicated state machine cancels messages that left the wheel for consumer groups

@@ -384,7 +384,7 @@ class Run:
         granted: Counter = Counter()
         for _, command in self.cluster.log[:self.cluster.commit]:
             if commands.read_header(command)[0] is commands.Kind.HANDOUT:
-                granted.update(grant.handle for grant in commands.read_handout(command)[1])
+                granted.update(grant[0] for grant in commands.read_handout(command).grants)
         return granted
 
     def summary(self) -> Counter:

@@ -7,12 +7,15 @@ import logging
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tickwheel.common.errors import InvalidMessage, Overloaded
 from tickwheel.replication import commands
 from tickwheel.replication.commands import Grant, LeaseOp, LeaseRef, Ready
 from tickwheel.replication.dispatcher import DispatchConfig
 from tickwheel.replication.group import DURABLE, STREAM
+from tickwheel.replication.groups import Groups
 from tickwheel.replication.handout import (
     TARGET_GROUP_PROPERTY,
     ConsumerSlot,
@@ -94,6 +97,33 @@ def test_a_cancel_after_a_grant_answers_handed_out_and_stops_the_other_groups(
     assert state.apply(commands.leases(T0_MS, LeaseOp.ACK, [LeaseRef(billing.id, a, 1, 7)])) == [
         True]
     assert state.apply(commands.cancel(T0_MS, [a])) == [CancelResult.NOT_PENDING]
+
+
+def test_a_cancel_after_one_group_acked_answers_handed_out_though_another_still_waits(
+        state: StateMachine) -> None:
+    state.apply(commands.group(T0_MS, True, "orders", "billing"))
+    state.apply(commands.group(T0_MS, True, "orders", "audit"))
+    (a,) = schedule(state, [NewMessage("a", "orders", b"x", T0_MS)])
+    billing, audit = state.groups.of_topic("orders")
+    assert ready(state, [a], [grant(a, "billing")]) == [1]
+    assert state.apply(commands.leases(T0_MS, LeaseOp.ACK, [LeaseRef(billing.id, a, 1, 7)])) == [
+        True]
+    assert list(audit.ready) == [a]  # billing is done with it; audit's consumers are not
+    assert state.apply(commands.cancel(T0_MS, [a])) == [CancelResult.HANDED_OUT]
+    assert list(audit.ready) == []
+
+
+def test_a_handout_applied_twice_readies_and_grants_nothing_the_second_time(
+        state: StateMachine) -> None:
+    a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
+    items = [Ready(h, m.slot_second, m.local_index, m.topic, None)
+             for h in (a, b) for m in [state.wheel.handles.read(h)[0]]]
+    command = commands.handout(T0_MS, items, [grant(a)])
+    assert state.apply(command) == [1]
+    (group,) = state.groups.of_topic("orders")
+    assert state.apply(command) == [0]  # a leader's proposal committed twice
+    assert list(group.ready) == [b] and list(group.leases) == [a]
+    assert group.leases[a].seq == 1
 
 
 def test_a_rejected_cancel_changes_nothing(state: StateMachine) -> None:
@@ -405,3 +435,63 @@ def test_moved_messages_are_bounded_remembered_in_snapshots_and_forgotten_once_p
     assert state.moves == {}
     assert state.apply(commands.cancel(T0_MS, [a])) == [CancelResult.NOT_PENDING]
     state.close()
+
+
+
+_TOPICS = ["a", "b"]
+_NAMES = ["", "x", "y"]
+_KINDS = st.sampled_from(["group", "ready", "ready", "grant", "grant", "ack", "ack"])
+
+
+def _held(groups: Groups, ready: bool) -> list[tuple[int, int, str, int, int]]:
+    """``(group id, handle, group name, seq, nonce)`` of every lease, or every ready message."""
+    _, plain, _ = groups.snapshot()
+    if ready:
+        return [(gid, handle, name, seq, nonce)
+                for gid, _, name, _, _, items, _ in plain for handle, (seq, nonce) in items]
+    return [(gid, handle, name, seq, nonce)
+            for gid, _, name, _, _, _, leases in plain for handle, seq, nonce, _, _ in leases]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_batched_ready_grant_and_ack_leave_the_groups_as_item_by_item_does(
+        data: st.DataObject) -> None:
+    # Every replica applies every hand-out and ack in batches (`ready_many`, `grant_many`,
+    # `resolve_many`); a replica of a release before them went item by item. The two must
+    # agree on every result and every byte of state: drops past the bound, fan-out, retired
+    # default groups, grants on messages no longer ready, acks of stale or foreign leases.
+    batched, single = Groups(max_ready_msgs=4, max_groups=8), Groups(max_ready_msgs=4,
+                                                                     max_groups=8)
+    strings = _TOPICS + _NAMES
+    handles = st.integers(1, 8)
+    for _ in range(data.draw(st.integers(0, 30))):
+        kind = data.draw(_KINDS)
+        if kind == "group":
+            topic, name = data.draw(st.sampled_from(_TOPICS)), data.draw(st.sampled_from(_NAMES))
+            assert batched.create(topic, name, T0_MS) == single.create(topic, name, T0_MS)
+        elif kind == "ready":
+            items = data.draw(st.lists(st.tuples(handles, st.sampled_from(_TOPICS), st.sampled_from(
+                [None, None, None, "", "x"])), max_size=8))
+            batched.ready_many(items, T0_MS)
+            for handle, topic, target in items:
+                single.ready(handle, topic, target, T0_MS)
+        elif kind == "grant":  # mostly of ready messages, some of anything
+            ready = [(h, _TOPICS.index(topic), 2 + _NAMES.index(name))
+                     for g in batched for h in g.ready for topic, name in [(g.topic, g.name)]]
+            target = st.sampled_from(ready) if ready else st.nothing()
+            picks = data.draw(st.lists(st.one_of(target, st.tuples(
+                handles, st.integers(0, 1), st.integers(2, 4))), max_size=8))
+            rows = [(handle, topic, name, data.draw(st.integers(1, 2)), T0_MS, STREAM)
+                    for handle, topic, name in picks]
+            assert batched.grant_many(rows, strings) == [
+                seq for row in rows for seq in single.grant_many([row], strings)]
+        else:  # mostly of current leases, some stale, forged or of ready messages
+            held = _held(batched, ready=False) + _held(batched, ready=True)
+            target = st.sampled_from(held) if held else st.nothing()
+            picks = data.draw(st.lists(st.one_of(target, target, st.tuples(
+                st.integers(1, 3), handles, st.just(""), st.integers(0, 2), st.integers(1, 2))),
+                max_size=8))
+            refs = [LeaseRef(gid, handle, seq, nonce) for gid, handle, _, seq, nonce in picks]
+            assert batched.resolve_many(refs) == [single.resolve(ref) for ref in refs]
+        assert batched.snapshot() == single.snapshot()
