@@ -153,9 +153,9 @@ class Groups:
     def ready_many(self, items: Sequence[tuple[int, str, str | None]], stamp_ms: int) -> None:
         """`ready` each ``(handle, topic, target)``, in order, with the same outcome. A run of
         a topic's messages for all its groups costs one lookup and one C-level insert per
-        group (every replica applies every hand-out: a call per message was a quarter of a
-        follower's apply). Retry copies for one group, a topic without groups yet, and a run
-        that would push a group past ``max_ready_msgs`` go item by item, as they always did."""
+        group (every replica applies every hand-out, a quarter of a follower's apply). Retry
+        copies for one group, a topic without groups yet, and a run that would push a group
+        past ``max_ready_msgs`` go item by item, as they always did."""
         start = 0
         while start < len(items):
             _, topic, target = items[start]
@@ -190,8 +190,7 @@ class Groups:
             if (topic, name) != key:
                 key = (topic, name)
                 group = self._by_key.get((strings[topic], strings[name]))
-            last = None if group is None else group.ready.pop(handle, None)
-            if group is None or last is None:
+            if group is None or (last := group.ready.pop(handle, None)) is None:
                 add(0)
                 continue
             seq = last[0] + 1
@@ -212,8 +211,8 @@ class Groups:
             ref_group, handle, seq, nonce = ref
             if ref_group != group_id:
                 group_id, group = ref_group, self._by_id.get(ref_group)
-            lease = None if group is None else group.leases.get(handle)
-            if group is None or lease is None or lease[0] != seq or lease[1] != nonce:
+            if (group is None or (lease := group.leases.get(handle)) is None
+                    or lease[0] != seq or lease[1] != nonce):
                 add(self.resolve(ref))
                 continue
             del group.leases[handle]

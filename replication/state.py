@@ -189,18 +189,11 @@ class StateMachine:
         strings, ready, grants = commands.read_handout(command)
         if ready:
             cancelled = self._s.wheel.handles.cancelled_among([row[0] for row in ready])
-            cursor, readied = self._s.wheel.cursor, self._s.readied
-            fresh = []
-            for handle, second, local_index, topic, target in ready:
-                if handle in cancelled or (second, local_index) < cursor:
-                    continue  # cancelled meanwhile, or behind the cursor: readied already
-                at_second = readied.get(second)
-                if at_second is None:
-                    at_second = readied[second] = set()
-                elif local_index in at_second:
-                    continue  # readied already (a handout proposed twice)
-                at_second.add(local_index)
-                fresh.append((handle, strings[topic], None if target < 0 else strings[target]))
+            mark_readied = self._s.mark_readied
+            # not cancelled meanwhile, nor readied already (a handout proposed twice)
+            fresh = [(handle, strings[topic], None if target < 0 else strings[target])
+                     for handle, second, local_index, topic, target in ready
+                     if handle not in cancelled and mark_readied(second, local_index)]
             self._s.groups.ready_many(fresh, stamp_ms)
         return self._s.groups.grant_many(grants, strings)
 

@@ -54,6 +54,14 @@ class Stores:
         return ((second, local_index) < self.wheel.cursor
                 or local_index in self.readied.get(second, ()))
 
+    def mark_readied(self, second: int, local_index: int) -> bool:
+        """Note that the message at this position leaves the wheel for its groups; False (and
+        nothing noted) if it had already (`is_readied`)."""
+        if self.is_readied(second, local_index):
+            return False
+        self.readied.setdefault(second, set()).add(local_index)
+        return True
+
     def too_late(self, deliver_at_ms: int, stamp_ms: int,
                  field: str = "deliver_at_ms") -> Rejected:
         return Rejected(InvalidMessage(field, (

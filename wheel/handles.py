@@ -66,8 +66,7 @@ class Handles:
 
     def is_cancelled(self, handle: int) -> bool:
         """Whether ``handle`` is tombstoned (False for an unknown handle)."""
-        segment = self._hours.segment(handle >> GLOBAL_INDEX_BITS, create=False)
-        return segment is not None and handle & GLOBAL_INDEX_MASK in segment.tombstones
+        return bool(self.cancelled_among([handle]))
 
     def cancelled_among(self, handles: list[int]) -> set[int]:
         """Those of ``handles`` that are tombstoned: a look per hour, and none per handle of
