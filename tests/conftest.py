@@ -22,6 +22,27 @@ settings.register_profile("deep", max_examples=3_000, stateful_step_count=80, de
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+LOG_TAIL_LINES = 25
+"""Lines of each node's log a failed test's report shows (the chattiest events left out)."""
+_QUIET_EVENTS = ("event=snapshot_taken", "event=health ")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[None]:
+    """A failed test that started nodes (`LocalCluster` writes ``<tmp_path>/<node>.log``)
+    reports the tail of each node's log: CI keeps nothing else of a run, and a timeout says
+    only that something did not happen."""
+    report = yield
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and tmp_path is not None:
+        for log in sorted(Path(tmp_path).glob("*.log")):
+            lines = [line[:200] for line in log.read_text(errors="replace").splitlines()
+                     if not any(event in line for event in _QUIET_EVENTS)]
+            report.sections.append((f"tail of {log.name}",
+                                    "\n".join(lines[-LOG_TAIL_LINES:])))
+    return report
+
 
 @pytest.fixture
 def acking_consumer() -> Iterator[Callable[..., AckingConsumer]]:

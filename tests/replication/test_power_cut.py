@@ -77,9 +77,18 @@ def test_every_acknowledged_message_survives_a_power_cut_of_every_node(
             cluster.start(node)
         acking_consumer(cluster)
 
+        missing: set[str] = set()
+
         def delivered() -> Counter[str] | None:
             counts = Counter(d["id"] for d in cluster.deliveries())
-            return counts if producer.acked <= counts.keys() else None
-        counts = wait_for(delivered, 60, f"{len(producer.acked)} acknowledged messages "
-                                         "delivered", poll_s=0.5)
+            missing.clear()
+            missing.update(producer.acked - counts.keys())
+            return None if missing else counts
+        try:
+            counts = wait_for(delivered, 60, f"{len(producer.acked)} acknowledged messages "
+                                             "delivered", poll_s=0.5)
+        except TimeoutError as timeout:  # name what is missing: a loss, or a stall?
+            raise AssertionError(f"{len(missing)} of {len(producer.acked)} acknowledged "
+                                 f"messages not delivered, e.g. {sorted(missing)[:10]}; "
+                                 f"cuts {cuts}") from timeout
         assert max(counts.values()) == 1
