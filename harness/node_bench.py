@@ -17,6 +17,9 @@ A 3-node cluster of real processes on 127.0.0.1, 100-byte bodies. Figures:
   decides the rate one leader can carry.
 - ``cluster_cpu_us_per_msg`` at each rate: the same, summed over the three nodes: what a
   message costs the cluster (every replica files, readies, leases and resolves it).
+- ``clients_cpu_us_per_msg`` at each rate: the same for the producer (this process) and the
+  consumer processes. They share the machine with the nodes: at 20,000/s on 2 cores, what the
+  clients take is what the cluster cannot have.
 - ``rocketmq_lateness_p50_ms`` / ``_p99_ms`` / ``_max_ms`` at each of ``--rocketmq-rates``
   (200 and 500 due messages per second): a run as above, on a fresh cluster, with a second
   consumer group beside the native one: ``--rocketmq-consumers`` processes of RocketMQ 5's
@@ -235,6 +238,8 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
     leader_pid = cluster.leader().pid
     pids = [node.pid for node in cluster.nodes]
     leader_cpu_s, cluster_cpu_s = _cpu_s(leader_pid), sum(map(_cpu_s, pids))
+    client_pids = [process.pid for process in processes + rocketmq_processes]
+    clients_cpu_s = time.process_time() + sum(map(_cpu_s, client_pids))
     with _client(_endpoint(cluster), 60) as client:
         began = time.monotonic()
         first_due_ms = now_ms() + int(LEAD_S * 1000)
@@ -258,11 +263,13 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
                  f"{total} messages to reach the RocketMQ group", poll_s=0.1)
     leader_cpu_s = _cpu_s(leader_pid) - leader_cpu_s
     cluster_cpu_s = sum(map(_cpu_s, pids)) - cluster_cpu_s
+    clients_cpu_s = time.process_time() + sum(map(_cpu_s, client_pids)) - clients_cpu_s
     stop.set()
     lateness = sorted(value for _ in processes for value in results.get(timeout=30))
     figures = {**_percentiles("", lateness), "producer_behind_s": round(max(0.0, behind_s), 3),
                "leader_cpu_us_per_msg": round(1e6 * leader_cpu_s / total, 1),
-               "cluster_cpu_us_per_msg": round(1e6 * cluster_cpu_s / total, 1)}
+               "cluster_cpu_us_per_msg": round(1e6 * cluster_cpu_s / total, 1),
+               "clients_cpu_us_per_msg": round(1e6 * clients_cpu_s / total, 1)}
     if rocketmq_consumers:
         figures |= _percentiles("rocketmq_", sorted(
             value for _ in rocketmq_processes for value in rocketmq_results.get(timeout=60)))
@@ -349,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
                 for key in ("p50", "p99", "max"):
                     figures[f"{prefix}lateness_{key}_ms_at_{rate}"] = run[f"{prefix}{key}"]
             figures[f"producer_behind_s_at_{rate}"] = run["producer_behind_s"]
-            for key in ("leader_cpu_us_per_msg", "cluster_cpu_us_per_msg"):
+            for key in ("leader_cpu_us_per_msg", "cluster_cpu_us_per_msg",
+                        "clients_cpu_us_per_msg"):
                 figures[f"{key}_at_{rate}"] = run[key]
     if args.json:
         print(json.dumps(figures, indent=2))
