@@ -26,7 +26,7 @@ from pysyncobj.pickle import dumps
 
 from tickwheel.common.errors import invariant
 from tickwheel.replication.raft.durability import SyncLedger, fsync_files, fsync_written
-from tickwheel.replication.raft.snapshot import SNAPSHOT_FILE
+from tickwheel.replication.raft.snapshot import SNAPSHOT_FILE, SnapshotDamaged, read_snapshot
 
 log = logging.getLogger("tickwheel.replication")
 
@@ -137,6 +137,7 @@ class AtomicJournal(FileJournal):
             self._msync()
             fsync_files([self._path.parent])
             self._FileJournal__metaStorer = DurableMetaStorer(journalFile + ".meta", ledger)
+        self._finish_compaction()
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         """An entry equal to the next one the file kept (`deleteEntriesFrom`) is taken as it
@@ -203,6 +204,37 @@ class AtomicJournal(FileJournal):
         self._FileJournal__journalFile = self._file
         self._FileJournal__journal = list(kept)
         self._FileJournal__currentOffset = end
+
+    def _finish_compaction(self) -> None:
+        """Make the journal begin where the snapshot beside it ends, as the compaction after
+        that snapshot would have, when the journal still holds the entries before.
+
+        pysyncobj renames its snapshot into place and cuts the journal to it at its next
+        tick. A node killed in between (a SIGKILL is enough) found a journal that does not
+        begin with the snapshot's last two entries, and pysyncobj, loading the snapshot,
+        then replaced the whole journal with those two: every entry after the snapshot,
+        entries this node had acknowledged and the leader had counted, was gone from it
+        (the power-cut test lost acknowledged messages that way when such a node won the
+        next election). Entries of the same index and term are the same entries (Raft's log
+        matching), so those before the snapshot's are dropped and the rest kept. A snapshot
+        that does not read is left to the snapshot's own check, which refuses to start."""
+        journal = self._FileJournal__journal
+        snapshot = self._path.with_name(SNAPSHOT_FILE)
+        if len(journal) < 3 or not snapshot.exists():
+            return
+        try:
+            last, before = read_snapshot(str(snapshot))[1][:2]
+            start = before[1] - journal[0][1]
+        except (SnapshotDamaged, OSError, ValueError, TypeError, IndexError):
+            return
+        if not (isinstance(start, int) and 0 < start < len(journal) - 1
+                and journal[start] == before and journal[start + 1] == last):
+            return
+        log.warning("event=journal_compaction_finished path=%s first_index=%d "
+                    "snapshot_index=%d entries_dropped=%d entries_kept=%d: the node stopped "
+                    "after its snapshot and before cutting its journal to it", self._path,
+                    journal[0][1], last[1], start, len(journal) - start)
+        self.deleteEntriesTo(start)
 
     def clear(self) -> None:
         """Called when a snapshot from the leader replaces the log: that snapshot must be on

@@ -29,6 +29,7 @@ from tickwheel.chaos.storage import power_cut
 from tickwheel.common.errors import InvariantViolation
 from tickwheel.replication.raft.durability import SyncLedger
 from tickwheel.replication.raft.journal import AtomicJournal, MsyncJournal
+from tickwheel.replication.raft.snapshot import SNAPSHOT_FILE, write_snapshot
 
 ENTRIES, KEEP_FROM = 40_000, 20_000
 _WRITER = """
@@ -244,3 +245,43 @@ def test_a_compaction_that_would_empty_the_journal_stops_before_it_changes_anyth
     journal.deleteEntriesTo(1)
     assert [entry[1] for entry in journal] == [149_921]
     journal._destroy()
+
+
+def test_a_journal_killed_before_its_cut_to_the_snapshot_begins_where_the_snapshot_ends(
+        tmp_path: Path) -> None:
+    """pysyncobj renames a snapshot into place, then cuts the journal at its next tick; opened
+    after a kill in between, the journal is cut as that tick would have cut it, the entries
+    after the snapshot kept (pysyncobj itself replaced it with the snapshot's two entries)."""
+    path = tmp_path / "journal"
+    written = MsyncJournal(str(path))
+    for idx in range(1, 23):
+        written.add(b"c%d" % idx, idx, 1)
+    write_snapshot(str(tmp_path / SNAPSHOT_FILE), ("manifest",),
+                   (written[19], written[18], set()), fsync=True)
+    written._destroy()
+    reopened = MsyncJournal(str(path))
+    assert [entry[1] for entry in reopened] == list(range(19, 23))
+    assert reopened[3] == (b"c22", 22, 1)
+    reopened._destroy()
+    assert entries(path) == list(range(19, 23))  # on disk too, not only in the list
+
+
+@pytest.mark.parametrize("tail", ["another term", "beyond the journal", "damaged"])
+def test_a_journal_that_does_not_hold_the_snapshots_entries_is_left_as_it_is(
+        tmp_path: Path, tail: str) -> None:
+    """Only the snapshot's own entries, same index and term, mark where to cut; anything else
+    is pysyncobj's to decide (a snapshot from the leader replaces the log)."""
+    path, snapshot = tmp_path / "journal", tmp_path / SNAPSHOT_FILE
+    written = AtomicJournal(str(path))
+    for idx in range(1, 11):
+        written.add(b"c%d" % idx, idx, 1)
+    if tail == "damaged":
+        snapshot.write_bytes(b"not a snapshot")
+    else:
+        last, before = ((b"c8", 8, 2), (b"c7", 7, 2)) if tail == "another term" else (
+            (b"c31", 31, 1), (b"c30", 30, 1))
+        write_snapshot(str(snapshot), ("manifest",), (last, before, set()), fsync=False)
+    written._destroy()
+    reopened = AtomicJournal(str(path))
+    assert [entry[1] for entry in reopened] == list(range(1, 11))
+    reopened._destroy()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +25,7 @@ from tickwheel.replication.raft import (
     read_snapshot,
     write_snapshot,
 )
+from tickwheel.replication.raft.journal import AtomicJournal
 from tickwheel.replication.raft.lease import ECHO, SENT, LeaseClock
 from tickwheel.replication.raft.prevote import PreVote
 
@@ -199,3 +201,64 @@ def test_a_snapshot_chunk_does_not_commit_the_followers_own_log() -> None:
     node._on_message("leader", {"type": "append_entries", "term": 5, "commit_index": 50,
                                 "prevLogIdx": 12, "prevLogTerm": 5, "entries": []})
     assert seen[-1]["commit_index"] == 50  # a positioned AppendEntries is pysyncobj's to judge
+
+
+def test_a_node_killed_between_its_snapshot_and_the_journal_cut_keeps_what_it_acknowledged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pysyncobj renames its snapshot into place and cuts the journal to it at its next tick.
+    A node killed in between (its folder copied at that moment: what a SIGKILL leaves) came
+    back with a journal of the snapshot's two entries only: every command after the snapshot,
+    acknowledged, was gone from it, and from the cluster if such a node won an election."""
+    live, killed = tmp_path / "live", tmp_path / "killed"
+    acknowledged: list[bytes] = []
+    at_kill: list[bytes] = []
+    cut = AtomicJournal.deleteEntriesTo
+
+    def kill_before_the_cut(journal: AtomicJournal, entry_to: int) -> None:
+        if not killed.exists():
+            shutil.copytree(live, killed)
+            at_kill.extend(acknowledged)
+        cut(journal, entry_to)
+
+    monkeypatch.setattr(AtomicJournal, "deleteEntriesTo", kill_before_the_cut)
+    node, applied = _counting_node(live)
+    try:
+        _ticking(node, node.is_leader, "a node alone to lead")
+        for i in range(500):
+            command = b"m%d" % i
+            node.propose(command, lambda _, ok, command=command: ok and acknowledged.append(
+                command))
+            node.tick(0.0)
+            if killed.exists():
+                break
+    finally:
+        node.close()
+    monkeypatch.undo()
+    (in_snapshot,), _ = read_snapshot(str(killed / "snapshot"))
+    assert len(at_kill) > in_snapshot  # acknowledged after the snapshot: the entries at stake
+    node, applied = _counting_node(killed)
+    try:
+        _ticking(node, lambda: in_snapshot + len(applied) >= len(at_kill),
+                 f"the {len(at_kill) - in_snapshot} commands acknowledged after the snapshot "
+                 "to be applied again")
+        assert applied[:len(at_kill) - in_snapshot] == at_kill[in_snapshot:]
+    finally:
+        node.close()
+
+
+def _counting_node(raft_dir: Path) -> tuple[RaftNode, list[bytes]]:
+    """A node alone, with ``--fsync`` and a snapshot every 20 entries, whose snapshot holds the
+    number of commands it applied; and the commands it applies."""
+    applied: list[bytes] = []
+
+    def serialize(path: str, raft_tail: tuple) -> None:
+        write_snapshot(path, (len(applied),), raft_tail, fsync=True)
+
+    def deserialize(path: str) -> tuple:
+        return read_snapshot(path)[1]
+
+    node = RaftNode(f"127.0.0.1:{free_ports(1)[0]}", [], raft_dir,
+                    RaftConfig(fsync=True, snapshot_min_entries=20),
+                    lambda command: applied.append(command) or len(applied),
+                    (serialize, deserialize))
+    return node, applied
