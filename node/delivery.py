@@ -89,6 +89,8 @@ class Courier:
         """Granted while the Raft lease had lapsed: sent once it holds again."""
         self._epoch: int | None = None
         self._term = 0
+        self._stops = 0
+        """How many times leadership ended here (`_stop`)."""
         self._lease_retry: asyncio.TimerHandle | None = None
         self.receipts = Receipts(metrics)
         self._retries = Retries(retry, clock_ms, metrics, self._loop, lambda: self._replica)
@@ -125,7 +127,13 @@ class Courier:
         replica = self._replica
         if not replica.is_leader():
             raise NotLeader(replica.leader_hint())
+        stops = self._stops
         await self.ensure_group(topic, group)
+        if self._stops != stops or not replica.is_leader():
+            # leadership ended while the group's command committed: `_stop` has closed this
+            # leader's consumers, and a consumer joined after it would never hear of it nor
+            # be given a message: its stream would stay open and silent
+            raise NotLeader(replica.leader_hint())
         consumer = Session(next(self._keys), topic, group, name, visibility_timeout_ms,
                             credits, mode)
         self._consumers[consumer.key] = consumer
@@ -219,6 +227,7 @@ class Courier:
         """Leadership ended: drop what was not sent and close every consumer (they reconnect
         to the new leader)."""
         epoch, self._epoch = self._epoch, None
+        self._stops += 1
         self._held.clear()
         reason = NotLeader(self._replica.leader_hint() if self._replica else None)
         for consumer in self._consumers.values():
