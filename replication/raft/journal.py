@@ -213,11 +213,12 @@ class AtomicJournal(FileJournal):
         tick. A node killed in between (a SIGKILL is enough) found a journal that does not
         begin with the snapshot's last two entries, and pysyncobj, loading the snapshot,
         then replaced the whole journal with those two: every entry after the snapshot,
-        entries this node had acknowledged and the leader had counted, was gone from it
-        (the power-cut test lost acknowledged messages that way when such a node won the
-        next election). Entries of the same index and term are the same entries (Raft's log
-        matching), so those before the snapshot's are dropped and the rest kept. A snapshot
-        that does not read is left to the snapshot's own check, which refuses to start."""
+        entries this node had acknowledged and the leader had counted, was gone from it, and
+        from the cluster if the node then won an election (the likeliest cause of the
+        power-cut test's one CI failure). Entries of the same index and term are the same
+        entries (Raft's log matching), so those before the snapshot's are dropped and the
+        rest kept. A snapshot that does not read is left to the snapshot's own check, which
+        refuses to start."""
         journal = self._FileJournal__journal
         snapshot = self._path.with_name(SNAPSHOT_FILE)
         if len(journal) < 3 or not snapshot.exists():
