@@ -104,18 +104,8 @@ def _ticking(node: RaftNode, condition: object, what: str) -> object:
 
 def test_a_node_alone_leads_commits_what_it_proposes_and_reports_it_through_the_port(
         tmp_path: Path) -> None:
-    applied: list[bytes] = []
     address = f"127.0.0.1:{free_ports(1)[0]}"
-
-    def serialize(path: str, raft_tail: tuple) -> None:
-        write_snapshot(path, (len(applied),), raft_tail, fsync=False)
-
-    def deserialize(path: str) -> tuple:
-        return read_snapshot(path)[1]
-
-    node = RaftNode(address, [], tmp_path, RaftConfig(),
-                    lambda command: applied.append(command) or len(applied),
-                    (serialize, deserialize))
+    node, applied = _counting_node(tmp_path, RaftConfig(), address)
     try:
         _ticking(node, node.is_leader, "a node alone to lead")
         results: list[tuple[object, bool]] = []
@@ -221,7 +211,7 @@ def test_a_node_killed_between_its_snapshot_and_the_journal_cut_keeps_what_it_ac
         cut(journal, entry_to)
 
     monkeypatch.setattr(AtomicJournal, "deleteEntriesTo", kill_before_the_cut)
-    node, applied = _counting_node(live)
+    node, applied = _counting_node(live, DURABLE)
     try:
         _ticking(node, node.is_leader, "a node alone to lead")
         for i in range(500):
@@ -236,7 +226,7 @@ def test_a_node_killed_between_its_snapshot_and_the_journal_cut_keeps_what_it_ac
     monkeypatch.undo()
     (in_snapshot,), _ = read_snapshot(str(killed / "snapshot"))
     assert len(at_kill) > in_snapshot  # acknowledged after the snapshot: the entries at stake
-    node, applied = _counting_node(killed)
+    node, applied = _counting_node(killed, DURABLE)
     try:
         _ticking(node, lambda: in_snapshot + len(applied) >= len(at_kill),
                  f"the {len(at_kill) - in_snapshot} commands acknowledged after the snapshot "
@@ -246,19 +236,23 @@ def test_a_node_killed_between_its_snapshot_and_the_journal_cut_keeps_what_it_ac
         node.close()
 
 
-def _counting_node(raft_dir: Path) -> tuple[RaftNode, list[bytes]]:
-    """A node alone, with ``--fsync`` and a snapshot every 20 entries, whose snapshot holds the
-    number of commands it applied; and the commands it applies."""
+DURABLE = RaftConfig(fsync=True, snapshot_min_entries=20)
+"""``--fsync`` and a snapshot every 20 entries."""
+
+
+def _counting_node(raft_dir: Path, config: RaftConfig, address: str | None = None
+                   ) -> tuple[RaftNode, list[bytes]]:
+    """A node alone (at ``address``, else on a free port), whose snapshot holds the number of
+    commands it applied (synced with ``config.fsync``); and the commands it applies."""
     applied: list[bytes] = []
 
     def serialize(path: str, raft_tail: tuple) -> None:
-        write_snapshot(path, (len(applied),), raft_tail, fsync=True)
+        write_snapshot(path, (len(applied),), raft_tail, fsync=config.fsync)
 
     def deserialize(path: str) -> tuple:
         return read_snapshot(path)[1]
 
-    node = RaftNode(f"127.0.0.1:{free_ports(1)[0]}", [], raft_dir,
-                    RaftConfig(fsync=True, snapshot_min_entries=20),
+    node = RaftNode(address or f"127.0.0.1:{free_ports(1)[0]}", [], raft_dir, config,
                     lambda command: applied.append(command) or len(applied),
                     (serialize, deserialize))
     return node, applied
