@@ -30,7 +30,8 @@ def _token(args: argparse.Namespace) -> int:
     console.print(f"token (give it to the client; it is not stored anywhere):\n  {token}\n"
                   f"for the node's access file:\n"
                   f"  [[principal]]\n  name = {json.dumps(args.name)}\n"
-                  f"  tokens = [\"{token_digest(token)}\"]", highlight=False, soft_wrap=True)
+                  f"  tokens = [\"{token_digest(token)}\"]", highlight=False, soft_wrap=True,
+                  markup=False)
     return 0
 
 
