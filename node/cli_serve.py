@@ -66,7 +66,10 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
                             "'%%DLQ%%TOPIC' (default 16)")
     for name in ("snapshot_min_entries", "max_body_bytes", "max_delay_ms", "max_properties",
                  "max_properties_bytes", "max_batch_msgs", "max_stream_msgs", "max_credits",
-                 "max_request_bytes", "max_concurrent_rpcs",
+                 "max_request_bytes", "max_concurrent_rpcs", "max_principal_rpcs",
+                 "max_request_memory_bytes", "max_principal_request_memory_bytes",
+                 "request_read_timeout_ms", "max_streams_per_connection", "max_metadata_bytes",
+                 "handshake_timeout_ms", "idle_connection_ms",
                  "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
                  "max_queued_msgs", "max_topic_labels", "max_ready_msgs", "max_groups",
                  "max_moved_msgs", "min_free_bytes", "journal_max_bytes"):

@@ -39,6 +39,7 @@ from pydantic_settings import (
 
 from tickwheel.node import statefulset
 from tickwheel.node.access import AccessFile
+from tickwheel.node.admission import AdmissionLimits
 from tickwheel.node.config_fields import (
     DEFAULT_GRPC,
     AddressFields,
@@ -50,6 +51,7 @@ from tickwheel.node.config_fields import (
 )
 from tickwheel.node.identity import check_certificate_pair
 from tickwheel.node.levels import RetryPolicy, parse_levels
+from tickwheel.node.listeners import ConnectionLimits
 from tickwheel.node.validation import Limits
 from tickwheel.replication import DispatchConfig, ReplicaConfig, StateConfig
 from tickwheel.replication.raft import RaftConfig
@@ -121,6 +123,10 @@ class NodeSettings(AddressFields, SecurityFields, StorageFields, LimitFields, De
 
     @field_validator("max_body_bytes", "max_delay_ms", "max_batch_msgs", "max_stream_msgs",
                      "max_credits", "max_request_bytes", "max_concurrent_rpcs",
+                     "max_principal_rpcs", "max_request_memory_bytes",
+                     "max_principal_request_memory_bytes", "request_read_timeout_ms",
+                     "max_streams_per_connection", "max_metadata_bytes",
+                     "handshake_timeout_ms", "idle_connection_ms",
                      "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
                      "max_queued_msgs", "snapshot_min_entries", "max_topic_labels",
                      "max_ready_msgs", "max_groups", "max_moved_msgs")
@@ -177,6 +183,14 @@ class NodeSettings(AddressFields, SecurityFields, StorageFields, LimitFields, De
             raise ValueError(f"max_request_bytes {self.max_request_bytes} cannot hold one "
                              "message of max_body_bytes and max_properties_bytes "
                              f"({one_message_bytes})")
+        if not (self.max_request_bytes <= self.max_principal_request_memory_bytes
+                <= self.max_request_memory_bytes):
+            raise ValueError("request memory must hold one request of max_request_bytes for a "
+                             "principal: max_request_bytes <= "
+                             "max_principal_request_memory_bytes <= max_request_memory_bytes")
+        if self.max_principal_rpcs > self.max_concurrent_rpcs:
+            raise ValueError("max_principal_rpcs is a share of max_concurrent_rpcs: it cannot "
+                             "be larger")
         return self
 
     @model_validator(mode="after")
@@ -295,8 +309,22 @@ class NodeSettings(AddressFields, SecurityFields, StorageFields, LimitFields, De
                       max_properties_bytes=self.max_properties_bytes,
                       max_batch_msgs=self.max_batch_msgs,
                       max_stream_msgs=self.max_stream_msgs, max_credits=self.max_credits,
-                      max_request_bytes=self.max_request_bytes,
-                      max_concurrent_rpcs=self.max_concurrent_rpcs)
+                      max_request_bytes=self.max_request_bytes)
+
+    def admission_limits(self) -> AdmissionLimits:
+        return AdmissionLimits(
+            max_concurrent_rpcs=self.max_concurrent_rpcs,
+            max_principal_rpcs=self.max_principal_rpcs,
+            max_request_bytes=self.max_request_bytes,
+            max_request_memory_bytes=self.max_request_memory_bytes,
+            max_principal_request_memory_bytes=self.max_principal_request_memory_bytes,
+            request_read_timeout_ms=self.request_read_timeout_ms)
+
+    def connection_limits(self) -> ConnectionLimits:
+        return ConnectionLimits(max_streams_per_connection=self.max_streams_per_connection,
+                                max_metadata_bytes=self.max_metadata_bytes,
+                                handshake_timeout_ms=self.handshake_timeout_ms,
+                                idle_connection_ms=self.idle_connection_ms)
 
     def replica_config(self) -> ReplicaConfig:
         return ReplicaConfig(

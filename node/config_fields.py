@@ -12,10 +12,12 @@ from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import NoDecode
 
 from tickwheel.node import statefulset
+from tickwheel.node.admission import AdmissionLimits
 from tickwheel.node.delivery import CourierConfig
 from tickwheel.node.disk import DEFAULT_RESERVE_BYTES
 from tickwheel.node.journal import DEFAULT_JOURNAL_MAX_BYTES
 from tickwheel.node.levels import DEFAULT_LEVELS
+from tickwheel.node.listeners import ConnectionLimits
 from tickwheel.node.validation import Limits
 from tickwheel.replication import DispatchConfig, ReplicaConfig, StateConfig
 from tickwheel.replication.raft import RaftConfig
@@ -54,7 +56,7 @@ class AddressFields(BaseModel):
     health_listen: str | None = None
     """Where to serve ``grpc.health.v1`` alone, in plaintext and to anyone: for probes that
     cannot speak TLS (a kubelet's gRPC probe). It tells only whether the node serves. The
-    health service is also on the gRPC listener, behind its TLS."""
+    health service is also on the gRPC listener, to authenticated callers."""
 
 
 class SecurityFields(BaseModel):
@@ -129,7 +131,23 @@ class LimitFields(BaseModel):
     max_request_bytes: int = Limits().max_request_bytes
     """The largest request a node reads; at least one message of ``max_body_bytes`` and
     ``max_properties_bytes`` (with 64 KiB for its other fields)."""
-    max_concurrent_rpcs: int = Limits().max_concurrent_rpcs
+    max_concurrent_rpcs: int = AdmissionLimits().max_concurrent_rpcs
+    """Authenticated calls and streams a node serves at once, over all its listeners; beyond
+    it, ``RESOURCE_EXHAUSTED``. Callers without credentials are refused before they count."""
+    max_principal_rpcs: int = AdmissionLimits().max_principal_rpcs
+    """Calls and streams one principal may have at once on a node: a tenant's share."""
+    max_request_memory_bytes: int = AdmissionLimits().max_request_memory_bytes
+    """Request bytes a node holds at once (being read, or read and not yet answered);
+    beyond it new calls get ``RESOURCE_EXHAUSTED`` at once."""
+    max_principal_request_memory_bytes: int = (
+        AdmissionLimits().max_principal_request_memory_bytes)
+    """The same, for one principal."""
+    request_read_timeout_ms: int = AdmissionLimits().request_read_timeout_ms
+    """How long an admitted call's request (a stream's subscription) may take to arrive."""
+    max_streams_per_connection: int = ConnectionLimits().max_streams_per_connection
+    max_metadata_bytes: int = ConnectionLimits().max_metadata_bytes
+    handshake_timeout_ms: int = ConnectionLimits().handshake_timeout_ms
+    idle_connection_ms: int = ConnectionLimits().idle_connection_ms
     max_inflight_msgs: int = DispatchConfig().max_inflight_msgs
     max_inflight_bytes: int = DispatchConfig().max_inflight_bytes
     max_queued_msgs: int = ReplicaConfig().max_queued_msgs

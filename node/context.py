@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from tickwheel.common.clock import Clock
 from tickwheel.node import validation
+from tickwheel.node.admission import Admission
 from tickwheel.node.delivery import Courier
 from tickwheel.node.disk import DiskWatch
 from tickwheel.node.forward import Forwarder
@@ -36,6 +37,8 @@ class NodeContext:
     unary: UnaryConsumers
     disk: DiskWatch
     """Every member's free space: new messages wait while one is below its reserve."""
+    admission: Admission
+    """Calls and request bytes held now, over every listener (`tickwheel.node.admission`)."""
 
     def leader_grpc(self, raft_address: str | None) -> str | None:
         return None if raft_address is None else self.members.get(raft_address)

@@ -42,7 +42,7 @@ def peer_token(secret: bytes) -> str:
     return hmac.new(secret, _PEER_TOKEN_LABEL, hashlib.sha256).hexdigest()
 
 
-def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
+def metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
     for name, value in context.invocation_metadata() or ():
         if name == key:
             return value if isinstance(value, str) else value.decode(errors="replace")
@@ -60,7 +60,7 @@ class ClientCallers:
         if self._access is None:
             return ANYONE
         access = self._access.current
-        authorization = _metadata(context, AUTHORIZATION_KEY)
+        authorization = metadata_value(context, AUTHORIZATION_KEY)
         if authorization is not None:
             principal = (access.by_token(authorization[len(_BEARER):])
                          if authorization.startswith(_BEARER) else None)
@@ -87,7 +87,7 @@ class PeerCallers:
         """Raise `Unauthenticated` unless a member calls."""
         if not self._tokens:
             return
-        shown = (_metadata(context, PEER_KEY) or "").encode()
+        shown = (metadata_value(context, PEER_KEY) or "").encode()
         if not any(hmac.compare_digest(shown, token.encode()) for token in self._tokens):
             raise Unauthenticated("the peer listener serves members of this cluster only")
 
@@ -96,7 +96,7 @@ class PeerCallers:
         self.member(context)
         if self._access is None:
             return ANYONE
-        name = _metadata(context, PRINCIPAL_KEY) or ""
+        name = metadata_value(context, PRINCIPAL_KEY) or ""
         principal = self._access.current.by_name(name)
         if principal is None:
             raise Unauthenticated(f"a member forwarded a call of principal {name[:128]!r}, "

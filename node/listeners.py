@@ -2,7 +2,12 @@
 (`TickwheelService`, standard health and reflection, to authenticated callers), the peer
 listener (`TickwheelService` for the calls followers forward, and `PeerService`, to members
 only), an optional RocketMQ listener (`tickwheel.node.rocketmq`, secured as the client
-listener), and an optional plaintext listener with the health service alone, for probes."""
+listener), and an optional plaintext listener with the health service alone, for probes.
+
+Each of the first three serves every call through a `Gate` (`tickwheel.node.admission`) that
+authenticates and admits it before its request is read; they share the node's `Admission`,
+so its limits hold over all of them. HTTP/2 itself is bounded per connection
+(`ConnectionLimits`)."""
 
 from __future__ import annotations
 
@@ -14,11 +19,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from tickwheel.common.errors import Unauthenticated, invariant
+from tickwheel.common.errors import invariant
+from tickwheel.node.access import Principal
+from tickwheel.node.admission import MEMBERS, Authenticate, Gate
 from tickwheel.node.context import NodeContext
 from tickwheel.node.disk import DiskWatch
 from tickwheel.node.forward import CHANNEL_OPTIONS
-from tickwheel.node.identity import ClientCallers, PeerCallers
+from tickwheel.node.identity import PRINCIPAL_KEY, ClientCallers, PeerCallers, metadata_value
 from tickwheel.node.rocketmq.binding import add_messaging_service
 from tickwheel.node.rocketmq.service import MessagingService
 from tickwheel.node.rocketmq.signature import Signatures
@@ -37,26 +44,19 @@ CHUNK_BYTES = 1 << 20
 
 
 class PeerService(pb_grpc.PeerServicer):
-    def __init__(self, replica: Replica, callers: PeerCallers, disk: DiskWatch) -> None:
+    """What members ask each other directly (their gate admits members only)."""
+
+    def __init__(self, replica: Replica, disk: DiskWatch) -> None:
         self._replica = replica
-        self._callers = callers
         self._disk = disk
 
     async def DiskSpace(self, request: pb.DiskSpaceRequest,
                         context: grpc.aio.ServicerContext) -> pb.DiskSpaceResponse:
-        try:
-            self._callers.member(context)
-        except Unauthenticated as error:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
         own = self._disk.own()
         return pb.DiskSpaceResponse(free_bytes=own.free_bytes, reserve_bytes=own.reserve_bytes)
 
     async def ReadStateFile(self, request: pb.ReadStateFileRequest,
                             context: grpc.aio.ServicerContext) -> AsyncIterator[pb.FileChunk]:
-        try:
-            self._callers.member(context)
-        except Unauthenticated as error:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
         offset, end = request.offset, request.offset + request.size
         while offset < end:
             try:
@@ -68,6 +68,47 @@ class PeerService(pb_grpc.PeerServicer):
                 return
             yield pb.FileChunk(data=data)
             offset += len(data)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What one HTTP/2 connection may hold, on every listener but the health one."""
+
+    max_streams_per_connection: int = 256
+    """Calls at once on one connection (HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS``)."""
+    max_metadata_bytes: int = 16 << 10
+    """A call's headers (HTTP/2 ``SETTINGS_MAX_HEADER_LIST_SIZE``)."""
+    handshake_timeout_ms: int = 5_000
+    """A connection that has not finished its TLS handshake by then is closed."""
+    idle_connection_ms: int = 60_000
+    """A connection without a call for this long is closed (clients reconnect by
+    themselves): a connection whose every call was refused does not stay."""
+
+    def options(self) -> list[tuple[str, int]]:
+        return [("grpc.max_concurrent_streams", self.max_streams_per_connection),
+                ("grpc.max_metadata_size", self.max_metadata_bytes),
+                ("grpc.server_handshake_timeout_ms", self.handshake_timeout_ms),
+                ("grpc.max_connection_idle_ms", self.idle_connection_ms)]
+
+
+def peer_caller(callers: PeerCallers) -> Authenticate:
+    """Who calls the peer listener: a member (`MEMBERS`), or the principal a member forwards
+    a call for."""
+    def authenticate(context: grpc.aio.ServicerContext) -> Principal:
+        if metadata_value(context, PRINCIPAL_KEY) is None:
+            callers.member(context)
+            return MEMBERS
+        return callers.principal(context)
+    return authenticate
+
+
+def rocketmq_caller(signatures: Signatures) -> Authenticate:
+    """Who signed a call to the RocketMQ listener."""
+    def authenticate(context: grpc.aio.ServicerContext) -> Principal:
+        return signatures.principal({key: value for key, value
+                                     in context.invocation_metadata() or ()
+                                     if isinstance(value, str)})
+    return authenticate
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,14 +132,15 @@ class Listeners:
     """``HOST:PORT`` RocketMQ routes name; None: the address the client asked with."""
     signatures: Signatures | None = None
     """Who signs RocketMQ calls; needed with ``rocketmq``."""
+    connections: ConnectionLimits = ConnectionLimits()
 
 
 async def start_server(node: NodeContext, listeners: Listeners
                        ) -> tuple[list[grpc.aio.Server], health.aio.HealthServicer]:
     """Bind and start the listeners; the health service starts NOT_SERVING (`Housekeeping`
     updates it)."""
-    client = _server(node)
-    add_tickwheel_service(TickwheelService(node, listeners.client_callers), client)
+    client = _server(node, listeners, listeners.client_callers.principal)
+    add_tickwheel_service(TickwheelService(node), client)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, client)
     for name in ("", SERVICE_NAME):
@@ -109,18 +151,17 @@ async def start_server(node: NodeContext, listeners: Listeners
     _bind(client, listeners.client, listeners.client_credentials, "gRPC")
     servers = [client]
     if listeners.peer is not None:
-        peer = _server(node)
-        add_tickwheel_service(TickwheelService(node, node.peer_callers), peer)
-        pb_grpc.add_PeerServicer_to_server(PeerService(node.replica, node.peer_callers, node.disk),
-                                          peer)
+        peer = _server(node, listeners, peer_caller(node.peer_callers))
+        add_tickwheel_service(TickwheelService(node), peer)
+        pb_grpc.add_PeerServicer_to_server(PeerService(node.replica, node.disk), peer)
         _bind(peer, listeners.peer, listeners.peer_credentials, "the peer listener")
         servers.append(peer)
     if listeners.rocketmq is not None:
         invariant(listeners.signatures is not None, "the RocketMQ listener checks signatures")
-        rocketmq = _server(node, ROCKETMQ_KEEPALIVE)
-        add_messaging_service(MessagingService(
-            node, TickwheelService(node, listeners.client_callers), listeners.signatures,
-            listeners.rocketmq_advertise), rocketmq)
+        rocketmq = _server(node, listeners, rocketmq_caller(listeners.signatures),
+                           ROCKETMQ_KEEPALIVE)
+        add_messaging_service(MessagingService(node, TickwheelService(node),
+                                               listeners.rocketmq_advertise), rocketmq)
         _bind(rocketmq, listeners.rocketmq, listeners.rocketmq_credentials,
               "the RocketMQ listener")
         servers.append(rocketmq)
@@ -135,17 +176,20 @@ async def start_server(node: NodeContext, listeners: Listeners
     return servers, health_servicer
 
 
-def _server(node: NodeContext, extra: tuple[tuple[str, int], ...] = ()) -> grpc.aio.Server:
-    limits = node.limits
+def _server(node: NodeContext, listeners: Listeners, authenticate: Authenticate,
+            extra: tuple[tuple[str, int], ...] = ()) -> grpc.aio.Server:
     options = [(key, value) for key, value in CHANNEL_OPTIONS
                if key != "grpc.max_receive_message_length"]
     options.extend(extra)
-    options.append(("grpc.max_receive_message_length", limits.max_request_bytes))
+    options.append(("grpc.max_receive_message_length", node.limits.max_request_bytes))
     # No bandwidth-delay probing: it grows a connection's flow-control window to megabytes,
     # and the bytes of a request that will be refused as too large pile up in it (8 such
     # requests at once grew a node by 2-33 MB with it, 0-0.3 MB without).
     options.append(("grpc.http2.bdp_probe", 0))
-    return grpc.aio.server(options=options, maximum_concurrent_rpcs=limits.max_concurrent_rpcs)
+    options.extend(listeners.connections.options())
+    gate = Gate(node.admission, authenticate,
+                lambda code: node.metrics.rejected.labels(code.name).inc())
+    return grpc.aio.server(options=options, interceptors=(gate,))
 
 
 def _bind(server: grpc.aio.Server, address: str,

@@ -21,6 +21,7 @@ from tickwheel.client import Credentials
 from tickwheel.common.clock import SystemClock
 from tickwheel.common.errors import StorageIncomplete, StorageLocked, invariant
 from tickwheel.node.access import AccessFile
+from tickwheel.node.admission import Admission
 from tickwheel.node.config import NodeSettings
 from tickwheel.node.context import NodeContext
 from tickwheel.node.delivery import Courier, CourierConfig
@@ -90,7 +91,8 @@ async def serve(settings: NodeSettings) -> None:
     disk = DiskWatch(settings.raft_address, settings.data, settings.min_free_bytes)
     node = NodeContext(replica, courier, members, settings.peer_map(), peer_callers,
                        settings.limits(), retry, clock, metrics, forwarder,
-                       UnaryConsumers(courier, replica, clock.now_ms), disk)
+                       UnaryConsumers(courier, replica, clock.now_ms), disk,
+                       Admission(settings.admission_limits()))
     servers, health_servicer = await start_server(node, _listeners(settings))
     replica.start()
     if settings.metrics_listen:
@@ -149,7 +151,7 @@ def _listeners(settings: NodeSettings) -> Listeners:
                      settings.rocketmq_listen or None, rocketmq_credentials,
                      settings.rocketmq_advertise,
                      Signatures(settings.access(), settings.raft_secrets())
-                     if settings.rocketmq_listen else None)
+                     if settings.rocketmq_listen else None, settings.connection_limits())
 
 
 def _settle_gc() -> None:

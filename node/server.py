@@ -1,7 +1,9 @@
 """The gRPC face of a node (grpc.aio): `TickwheelService`, served to authenticated callers on
 the client listener and to members (the calls followers forward) on the peer listener
-(`tickwheel.node.listeners` assembles them; `tickwheel.node.identity` says who calls). Every
-call is authorized as its principal (`tickwheel.node.access`) before anything is done: what
+(`tickwheel.node.listeners` assembles them). Every call reaches it through the listener's gate
+(`tickwheel.node.admission`), which authenticated and admitted it before its request was read
+(`tickwheel.node.identity` says who calls); here it is authorized as that principal
+(`tickwheel.node.access`) before anything is done: what
 each unary call does on the leader is `tickwheel.node.calls`; consumer streams are here.
 
 Errors map to status codes in one table (`_STATUS`); a request that does not decode is one
@@ -33,6 +35,7 @@ from tickwheel.common.errors import (
 )
 from tickwheel.node import validation
 from tickwheel.node.access import Action, Principal
+from tickwheel.node.admission import CALLER, keep_request, release_request
 from tickwheel.node.calls import LeaderCalls, receive_response, require
 from tickwheel.node.commits import WRITE_TIMEOUT_S
 from tickwheel.node.context import NodeContext
@@ -41,7 +44,6 @@ from tickwheel.node.forward import (
     LEADER_KEY,
     was_forwarded,
 )
-from tickwheel.node.identity import ClientCallers, PeerCallers
 from tickwheel.node.info import cluster_info
 from tickwheel.node.sessions import Session
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -59,7 +61,6 @@ STREAM_WINDOW = 64
 """`ScheduleStream` requests proposed and not yet answered, per stream."""
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Tickwheel"].full_name
 RequestT = TypeVar("RequestT", bound=Message)
-Callers = ClientCallers | PeerCallers
 
 
 class LeaderRefused(Exception):
@@ -76,12 +77,12 @@ class _EndOfStream(Exception):
 
 
 class TickwheelService(pb_grpc.TickwheelServicer):
-    """``callers`` says who calls: applications (the client listener) or members forwarding
-    for them (the peer listener)."""
+    """Served to applications (the client listener) and to members forwarding for them (the
+    peer listener), behind each listener's gate (`tickwheel.node.admission.CALLER` is who
+    calls)."""
 
-    def __init__(self, node: NodeContext, callers: Callers) -> None:
+    def __init__(self, node: NodeContext) -> None:
         self._node = node
-        self._callers = callers
         self._here = LeaderCalls(node).handlers()
 
     async def Schedule(self, request: pb.ScheduleRequest,
@@ -90,31 +91,41 @@ class TickwheelService(pb_grpc.TickwheelServicer):
 
     async def ScheduleStream(self, request_iterator: AsyncIterator[pb.ScheduleRequest],
                              context: grpc.aio.ServicerContext) -> pb.ScheduleResponse:
-        """Each request is proposed as it arrives, up to ``STREAM_WINDOW`` of them uncommitted,
-        so small requests on one stream share Raft entries as concurrent calls do; the answer
-        lists every result in request order. An error fails the stream; what was committed
-        before it stays (a retry with the same ids returns those results)."""
-        limit = self._node.limits.max_stream_msgs
-        pending: deque[asyncio.Future] = deque()
+        """Each request is proposed as it arrives, up to ``STREAM_WINDOW`` of them (and at most
+        ``max_request_bytes`` of them) uncommitted, so small requests on one stream share Raft
+        entries as concurrent calls do; the answer lists every result in request order. An
+        error fails the stream; what was committed before it stays (a retry with the same ids
+        returns those results)."""
+        limits = self._node.limits
+        pending: deque[tuple[asyncio.Future, int]] = deque()
+        pending_bytes = 0
         results: list[pb.ScheduleResult] = []
         streamed = 0
         principal = await self._principal(context)
         try:
             async for request in request_iterator:
                 streamed += len(request.messages)
-                if streamed > limit:
+                if streamed > limits.max_stream_msgs:
                     await self._abort(context, InvalidMessage(
-                        "messages", f"a stream carries at most {limit} messages; open another"))
-                pending.append(asyncio.ensure_future(self._unary(
-                    context, "Schedule", request, principal)))
-                while pending and (len(pending) > STREAM_WINDOW or pending[0].done()):
-                    results.extend((await pending.popleft()).results)
+                        "messages", f"a stream carries at most {limits.max_stream_msgs} "
+                        "messages; open another"))
+                size = request.ByteSize()
+                keep_request(size)
+                pending_bytes += size
+                pending.append((asyncio.ensure_future(self._unary(
+                    context, "Schedule", request, principal)), size))
+                while pending and (len(pending) > STREAM_WINDOW or pending[0][0].done()
+                                   or pending_bytes > limits.max_request_bytes):
+                    future, size = pending.popleft()
+                    results.extend((await future).results)
+                    release_request(size)
+                    pending_bytes -= size
             while pending:
-                results.extend((await pending.popleft()).results)
+                results.extend((await pending.popleft()[0]).results)
         except TickwheelError as error:  # a request that does not decode
             await self._abort(context, error)
         finally:
-            for future in pending:
+            for future, _ in pending:
                 future.cancel()
         return pb.ScheduleResponse(results=results)
 
@@ -137,7 +148,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         node = self._node
         principal = await self._principal(context)
         try:
-            first = await anext(aiter(request_iterator), None)
+            first = await self._first_request(request_iterator)
             if first is None or first.WhichOneof("kind") != "subscribe":
                 raise InvalidMessage("subscribe", "the first request of a stream must subscribe")
             subscribe = first.subscribe
@@ -169,6 +180,18 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         finally:
             reader.cancel()
             node.courier.unsubscribe(consumer)
+
+    async def _first_request(self, request_iterator: AsyncIterator[pb.ReceiveRequest]
+                             ) -> pb.ReceiveRequest | None:
+        """A stream's subscription, which must come within ``request_read_timeout_ms``: a
+        stream that never subscribes would hold one of its principal's slots for nothing."""
+        timeout_ms = self._node.admission.limits.request_read_timeout_ms
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                return await anext(aiter(request_iterator), None)
+        except TimeoutError:
+            raise InvalidMessage("subscribe", "a stream must subscribe within "
+                                 f"request_read_timeout_ms ({timeout_ms} ms)") from None
 
     async def ReceiveMessages(self, request: pb.ReceiveMessagesRequest,
                               context: grpc.aio.ServicerContext) -> pb.ReceiveResponse:
@@ -218,11 +241,10 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         return response
 
     async def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
-        try:
-            return self._callers.principal(context)
-        except Unauthenticated as error:
-            await self._abort(context, error)
-            raise  # not reached: abort raises
+        """Who calls, as the listener's gate authenticated it."""
+        principal = CALLER.get(None)
+        invariant(principal is not None, "every call passes a listener's gate")
+        return principal
 
     async def _forward(self, context: grpc.aio.ServicerContext | None, method: str,
                        request: Message, error: NotLeader, principal: Principal) -> Message:

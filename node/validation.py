@@ -52,12 +52,10 @@ class Limits:
     """Credits one consumer may hold."""
     max_request_bytes: int = 8 << 20
     """The largest request message the node reads (gRPC refuses a larger one as
-    ``RESOURCE_EXHAUSTED`` from its length alone, before buffering it): a node holds at most
-    this much per call it is reading. It must fit one message of ``max_body_bytes`` and
-    ``max_properties_bytes``; a larger batch must be split (the client library says so)."""
-    max_concurrent_rpcs: int = 1_024
-    """Calls a node serves at once (consumer streams included); beyond it,
-    ``RESOURCE_EXHAUSTED``."""
+    ``RESOURCE_EXHAUSTED`` from its length alone, before buffering it); a node reserves its
+    request memory in these units (`tickwheel.node.admission`). It must fit one message of
+    ``max_body_bytes`` and ``max_properties_bytes``; a larger batch must be split (the client
+    library says so)."""
     min_visibility_timeout_ms: int = 100
     max_visibility_timeout_ms: int = 12 * 3_600_000
 

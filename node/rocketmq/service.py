@@ -20,9 +20,11 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from tickwheel.common.errors import TickwheelError
+from tickwheel.common.errors import invariant
 from tickwheel.node.access import Principal
+from tickwheel.node.admission import CALLER
 from tickwheel.node.context import NodeContext
+from tickwheel.node.identity import metadata_value
 from tickwheel.node.levels import RetryPolicy
 from tickwheel.node.rocketmq import convert
 from tickwheel.node.rocketmq.binding import decode
@@ -34,7 +36,6 @@ from tickwheel.node.rocketmq.calls import (
     client_id_of,
 )
 from tickwheel.node.rocketmq.convert import OK, Refusal
-from tickwheel.node.rocketmq.signature import Signatures
 from tickwheel.node.server import TickwheelService
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.rocketmq.v2 import service_pb2 as svc
@@ -54,13 +55,12 @@ DEFAULT_BATCH = 32
 class MessagingService:
     """The servicer; `add_messaging_service` binds its methods."""
 
-    def __init__(self, node: NodeContext, native: TickwheelService, signatures: Signatures,
+    def __init__(self, node: NodeContext, native: TickwheelService,
                  advertise: str | None) -> None:
         """``advertise``: ``HOST:PORT`` the route names; None: the address the client asked
         with."""
         self._node = node
         self._native = native
-        self._signatures = signatures
         self._advertise = _endpoints(advertise) if advertise else None
         self._calls = NativeCalls(node, native)
 
@@ -240,13 +240,10 @@ class MessagingService:
     # -- helpers --------------------------------------------------------------------------------
 
     def _caller(self, context: Context) -> Principal:
-        metadata = {key: value for key, value in context.invocation_metadata() or ()
-                    if isinstance(value, str)}
-        try:
-            principal = self._signatures.principal(metadata)
-        except TickwheelError as error:
-            raise Refusal(rmq.Code.UNAUTHORIZED, str(error)) from None
-        self._calls.renewals.seen(metadata.get(CLIENT_ID_KEY, ""))
+        """Who signed the call, as the listener's gate checked it (`CALLER`)."""
+        principal = CALLER.get(None)
+        invariant(principal is not None, "every call passes the listener's gate")
+        self._calls.renewals.seen(metadata_value(context, CLIENT_ID_KEY) or "")
         return principal
 
     def _queue(self, topic: str, asked: rmq.Endpoints) -> rmq.MessageQueue:

@@ -13,6 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
+from tickwheel.node.access import Access
 from tickwheel.node.cli import duration_ms
 from tickwheel.node.config import NodeSettings, load
 from tickwheel.node.dev_credentials import DevCredentials
@@ -148,9 +149,36 @@ def test_a_request_limit_that_cannot_hold_one_message_is_refused(
         tls_env: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValidationError, match="max_request_bytes"):
         NodeSettings(max_request_bytes=1 << 20)  # below the 4 MiB body limit
-    settings = NodeSettings(max_request_bytes=16 << 20, max_concurrent_rpcs=64)
-    assert (settings.limits().max_request_bytes, settings.limits().max_concurrent_rpcs) == (
-        16 << 20, 64)
+    settings = NodeSettings(max_request_bytes=16 << 20, max_concurrent_rpcs=64,
+                            max_principal_rpcs=16, max_principal_request_memory_bytes=32 << 20)
+    admission = settings.admission_limits()
+    assert (settings.limits().max_request_bytes, admission.max_request_bytes,
+            admission.max_concurrent_rpcs, admission.max_principal_rpcs) == (
+        16 << 20, 16 << 20, 64, 16)
+
+
+def test_request_memory_that_cannot_hold_one_request_or_a_share_above_the_whole_is_refused(
+        tls_env: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValidationError, match="max_principal_request_memory_bytes"):
+        NodeSettings(max_principal_request_memory_bytes=4 << 20)  # below one 8 MiB request
+    with pytest.raises(ValidationError, match="max_principal_request_memory_bytes"):
+        NodeSettings(max_request_memory_bytes=32 << 20)  # below a principal's 64 MiB
+    with pytest.raises(ValidationError, match="max_principal_rpcs"):
+        NodeSettings(max_concurrent_rpcs=100, max_principal_rpcs=200)
+
+
+def test_token_prints_access_file_lines_that_load(tmp_path: Path) -> None:
+    """What ``tickwheel token`` tells the user to paste is a valid principal of that token."""
+    made = tickwheel("token", "--name", "orders-service")
+    assert made.returncode == 0, made.stderr
+    lines = made.stdout.splitlines()
+    token = lines[lines.index("token (give it to the client; it is not stored anywhere):") + 1]
+    pasted = "\n".join(line.strip() for line in
+                       lines[lines.index("for the node's access file:") + 1:])
+    access = Access.parse(pasted + '\n[[principal.grant]]\nactions = ["schedule"]\n'
+                          'topics = ["orders"]\n')
+    principal = access.by_token(token.strip())
+    assert principal is not None and principal.name == "orders-service"
 
 
 def test_a_sync_ledger_without_fsync_is_refused(tls_env: pytest.MonkeyPatch,
