@@ -211,17 +211,22 @@ class Gate(grpc.aio.ServerInterceptor):
         self._admission = admission
         self._authenticate = authenticate
         self._refused = refused
+        self._gated: dict[str, grpc.RpcMethodHandler] = {}
+        """Per method served: its handler behind the gate (made once)."""
 
     async def intercept_service(
             self, continuation: Callable[[grpc.HandlerCallDetails],
                                          Awaitable[grpc.RpcMethodHandler | None]],
             details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        gated = self._gated.get(details.method)
+        if gated is not None:
+            return gated
         handler = await continuation(details)
-        if handler is None:
+        if handler is None:  # no such method: grpcio answers UNIMPLEMENTED, nothing is kept
             return None
-        if handler.request_streaming:
-            return self._streaming(handler)
-        return self._unary(handler)
+        gated = self._streaming(handler) if handler.request_streaming else self._unary(handler)
+        self._gated[details.method] = gated
+        return gated
 
     def _unary(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """Served as a request-streaming method, so that the request is read here, after the

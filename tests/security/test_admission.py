@@ -150,10 +150,12 @@ def test_strangers_hold_no_call_slot_and_no_memory(node: LocalNode) -> None:
     refused, ended = asyncio.run(while_attacked(attack, node, 20))
     growth_mb = peak.growth_mb()
     assert refused == []
-    half_sent, big = ended
-    assert half_sent == {"UNAUTHENTICATED": HALF_SENT_CALLS}
-    # refused while still sending: the node resets the rest of the stream (CANCELLED)
-    assert set(big) <= {"UNAUTHENTICATED", "CANCELLED"}, big
+    # every call ended, refused: UNAUTHENTICATED, or CANCELLED where the node's reset of the
+    # rest of the stream reached the client first (a big request still being sent, or a
+    # loaded host)
+    for calls in ended:
+        assert set(calls) <= {"UNAUTHENTICATED", "CANCELLED"}, calls
+        assert calls.get("UNAUTHENTICATED", 0) > sum(calls.values()) // 2, calls
     assert growth_mb <= GROWTH_LIMIT_MB, f"the node grew by {growth_mb:.0f} MB"
 
 
