@@ -49,6 +49,7 @@ from tickwheel.node.config_fields import (
     SecurityFields,
     StorageFields,
 )
+from tickwheel.node.delivery import CourierConfig
 from tickwheel.node.identity import check_certificate_pair
 from tickwheel.node.levels import RetryPolicy, parse_levels
 from tickwheel.node.listeners import ConnectionLimits
@@ -191,6 +192,11 @@ class NodeSettings(AddressFields, SecurityFields, StorageFields, LimitFields, De
         if self.max_principal_rpcs > self.max_concurrent_rpcs:
             raise ValueError("max_principal_rpcs is a share of max_concurrent_rpcs: it cannot "
                              "be larger")
+        batch_bytes = CourierConfig().max_batch_bytes
+        if one_message_bytes > batch_bytes:
+            raise ValueError(f"max_body_bytes and max_properties_bytes: one message of them "
+                             f"({one_message_bytes} bytes) would not fit a response to its "
+                             f"consumer (at most {batch_bytes}: gRPC's message limit)")
         return self
 
     @model_validator(mode="after")

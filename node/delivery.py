@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from tickwheel.common.errors import NotLeader, Overloaded, TickwheelError
+from tickwheel.node.batches import ENVELOPE_BYTES, GRPC_MESSAGE_BYTES, split
 from tickwheel.node.journal import DeliveryJournal
 from tickwheel.node.levels import RetryPolicy
 from tickwheel.node.metrics import Metrics
@@ -68,6 +69,10 @@ class CourierConfig:
     default_visibility_timeout_ms: int = 30_000
     max_batch_msgs: int = 256
     """Messages sent to a consumer in one response."""
+    max_batch_bytes: int = GRPC_MESSAGE_BYTES - ENVELOPE_BYTES
+    """Bytes of messages (`tickwheel.node.batches.delivered_bytes`) sent to a consumer in one
+    response, whatever its credits: under the gRPC message limit, with room for the
+    envelope."""
 
 
 class Courier:
@@ -273,8 +278,9 @@ class Courier:
             batches.setdefault(consumer.key, []).append(sent)
         for key, batch in batches.items():
             consumer = self._consumers[key]
-            for start in range(0, len(batch), self.config.max_batch_msgs):
-                consumer.outbox.put_nowait(batch[start:start + self.config.max_batch_msgs])
+            for response in split(batch, self.config.max_batch_msgs,
+                                  self.config.max_batch_bytes):
+                consumer.outbox.put_nowait(response)
             self._replica.sent(key, [sent.delivery.lease for sent in batch], now_ms)
             self._journal.delivered(batch, consumer.group, self._term, now_ms)
             self._metrics.observe_delivered(consumer.topic, batch, now_ms)

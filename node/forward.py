@@ -11,14 +11,15 @@ from __future__ import annotations
 import grpc
 
 from tickwheel.client.credentials import Credentials, open_aio_channel
+from tickwheel.node.batches import GRPC_MESSAGE_BYTES
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
 FORWARDED_KEY = "tickwheel-forwarded"
 LEADER_KEY = "tickwheel-leader"
 """Trailing metadata on every response: the leader's gRPC address, when known."""
 FORWARDED = ((FORWARDED_KEY, "1"),)
-CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 64 << 20),
-                   ("grpc.max_send_message_length", 64 << 20),
+CHANNEL_OPTIONS = (("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES),
                    ("grpc.keepalive_time_ms", 2_000), ("grpc.keepalive_timeout_ms", 2_000),
                    # Let clients ping every 2 s (their keepalive) without being cut off.
                    ("grpc.http2.min_ping_interval_without_data_ms", 1_000),

@@ -19,6 +19,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from tickwheel.node.batches import fitting
 from tickwheel.node.commits import committed
 from tickwheel.node.delivery import Courier
 from tickwheel.node.sent import Sent
@@ -61,14 +62,10 @@ class UnaryConsumers:
                     batch = await asyncio.wait_for(consumer.next_batch(), wait_s)
                 except TimeoutError:
                     return []
+                consumer.spill[:0] = batch
                 if len(batch) < max_messages:
                     await asyncio.sleep(LINGER_S)
-                    consumer.spill[:0] = batch
-                    batch = self._waiting(consumer, max_messages)
-                else:
-                    consumer.spill[:0] = batch[max_messages:]
-                    batch = batch[:max_messages]
-                return batch
+                return self._waiting(consumer, max_messages)
             finally:
                 if consumer.credits > 0:
                     self._courier.grant(consumer, -consumer.credits)
@@ -111,16 +108,17 @@ class UnaryConsumers:
         held = self._consumers[key] = (consumer, asyncio.Lock())
         return held
 
-    @staticmethod
-    def _waiting(consumer: Session, max_messages: int) -> list[Sent]:
-        """What the consumer's outbox already holds, at most ``max_messages``."""
+    def _waiting(self, consumer: Session, max_messages: int) -> list[Sent]:
+        """What the consumer's outbox already holds, at most ``max_messages`` and what one
+        response carries (`tickwheel.node.batches.fitting`); the rest waits for the next call."""
         while not consumer.outbox.empty():
             batch = consumer.outbox.get_nowait()
             if batch is None:
                 consumer.outbox.put_nowait(None)  # closed: the next call subscribes afresh
                 break
             consumer.spill.extend(batch)
-        taken, consumer.spill[:max_messages] = consumer.spill[:max_messages], []
+        count = fitting(consumer.spill, max_messages, self._courier.config.max_batch_bytes)
+        taken, consumer.spill[:count] = consumer.spill[:count], []
         return taken
 
     def _forget_sent(self, topic: str, group: str, receipts: list[str]) -> None:

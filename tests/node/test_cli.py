@@ -181,6 +181,15 @@ def test_token_prints_access_file_lines_that_load(tmp_path: Path) -> None:
     assert principal is not None and principal.name == "orders-service"
 
 
+def test_a_body_limit_whose_message_would_not_fit_a_response_is_refused(
+        tls_env: pytest.MonkeyPatch) -> None:
+    """A message a node accepts must be deliverable: one response to a consumer holds it."""
+    with pytest.raises(ValidationError, match="would not fit a response"):
+        NodeSettings(max_body_bytes=63 << 20, max_request_bytes=64 << 20)
+    assert NodeSettings(max_body_bytes=62 << 20, max_request_bytes=63 << 20).max_body_bytes == (
+        62 << 20)
+
+
 def test_a_sync_ledger_without_fsync_is_refused(tls_env: pytest.MonkeyPatch,
                                                 tmp_path: Path) -> None:
     """The ledger notes what fsync made durable: without fsync it would note nothing, and a
