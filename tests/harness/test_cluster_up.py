@@ -4,8 +4,10 @@ point carries it, and ``python -m tickwheel.node`` does not."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,22 +17,59 @@ from tickwheel.harness.local_cluster import wait_for
 TICKWHEEL = Path(sys.executable).with_name("tickwheel")
 
 
+def start_cluster_up(tmp_path: Path, base_port: int, *flags: str
+                     ) -> tuple[subprocess.Popen[str], str]:
+    """``tickwheel cluster up`` with one node, and what it printed until it was ready."""
+    up = subprocess.Popen([str(TICKWHEEL), "cluster", "up", "--nodes", "1", "--data",
+                           str(tmp_path / "cluster"), "--base-port", str(base_port), *flags],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env={**os.environ, "COLUMNS": "300"})
+    lines: list[str] = []
+    assert up.stdout is not None
+    wait_for(lambda: bool(lines.append(up.stdout.readline()) or "tickwheel status"
+                          in lines[-1] or up.poll() is not None), 60, "the cluster's table")
+    return up, "".join(lines)
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def test_cluster_up_runs_a_secured_cluster_until_ctrl_c(tmp_path: Path) -> None:
     base_port = random.randrange(30_000, 38_000, 10)
-    up = subprocess.Popen([str(TICKWHEEL), "cluster", "up", "--nodes", "1", "--data",
-                           str(tmp_path / "cluster"), "--base-port", str(base_port)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
+    up, printed = start_cluster_up(tmp_path, base_port)
     try:
-        assert up.stdout is not None
-        wait_for(lambda: bool(lines.append(up.stdout.readline()) or "tickwheel status"
-                              in lines[-1] or up.poll() is not None), 60, "the cluster's table")
-        printed = "".join(lines)
         assert up.poll() is None, printed
         assert f"127.0.0.1:{base_port}" in printed and "(leader)" in printed
         assert "TICKWHEEL_CA_FILE=" in printed and "TICKWHEEL_TOKEN_FILE=" in printed  # secured
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=30) == 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
+def test_sigterm_stops_cluster_up_and_its_nodes_and_rocketmq_listeners_start_on_request(
+        tmp_path: Path) -> None:
+    """What ``docker stop``, systemd and CI send: the nodes stop with the command and free
+    their ports (before, the command died and left its node running)."""
+    base_port = random.randrange(30_000, 38_000, 10)
+    up, printed = start_cluster_up(tmp_path, base_port, "--rocketmq")
+    try:
+        assert up.poll() is None, printed
+        rocketmq = f"127.0.0.1:{base_port + 300}"
+        assert rocketmq in printed
+        socket.create_connection(("127.0.0.1", base_port + 300), timeout=5).close()
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=30) == 0
+        for port in (base_port, base_port + 100, base_port + 300):
+            wait_for(lambda port=port: port_is_free(port), 10, f"port {port} to be freed")
     finally:
         if up.poll() is None:
             up.kill()
