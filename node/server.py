@@ -166,6 +166,8 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                     await self._abort(context, error)
                 yield receive_response(batch, consumer.group, node.replica.address,
                                         node.replica.handle_cipher())
+                for sent in batch:  # gRPC asks for the next response once this one is written
+                    sent.written = True
         finally:
             reader.cancel()
             node.courier.unsubscribe(consumer)

@@ -36,8 +36,6 @@ class Session:
             if self.closed is None:
                 raise InvariantViolation("an outbox ended without a reason")
             raise self.closed
-        for sent in batch:
-            sent.taken = True
         return batch
 
     def stalled(self) -> None:
