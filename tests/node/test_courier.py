@@ -131,9 +131,9 @@ def test_a_stream_that_was_never_written_its_messages_is_closed_and_nothing_is_r
                          for message, lease, consumer in zip(
                              due, leases, [reader, reader, hoarder, hoarder], strict=True)])
         await asyncio.sleep(0)
-        for sent in await reader.next_batch():
-            sent.written = True  # what the stream does once gRPC took the response
-        await hoarder.next_batch()  # taken, and its response never written
+        reader.writing = await reader.next_batch()
+        reader.written()  # as its stream does once gRPC took the response
+        hoarder.writing = await hoarder.next_batch()  # and its response is never written
         courier.expired([Expired(message, lease, consumer.group, 1, consumer.key)
                          for message, lease, consumer in zip(
                              due, leases, [reader, reader, hoarder, hoarder], strict=True)])
@@ -144,3 +144,4 @@ def test_a_stream_that_was_never_written_its_messages_is_closed_and_nothing_is_r
     assert [copy.id for _, copy in replica.retried] == ["m0", "m1"]
     assert replica.left == [hoarder.key]
     assert isinstance(hoarder.closed, ConsumerStalled) and reader.closed is None
+    assert hoarder.writing == [] and not hoarder.unacked  # it pins no body any more
