@@ -91,6 +91,10 @@ class Courier:
         self._stops = 0
         """How many times leadership ended here (`_stop`)."""
         self._lease_retry: asyncio.TimerHandle | None = None
+        self.released_bytes = 0
+        """Bytes of the bodies that streams held unacknowledged when they left, ever: freed
+        once their leases' release is applied (`tickwheel.node.allocator` then gives the
+        memory back)."""
         self.receipts = Receipts(metrics)
         self._retries = Retries(retry, clock_ms, metrics, self._loop, lambda: self._replica)
 
@@ -166,6 +170,8 @@ class Courier:
         if consumer.unacked and consumer.mode == STREAM:
             self._metrics.redelivered.labels(self._metrics.topic(consumer.topic)).inc(
                 len(consumer.unacked))
+            self.released_bytes += sum(len(sent.delivery.message.body)
+                                       for sent in consumer.unacked.values())
         consumer.unacked.clear()
 
     def grant(self, consumer: Session, credits: int) -> None:
