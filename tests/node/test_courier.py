@@ -14,8 +14,9 @@ from tickwheel.node.delivery import Courier, CourierConfig
 from tickwheel.node.journal import DeliveryJournal
 from tickwheel.node.levels import DEFAULT_LEVELS, RetryPolicy, parse_levels
 from tickwheel.node.metrics import Metrics
+from tickwheel.node.retries import WINDOW_BYTES, Retries
 from tickwheel.node.sessions import Session
-from tickwheel.replication import Delivery, Expired, LeaseRef
+from tickwheel.replication import Delivery, Expired, LeaseRef, Retried
 from tickwheel.wheel import Cursor, DueMessage
 
 
@@ -145,3 +146,38 @@ def test_a_stream_that_was_never_written_its_messages_is_closed_and_nothing_is_r
     assert replica.left == [hoarder.key]
     assert isinstance(hoarder.closed, ConsumerStalled) and reader.closed is None
     assert hoarder.writing == [] and not hoarder.unacked  # it pins no body any more
+
+
+def test_retry_copies_go_to_raft_a_window_of_bodies_at_a_time() -> None:
+    """A consumer that reads and never acks has its whole budget run out at once; proposed
+    together, its copies took the leader up by four times their bodies on their way through
+    Raft. Each batch waits for the one before to be answered, once the window is full."""
+
+    class Committing(RecordingReplica):
+        def __init__(self) -> None:
+            super().__init__()
+            self.futures: list[tuple[Future, int]] = []
+
+        def retry(self, copies: list[object]) -> Future:
+            super().retry(copies)
+            self.futures.append((Future(), len(copies)))
+            return self.futures[-1][0]
+
+    replica = Committing()
+    body = b"x" * (WINDOW_BYTES // 2)
+    items = [(DueMessage(f"m{i}", "orders", body, {}, 0, handle=i, slot_second=0,
+                         local_index=i), LeaseRef(1, i, 1, 9), "", 1) for i in range(5)]
+
+    async def run() -> list[int]:
+        retries = Retries(RetryPolicy(parse_levels(DEFAULT_LEVELS)), lambda: 0, Metrics(),
+                          asyncio.get_running_loop(), lambda: replica)  # type: ignore[arg-type]
+        retries.propose(items, "visibility_timeout")
+        proposed = [len(replica.retried)]  # the first window: two bodies
+        for answered in range(3):
+            future, count = replica.futures[answered]
+            future.set_result([Retried(None, 1)] * count)
+            await asyncio.sleep(0)  # the answer reaches the loop
+            proposed.append(len(replica.retried))
+        return proposed
+
+    assert asyncio.run(run()) == [2, 4, 5, 5]
