@@ -107,9 +107,10 @@ class Planner:
         self._demand: dict[tuple[str, str], _Demand] = {}
         self._holders: dict[tuple[int, int], tuple[int, DueMessage, LeaseRef]] = {}
         """(group id, handle) -> (consumer key, message, lease), for leases this leader
-        granted. The message is the sink's (`Delivery.message`), not a copy: when the lease
-        runs out it is retried from here, where reading it from the wheel again made a second
-        copy of every body a consumer held (a stalled stream's whole budget at once)."""
+        granted. The message is the sink's (`Delivery.message`), not a copy, and stays while
+        its lease does (within its group's budget): when the lease runs out it is retried
+        from here, where reading it from the wheel again made a second copy of every body a
+        consumer held (a stalled stream's whole budget at once)."""
         self._deadlines = RunHeap[tuple[int, int, int, int, int]]()
         """(expire at ms, deadline_ms, group id, handle, seq) of leases; stale entries (the
         lease resolved, or its deadline moved) are skipped. Grants come in due order, so
