@@ -53,7 +53,6 @@ from tickwheel.replication import (
     Expired,
     LeaseRef,
     Replica,
-    encode_receipt,
     encode_receipts,
 )
 from tickwheel.wheel import Cursor
@@ -97,6 +96,10 @@ class Courier:
         self._stops = 0
         """How many times leadership ended here (`_stop`)."""
         self._lease_retry: asyncio.TimerHandle | None = None
+        self.released_bytes = 0
+        """Bytes of the bodies that streams held unacknowledged when they left, ever: freed
+        once their leases' release is applied (`tickwheel.node.allocator` then gives the
+        memory back)."""
         self.receipts = Receipts(metrics)
         self._retries = Retries(retry, clock_ms, metrics, self._loop, lambda: self._replica)
 
@@ -172,6 +175,8 @@ class Courier:
         if consumer.unacked and consumer.mode == STREAM:
             self._metrics.redelivered.labels(self._metrics.topic(consumer.topic)).inc(
                 len(consumer.unacked))
+            self.released_bytes += sum(len(sent.delivery.message.body)
+                                       for sent in consumer.unacked.values())
         consumer.unacked.clear()
 
     def grant(self, consumer: Session, credits: int) -> None:
@@ -303,18 +308,21 @@ class Courier:
     def _expire(self, expired: list[Expired]) -> None:
         """A stream lease's deadline (its visibility timeout) that passes counts as a nack. A
         durable lease's deadline is the time its consumer chose to see the message again (an
-        invisible duration): its retry copy is ready at once."""
+        invisible duration): its retry copy is ready at once. The leases of a stream that
+        has not read what it was sent are not retried: the stream is closed (`_stall`) and
+        they are released with it."""
         if not expired or expired[0].epoch != self._epoch:
             return
+        receipts = encode_receipts([item.lease for item in expired])
+        stalled = self._stalled(expired, receipts)
         retries, at_once = [], []
-        stalled: dict[int, Session] = {}
-        for item in expired:
+        for item, receipt in zip(expired, receipts, strict=True):
+            if item.consumer in stalled:
+                continue
             attempt = item.message.attempt + item.lease.seq - 1
             holder = self._consumers.get(item.consumer) if item.consumer is not None else None
             if holder is not None:
-                sent = holder.unacked.pop(encode_receipt(item.lease), None)
-                if sent is not None and not sent.taken and holder.mode == STREAM:
-                    stalled[holder.key] = holder
+                holder.unacked.pop(receipt, None)
             log.info("event=visibility_timeout topic=%s group=%r id=%r attempt=%d",
                      item.message.topic, item.group, item.message.id, attempt)
             (at_once if item.durable else retries).append(
@@ -324,16 +332,31 @@ class Courier:
         for consumer in stalled.values():
             self._stall(consumer)
 
+    def _stalled(self, expired: list[Expired], receipts: list[str]) -> dict[int, Session]:
+        """The streams holding an expired lease whose message was never written to them (gRPC
+        has not taken the response: the consumer does not read)."""
+        stalled: dict[int, Session] = {}
+        for item, receipt in zip(expired, receipts, strict=True):
+            holder = self._consumers.get(item.consumer) if item.consumer is not None else None
+            if holder is None or holder.mode != STREAM:
+                continue
+            sent = holder.unacked.get(receipt)
+            if sent is not None and not sent.written:
+                stalled[holder.key] = holder
+        return stalled
+
     def _stall(self, consumer: Session) -> None:
-        """A stream whose messages waited in its outbox past their visibility timeout does not
+        """A stream whose messages waited unwritten past their visibility timeout does not
         read (a consumer that never reads, or one stuck for longer than it said it might
-        take): left open, it would pin the bodies of every message granted to it, retries
-        included. It is closed and leaves at once, its queued messages dropped and its
-        leases released to the other consumers of its group."""
+        take): left open, it would pin the bodies of every message granted to it. It is
+        closed and leaves at once, its queued messages dropped and its leases released to
+        the other consumers of its group, as any closed stream's are (ready again at once,
+        the next lease flagged). Retrying them instead put a copy of each body through the
+        Raft log: a stalled stream's whole budget at once (200 MiB: the leader grew by
+        1.2 GB, and lost its followers' votes under the burst)."""
         log.warning("event=consumer_stalled topic=%s group=%r consumer=%r queued_batches=%d "
                     "unacked=%d visibility_timeout_ms=%d", consumer.topic, consumer.group,
                     consumer.name, consumer.outbox.qsize(), len(consumer.unacked),
                     consumer.visibility_timeout_ms)
         consumer.stalled()
         self.unsubscribe(consumer)
-

@@ -4,12 +4,19 @@ Each copy keeps the message's id, counts one more attempt, and is due after the 
 next step (`RetryPolicy`), for its group only; after the last attempt it goes to the group's
 dead-letter topic (``%DLQ%<topic>`` for the default group, ``%DLQ%<group>`` for a named one).
 The copy and the end of the lease are one replicated command (`Replica.retry`).
+
+Copies go to Raft at most `WINDOW_BYTES` of bodies at a time; the rest wait, holding nothing
+more than the leases they end (the courier's messages). A consumer that reads and never
+acknowledges has its whole budget run out at once, and each copy is held several times on
+its way (encoded, in the Raft log, in every follower's frames): 128 MiB of copies proposed
+together took the leader up by 530 MB.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from types import MappingProxyType
@@ -25,6 +32,8 @@ log = logging.getLogger("tickwheel.delivery")
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 RetryItem = tuple[DueMessage, LeaseRef, str, int]
 """``(message, lease, group, attempt)``: one message to retry."""
+WINDOW_BYTES = 16 << 20
+"""Bodies of retry copies proposed and not yet applied (a batch beyond it goes alone)."""
 
 
 class Retries:
@@ -37,12 +46,39 @@ class Retries:
         self._metrics = metrics
         self._loop = loop
         self._replica = replica
+        self._waiting: deque[tuple[list[RetryItem], str, bool]] = deque()
+        self._proposed_bytes = 0
+        """Bodies of the copies proposed and not yet answered."""
 
     def propose(self, items: list[RetryItem], reason: str, at_once: bool = False) -> None:
         """Propose a retry copy of each message for its group, after the retry ladder's next
-        step (or, ``at_once``, now); the lease ends with it."""
-        if not items:
-            return
+        step (or, ``at_once``, now), in batches within `WINDOW_BYTES`; the lease ends with
+        it."""
+        batch: list[RetryItem] = []
+        batch_bytes = 0
+        for item in items:
+            if batch and batch_bytes + len(item[0].body) > WINDOW_BYTES:
+                self._waiting.append((batch, reason, at_once))
+                batch, batch_bytes = [], 0
+            batch.append(item)
+            batch_bytes += len(item[0].body)
+        if batch:
+            self._waiting.append((batch, reason, at_once))
+        self._next()
+
+    def _next(self) -> None:
+        """Propose waiting batches while the window has room (one at least, when empty)."""
+        while self._waiting:
+            batch, reason, at_once = self._waiting[0]
+            batch_bytes = sum(len(message.body) for message, _, _, _ in batch)
+            if self._proposed_bytes and self._proposed_bytes + batch_bytes > WINDOW_BYTES:
+                return
+            self._waiting.popleft()
+            if self._propose(batch, reason, at_once):
+                self._proposed_bytes += batch_bytes
+
+    def _propose(self, items: list[RetryItem], reason: str, at_once: bool) -> bool:
+        """Propose one batch; whether it was (not on a follower, nor when overloaded)."""
         now_ms = self._clock_ms()
         copies = []
         for message, lease, group, attempt in items:
@@ -62,13 +98,16 @@ class Retries:
             future = self._replica().retry(copies)
         except TickwheelError as error:
             log.warning("event=retry_failed messages=%d error=%r", len(items), error)
-            return  # the lease stays: its deadline retries it, or the next leader does
+            return False  # the lease stays: its deadline retries it, or the next leader does
         future.add_done_callback(lambda done: self._loop.call_soon_threadsafe(
             self._retried, items, copies, done, reason))
+        return True
 
     def _retried(self, items: list[RetryItem],
                  copies: list[tuple[LeaseRef, NewMessage]], done: Future[list[Retried]],
                  reason: str) -> None:
+        self._proposed_bytes -= sum(len(copy.body) for _, copy in copies)
+        self._next()
         if done.exception() is not None:
             log.warning("event=retry_failed messages=%d error=%r", len(items),
                         done.exception())

@@ -21,5 +21,6 @@ class Sent:
     attempt: int
     delivered_at_ms: int
     properties: Mapping[str, str]
-    taken: bool = False
-    """Taken from the outbox by its stream (being written to the consumer, or written)."""
+    written: bool = False
+    """Written to its consumer's stream: gRPC took the whole response, which a consumer that
+    does not read stops (flow control) within a few megabytes."""

@@ -22,6 +22,7 @@ from tickwheel.common.clock import SystemClock
 from tickwheel.common.errors import StorageIncomplete, StorageLocked, invariant
 from tickwheel.node.access import AccessFile
 from tickwheel.node.admission import Admission
+from tickwheel.node.allocator import Allocator, give_back_released
 from tickwheel.node.config import NodeSettings
 from tickwheel.node.context import NodeContext
 from tickwheel.node.delivery import Courier, CourierConfig
@@ -117,12 +118,15 @@ async def serve(settings: NodeSettings) -> None:
                   for member, address in settings.peer_map().items()
                   if member != settings.raft_address}
     disk_poller = asyncio.create_task(poll_peers(disk, peer_stubs, peer_callers.metadata()))
+    trimmer = asyncio.create_task(give_back_released(Allocator(),
+                                                     lambda: courier.released_bytes))
     _settle_gc()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     await stop.wait()
     log.info("event=node_stopping")
     keeper.cancel()
     disk_poller.cancel()
+    trimmer.cancel()
     await health_servicer.enter_graceful_shutdown()
     await asyncio.gather(*(server.stop(grace=1) for server in servers))
     courier.close()

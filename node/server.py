@@ -170,13 +170,14 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         try:
             while True:
                 try:
-                    batch = await consumer.next_batch()
+                    consumer.writing = await consumer.next_batch()
                 except _EndOfStream:
                     return
                 except TickwheelError as error:
                     await self._abort(context, error)
-                yield receive_response(batch, consumer.group, node.replica.address,
-                                        node.replica.handle_cipher())
+                yield receive_response(consumer.writing, consumer.group,
+                                        node.replica.address, node.replica.handle_cipher())
+                consumer.written()  # gRPC asks for the next response once it wrote this one
         finally:
             reader.cancel()
             node.courier.unsubscribe(consumer)

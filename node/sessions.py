@@ -28,6 +28,9 @@ class Session:
     closed: BaseException | None = None
     spill: list[Sent] = field(default_factory=list)
     """Sent to a stream-less consumer and not yet taken by a call."""
+    writing: list[Sent] = field(default_factory=list)
+    """The batch its stream is writing; its messages count as written once gRPC took the
+    response (`written`)."""
 
     async def next_batch(self) -> list[Sent]:
         """The next messages to send; raises the reason once the consumer is closed."""
@@ -36,15 +39,21 @@ class Session:
             if self.closed is None:
                 raise InvariantViolation("an outbox ended without a reason")
             raise self.closed
-        for sent in batch:
-            sent.taken = True
         return batch
+
+    def written(self) -> None:
+        """gRPC took the whole response of `writing`: it will not wait in the stream."""
+        for sent in self.writing:
+            sent.written = True
+        self.writing = []
 
     def stalled(self) -> None:
         """Close a stream that does not read (`ConsumerStalled`), dropping what waits in its
-        outbox: the one response being written is all it still pins."""
+        outbox and the batch it is writing: what gRPC made of the response being written
+        is all it still pins, until the stream ends."""
         while not self.outbox.empty():
             self.outbox.get_nowait()
+        self.writing = []
         self.close(ConsumerStalled(self.visibility_timeout_ms))
 
     def close(self, reason: BaseException) -> None:

@@ -105,9 +105,12 @@ class Planner:
         self.epoch = epoch
         self._consumers: dict[int, ConsumerSlot] = {}
         self._demand: dict[tuple[str, str], _Demand] = {}
-        self._holders: dict[tuple[int, int], tuple[int, int, LeaseRef]] = {}
-        """(group id, handle) -> (consumer key, body bytes, lease), for leases this leader
-        granted."""
+        self._holders: dict[tuple[int, int], tuple[int, DueMessage, LeaseRef]] = {}
+        """(group id, handle) -> (consumer key, message, lease), for leases this leader
+        granted. The message is the sink's (`Delivery.message`), not a copy, and stays while
+        its lease does (within its group's budget): when the lease runs out it is retried
+        from here, where reading it from the wheel again made a second copy of every body a
+        consumer held (a stalled stream's whole budget at once)."""
         self._deadlines = RunHeap[tuple[int, int, int, int, int]]()
         """(expire at ms, deadline_ms, group id, handle, seq) of leases; stale entries (the
         lease resolved, or its deadline moved) are skipped. Grants come in due order, so
@@ -288,7 +291,7 @@ class Planner:
                     demand.bytes_out -= len(message.body)
                 continue
             lease = new(LeaseRef, (group.id, grant.handle, seq, grant.nonce))
-            holders[group.id, grant.handle] = (slot.key, len(message.body), lease)
+            holders[group.id, grant.handle] = (slot.key, message, lease)
             push((grant.deadline_ms, grant.deadline_ms, group.id, grant.handle, seq))
             deliveries.append(new(Delivery, (message, slot.key, lease, seq > 1, epoch)))
         return deliveries
@@ -323,7 +326,7 @@ class Planner:
         if held is not None:
             demand = self._demand.get((topic, group))
             if demand is not None:
-                demand.bytes_out -= held[1]
+                demand.bytes_out -= len(held[1].body)
 
     def watch(self, deadline_ms: int, group_id: int, handle: int, seq: int) -> None:
         """Expire this lease at ``deadline_ms`` (a lease of an earlier leader, or extended)."""
@@ -332,7 +335,8 @@ class Planner:
 
     def expired(self, groups: Groups, now_ms: int,
                 read: Callable[[int], DueMessage | None]) -> list[Expired]:
-        """Leases whose deadline passed, each once (until it is resolved)."""
+        """Leases whose deadline passed, each once (until it is resolved). ``read`` fetches
+        the message of a lease this leader did not grant (an earlier leader's)."""
         found = []
         deadlines = self._deadlines
         while (first := deadlines.first()) is not None and first[0] <= now_ms:
@@ -346,11 +350,11 @@ class Planner:
             if sent_until_ms > now_ms:
                 deadlines.push((sent_until_ms, deadline_ms, group_id, handle, seq))
                 continue
-            message = read(handle)
+            held = self._holders.get((group_id, handle))
+            message = read(handle) if held is None else held[1]
             if message is None:
                 continue
             self._expiring.add((group_id, handle))
-            held = self._holders.get((group_id, handle))
             found.append(Expired(message, LeaseRef(group_id, handle, seq, lease.nonce),
                                  group.name, self.epoch, None if held is None else held[0],
                                  lease.mode == DURABLE))

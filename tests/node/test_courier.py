@@ -9,11 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tickwheel.common.errors import NotLeader
+from tickwheel.common.errors import ConsumerStalled, NotLeader
 from tickwheel.node.delivery import Courier, CourierConfig
 from tickwheel.node.journal import DeliveryJournal
 from tickwheel.node.levels import DEFAULT_LEVELS, RetryPolicy, parse_levels
 from tickwheel.node.metrics import Metrics
+from tickwheel.node.retries import WINDOW_BYTES, Retries
+from tickwheel.node.sessions import Session
+from tickwheel.replication import Delivery, Expired, LeaseRef, Retried
+from tickwheel.wheel import Cursor, DueMessage
 
 
 class LosingReplica:
@@ -67,3 +71,113 @@ def test_a_consumer_whose_group_commits_as_leadership_ends_is_sent_to_the_next_l
 
     asyncio.run(subscribe())
     assert replica.joined == []
+
+
+class RecordingReplica:
+    """Leads, commits every group at once, and records what the courier asks of it."""
+
+    def __init__(self) -> None:
+        self.retried: list[object] = []
+        self.left: list[int] = []
+
+    def is_leader(self) -> bool:
+        return True
+
+    def leader_hint(self) -> str | None:
+        return None
+
+    def ensure_group(self, topic: str, name: str) -> Future:
+        committed: Future = Future()
+        committed.set_result(True)
+        return committed
+
+    def join(self, slot: object) -> None:
+        pass
+
+    def may_deliver(self) -> bool:
+        return True
+
+    def sent(self, key: int, leases: list[LeaseRef], sent_ms: int) -> None:
+        pass
+
+    def retry(self, copies: list[object]) -> Future:
+        self.retried += copies
+        return Future()  # not committed within the test
+
+    def leave(self, key: int) -> None:
+        self.left.append(key)
+
+
+def test_a_stream_that_was_never_written_its_messages_is_closed_and_nothing_is_retried(
+        tmp_path: Path) -> None:
+    """A stream that does not read holds a whole budget of leases when its first runs out:
+    retrying them put a copy of every body through Raft at once (200 MiB: 1.3 GB on the
+    leader, and an election lost under the burst). They are released with the stream
+    instead (`Replica.leave`). A stream that was written its messages is retried as ever."""
+    replica = RecordingReplica()
+    due = [DueMessage(f"m{i}", "orders", b"x", {}, 0, handle=i, slot_second=0, local_index=i)
+           for i in range(4)]
+
+    async def run() -> tuple[Session, Session]:
+        courier = Courier(CourierConfig(max_batch_msgs=2),
+                          RetryPolicy(parse_levels(DEFAULT_LEVELS)), lambda: 0,
+                          DeliveryJournal(tmp_path / "journal", "n0", 0), Metrics())
+        courier.attach(replica)  # type: ignore[arg-type]
+        courier.dispatch_started(1, 1, Cursor(0, 0), 0)
+        await asyncio.sleep(0)
+        reader = await courier.subscribe("orders", "readers", "reads", 10, 100)
+        hoarder = await courier.subscribe("orders", "hoarders", "never-reads", 10, 100)
+        leases = [LeaseRef(1 + (i >= 2), i, 1, 9) for i in range(4)]
+        courier.deliver([Delivery(message, consumer.key, lease, False, 1)
+                         for message, lease, consumer in zip(
+                             due, leases, [reader, reader, hoarder, hoarder], strict=True)])
+        await asyncio.sleep(0)
+        reader.writing = await reader.next_batch()
+        reader.written()  # as its stream does once gRPC took the response
+        hoarder.writing = await hoarder.next_batch()  # and its response is never written
+        courier.expired([Expired(message, lease, consumer.group, 1, consumer.key)
+                         for message, lease, consumer in zip(
+                             due, leases, [reader, reader, hoarder, hoarder], strict=True)])
+        await asyncio.sleep(0)
+        return reader, hoarder
+
+    reader, hoarder = asyncio.run(run())
+    assert [copy.id for _, copy in replica.retried] == ["m0", "m1"]
+    assert replica.left == [hoarder.key]
+    assert isinstance(hoarder.closed, ConsumerStalled) and reader.closed is None
+    assert hoarder.writing == [] and not hoarder.unacked  # it pins no body any more
+
+
+def test_retry_copies_go_to_raft_a_window_of_bodies_at_a_time() -> None:
+    """A consumer that reads and never acks has its whole budget run out at once; proposed
+    together, its copies took the leader up by four times their bodies on their way through
+    Raft. Each batch waits for the one before to be answered, once the window is full."""
+
+    class Committing(RecordingReplica):
+        def __init__(self) -> None:
+            super().__init__()
+            self.futures: list[tuple[Future, int]] = []
+
+        def retry(self, copies: list[object]) -> Future:
+            super().retry(copies)
+            self.futures.append((Future(), len(copies)))
+            return self.futures[-1][0]
+
+    replica = Committing()
+    body = b"x" * (WINDOW_BYTES // 2)
+    items = [(DueMessage(f"m{i}", "orders", body, {}, 0, handle=i, slot_second=0,
+                         local_index=i), LeaseRef(1, i, 1, 9), "", 1) for i in range(5)]
+
+    async def run() -> list[int]:
+        retries = Retries(RetryPolicy(parse_levels(DEFAULT_LEVELS)), lambda: 0, Metrics(),
+                          asyncio.get_running_loop(), lambda: replica)  # type: ignore[arg-type]
+        retries.propose(items, "visibility_timeout")
+        proposed = [len(replica.retried)]  # the first window: two bodies
+        for answered in range(3):
+            future, count = replica.futures[answered]
+            future.set_result([Retried(None, 1)] * count)
+            await asyncio.sleep(0)  # the answer reaches the loop
+            proposed.append(len(replica.retried))
+        return proposed
+
+    assert asyncio.run(run()) == [2, 4, 5, 5]

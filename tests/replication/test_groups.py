@@ -341,6 +341,32 @@ def test_a_visibility_timeout_counts_from_the_send_not_from_the_grant(
     assert planner.expired(state.groups, T0_MS + 10_000, read) == []  # once
 
 
+def test_an_expired_lease_of_this_leader_is_retried_from_the_message_it_sent(
+        state: StateMachine) -> None:
+    """Reading it from the wheel again made a second copy of every body a stalled stream
+    held, at the moment its whole budget expired."""
+    planner = Planner(DispatchConfig(), epoch=1)
+    planner.join(ConsumerSlot(1, "orders", "", 10, visibility_ms=500, mode=STREAM))
+    (a,) = schedule(state, [NewMessage("a", "orders", b"x" * 1000, T0_MS)])
+    reads: list[int] = []
+
+    def read(handle: int) -> DueMessage | None:
+        reads.append(handle)
+        return state.wheel.handles.read(handle)[0]
+
+    plan = planner.plan(state.groups, [read(a)], T0_MS, T0_MS, read)
+    seqs = state.apply(commands.handout(T0_MS, plan.ready, plan.grants))
+    (delivery,) = planner.granted(plan, seqs, state.groups)
+    reads.clear()
+    (expired,) = planner.expired(state.groups, T0_MS + 30_000, read)
+    assert expired.message is delivery.message and reads == []
+    # a lease this leader did not grant (an earlier leader's) is read from the wheel
+    other = Planner(DispatchConfig(), epoch=2)
+    other.watch(T0_MS + 500, delivery.lease.group_id, a, delivery.lease.seq)
+    (theirs,) = other.expired(state.groups, T0_MS + 30_000, read)
+    assert theirs.message == delivery.message and reads == [a]
+
+
 # -- reschedule: a move is a cancel and a schedule in one command, ordered with the handouts --
 
 def move(state: StateMachine, *moves: tuple[int, int]) -> list:
