@@ -288,7 +288,10 @@ class Courier:
                 consumer.outbox.put_nowait(response)
             self._replica.sent(key, [sent.delivery.lease for sent in batch], now_ms)
             self._journal.delivered(batch, consumer.group, self._term, now_ms)
-            self._metrics.observe_delivered(consumer.topic, batch, now_ms)
+            self._metrics.observe_delivered(
+                consumer.topic, len(batch),
+                [max(0, now_ms - sent.delivery.message.deliver_at_ms)
+                 for sent in batch if sent.attempt == 1])
         if orphaned:
             self._give_back(orphaned)
 

@@ -22,7 +22,6 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from tickwheel.node.disk import Space
-    from tickwheel.node.sent import Sent
     from tickwheel.replication import GroupSummary
     from tickwheel.wheel.mending import MendCounts
 
@@ -157,10 +156,11 @@ class Metrics:
         self.disk_low = Gauge("tickwheel_disk_low", "1 while new messages are refused because "
                               "a member's free space is below its reserve.", registry=r)
 
-    def observe_delivered(self, topic: str, batch: list[Sent], now_ms: int) -> None:
-        self.lateness.observe_ms([max(0, now_ms - sent.delivery.message.deliver_at_ms)
-                                  for sent in batch if sent.attempt == 1])
-        self.delivered.labels(self.topic(topic)).inc(len(batch))
+    def observe_delivered(self, topic: str, count: int, first_lateness_ms: list[int]) -> None:
+        """``count`` messages of ``topic`` sent; ``first_lateness_ms``: how late the first
+        attempts among them went out (a retry is late by design, so it is not observed)."""
+        self.lateness.observe_ms(first_lateness_ms)
+        self.delivered.labels(self.topic(topic)).inc(count)
 
     def set_topics(self, topics: list[tuple[str, int, int, int]]) -> None:
         """Publish the courier's per-topic figures; topics no longer listed are removed."""

@@ -1,7 +1,7 @@
-"""A message handed to a consumer: what the courier, the delivery journal and the metrics share.
+"""A message handed to a consumer: what the courier and the delivery journal share.
 
-Its own module so that the courier (`tickwheel.node.delivery`) can use the journal and the
-metrics while they read its messages, without the three importing one another.
+Its own module so that the courier (`tickwheel.node.delivery`) can use the journal while it
+reads its messages, without the two importing one another.
 """
 
 from __future__ import annotations
