@@ -113,8 +113,8 @@ def test_the_node_face_loads_only_what_is_asked_for() -> None:
     code = ("import sys\nimport tickwheel.node as face\n"
             "from tickwheel.harness import local_cluster\n"
             "face.make_dev_credentials, face.rocketmq_secret_key\n"
-            "print(sorted(m for m in ('tickwheel.node.server', 'tickwheel.rocketmq.v2.service_pb2')"
-            " if m in sys.modules))\n"
+            "print(sorted(m for m in ('tickwheel.node.api.server',"
+            " 'tickwheel.rocketmq.v2.service_pb2') if m in sys.modules))\n"
             "print(all(getattr(face, name) is not None for name in face.__all__))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split("\n")

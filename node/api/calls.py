@@ -12,11 +12,11 @@ from typing import Any
 from google.protobuf.message import Message
 
 from tickwheel.common.errors import InvalidMessage, PermissionDenied, Retryable
-from tickwheel.node import validation
-from tickwheel.node.access import Action, Principal
-from tickwheel.node.commits import WRITE_TIMEOUT_S, applied, committed
-from tickwheel.node.context import NodeContext
-from tickwheel.node.sent import Sent
+from tickwheel.node.api import validation
+from tickwheel.node.api.commits import WRITE_TIMEOUT_S, applied, committed
+from tickwheel.node.api.context import NodeContext
+from tickwheel.node.delivery.sent import Sent
+from tickwheel.node.security.access import Action, Principal
 from tickwheel.replication import Accepted, HandleCipher, MoveOutcome
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.wheel import CancelResult

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tickwheel.node.access import ANYONE, Principal
-from tickwheel.node.context import NodeContext
+from tickwheel.node.api.context import NodeContext
+from tickwheel.node.security.access import ANYONE, Principal
 from tickwheel.replication import ReplicaStatus
 from tickwheel.v1 import tickwheel_pb2 as pb
 

@@ -1,14 +1,14 @@
 """The gRPC face of a node (grpc.aio): `TickwheelService`, served to authenticated callers on
 the client listener and to members (the calls followers forward) on the peer listener
 (`tickwheel.node.listeners` assembles them). Every call reaches it through the listener's gate
-(`tickwheel.node.admission`), which authenticated and admitted it before its request was read
-(`tickwheel.node.identity` says who calls); here it is authorized as that principal
-(`tickwheel.node.access`) before anything is done: what
-each unary call does on the leader is `tickwheel.node.calls`; consumer streams are here.
+(`tickwheel.node.api.admission`), which authenticated and admitted it before its request was read
+(`tickwheel.node.security.identity` says who calls); here it is authorized as that principal
+(`tickwheel.node.security.access`) before anything is done: what
+each unary call does on the leader is `tickwheel.node.api.calls`; consumer streams are here.
 
 Errors map to status codes in one table (`_STATUS`); a request that does not decode is one
 of them (`InvalidMessage` naming ``request``). A follower forwards client calls to the
-leader's peer listener (`tickwheel.node.forward`); every answer carries the leader's gRPC
+leader's peer listener (`tickwheel.node.api.forward`); every answer carries the leader's gRPC
 address in the ``tickwheel-leader`` trailer, so clients can go there directly.
 """
 
@@ -33,19 +33,19 @@ from tickwheel.common.errors import (
     Unauthenticated,
     invariant,
 )
-from tickwheel.node import validation
-from tickwheel.node.access import Action, Principal
-from tickwheel.node.admission import CALLER, keep_request, release_request
-from tickwheel.node.calls import LeaderCalls, receive_response, require
-from tickwheel.node.commits import WRITE_TIMEOUT_S
-from tickwheel.node.context import NodeContext
-from tickwheel.node.forward import (
+from tickwheel.node.api import validation
+from tickwheel.node.api.admission import CALLER, keep_request, release_request
+from tickwheel.node.api.calls import LeaderCalls, receive_response, require
+from tickwheel.node.api.commits import WRITE_TIMEOUT_S
+from tickwheel.node.api.context import NodeContext
+from tickwheel.node.api.forward import (
     FORWARDED,
     LEADER_KEY,
     was_forwarded,
 )
-from tickwheel.node.info import cluster_info
-from tickwheel.node.sessions import Session
+from tickwheel.node.api.info import cluster_info
+from tickwheel.node.delivery.sessions import Session
+from tickwheel.node.security.access import Action, Principal
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -78,7 +78,7 @@ class _EndOfStream(Exception):
 
 class TickwheelService(pb_grpc.TickwheelServicer):
     """Served to applications (the client listener) and to members forwarding for them (the
-    peer listener), behind each listener's gate (`tickwheel.node.admission.CALLER` is who
+    peer listener), behind each listener's gate (`tickwheel.node.api.admission.CALLER` is who
     calls)."""
 
     def __init__(self, node: NodeContext) -> None:

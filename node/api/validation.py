@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from tickwheel.common.errors import InvalidMessage
-from tickwheel.node.levels import DLQ_PREFIX, DelayLevels, is_dead_letter_topic
+from tickwheel.node.delivery.levels import DLQ_PREFIX, DelayLevels, is_dead_letter_topic
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.wheel import NewMessage
 from tickwheel.wheel.types import DAY_MS
@@ -53,7 +53,7 @@ class Limits:
     max_request_bytes: int = 8 << 20
     """The largest request message the node reads (gRPC refuses a larger one as
     ``RESOURCE_EXHAUSTED`` from its length alone, before buffering it); a node reserves its
-    request memory in these units (`tickwheel.node.admission`). It must fit one message of
+    request memory in these units (`tickwheel.node.api.admission`). It must fit one message of
     ``max_body_bytes`` and ``max_properties_bytes``; a larger batch must be split (the client
     library says so)."""
     min_visibility_timeout_ms: int = 100

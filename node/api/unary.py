@@ -19,11 +19,11 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from tickwheel.node.batches import fitting
-from tickwheel.node.commits import committed
-from tickwheel.node.delivery import Courier
-from tickwheel.node.sent import Sent
-from tickwheel.node.sessions import Session
+from tickwheel.node.api.commits import committed
+from tickwheel.node.delivery.batches import fitting
+from tickwheel.node.delivery.courier import Courier
+from tickwheel.node.delivery.sent import Sent
+from tickwheel.node.delivery.sessions import Session
 from tickwheel.replication import DURABLE, LeaseRef, Replica, decode_receipt
 
 IDLE_S = 60.0
@@ -110,7 +110,8 @@ class UnaryConsumers:
 
     def _waiting(self, consumer: Session, max_messages: int) -> list[Sent]:
         """What the consumer's outbox already holds, at most ``max_messages`` and what one
-        response carries (`tickwheel.node.batches.fitting`); the rest waits for the next call."""
+        response carries (`tickwheel.node.delivery.batches.fitting`); the rest waits for the
+        next call."""
         while not consumer.outbox.empty():
             batch = consumer.outbox.get_nowait()
             if batch is None:

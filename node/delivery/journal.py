@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Final, TextIO
 from tickwheel.wheel import Cursor
 
 if TYPE_CHECKING:
-    from tickwheel.node.sent import Sent
+    from tickwheel.node.delivery.sent import Sent
 
 log = logging.getLogger("tickwheel.node")
 

@@ -1,5 +1,5 @@
 """``tickwheel certs``, ``tickwheel token`` and ``tickwheel rocketmq-key``: what a node and its
-clients prove themselves with (`tickwheel.node.cli` adds them to the command)."""
+clients prove themselves with (`tickwheel.node.cli.commands` adds them to the command)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import os
 import re
 from pathlib import Path
 
-from tickwheel.node import dev_credentials
-from tickwheel.node.access import ACCESS_KEY_PATTERN, new_token, token_digest
+from tickwheel.node.cli.terminal import console
 from tickwheel.node.rocketmq.signature import secret_key
-from tickwheel.node.terminal import console
+from tickwheel.node.security import dev_credentials
+from tickwheel.node.security.access import ACCESS_KEY_PATTERN, new_token, token_digest
 
 
 def _certs(args: argparse.Namespace) -> int:

@@ -2,7 +2,7 @@
 
 - The **client listener** (``grpc_listen``) serves `Tickwheel` to applications over TLS. A
   caller is the principal of its bearer token (``authorization: Bearer ...``) or of its
-  client certificate's common name (`tickwheel.node.access`); anyone else is refused
+  client certificate's common name (`tickwheel.node.security.access`); anyone else is refused
   ``UNAUTHENTICATED``. With ``insecure_grpc`` every caller is `ANYONE`.
 - The **peer listener** (``peer_listen``) serves `Peer` (state files for a snapshot install)
   and the calls followers forward to their leader, to members only. A member proves itself
@@ -24,7 +24,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from tickwheel.common.errors import Unauthenticated
-from tickwheel.node.access import ANYONE, AccessFile, Principal, file_stamp
+from tickwheel.node.security.access import ANYONE, AccessFile, Principal, file_stamp
 
 AUTHORIZATION_KEY = "authorization"
 PEER_KEY = "tickwheel-peer"
@@ -34,7 +34,7 @@ PRINCIPAL_KEY = "tickwheel-principal"
 _BEARER = "Bearer "
 _PEER_TOKEN_LABEL = b"tickwheel peer listener v1"
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tickwheel.node.identity")
 
 
 def peer_token(secret: bytes) -> str:

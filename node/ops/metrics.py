@@ -21,7 +21,7 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from tickwheel.node.disk import Space
+    from tickwheel.node.ops.disk import Space
     from tickwheel.replication import GroupSummary
     from tickwheel.wheel.mending import MendCounts
 

@@ -1,6 +1,6 @@
 """``tickwheel serve``: one node, its settings from flags, ``TICKWHEEL_*``, a TOML file and
-defaults (`tickwheel.node.config`), in that order (`tickwheel.node.cli` adds it to the
-command)."""
+defaults (`tickwheel.node.settings.config`), in that order (`tickwheel.node.cli.commands` adds
+it to the command)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from tickwheel.node import config as node_config
-from tickwheel.node.serve import run
-from tickwheel.node.terminal import console
+from tickwheel.node.cli.terminal import console
 
 
 def add_parser(serve: argparse.ArgumentParser) -> None:
@@ -78,6 +76,11 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # Here, not at the top: the node's face imports the commands, and a process that takes
+    # only the credentials from it must not load the server (`tickwheel.node`).
+    from tickwheel.node.serve import run  # noqa: PLC0415
+    from tickwheel.node.settings import config as node_config  # noqa: PLC0415
+
     flags = {name: value for name, value in vars(args).items()
              if name in node_config.NodeSettings.model_fields and value is not None}
     try:

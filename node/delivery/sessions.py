@@ -6,13 +6,13 @@ import asyncio
 from dataclasses import dataclass, field
 
 from tickwheel.common.errors import ConsumerStalled, InvariantViolation
-from tickwheel.node.sent import Sent
+from tickwheel.node.delivery.sent import Sent
 from tickwheel.replication import STREAM
 
 
 @dataclass(eq=False)
 class Session:
-    """One `Receive` stream, or one stream-less consumer (`tickwheel.node.unary`)."""
+    """One `Receive` stream, or one stream-less consumer (`tickwheel.node.api.unary`)."""
 
     key: int
     topic: str

@@ -51,7 +51,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-log = logging.getLogger("tickwheel.node.access")
+log = logging.getLogger("tickwheel.node.security.access")
 
 TOKEN_PREFIX = "sha256:"
 ACCESS_KEY_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"

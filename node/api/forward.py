@@ -1,7 +1,7 @@
 """Followers forward client calls to the leader's peer listener, once.
 
 A forwarded call carries ``tickwheel-forwarded``, the peer token and the caller's principal
-(`tickwheel.node.identity`); a node that receives one and does not lead
+(`tickwheel.node.security.identity`); a node that receives one and does not lead
 answers ``UNAVAILABLE`` instead of forwarding again, so calls never loop during an election (the
 client retries). Channels to the other members are opened on first use and kept.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import grpc
 
 from tickwheel.client.credentials import Credentials, open_aio_channel
-from tickwheel.node.batches import GRPC_MESSAGE_BYTES
+from tickwheel.node.delivery.batches import GRPC_MESSAGE_BYTES
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
 FORWARDED_KEY = "tickwheel-forwarded"

@@ -21,7 +21,7 @@ In a Kubernetes StatefulSet a node is given its pod name, the replica count, the
 Service and its namespace (``TICKWHEEL_POD_NAME``, ``TICKWHEEL_REPLICAS``,
 ``TICKWHEEL_PEER_SERVICE``, ``TICKWHEEL_NAMESPACE``) and derives ``raft_address``,
 ``members``, ``raft_listen``, ``grpc_listen`` and ``peer_listen`` from them
-(`tickwheel.node.statefulset`); any of those given explicitly still wins.
+(`tickwheel.node.settings.statefulset`); any of those given explicitly still wins.
 """
 
 from __future__ import annotations
@@ -37,10 +37,15 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from tickwheel.node import statefulset
-from tickwheel.node.access import AccessFile
-from tickwheel.node.admission import AdmissionLimits
-from tickwheel.node.config_fields import (
+from tickwheel.node.api.admission import AdmissionLimits
+from tickwheel.node.api.validation import Limits
+from tickwheel.node.delivery.courier import CourierConfig
+from tickwheel.node.delivery.levels import RetryPolicy, parse_levels
+from tickwheel.node.listeners import ConnectionLimits
+from tickwheel.node.security.access import AccessFile
+from tickwheel.node.security.identity import check_certificate_pair
+from tickwheel.node.settings import statefulset
+from tickwheel.node.settings.config_fields import (
     DEFAULT_GRPC,
     AddressFields,
     DeliveryFields,
@@ -49,11 +54,6 @@ from tickwheel.node.config_fields import (
     SecurityFields,
     StorageFields,
 )
-from tickwheel.node.delivery import CourierConfig
-from tickwheel.node.identity import check_certificate_pair
-from tickwheel.node.levels import RetryPolicy, parse_levels
-from tickwheel.node.listeners import ConnectionLimits
-from tickwheel.node.validation import Limits
 from tickwheel.replication import DispatchConfig, ReplicaConfig, StateConfig
 from tickwheel.replication.raft import RaftConfig
 from tickwheel.wheel.types import DAY_MS, WheelConfig
@@ -78,8 +78,9 @@ def _address(value: str) -> str:
 
 class NodeSettings(AddressFields, SecurityFields, StorageFields, LimitFields, DeliveryFields,
                    PodFields, BaseSettings):
-    """Everything a node can be told; the fields, by group, are in `tickwheel.node.config_fields`.
-    Field names are the flag names (``--max-body-bytes``)."""
+    """Everything a node can be told; the fields, by group, are in
+    `tickwheel.node.settings.config_fields`. Field names are the flag names
+    (``--max-body-bytes``)."""
 
     model_config = SettingsConfigDict(env_prefix="TICKWHEEL_", extra="forbid",
                                       validate_default=True)

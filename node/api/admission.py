@@ -41,7 +41,7 @@ from typing import Any
 import grpc
 
 from tickwheel.common.errors import Overloaded, Unauthenticated, invariant
-from tickwheel.node.access import ANYONE, Principal
+from tickwheel.node.security.access import ANYONE, Principal
 
 MEMBERS = Principal("%members%", ())
 """The callers of the peer listener's own services (members, proven by the peer token)."""
@@ -62,7 +62,7 @@ class AdmissionLimits:
     max_principal_rpcs: int = 256
     """Calls and streams of one principal at once (forwarded ones counted as theirs)."""
     max_request_bytes: int = 8 << 20
-    """The largest request message a node reads (`tickwheel.node.validation.Limits`)."""
+    """The largest request message a node reads (`tickwheel.node.api.validation.Limits`)."""
     max_request_memory_bytes: int = 256 << 20
     """Request bytes the node holds at once: reserved while being read, then held until
     answered."""

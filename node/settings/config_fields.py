@@ -1,6 +1,6 @@
-"""The fields of `tickwheel.node.config.NodeSettings`, in groups: what each setting means and its
-default. The checks that join fields (a member list that holds this node, TLS files that exist, a
-secret long enough) live with `NodeSettings`, which inherits every group.
+"""The fields of `tickwheel.node.settings.config.NodeSettings`, in groups: what each setting
+means and its default. The checks that join fields (a member list that holds this node, TLS
+files that exist, a secret long enough) live with `NodeSettings`, which inherits every group.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from typing import Annotated
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import NoDecode
 
-from tickwheel.node import statefulset
-from tickwheel.node.admission import AdmissionLimits
-from tickwheel.node.delivery import CourierConfig
-from tickwheel.node.disk import DEFAULT_RESERVE_BYTES
-from tickwheel.node.journal import DEFAULT_JOURNAL_MAX_BYTES
-from tickwheel.node.levels import DEFAULT_LEVELS
+from tickwheel.node.api.admission import AdmissionLimits
+from tickwheel.node.api.validation import Limits
+from tickwheel.node.delivery.courier import CourierConfig
+from tickwheel.node.delivery.journal import DEFAULT_JOURNAL_MAX_BYTES
+from tickwheel.node.delivery.levels import DEFAULT_LEVELS
 from tickwheel.node.listeners import ConnectionLimits
-from tickwheel.node.validation import Limits
+from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES
+from tickwheel.node.settings import statefulset
 from tickwheel.replication import DispatchConfig, ReplicaConfig, StateConfig
 from tickwheel.replication.raft import RaftConfig
 
@@ -74,7 +74,7 @@ class SecurityFields(BaseModel):
     name names the principal (or a bearer token does)."""
     access_file: Path | None = None
     """The principals, their tokens and certificates, and their grants
-    (`tickwheel.node.access`); reread when it changes."""
+    (`tickwheel.node.security.access`); reread when it changes."""
     insecure_grpc: bool = False
     """Serve gRPC in plaintext to anyone, with every permission: no TLS, no tokens. Logged
     loudly at every start; for a laptop behind a firewall, never a shared network."""
@@ -107,7 +107,7 @@ class StorageFields(BaseModel):
     """Disk space under ``data`` kept for what a node must still write (hand-outs, acks,
     retries, the journal's growth and compaction, snapshots): while any member has less,
     Schedule and Reschedule answer RESOURCE_EXHAUSTED and everything stored is still
-    delivered (`tickwheel.node.disk`); 0 turns the check off."""
+    delivered (`tickwheel.node.ops.disk`); 0 turns the check off."""
     journal_max_bytes: int = DEFAULT_JOURNAL_MAX_BYTES
     """Disk space the delivery journal (``deliveries.jsonl``, the evidence the chaos audit
     reads) may take: at half of it the file is renamed ``deliveries.jsonl.1`` (replacing the
@@ -168,7 +168,7 @@ class DeliveryFields(BaseModel):
     visibility_timeout_ms: int = CourierConfig().default_visibility_timeout_ms
     delay_levels: str = DEFAULT_LEVELS
     """RocketMQ's ``messageDelayLevel``: what ``delay_level`` 1, 2, ... mean, and the retry
-    ladder's steps (`tickwheel.node.levels`). Units s, m, h, d."""
+    ladder's steps (`tickwheel.node.delivery.levels`). Units s, m, h, d."""
     retry_start_level: int = 3
     """The level a first nack waits (10 s by default); each further nack one level more."""
     max_attempts: int = 16
@@ -177,12 +177,13 @@ class DeliveryFields(BaseModel):
 
 class PodFields(BaseModel):
     """A StatefulSet pod's place, from which it derives its addresses
-    (`tickwheel.node.statefulset`)."""
+    (`tickwheel.node.settings.statefulset`)."""
 
     pod_name: str | None = None
     """This pod's name in a StatefulSet (``tickwheel-2``; downward API ``metadata.name``). With
     ``replicas``, ``peer_service`` and ``namespace`` it derives ``raft_address``, ``members``,
-    ``raft_listen`` and ``grpc_listen`` unless those are given (`tickwheel.node.statefulset`)."""
+    ``raft_listen`` and ``grpc_listen`` unless those are given
+    (`tickwheel.node.settings.statefulset`)."""
     replicas: int | None = None
     """The StatefulSet's ``spec.replicas``: every ordinal below it is a member."""
     peer_service: str | None = None

@@ -22,8 +22,8 @@ from concurrent.futures import Future
 from types import MappingProxyType
 
 from tickwheel.common.errors import TickwheelError
-from tickwheel.node.levels import DLQ_PREFIX, RetryPolicy
-from tickwheel.node.metrics import Metrics
+from tickwheel.node.delivery.levels import DLQ_PREFIX, RetryPolicy
+from tickwheel.node.ops.metrics import Metrics
 from tickwheel.replication import DEFAULT_GROUP, TARGET_GROUP_PROPERTY, LeaseRef, Replica, Retried
 from tickwheel.wheel import DueMessage, NewMessage
 

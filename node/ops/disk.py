@@ -33,7 +33,7 @@ from tickwheel.common.errors import DiskLow
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
-log = logging.getLogger("tickwheel.node.disk")
+log = logging.getLogger("tickwheel.node.ops.disk")
 
 DEFAULT_RESERVE_BYTES = 128 << 20
 """``min_free_bytes`` by default: a journal growth step (32 MiB), a compaction's copy of the

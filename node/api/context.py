@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tickwheel.common.clock import Clock
-from tickwheel.node import validation
-from tickwheel.node.admission import Admission
-from tickwheel.node.delivery import Courier
-from tickwheel.node.disk import DiskWatch
-from tickwheel.node.forward import Forwarder
-from tickwheel.node.identity import PeerCallers
-from tickwheel.node.levels import RetryPolicy
-from tickwheel.node.metrics import Metrics
-from tickwheel.node.unary import UnaryConsumers
+from tickwheel.node.api import validation
+from tickwheel.node.api.admission import Admission
+from tickwheel.node.api.forward import Forwarder
+from tickwheel.node.api.unary import UnaryConsumers
+from tickwheel.node.delivery.courier import Courier
+from tickwheel.node.delivery.levels import RetryPolicy
+from tickwheel.node.ops.disk import DiskWatch
+from tickwheel.node.ops.metrics import Metrics
+from tickwheel.node.security.identity import PeerCallers
 from tickwheel.replication import Replica
 
 
@@ -38,7 +38,7 @@ class NodeContext:
     disk: DiskWatch
     """Every member's free space: new messages wait while one is below its reserve."""
     admission: Admission
-    """Calls and request bytes held now, over every listener (`tickwheel.node.admission`)."""
+    """Calls and request bytes held now, over every listener (`tickwheel.node.api.admission`)."""
 
     def leader_grpc(self, raft_address: str | None) -> str | None:
         return None if raft_address is None else self.members.get(raft_address)

@@ -37,8 +37,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from tickwheel.client import Client, Credentials, Message, TickwheelClientError
-from tickwheel.node import cli_credentials, cli_serve
-from tickwheel.node.terminal import console
+from tickwheel.node.cli import credentials as cli_credentials
+from tickwheel.node.cli import serve as cli_serve
+from tickwheel.node.cli.terminal import console
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")

@@ -10,13 +10,14 @@ changes nothing. A stream's leases end with the stream (its messages are ready a
 and the next lease of each is flagged ``possible_duplicate``).
 
 A *nack*, or a lease deadline (the visibility timeout) passing, retries the message through the
-wheel (`tickwheel.node.retries`): a copy with the same id and ``attempt + 1``, for this group
-only, after the next step of the retry ladder, or in the group's dead-letter topic after the
-last attempt (`RetryPolicy`): ``%DLQ%<topic>`` for the default group, ``%DLQ%<group>`` for a
-named one, as RocketMQ does. The copy and the end of the lease are one replicated command.
+wheel (`tickwheel.node.delivery.retries`): a copy with the same id and ``attempt + 1``, for
+this group only, after the next step of the retry ladder, or in the group's dead-letter topic
+after the last attempt (`RetryPolicy`): ``%DLQ%<topic>`` for the default group,
+``%DLQ%<group>`` for a named one, as RocketMQ does. The copy and the end of the lease are one
+replicated command.
 
-A consumer is a `Session` (`tickwheel.node.sessions`); which leases its receipts may settle
-is `tickwheel.node.receipts`.
+A consumer is a `Session` (`tickwheel.node.delivery.sessions`); which leases its receipts may
+settle is `tickwheel.node.delivery.receipts`.
 
 Nothing is sent without the Raft lease (`Replica.may_deliver`): a leader paused past it holds
 what it has until the Raft thread notices that it no longer leads, and then drops it
@@ -36,14 +37,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from tickwheel.common.errors import NotLeader, Overloaded, TickwheelError
-from tickwheel.node.batches import ENVELOPE_BYTES, GRPC_MESSAGE_BYTES, split
-from tickwheel.node.journal import DeliveryJournal
-from tickwheel.node.levels import RetryPolicy
-from tickwheel.node.metrics import Metrics
-from tickwheel.node.receipts import Receipts
-from tickwheel.node.retries import Retries
-from tickwheel.node.sent import Sent
-from tickwheel.node.sessions import Session
+from tickwheel.node.delivery.batches import ENVELOPE_BYTES, GRPC_MESSAGE_BYTES, split
+from tickwheel.node.delivery.journal import DeliveryJournal
+from tickwheel.node.delivery.levels import RetryPolicy
+from tickwheel.node.delivery.receipts import Receipts
+from tickwheel.node.delivery.retries import Retries
+from tickwheel.node.delivery.sent import Sent
+from tickwheel.node.delivery.sessions import Session
+from tickwheel.node.ops.metrics import Metrics
 from tickwheel.replication import (
     DEFAULT_GROUP,
     STREAM,
@@ -69,8 +70,8 @@ class CourierConfig:
     max_batch_msgs: int = 256
     """Messages sent to a consumer in one response."""
     max_batch_bytes: int = GRPC_MESSAGE_BYTES - ENVELOPE_BYTES
-    """Bytes of messages (`tickwheel.node.batches.delivered_bytes`) sent to a consumer in one
-    response, whatever its credits: under the gRPC message limit, with room for the
+    """Bytes of messages (`tickwheel.node.delivery.batches.delivered_bytes`) sent to a consumer
+    in one response, whatever its credits: under the gRPC message limit, with room for the
     envelope."""
 
 
@@ -98,7 +99,7 @@ class Courier:
         self._lease_retry: asyncio.TimerHandle | None = None
         self.released_bytes = 0
         """Bytes of the bodies that streams held unacknowledged when they left, ever: freed
-        once their leases' release is applied (`tickwheel.node.allocator` then gives the
+        once their leases' release is applied (`tickwheel.node.ops.allocator` then gives the
         memory back)."""
         self.receipts = Receipts(metrics)
         self._retries = Retries(retry, clock_ms, metrics, self._loop, lambda: self._replica)

@@ -12,8 +12,8 @@ import logging
 from concurrent.futures import Future
 
 from tickwheel.common.errors import TickwheelError
-from tickwheel.node.metrics import Metrics
-from tickwheel.node.sessions import Session
+from tickwheel.node.delivery.sessions import Session
+from tickwheel.node.ops.metrics import Metrics
 from tickwheel.replication import Groups, LeaseRef, decode_receipt
 
 log = logging.getLogger("tickwheel.delivery")

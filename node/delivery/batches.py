@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from tickwheel.node.sent import Sent
+from tickwheel.node.delivery.sent import Sent
 
 GRPC_MESSAGE_BYTES = 64 << 20
 """The largest gRPC message a node sends, and reads from another member (its answers to
-forwarded calls, the responses of a stream it proxies): `tickwheel.node.forward`'s
+forwarded calls, the responses of a stream it proxies): `tickwheel.node.api.forward`'s
 ``CHANNEL_OPTIONS``. The client library reads as much."""
 ENVELOPE_BYTES = 1 << 20
 """Room in a response for what is not counted in its messages' bytes: RocketMQ's own fields
