@@ -1,6 +1,6 @@
 """``python -m tickwheel.node ...``: the node's commands of the ``tickwheel`` command (see
-`tickwheel.node.cli.commands`); everything but ``cluster up``, which starts processes from the layer
-above (`tickwheel.harness.cli`)."""
+`tickwheel.node.cli.commands`); everything but ``cluster up``, which starts processes from the
+layer above (`tickwheel.cli`)."""
 
 import sys
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PROJECT = Path(__file__).resolve().parent.parent
-CODE = ("common", "wheel", "replication", "node", "chaos", "client", "harness")
+CODE = ("common", "wheel", "replication", "node", "chaos", "client", "harness", "cli")
 
 
 def _module(path: Path) -> str:
@@ -42,13 +42,13 @@ def _import_from_outside(module: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_code_folders_are_importable_only_under_tickwheel() -> None:
-    for name in ("common", "wheel", "node", "replication", "chaos", "harness"):
+    for name in ("common", "wheel", "node", "replication", "chaos", "harness", "cli"):
         origin = _import_from_outside(f"tickwheel.{name}").stdout.strip()
         assert Path(origin) == PROJECT / name / "__init__.py"
 
 
 def test_no_top_level_module_shadows_a_folder_name() -> None:
-    for name in ("node", "replication", "chaos", "harness"):
+    for name in ("node", "replication", "chaos", "harness", "cli"):
         assert _import_from_outside(name).stdout.strip() == "absent"
     origin = _import_from_outside("wheel").stdout.strip()
     assert origin == "absent" or not origin.startswith(str(PROJECT))
@@ -68,8 +68,8 @@ def test_only_the_raft_port_imports_pysyncobj() -> None:
 
 @pytest.mark.parametrize(("package", "faces", "above"), [
     ("tickwheel.replication", {"tickwheel.replication", "tickwheel.replication.raft"},
-     ("node", "harness", "chaos", "client")),
-    ("tickwheel.node", {"tickwheel.node"}, ("harness", "chaos", "client")),
+     ("node", "harness", "chaos", "cli", "client")),
+    ("tickwheel.node", {"tickwheel.node"}, ("harness", "chaos", "cli", "client")),
 ])
 def test_the_layers_above_use_a_layers_face_only(package: str, faces: set[str],
                                                  above: tuple[str, ...]) -> None:

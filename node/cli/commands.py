@@ -4,7 +4,7 @@
 
     tickwheel serve [--config FILE] [flags]       one node (default: a single-node cluster)
     tickwheel cluster up --nodes 3                 a local multi-process cluster, until Ctrl-C
-                                                   (tickwheel.harness.cli)
+                                                   (tickwheel.cli)
     tickwheel schedule --topic T --in 10s --body "hello"     (or --at ISO8601, --level N;
                                                               --file FILE)
     tickwheel consume --topic T [--count N] [--nack]         (T may be '%DLQ%orders')
@@ -64,7 +64,7 @@ def instant_ms(text: str) -> int:
 
 
 AddCommands = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
-"""Adds commands of a layer above the node's (`tickwheel.harness.cli` adds ``cluster up``)."""
+"""Adds commands of a layer above the node's (`tickwheel.cli` adds ``cluster up``)."""
 
 
 def main(argv: list[str] | None = None, more: AddCommands | None = None) -> int:

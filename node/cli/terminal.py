@@ -1,5 +1,5 @@
 """The one `rich` console the ``tickwheel`` command prints to, whichever part of it runs
-(`tickwheel.node.cli.commands` and its command groups, `tickwheel.harness.cli`'s ``cluster up``)."""
+(`tickwheel.node.cli.commands` and its command groups, `tickwheel.cli`'s ``cluster up``)."""
 
 from rich.console import Console
 

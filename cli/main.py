@@ -1,7 +1,7 @@
-"""The ``tickwheel`` command: the node's commands (`tickwheel.node.cli.commands`) and, from
-this layer, ``tickwheel cluster up``: a local multi-process cluster (`LocalCluster`) in the
-foreground, until Ctrl-C or SIGTERM (what ``docker stop``, systemd and CI send) stops it and
-its nodes."""
+"""The ``tickwheel`` command (the console script): the node's commands
+(`tickwheel.node.cli.commands`) and, from this layer above the harness, ``tickwheel cluster
+up``: a local multi-process cluster (`LocalCluster`) in the foreground, until Ctrl-C or SIGTERM
+(what ``docker stop``, systemd and CI send) stops it and its nodes."""
 
 from __future__ import annotations
 
