@@ -85,6 +85,18 @@ def test_the_layers_above_use_a_layers_face_only(package: str, faces: set[str],
     assert offenders == []
 
 
+def test_the_node_keeps_its_modules_in_rooms() -> None:
+    """``node/`` holds at most 10 modules at its top level (issue 38: 36 lay side by side); the
+    rest live in rooms by concern, each saying in its ``__init__`` what it holds (which room
+    may import which is pyproject.toml's contract)."""
+    node = PROJECT / "node"
+    assert len(list(node.glob("*.py"))) <= 10
+    rooms = [path.parent for path in node.glob("*/__init__.py")]
+    assert rooms
+    assert [room.name for room in rooms
+            if not ast.get_docstring(ast.parse((room / "__init__.py").read_text()))] == []
+
+
 def test_no_modules_import_each_other() -> None:
     """No circle of imports, not even one for type hints only (issue 20: the courier, the
     metrics and the journal imported one another): each module can be read, tested and
