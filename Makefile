@@ -22,7 +22,7 @@ lint: $(STAMP) typecheck
 TYPECHECK := build/typecheck/tickwheel
 typecheck: $(STAMP)
 	@mkdir -p $(TYPECHECK)
-	@for package in common wheel replication node harness chaos client; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
+	@for package in common wheel replication node harness chaos cli client; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
 	@ln -sfn ../../generated/tickwheel/v1 $(TYPECHECK)/v1
 	$(VENV)/bin/mypy
 

@@ -100,7 +100,7 @@ class ConsumerStalled(Overloaded):
 
 class DiskLow(Overloaded):
     """A member's disk is below its reserve (``min_free_bytes``): new messages wait for space;
-    what is stored is still delivered (`tickwheel.node.disk`)."""
+    what is stored is still delivered (`tickwheel.node.ops.disk`)."""
 
     def __init__(self, member: str, free_bytes: int, reserve_bytes: int) -> None:
         Retryable.__init__(self, f"disk space low on {member}: {free_bytes} bytes free, "

@@ -8,7 +8,7 @@ The nodes share a random Raft secret, kept in ``ROOT/raft.secret`` (readable by 
 an existing one is reused, so a cluster restarted on the same folder finds its members again)
 and handed to each node as a file, never on its command line. They serve gRPC over TLS to
 authenticated callers, with certificates and tokens made in ``ROOT/security``
-(`tickwheel.node.dev_credentials`): `credentials` and `client` call as one of them.
+(`tickwheel.node.security.dev_credentials`): `credentials` and `client` call as one of them.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class LocalCluster:
     ``metrics``) Prometheus on ``base_port + 2000 + i``.
 
     Principals beyond ``admin`` (every permission): ``principals`` maps names to grants
-    (`tickwheel.node.dev_credentials`); ``client_certificates`` gives each a
+    (`tickwheel.node.security.dev_credentials`); ``client_certificates`` gives each a
     certificate too and makes the nodes require one (mutual TLS). ``insecure_grpc`` serves
     plaintext to anyone instead. ``power_cuts``: the nodes run with ``--fsync`` and keep a
     ledger of their syncs (`LocalNode.sync_ledger`), so that a power cut can be simulated.

@@ -1,46 +1,42 @@
-"""The process: gRPC server, dispatcher and consumer delivery, config, CLI, metrics (issue 4).
+"""The process: gRPC server, consumer delivery, config, CLI, metrics (issue 4), in rooms by
+concern (issue 38), each importing only the rooms below it (pyproject.toml's contracts)::
 
-The face the layers above use (`tickwheel.harness`, `tickwheel.chaos`): the node's commands
-(`main`, and the `console` they print to), how a node says its storage failed
+    cli/          the node's commands of ``tickwheel`` (``cluster up`` is added from above)
+    serve         assembles one node and runs it until SIGTERM
+    settings/     every setting, from flags, TICKWHEEL_*, TOML and defaults
+    listeners     the gRPC servers bound to their ports (client, peer, RocketMQ, health)
+    rocketmq/     RocketMQ 5's client protocol, served through the API
+    api/          the gRPC API: calls, forwarding, admission, validation
+    delivery/     the Courier, consumers' streams, receipts, retries, the delivery journal
+    ops/ security/ peers   metrics, disk, memory; who calls and with what grants;
+                  state files read from peers (the lowest, independent of each other)
+
+The face the layers above use (`tickwheel.cli`, `tickwheel.harness`, `tickwheel.chaos`): the
+node's commands (`main`, and the `console` they print to), how a node says its storage failed
 (`EXIT_STORAGE`), the disk reserve it keeps and how it measures free space, the files of its
-delivery journal (`journal_files`), the development
-credentials a local cluster runs with, and the SecretKey a RocketMQ client signs with. Code
-above imports these from here, never a module inside; `tests/test_layout.py` checks it.
+delivery journal (`journal_files`), the development credentials a local cluster runs with, and
+the SecretKey a RocketMQ client signs with. Code above imports these from here, never a module
+inside; `tests/test_layout.py` checks it.
 
-Each name loads its module when first asked for: a process that needs the credentials (a
+Importing the face does not load the server: a process that needs the credentials (a
 benchmark's consumer beside RocketMQ's official client, whose protos would clash with ours)
-does not load the server.
+loads none of it, since ``tickwheel serve`` imports the server when it runs
+(`tickwheel.node.cli.serve`).
 """
 
-from __future__ import annotations
+from tickwheel.node.cli.commands import main
+from tickwheel.node.cli.terminal import console
+from tickwheel.node.delivery.journal import files as journal_files
+from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES, free_bytes
+from tickwheel.node.rocketmq.signature import secret_key as rocketmq_secret_key
+from tickwheel.node.security.dev_credentials import ADMIN as ADMIN_GRANTS
+from tickwheel.node.security.dev_credentials import DevCredentials, Grants
+from tickwheel.node.security.dev_credentials import make as make_dev_credentials
 
-import importlib
-from typing import TYPE_CHECKING, Any
+# The status `tickwheel.node.serve` exits with (its `EXIT_STORAGE`), taken from where it is
+# defined so that the face does not load the server.
+from tickwheel.replication import STORAGE_EXIT_CODE as EXIT_STORAGE
 
-if TYPE_CHECKING:
-    from tickwheel.node.cli import main
-    from tickwheel.node.dev_credentials import ADMIN as ADMIN_GRANTS
-    from tickwheel.node.dev_credentials import DevCredentials, Grants
-    from tickwheel.node.dev_credentials import make as make_dev_credentials
-    from tickwheel.node.disk import DEFAULT_RESERVE_BYTES, free_bytes
-    from tickwheel.node.journal import files as journal_files
-    from tickwheel.node.rocketmq.signature import secret_key as rocketmq_secret_key
-    from tickwheel.node.serve import EXIT_STORAGE
-    from tickwheel.node.terminal import console
-
-_FACE = {
-    "ADMIN_GRANTS": ("dev_credentials", "ADMIN"),
-    "DEFAULT_RESERVE_BYTES": ("disk", "DEFAULT_RESERVE_BYTES"),
-    "EXIT_STORAGE": ("serve", "EXIT_STORAGE"),
-    "DevCredentials": ("dev_credentials", "DevCredentials"),
-    "Grants": ("dev_credentials", "Grants"),
-    "console": ("terminal", "console"),
-    "free_bytes": ("disk", "free_bytes"),
-    "journal_files": ("journal", "files"),
-    "main": ("cli", "main"),
-    "make_dev_credentials": ("dev_credentials", "make"),
-    "rocketmq_secret_key": ("rocketmq.signature", "secret_key"),
-}
 __all__ = [
     "ADMIN_GRANTS",
     "DEFAULT_RESERVE_BYTES",
@@ -54,10 +50,3 @@ __all__ = [
     "make_dev_credentials",
     "rocketmq_secret_key",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _FACE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _FACE[name]
-    return getattr(importlib.import_module(f"{__name__}.{module}"), attribute)

@@ -4,7 +4,7 @@ listener (`TickwheelService` for the calls followers forward, and `PeerService`,
 only), an optional RocketMQ listener (`tickwheel.node.rocketmq`, secured as the client
 listener), and an optional plaintext listener with the health service alone, for probes.
 
-Each of the first three serves every call through a `Gate` (`tickwheel.node.admission`) that
+Each of the first three serves every call through a `Gate` (`tickwheel.node.api.admission`) that
 authenticates and admits it before its request is read; they share the node's `Admission`,
 so its limits hold over all of them. HTTP/2 itself is bounded per connection
 (`ConnectionLimits`)."""
@@ -20,16 +20,21 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tickwheel.common.errors import invariant
-from tickwheel.node.access import Principal
-from tickwheel.node.admission import MEMBERS, Authenticate, Gate
-from tickwheel.node.context import NodeContext
-from tickwheel.node.disk import DiskWatch
-from tickwheel.node.forward import CHANNEL_OPTIONS
-from tickwheel.node.identity import PRINCIPAL_KEY, ClientCallers, PeerCallers, metadata_value
+from tickwheel.node.api.admission import MEMBERS, Authenticate, Gate
+from tickwheel.node.api.context import NodeContext
+from tickwheel.node.api.forward import CHANNEL_OPTIONS
+from tickwheel.node.api.server import SERVICE_NAME, TickwheelService, add_tickwheel_service
+from tickwheel.node.ops.disk import DiskWatch
 from tickwheel.node.rocketmq.binding import add_messaging_service
 from tickwheel.node.rocketmq.service import MessagingService
 from tickwheel.node.rocketmq.signature import Signatures
-from tickwheel.node.server import SERVICE_NAME, TickwheelService, add_tickwheel_service
+from tickwheel.node.security.access import Principal
+from tickwheel.node.security.identity import (
+    PRINCIPAL_KEY,
+    ClientCallers,
+    PeerCallers,
+    metadata_value,
+)
 from tickwheel.replication import Replica
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc

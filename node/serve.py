@@ -20,27 +20,27 @@ from grpc_health.v1 import health, health_pb2
 from tickwheel.client import Credentials
 from tickwheel.common.clock import SystemClock
 from tickwheel.common.errors import StorageIncomplete, StorageLocked, invariant
-from tickwheel.node.access import AccessFile
-from tickwheel.node.admission import Admission
-from tickwheel.node.allocator import Allocator, give_back_released
-from tickwheel.node.config import NodeSettings
-from tickwheel.node.context import NodeContext
-from tickwheel.node.delivery import Courier, CourierConfig
-from tickwheel.node.disk import DiskWatch, poll_peers
-from tickwheel.node.forward import Forwarder
-from tickwheel.node.identity import (
+from tickwheel.node.api.admission import Admission
+from tickwheel.node.api.context import NodeContext
+from tickwheel.node.api.forward import Forwarder
+from tickwheel.node.api.info import cursor_lag_ms
+from tickwheel.node.api.server import SERVICE_NAME
+from tickwheel.node.api.unary import UnaryConsumers
+from tickwheel.node.delivery.courier import Courier, CourierConfig
+from tickwheel.node.delivery.journal import JOURNAL_FILE, DeliveryJournal
+from tickwheel.node.listeners import Listeners, start_server
+from tickwheel.node.ops.allocator import Allocator, give_back_released
+from tickwheel.node.ops.disk import DiskWatch, poll_peers
+from tickwheel.node.ops.metrics import Metrics
+from tickwheel.node.peers import PeerFiles
+from tickwheel.node.rocketmq.signature import Signatures
+from tickwheel.node.security.access import AccessFile
+from tickwheel.node.security.identity import (
     ClientCallers,
     PeerCallers,
     ServerCertificates,
 )
-from tickwheel.node.info import cursor_lag_ms
-from tickwheel.node.journal import JOURNAL_FILE, DeliveryJournal
-from tickwheel.node.listeners import Listeners, start_server
-from tickwheel.node.metrics import Metrics
-from tickwheel.node.peers import PeerFiles
-from tickwheel.node.rocketmq.signature import Signatures
-from tickwheel.node.server import SERVICE_NAME
-from tickwheel.node.unary import UnaryConsumers
+from tickwheel.node.settings.config import NodeSettings
 from tickwheel.replication import STORAGE_EXIT_CODE, Replica
 
 log = logging.getLogger("tickwheel.node")

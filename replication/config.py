@@ -1,4 +1,4 @@
-"""A replica's settings (`tickwheel.node.config` fills them from the node's)."""
+"""A replica's settings (`tickwheel.node.settings.config` fills them from the node's)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, settings
 
 from tickwheel.chaos.storage import MountFailed, mount_disk, unmount_disk
 from tickwheel.harness.local_cluster import AckingConsumer, LocalCluster
-from tickwheel.node import dev_credentials
-from tickwheel.node.dev_credentials import DevCredentials
+from tickwheel.node.security import dev_credentials
+from tickwheel.node.security.dev_credentials import DevCredentials
 
 settings.register_profile("ci", max_examples=150, stateful_step_count=40, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PROJECT = Path(__file__).resolve().parent.parent
-CODE = ("common", "wheel", "replication", "node", "chaos", "client", "harness")
+CODE = ("common", "wheel", "replication", "node", "chaos", "client", "harness", "cli")
 
 
 def _module(path: Path) -> str:
@@ -42,13 +42,13 @@ def _import_from_outside(module: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_code_folders_are_importable_only_under_tickwheel() -> None:
-    for name in ("common", "wheel", "node", "replication", "chaos", "harness"):
+    for name in ("common", "wheel", "node", "replication", "chaos", "harness", "cli"):
         origin = _import_from_outside(f"tickwheel.{name}").stdout.strip()
         assert Path(origin) == PROJECT / name / "__init__.py"
 
 
 def test_no_top_level_module_shadows_a_folder_name() -> None:
-    for name in ("node", "replication", "chaos", "harness"):
+    for name in ("node", "replication", "chaos", "harness", "cli"):
         assert _import_from_outside(name).stdout.strip() == "absent"
     origin = _import_from_outside("wheel").stdout.strip()
     assert origin == "absent" or not origin.startswith(str(PROJECT))
@@ -68,8 +68,8 @@ def test_only_the_raft_port_imports_pysyncobj() -> None:
 
 @pytest.mark.parametrize(("package", "faces", "above"), [
     ("tickwheel.replication", {"tickwheel.replication", "tickwheel.replication.raft"},
-     ("node", "harness", "chaos", "client")),
-    ("tickwheel.node", {"tickwheel.node"}, ("harness", "chaos", "client")),
+     ("node", "harness", "chaos", "cli", "client")),
+    ("tickwheel.node", {"tickwheel.node"}, ("harness", "chaos", "cli", "client")),
 ])
 def test_the_layers_above_use_a_layers_face_only(package: str, faces: set[str],
                                                  above: tuple[str, ...]) -> None:
@@ -83,6 +83,18 @@ def test_the_layers_above_use_a_layers_face_only(package: str, faces: set[str],
             offenders += [f"{path.relative_to(PROJECT)}: {name}" for name in _imported(path)
                           if name.startswith(package) and name not in faces]
     assert offenders == []
+
+
+def test_the_node_keeps_its_modules_in_rooms() -> None:
+    """``node/`` holds at most 10 modules at its top level (issue 38: 36 lay side by side); the
+    rest live in rooms by concern, each saying in its ``__init__`` what it holds (which room
+    may import which is pyproject.toml's contract)."""
+    node = PROJECT / "node"
+    assert len(list(node.glob("*.py"))) <= 10
+    rooms = [path.parent for path in node.glob("*/__init__.py")]
+    assert rooms
+    assert [room.name for room in rooms
+            if not ast.get_docstring(ast.parse((room / "__init__.py").read_text()))] == []
 
 
 def test_no_modules_import_each_other() -> None:
@@ -113,8 +125,8 @@ def test_the_node_face_loads_only_what_is_asked_for() -> None:
     code = ("import sys\nimport tickwheel.node as face\n"
             "from tickwheel.harness import local_cluster\n"
             "face.make_dev_credentials, face.rocketmq_secret_key\n"
-            "print(sorted(m for m in ('tickwheel.node.server', 'tickwheel.rocketmq.v2.service_pb2')"
-            " if m in sys.modules))\n"
+            "print(sorted(m for m in ('tickwheel.node.api.server',"
+            " 'tickwheel.rocketmq.v2.service_pb2') if m in sys.modules))\n"
             "print(all(getattr(face, name) is not None for name in face.__all__))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split("\n")

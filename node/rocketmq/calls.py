@@ -18,14 +18,14 @@ from tenacity import (
 )
 
 from tickwheel.common.errors import Retryable, TickwheelError
-from tickwheel.node.access import Action, Principal
-from tickwheel.node.context import NodeContext
+from tickwheel.node.api.context import NodeContext
+from tickwheel.node.api.server import LeaderRefused, TickwheelService
+from tickwheel.node.api.validation import CONSUMER_PATTERN, MAX_RECEIVE_WAIT_MS
 from tickwheel.node.rocketmq import convert
 from tickwheel.node.rocketmq.binding import Context
 from tickwheel.node.rocketmq.convert import Refusal
 from tickwheel.node.rocketmq.renewals import LEASE_MS, Renewals
-from tickwheel.node.server import LeaderRefused, TickwheelService
-from tickwheel.node.validation import CONSUMER_PATTERN, MAX_RECEIVE_WAIT_MS
+from tickwheel.node.security.access import Action, Principal
 from tickwheel.replication import decode_receipt
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.rocketmq.v2 import service_pb2 as svc

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from tickwheel.node.access import Principal
+from tickwheel.node.security.access import Principal
 
 log = logging.getLogger("tickwheel.node.rocketmq")
 

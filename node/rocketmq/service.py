@@ -21,11 +21,10 @@ from typing import Any
 from google.protobuf.message import Message
 
 from tickwheel.common.errors import invariant
-from tickwheel.node.access import Principal
-from tickwheel.node.admission import CALLER
-from tickwheel.node.context import NodeContext
-from tickwheel.node.identity import metadata_value
-from tickwheel.node.levels import RetryPolicy
+from tickwheel.node.api.admission import CALLER
+from tickwheel.node.api.context import NodeContext
+from tickwheel.node.api.server import TickwheelService
+from tickwheel.node.delivery.levels import RetryPolicy
 from tickwheel.node.rocketmq import convert
 from tickwheel.node.rocketmq.binding import decode
 from tickwheel.node.rocketmq.calls import (
@@ -36,7 +35,8 @@ from tickwheel.node.rocketmq.calls import (
     client_id_of,
 )
 from tickwheel.node.rocketmq.convert import OK, Refusal
-from tickwheel.node.server import TickwheelService
+from tickwheel.node.security.access import Principal
+from tickwheel.node.security.identity import metadata_value
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.rocketmq.v2 import service_pb2 as svc
 from tickwheel.v1 import tickwheel_pb2 as pb

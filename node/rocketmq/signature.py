@@ -26,7 +26,7 @@ import hmac
 from collections.abc import Sequence
 
 from tickwheel.common.errors import Unauthenticated
-from tickwheel.node.access import ANYONE, AccessFile, Principal
+from tickwheel.node.security.access import ANYONE, AccessFile, Principal
 
 SCHEME = "MQv2-HMAC-SHA1"
 DATE_KEY = "x-mq-date-time"

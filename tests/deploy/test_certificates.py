@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tickwheel.node import cli, dev_credentials
-from tickwheel.node.dev_credentials import DevCredentials
-from tickwheel.node.statefulset import StatefulSetPod, addresses
+from tickwheel.node.cli import commands as cli
+from tickwheel.node.security import dev_credentials
+from tickwheel.node.security.dev_credentials import DevCredentials
+from tickwheel.node.settings.statefulset import StatefulSetPod, addresses
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NAMESPACE = "tickwheel"

@@ -22,7 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tickwheel.node.config import NodeSettings
+from tickwheel.node.settings.config import NodeSettings
 
 from . import kustomize_lite
 from .kustomize_lite import Manifest

@@ -1,6 +1,6 @@
 """A node finds its address and its peers from its place in a StatefulSet.
 
-Unit tests of the derivation (`tickwheel.node.statefulset`) and of how `NodeSettings` applies
+Unit tests of the derivation (`node/settings/statefulset.py`) and of how `NodeSettings` applies
 it, then three real node processes given exactly the environment the prod StatefulSet gives
 its pods (read from the rendered manifests), with the test knobs that map every pod name to
 127.0.0.1 and give each ordinal its own ports: they must form one cluster and serve.
@@ -27,10 +27,11 @@ from pydantic import ValidationError
 from tickwheel.client import Client, Credentials
 from tickwheel.client.credentials import open_channel
 from tickwheel.harness.local_cluster import free_ports, wait_for
-from tickwheel.node import dev_credentials, statefulset
-from tickwheel.node.config import NodeSettings, load
-from tickwheel.node.dev_credentials import DevCredentials
-from tickwheel.node.statefulset import StatefulSetPod, addresses, split_pod_name
+from tickwheel.node.security import dev_credentials
+from tickwheel.node.security.dev_credentials import DevCredentials
+from tickwheel.node.settings import statefulset
+from tickwheel.node.settings.config import NodeSettings, load
+from tickwheel.node.settings.statefulset import StatefulSetPod, addresses, split_pod_name
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 

@@ -1,6 +1,6 @@
 """``tickwheel cluster up``, the installed command as a user runs it: the command comes from the
-harness layer (the node's own commands cannot start node processes), so this checks the entry
-point carries it, and ``python -m tickwheel.node`` does not."""
+top layer, `tickwheel.cli` (the node's own commands cannot start node processes), so this
+checks the entry point carries it, and ``python -m tickwheel.node`` does not."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Giving freed memory back (`tickwheel.node.allocator`): when the heaps are trimmed."""
+"""Giving freed memory back (`tickwheel.node.ops.allocator`): when the heaps are trimmed."""
 
 from __future__ import annotations
 
-from tickwheel.node.allocator import TRIM_AFTER_BYTES, Allocator, TrimDue
+from tickwheel.node.ops.allocator import TRIM_AFTER_BYTES, Allocator, TrimDue
 
 
 def test_glibc_is_found_and_trims() -> None:

@@ -13,10 +13,10 @@ import pytest
 from pydantic import ValidationError
 
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
-from tickwheel.node.access import Access
-from tickwheel.node.cli import duration_ms
-from tickwheel.node.config import NodeSettings, load
-from tickwheel.node.dev_credentials import DevCredentials
+from tickwheel.node.cli.commands import duration_ms
+from tickwheel.node.security.access import Access
+from tickwheel.node.security.dev_credentials import DevCredentials
+from tickwheel.node.settings.config import NodeSettings, load
 
 TICKWHEEL = [sys.executable, "-m", "tickwheel.node"]
 

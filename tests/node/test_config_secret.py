@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tickwheel.node.config import NodeSettings
+from tickwheel.node.settings.config import NodeSettings
 
 THREE = ["127.0.0.1:7500=127.0.0.1:7400=127.0.0.1:7600",
          "127.0.0.1:7501=127.0.0.1:7401=127.0.0.1:7601",

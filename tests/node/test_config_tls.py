@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tickwheel.node import dev_credentials
-from tickwheel.node.config import NodeSettings
-from tickwheel.node.dev_credentials import DevCredentials
+from tickwheel.node.security import dev_credentials
+from tickwheel.node.security.dev_credentials import DevCredentials
+from tickwheel.node.settings.config import NodeSettings
 
 TLS_VARIABLES = ("TICKWHEEL_TLS_CERT_FILE", "TICKWHEEL_TLS_KEY_FILE", "TICKWHEEL_TLS_CA_FILE",
                  "TICKWHEEL_ACCESS_FILE", "TICKWHEEL_TLS_CLIENT_CERTS",

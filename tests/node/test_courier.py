@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from tickwheel.common.errors import ConsumerStalled, NotLeader
-from tickwheel.node.delivery import Courier, CourierConfig
-from tickwheel.node.journal import DeliveryJournal
-from tickwheel.node.levels import DEFAULT_LEVELS, RetryPolicy, parse_levels
-from tickwheel.node.metrics import Metrics
-from tickwheel.node.retries import WINDOW_BYTES, Retries
-from tickwheel.node.sessions import Session
+from tickwheel.node.delivery.courier import Courier, CourierConfig
+from tickwheel.node.delivery.journal import DeliveryJournal
+from tickwheel.node.delivery.levels import DEFAULT_LEVELS, RetryPolicy, parse_levels
+from tickwheel.node.delivery.retries import WINDOW_BYTES, Retries
+from tickwheel.node.delivery.sessions import Session
+from tickwheel.node.ops.metrics import Metrics
 from tickwheel.replication import Delivery, Expired, LeaseRef, Retried
 from tickwheel.wheel import Cursor, DueMessage
 

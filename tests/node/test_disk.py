@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tickwheel.common.errors import DiskLow, Overloaded
-from tickwheel.node.disk import OWN_MEASURE_S, REPORT_TTL_S, DiskWatch, Space
+from tickwheel.node.ops.disk import OWN_MEASURE_S, REPORT_TTL_S, DiskWatch, Space
 
 RESERVE = 1_000
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from tickwheel.client import Message
 from tickwheel.harness.local_cluster import AckingConsumer, LocalCluster, wait_for
-from tickwheel.node.journal import DeliveryJournal, files
-from tickwheel.node.sent import Sent
+from tickwheel.node.delivery.journal import DeliveryJournal, files
+from tickwheel.node.delivery.sent import Sent
 from tickwheel.replication.commands import LeaseRef
 from tickwheel.replication.dispatcher import Delivery
 from tickwheel.wheel import Cursor

@@ -11,9 +11,8 @@ import pytest
 from hypothesis import given
 from pydantic import ValidationError
 
-from tickwheel.node import levels
-from tickwheel.node.config import load
-from tickwheel.node.levels import (
+from tickwheel.node.delivery import levels
+from tickwheel.node.delivery.levels import (
     DEFAULT_LEVELS,
     UNIT_MS,
     DelayLevels,
@@ -21,6 +20,7 @@ from tickwheel.node.levels import (
     format_levels,
     parse_levels,
 )
+from tickwheel.node.settings.config import load
 
 tokens = st.tuples(st.integers(0, 10_000), st.sampled_from(sorted(UNIT_MS)))
 tables = st.lists(tokens, min_size=1, max_size=40)

@@ -16,7 +16,7 @@ from nodetests import now_ms, topic
 
 from tickwheel.client import Client, Consumer, Message, Received
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
-from tickwheel.node.levels import DEFAULT_LEVELS, parse_levels
+from tickwheel.node.delivery.levels import DEFAULT_LEVELS, parse_levels
 
 HOUR_MS = 3_600_000
 LADDER_LEVELS_MS = (1_000, 2_000, 3_000)

@@ -8,12 +8,12 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from tickwheel.common.errors import Unauthenticated
-from tickwheel.node import dev_credentials
-from tickwheel.node.access import AccessFile
-from tickwheel.node.config import NodeSettings
 from tickwheel.node.rocketmq import convert
 from tickwheel.node.rocketmq.convert import Refusal
 from tickwheel.node.rocketmq.signature import Signatures, secret_key, signature
+from tickwheel.node.security import dev_credentials
+from tickwheel.node.security.access import AccessFile
+from tickwheel.node.settings.config import NodeSettings
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.v1 import tickwheel_pb2 as pb
 

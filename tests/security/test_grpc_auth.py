@@ -26,8 +26,8 @@ from tickwheel.client import (
 )
 from tickwheel.client.credentials import open_channel
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
-from tickwheel.node import dev_credentials
-from tickwheel.node.identity import PEER_KEY, PRINCIPAL_KEY
+from tickwheel.node.security import dev_credentials
+from tickwheel.node.security.identity import PEER_KEY, PRINCIPAL_KEY
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 

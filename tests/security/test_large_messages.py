@@ -43,18 +43,18 @@ from tickwheel.client import Client, Consumer, Message, TickwheelClientError
 from tickwheel.client._core import CHANNEL_OPTIONS
 from tickwheel.client.credentials import open_channel
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
-from tickwheel.node import forward
-from tickwheel.node.batches import (
+from tickwheel.node.api import forward
+from tickwheel.node.api.calls import receive_response
+from tickwheel.node.delivery.batches import (
     ENVELOPE_BYTES,
     GRPC_MESSAGE_BYTES,
     delivered_bytes,
     fitting,
     split,
 )
-from tickwheel.node.calls import receive_response
-from tickwheel.node.delivery import CourierConfig
+from tickwheel.node.delivery.courier import CourierConfig
+from tickwheel.node.delivery.sent import Sent
 from tickwheel.node.rocketmq import convert
-from tickwheel.node.sent import Sent
 from tickwheel.replication import Delivery, HandleCipher, LeaseRef, encode_receipt
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc

@@ -32,7 +32,7 @@ from tickwheel.harness.local_cluster import (
     free_ports,
     wait_for,
 )
-from tickwheel.node import dev_credentials
+from tickwheel.node.security import dev_credentials
 from tickwheel.replication.raft import link_protocol as protocol
 from tickwheel.v1 import tickwheel_pb2 as pb
 

@@ -1,0 +1,57 @@
+"""Followers forward client calls to the leader's peer listener, once.
+
+A forwarded call carries ``tickwheel-forwarded``, the peer token and the caller's principal
+(`tickwheel.node.security.identity`); a node that receives one and does not lead
+answers ``UNAVAILABLE`` instead of forwarding again, so calls never loop during an election (the
+client retries). Channels to the other members are opened on first use and kept.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from tickwheel.client.credentials import Credentials, open_aio_channel
+from tickwheel.node.delivery.batches import GRPC_MESSAGE_BYTES
+from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
+
+FORWARDED_KEY = "tickwheel-forwarded"
+LEADER_KEY = "tickwheel-leader"
+"""Trailing metadata on every response: the leader's gRPC address, when known."""
+FORWARDED = ((FORWARDED_KEY, "1"),)
+CHANNEL_OPTIONS = (("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES),
+                   ("grpc.keepalive_time_ms", 2_000), ("grpc.keepalive_timeout_ms", 2_000),
+                   # Let clients ping every 2 s (their keepalive) without being cut off.
+                   ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+                   ("grpc.http2.max_ping_strikes", 0))
+
+
+def was_forwarded(context: grpc.aio.ServicerContext) -> bool:
+    return any(key == FORWARDED_KEY for key, _ in context.invocation_metadata() or ())
+
+
+class Forwarder:
+    """Stubs for the other members, by peer listener address, dialed with ``credentials``."""
+
+    def __init__(self, credentials: Credentials) -> None:
+        self._credentials = credentials
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def stub(self, peer_address: str) -> pb_grpc.TickwheelStub:
+        return pb_grpc.TickwheelStub(self._channel(peer_address))
+
+    def peer_stub(self, peer_address: str) -> pb_grpc.PeerStub:
+        """The member's `Peer` service, on the same channel."""
+        return pb_grpc.PeerStub(self._channel(peer_address))
+
+    def _channel(self, peer_address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(peer_address)
+        if channel is None:
+            channel = self._channels[peer_address] = open_aio_channel(
+                peer_address, self._credentials, CHANNEL_OPTIONS)
+        return channel
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()

@@ -1,0 +1,26 @@
+"""A message handed to a consumer: what the courier and the delivery journal share.
+
+Its own module so that the courier (`tickwheel.node.delivery.courier`) can use the journal while it
+reads its messages, without the two importing one another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tickwheel.replication import Delivery
+
+
+@dataclass(eq=False, slots=True)
+class Sent:
+    """One message on its way to (or at) a consumer: its lease, what the consumer sees."""
+
+    delivery: Delivery
+    receipt: str
+    attempt: int
+    delivered_at_ms: int
+    properties: Mapping[str, str]
+    written: bool = False
+    """Written to its consumer's stream: gRPC took the whole response, which a consumer that
+    does not read stops (flow control) within a few megabytes."""

@@ -1,6 +1,0 @@
-"""The one `rich` console the ``tickwheel`` command prints to, whichever part of it runs
-(`tickwheel.node.cli` and its command groups, `tickwheel.harness.cli`'s ``cluster up``)."""
-
-from rich.console import Console
-
-console = Console()
