@@ -137,6 +137,7 @@ def test_a_connection_being_made_when_a_partition_starts_is_cut_too(
             server.server_close()
 
 
+@pytest.mark.cluster
 def test_a_fault_list_outside_the_known_nemeses_is_refused(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "tickwheel.chaos", "run", "--out",
                           str(tmp_path), "--faults", "kill,flood"], capture_output=True,
@@ -150,6 +151,7 @@ STORAGE_FAULTS = ("bitrot", "truncate", "snapshot-rot", "power-cut",
 nodes with --fsync."""
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_failovers_and_storage_faults_lose_nothing_and_flag_every_duplicate(
         tmp_path: Path) -> None:
@@ -190,6 +192,7 @@ def test_failovers_and_storage_faults_lose_nothing_and_flag_every_duplicate(
     assert (out / "audit" / "report.md").exists()
 
 
+@pytest.mark.cluster
 def test_a_healed_partition_does_not_depose_a_healthy_leader(tmp_path: Path) -> None:
     """PreVote: a follower cut off (blackholed: it still counts its peers connected, as in a
     real network partition) for several election timeouts asks before it stands, goes

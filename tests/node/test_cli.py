@@ -29,6 +29,7 @@ def tickwheel(*args: str, timeout_s: float = 60, env: dict | None = None,
                           env={**clean, "COLUMNS": "200", **(env or {})})
 
 
+@pytest.mark.cluster
 def test_schedule_consume_reschedule_cancel_and_status_against_a_cluster(tmp_path: Path) -> None:
     with LocalCluster(tmp_path / "cluster") as cluster:
         target = ",".join(n.grpc_address for n in cluster.nodes)
@@ -63,6 +64,7 @@ def test_schedule_consume_reschedule_cancel_and_status_against_a_cluster(tmp_pat
         assert bad.returncode == 1 and "messages[0].topic" in bad.stdout
 
 
+@pytest.mark.cluster
 def test_serve_without_tls_refuses_and_says_how_then_certs_make_a_single_node_work(
         tmp_path: Path) -> None:
     """What a new user types: ``tickwheel serve`` alone is refused (plaintext to anyone is
@@ -120,6 +122,7 @@ def test_flags_override_the_environment_which_overrides_the_toml_file(
         load(config, {})
 
 
+@pytest.mark.cluster
 def test_bad_configuration_names_the_setting(tmp_path: Path) -> None:
     run = tickwheel("serve", "--max-body-bytes", "0", "--data", str(tmp_path))
     assert run.returncode == 2 and "max_body_bytes" in run.stdout
@@ -133,6 +136,7 @@ def test_durations() -> None:
         duration_ms("10 parsecs")
 
 
+@pytest.mark.cluster
 def test_the_demo_kills_the_leader_and_every_message_still_arrives(tmp_path: Path) -> None:
     demo = subprocess.run([sys.executable, "-m", "tickwheel.harness.demo", "--messages", "30",
                            "--span-s", "3", "--data", str(tmp_path / "demo")],

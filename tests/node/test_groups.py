@@ -22,6 +22,8 @@ from tickwheel.client import (
 )
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
 
+pytestmark = pytest.mark.cluster
+
 
 def take(client: Client, name: str, count: int, group: str = "", ack: bool = True) -> list:
     got = []

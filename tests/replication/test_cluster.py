@@ -19,6 +19,8 @@ from tickwheel.node.serve import EXIT_STORAGE
 from tickwheel.replication.raft import journal_first_index
 from tickwheel.v1 import tickwheel_pb2 as pb
 
+pytestmark = pytest.mark.cluster
+
 AckingConsumer = Callable[[LocalCluster], object]
 
 

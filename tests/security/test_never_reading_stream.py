@@ -18,12 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import pytest
 
 from tickwheel.client import Client, Message
 from tickwheel.client.credentials import open_channel
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.cluster
 
 BUDGET = 16 << 20
 """The group's in-flight bytes (``--max-inflight-bytes``)."""
