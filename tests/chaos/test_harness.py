@@ -21,6 +21,7 @@ from tickwheel.chaos.proxy import RaftMesh
 from tickwheel.harness.local_cluster import (
     EPHEMERAL_PORTS,
     LOWEST_PORT,
+    PORT_RANGE_ENV,
     free_ports,
     wait_for,
 )
@@ -71,6 +72,18 @@ def test_the_nodes_ports_are_free_and_never_ones_an_outgoing_connection_could_ta
     for port in ports:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+def test_the_ports_keep_to_the_range_a_parallel_test_worker_is_given(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    first_ephemeral = int(EPHEMERAL_PORTS.read_text().split()[0])
+    monkeypatch.setenv(PORT_RANGE_ENV, f"{LOWEST_PORT + 100}-{LOWEST_PORT + 199}")
+    assert all(LOWEST_PORT + 100 <= port < LOWEST_PORT + 200 for port in free_ports(40))
+    for named in ("20000", "low-high", f"{LOWEST_PORT - 10}-{LOWEST_PORT + 10}",
+                  f"{first_ephemeral - 10}-{first_ephemeral + 10}", "20010-20000"):
+        monkeypatch.setenv(PORT_RANGE_ENV, named)
+        with pytest.raises(ValueError, match=PORT_RANGE_ENV):
+            free_ports(1)
 
 
 def test_the_mesh_keeps_pysyncobj_dialling_order_and_cuts_and_heals_links() -> None:
