@@ -6,6 +6,7 @@ starts a process (a node, the CLI, a JVM, a client in a subprocess) must carry i
 ``pytest -m "not cluster"`` (``make check``) is the set that starts none.
 """
 
+import json
 import multiprocessing.util
 import os
 import sys
@@ -17,7 +18,12 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tickwheel.chaos.storage import MountFailed, mount_disk, unmount_disk
-from tickwheel.harness.local_cluster import AckingConsumer, LocalCluster
+from tickwheel.harness.local_cluster import (
+    PORT_RANGE_ENV,
+    AckingConsumer,
+    LocalCluster,
+    port_range,
+)
 from tickwheel.node import dev_credentials
 from tickwheel.node.dev_credentials import DevCredentials
 
@@ -104,6 +110,45 @@ def _refusing_unmarked_starts(item: pytest.Item) -> Iterator[None]:
         pytest.fail(f"{item.nodeid} is not marked {CLUSTER} and started a process:\n"
                     + "\n".join(started), pytrace=False)
     return result
+
+
+FIXED_PORTS_FROM = json.loads((Path(__file__).parent / "fixtures" / "upgrade" / "expected.json")
+                              .read_text())["base_port"]
+"""The lowest port a test binds by number: the upgrade fixture's data folder names its node's
+addresses (27400 and up); test_cluster_up picks higher ones still."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A parallel worker (pytest-xdist) takes a slice of its own of the ports `free_ports`
+    picks, below the fixed ones, so that two workers never pick one port: a node binds its
+    ports seconds after they are picked, and again when it restarts."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if worker is None or count == 0:
+        return
+    usable = port_range()
+    width = (min(usable.stop, FIXED_PORTS_FROM) - usable.start) // count
+    first = usable.start + width * int(worker.removeprefix("gw"))
+    os.environ[PORT_RANGE_ENV] = f"{first}-{first + width - 1}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A cluster test that shares a fixture wider than itself (a module's cluster, Spark) runs
+    on its module's worker (``--dist loadgroup``), so that the fixture starts its processes
+    once; every other test goes to whichever worker is free."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker(CLUSTER) is not None and _shares_a_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def _shares_a_fixture(item: pytest.Item) -> bool:
+    """Whether ``item`` uses a fixture of the tests (not pytest's) wider than a function."""
+    fixtures = getattr(item, "_fixtureinfo", None)
+    return fixtures is not None and any(
+        definition.scope != "function" and definition.baseid
+        for definitions in fixtures.name2fixturedefs.values() for definition in definitions)
 
 
 LOG_TAIL_LINES = 25
