@@ -132,6 +132,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[PORT_RANGE_ENV] = f"{first}-{first + width - 1}"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A cluster test that shares a fixture wider than itself (a module's cluster, Spark) runs
     on its module's worker (``--dist loadgroup``), so that the fixture starts its processes
