@@ -172,7 +172,7 @@ def test_everything_pending_survives_sigkill_of_all_nodes(
             cluster.signal(node, signal.SIGKILL)
         for node in cluster.nodes:
             cluster.start(node)
-        cluster.leader()
+        cluster.leader(30)  # three processes start before they elect, as in the other restarts
         deliveries = all_delivered(cluster, {m.id for m in batch}, 30)
     assert {d["id"] for d in deliveries} == {m.id for m in batch}
 
