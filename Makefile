@@ -27,10 +27,11 @@ typecheck: $(STAMP)
 	@ln -sfn ../../generated/tickwheel/v1 $(TYPECHECK)/v1
 	$(VENV)/bin/mypy
 
-# The tests run on parallel workers (pytest-xdist; tests/conftest.py gives each worker ports of
-# its own, and keeps the tests that share a module's cluster on one worker).
+# The tests run on parallel workers (pytest-xdist), a file's tests on one worker (so that a
+# module's cluster starts once), files handed out in the order tests/conftest.py sets; each
+# worker picks ports from a range of its own.
 WORKERS ?= 2
-PYTEST  := $(PY) -m pytest -n $(WORKERS) --dist loadgroup
+PYTEST  := $(PY) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: lint
 	$(PYTEST)

@@ -132,24 +132,26 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[PORT_RANGE_ENV] = f"{first}-{first + width - 1}"
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+FIRST_FILES = ("tests/chaos/test_audit.py", "tests/replication/test_simulation.py")
+"""Handed out first to parallel workers. Four Spark JVMs start at once in the audit's tests and
+take the machine for a while: beside them runs the simulation (the longest file that starts no
+process, a minute of CPU), and no test that counts seconds (the chaos scenario, a failover)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A cluster test that shares a fixture wider than itself (a module's cluster, Spark) runs
-    on its module's worker (``--dist loadgroup``), so that the fixture starts its processes
-    once; every other test goes to whichever worker is free."""
-    if not config.pluginmanager.hasplugin("xdist"):
+    """On parallel workers (``--dist loadfile``: a file's tests on one worker, so that its
+    module's cluster or Spark starts once), the files in the order they are handed out:
+    `FIRST_FILES`, the files that start no process, then the rest as collected."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return
-    for item in items:
-        if item.get_closest_marker(CLUSTER) is not None and _shares_a_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    with_processes = {_file(item) for item in items
+                      if item.get_closest_marker(CLUSTER) is not None}
+    items.sort(key=lambda item: (0 if _file(item) in FIRST_FILES
+                                 else 1 if _file(item) not in with_processes else 2))
 
 
-def _shares_a_fixture(item: pytest.Item) -> bool:
-    """Whether ``item`` uses a fixture of the tests (not pytest's) wider than a function."""
-    fixtures = getattr(item, "_fixtureinfo", None)
-    return fixtures is not None and any(
-        definition.scope != "function" and definition.baseid
-        for definitions in fixtures.name2fixturedefs.values() for definition in definitions)
+def _file(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
 
 
 LOG_TAIL_LINES = 25
