@@ -5,8 +5,7 @@ A failure prints its seeds; replay one (or several) with::
 
     .venv/bin/python tests/replication/simulation.py SEED [SEED ...]
 
-``SIMULATION_SEEDS`` sets how many scenarios the main test plays (``make test``: 2,000, in four
-shares).
+``SIMULATION_SEEDS`` sets how many scenarios the main test plays (``make test``: 2,000).
 """
 
 from __future__ import annotations
@@ -21,9 +20,6 @@ import simulation
 from tickwheel.replication import groups, handout
 
 SEEDS = int(os.environ.get("SIMULATION_SEEDS", "2000"))
-SHARES = min(4, SEEDS)
-"""The main test plays the seeds in this many consecutive shares, a test each, so that parallel
-workers split them; each share is held to the totals the whole run is, per seed."""
 
 
 def first_failing_seed(seeds: range) -> tuple[int, list[str]] | None:
@@ -34,18 +30,11 @@ def first_failing_seed(seeds: range) -> tuple[int, list[str]] | None:
     return None
 
 
-SHARE_SEEDS = [range(SEEDS * share // SHARES, SEEDS * (share + 1) // SHARES)
-               for share in range(SHARES)]
-
-
-@pytest.mark.parametrize("seeds", SHARE_SEEDS, ids=[f"seeds-{r.start}-{r.stop - 1}"
-                                                    for r in SHARE_SEEDS])
-def test_every_seeded_scenario_loses_nothing_flags_exactly_and_is_never_early(
-        seeds: range) -> None:
+def test_every_seeded_scenario_loses_nothing_flags_exactly_and_is_never_early() -> None:
     failures = {}
     totals = {"scheduled": 0, "delivered": 0, "flagged": 0, "terms": 0, "restarts": 0,
               "cancelled": 0, "rescheduled": 0}
-    for seed in seeds:
+    for seed in range(SEEDS):
         violations, summary = simulation.run(seed)
         if violations:
             failures[seed] = violations[:3]
@@ -53,12 +42,11 @@ def test_every_seeded_scenario_loses_nothing_flags_exactly_and_is_never_early(
             totals[key] += summary[key]
     assert failures == {}, f"failing seeds (replay with simulation.run(seed)): {failures}"
     # the scenarios did exercise what they claim to
-    played = len(seeds)
-    assert totals["terms"] > 1.3 * played, totals  # about a third of the runs change leader
-    assert totals["restarts"] > played / 10, totals  # nodes come back from their files
-    assert totals["delivered"] > totals["scheduled"] > 10 * played, totals
+    assert totals["terms"] > 1.3 * SEEDS, totals  # about a third of the runs change leader
+    assert totals["restarts"] > SEEDS / 10, totals  # nodes come back from their files
+    assert totals["delivered"] > totals["scheduled"] > 10 * SEEDS, totals
     # cancels and reschedules raced the due time and won often enough to prove something
-    assert totals["cancelled"] > played / 4 and totals["rescheduled"] > played / 4, totals
+    assert totals["cancelled"] > SEEDS / 4 and totals["rescheduled"] > SEEDS / 4, totals
 
 
 def test_a_scenario_replays_exactly_from_its_seed() -> None:
