@@ -1,11 +1,12 @@
 # Two commands for a fresh machine: `make demo` and `make test`. Both create .venv and install
 # the project (with its dev extras) from pyproject.toml; nothing needs to be installed by hand.
+# `make check` is the inner loop: `make lint` and the tests that start no process.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck demo bench bench-quick chaos compat lock clean
+.PHONY: test check lint typecheck demo bench bench-quick chaos compat lock clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tickwheel needs Python >= 3.11")'
@@ -26,8 +27,18 @@ typecheck: $(STAMP)
 	@ln -sfn ../../generated/tickwheel/v1 $(TYPECHECK)/v1
 	$(VENV)/bin/mypy
 
+# The tests run on parallel workers (pytest-xdist), a file's tests on one worker (so that a
+# module's cluster starts once), files handed out in the order tests/conftest.py sets; each
+# worker picks ports from a range of its own.
+WORKERS ?= 2
+PYTEST  := $(PY) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: lint
-	$(PY) -m pytest
+	$(PYTEST)
+
+# What starts no process: no node, CLI, JVM or client subprocess (those tests are marked cluster).
+check: lint
+	$(PYTEST) -m "not cluster"
 
 demo: $(STAMP)
 	$(PY) -m tickwheel.harness.demo

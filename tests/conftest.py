@@ -1,18 +1,29 @@
 """Hypothesis profiles: ``ci`` (default) keeps ``make test`` short; ``deep`` searches longer.
 
 Select with ``HYPOTHESIS_PROFILE=deep``. Every failure prints its seed and steps, so it replays.
-Also the fixtures that cluster tests share.
+Also the fixtures that cluster tests share, and the guard of the ``cluster`` marker: a test that
+starts a process (a node, the CLI, a JVM, a client in a subprocess) must carry it, so that
+``pytest -m "not cluster"`` (``make check``) is the set that starts none.
 """
 
+import json
+import multiprocessing.util
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from tickwheel.chaos.storage import MountFailed, mount_disk, unmount_disk
-from tickwheel.harness.local_cluster import AckingConsumer, LocalCluster
+from tickwheel.harness.local_cluster import (
+    PORT_RANGE_ENV,
+    AckingConsumer,
+    LocalCluster,
+    port_range,
+)
 from tickwheel.node.security import dev_credentials
 from tickwheel.node.security.dev_credentials import DevCredentials
 
@@ -21,6 +32,127 @@ settings.register_profile("ci", max_examples=150, stateful_step_count=40, deadli
 settings.register_profile("deep", max_examples=3_000, stateful_step_count=80, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+CLUSTER = "cluster"
+"""The marker of a test that starts processes (registered in pyproject.toml)."""
+
+
+class UnmarkedProcessStart(RuntimeError):
+    """A test without the ``cluster`` marker started, or tried to start, a process."""
+
+
+_started_unmarked: list[str] | None = None
+"""While a test without the marker runs (its setup, call and teardown): what it started."""
+
+PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn",
+                            "os.spawn", "os.system"})
+"""The audit events (sys.audit) of every way Python starts a process: subprocess (with asyncio's
+subprocesses, os.popen, Spark's JVM, the chaos harness), fork (multiprocessing's fork start
+method, pty), posix_spawn, os.spawn* and os.system."""
+
+
+def _refuse_unmarked(what: str) -> None:
+    if _started_unmarked is not None:
+        _started_unmarked.append(what)
+        raise UnmarkedProcessStart(
+            f"{what}\nThis test starts a process: mark it @pytest.mark.{CLUSTER} (a module "
+            f"of such tests: pytestmark = pytest.mark.{CLUSTER}), so that make check, which "
+            f'runs -m "not {CLUSTER}", leaves it out.')
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event in PROCESS_EVENTS:
+        _refuse_unmarked(f"{event}: {str(args)[:300]}")
+
+
+# An audit hook sees a start without replacing the function that starts: the attack tests
+# pickle os.system by name, and a wrapper in its place would not pickle as os.system.
+sys.addaudithook(_audit)
+
+
+def _guarded_spawnv_passfds(path: bytes, args: list[bytes], passfds: tuple[int, ...]) -> int:
+    """multiprocessing's spawn and forkserver start methods: the one way out with no event."""
+    _refuse_unmarked(f"multiprocessing: {str(args)[:300]}")
+    return _spawnv_passfds(path, args, passfds)
+
+
+_spawnv_passfds = multiprocessing.util.spawnv_passfds
+multiprocessing.util.spawnv_passfds = _guarded_spawnv_passfds
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    return (yield from _refusing_unmarked_starts(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    return (yield from _refusing_unmarked_starts(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    return (yield from _refusing_unmarked_starts(item))
+
+
+def _refusing_unmarked_starts(item: pytest.Item) -> Iterator[None]:
+    """One phase of ``item``; if it has no ``cluster`` marker, a process it starts fails it,
+    even one started in a thread that swallowed the error."""
+    global _started_unmarked  # noqa: PLW0603 (what the audit hook reads)
+    if item.get_closest_marker(CLUSTER) is not None:
+        return (yield)
+    _started_unmarked = []
+    try:
+        result = yield
+    finally:
+        started, _started_unmarked = _started_unmarked, None
+    if started:
+        pytest.fail(f"{item.nodeid} is not marked {CLUSTER} and started a process:\n"
+                    + "\n".join(started), pytrace=False)
+    return result
+
+
+FIXED_PORTS_FROM = json.loads((Path(__file__).parent / "fixtures" / "upgrade" / "expected.json")
+                              .read_text())["base_port"]
+"""The lowest port a test binds by number: the upgrade fixture's data folder names its node's
+addresses (27400 and up); test_cluster_up picks higher ones still."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A parallel worker (pytest-xdist) takes a slice of its own of the ports `free_ports`
+    picks, below the fixed ones, so that two workers never pick one port: a node binds its
+    ports seconds after they are picked, and again when it restarts."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if worker is None or count == 0:
+        return
+    usable = port_range()
+    width = (min(usable.stop, FIXED_PORTS_FROM) - usable.start) // count
+    first = usable.start + width * int(worker.removeprefix("gw"))
+    os.environ[PORT_RANGE_ENV] = f"{first}-{first + width - 1}"
+
+
+FIRST_FILES = ("tests/chaos/test_audit.py", "tests/replication/test_simulation.py")
+"""Handed out first to parallel workers. Four Spark JVMs start at once in the audit's tests and
+take the machine for a while: beside them runs the simulation (the longest file that starts no
+process, a minute of CPU), and no test that counts seconds (the chaos scenario, a failover)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On parallel workers (``--dist loadfile``: a file's tests on one worker, so that its
+    module's cluster or Spark starts once), the files in the order they are handed out:
+    `FIRST_FILES`, the files that start no process, then the rest as collected."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return
+    with_processes = {_file(item) for item in items
+                      if item.get_closest_marker(CLUSTER) is not None}
+    items.sort(key=lambda item: (0 if _file(item) in FIRST_FILES
+                                 else 1 if _file(item) not in with_processes else 2))
+
+
+def _file(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
 
 LOG_TAIL_LINES = 25
 """Lines of each node's log a failed test's report shows (the chattiest events left out)."""

@@ -41,12 +41,14 @@ def _import_from_outside(module: str) -> subprocess.CompletedProcess[str]:
                           text=True, check=True)
 
 
+@pytest.mark.cluster
 def test_the_code_folders_are_importable_only_under_tickwheel() -> None:
     for name in ("common", "wheel", "node", "replication", "chaos", "harness", "cli"):
         origin = _import_from_outside(f"tickwheel.{name}").stdout.strip()
         assert Path(origin) == PROJECT / name / "__init__.py"
 
 
+@pytest.mark.cluster
 def test_no_top_level_module_shadows_a_folder_name() -> None:
     for name in ("node", "replication", "chaos", "harness", "cli"):
         assert _import_from_outside(name).stdout.strip() == "absent"
@@ -118,6 +120,7 @@ def test_no_modules_import_each_other() -> None:
     assert circles == []
 
 
+@pytest.mark.cluster
 def test_the_node_face_loads_only_what_is_asked_for() -> None:
     """A benchmark's RocketMQ consumer runs the official client, whose protos clash with the
     node's copy in one process: taking the dev credentials from the node's face must not load

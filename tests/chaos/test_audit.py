@@ -301,6 +301,7 @@ def dirty(commands: object, spark: SparkSession, dirs: dict[str, Path]) -> dict[
     return audit(spark, dirs["dirty"])
 
 
+@pytest.mark.cluster
 def test_message_counts_and_losses(dirty: dict[str, Any]) -> None:
     assert dirty["verdict"] == "dirty"
     assert dirty["messages"] == {"scheduled": 32, "acked": 30, "cancelled": 4, "rescheduled": 0,
@@ -309,6 +310,7 @@ def test_message_counts_and_losses(dirty: dict[str, Any]) -> None:
                                                  "not-pending-0"]}
 
 
+@pytest.mark.cluster
 def test_duplicates_cancels_and_early_receipts(dirty: dict[str, Any]) -> None:
     assert dirty["duplicates"] == {"total": 6, "flagged": 2, "redelivery": 3, "unflagged": 1,
                                    "after_ack": 3}
@@ -319,6 +321,7 @@ def test_duplicates_cancels_and_early_receipts(dirty: dict[str, Any]) -> None:
     assert dirty["false_alarms"] == 0
 
 
+@pytest.mark.cluster
 def test_lateness_is_judged_from_acceptance(spark: SparkSession, dirs: dict[str, Path],
                                             dirty: dict[str, Any]) -> None:
     # First receipts, sorted: -6 -5 10 20 20 25 30 30 30 40 40 40 50 50 60 60 70 70 80 90 100 990.
@@ -330,6 +333,7 @@ def test_lateness_is_judged_from_acceptance(spark: SparkSession, dirs: dict[str,
     assert points == sorted(points)
 
 
+@pytest.mark.cluster
 def test_failover_figures(dirty: dict[str, Any]) -> None:
     first, second = dirty["failovers"]
     assert first == {
@@ -347,6 +351,7 @@ def test_failover_figures(dirty: dict[str, Any]) -> None:
     assert [fault["fault"] for fault in dirty["faults"]] == ["kill", "pause", "partition"]
 
 
+@pytest.mark.cluster
 def test_overrides_of_grace_and_allowed_earliness(spark: SparkSession,
                                                   dirs: dict[str, Path]) -> None:
     summary = audit(spark, dirs["dirty"], grace_ms=0, allowed_early_ms=6)
@@ -355,6 +360,7 @@ def test_overrides_of_grace_and_allowed_earliness(spark: SparkSession,
     assert summary["delivered_early"] == 0
 
 
+@pytest.mark.cluster
 def test_only_what_the_drain_waited_for_can_be_lost(spark: SparkSession,
                                                    tmp_path: Path) -> None:
     # The harness drains until every message due by the end of production (here 90 s) has
@@ -365,6 +371,7 @@ def test_only_what_the_drain_waited_for_can_be_lost(spark: SparkSession,
     assert audit(spark, out)["lost"] == {"count": 1, "ids": ["waited-0"]}
 
 
+@pytest.mark.cluster
 def test_the_command_exits_by_verdict_and_writes_the_report(
         finished: dict[str, tuple[int, str, str]], dirs: dict[str, Path]) -> None:
     for name, expected_code in (("dirty", 1), ("clean", 0)):
@@ -379,6 +386,7 @@ def test_the_command_exits_by_verdict_and_writes_the_report(
     assert "`dup-unflagged-0`" in report
 
 
+@pytest.mark.cluster
 def test_a_clean_run(finished: dict[str, tuple[int, str, str]]) -> None:
     summary = json.loads(finished["clean"][1])
     assert summary["lateness_ms"] == {"p50": 50, "p99": 99, "max": 100}
@@ -396,6 +404,7 @@ def test_a_clean_run(finished: dict[str, tuple[int, str, str]]) -> None:
     assert failover["duplicates"] == {"total": 3, "flagged": 2, "redelivery": 1, "unflagged": 0}
 
 
+@pytest.mark.cluster
 def test_groups_reschedules_and_races(finished: dict[str, tuple[int, str, str]]) -> None:
     code, stdout, stderr = finished["groups"]
     summary = json.loads(stdout)

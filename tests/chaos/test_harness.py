@@ -21,6 +21,7 @@ from tickwheel.chaos.proxy import RaftMesh
 from tickwheel.harness.local_cluster import (
     EPHEMERAL_PORTS,
     LOWEST_PORT,
+    PORT_RANGE_ENV,
     free_ports,
     wait_for,
 )
@@ -71,6 +72,18 @@ def test_the_nodes_ports_are_free_and_never_ones_an_outgoing_connection_could_ta
     for port in ports:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+def test_the_ports_keep_to_the_range_a_parallel_test_worker_is_given(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    first_ephemeral = int(EPHEMERAL_PORTS.read_text().split()[0])
+    monkeypatch.setenv(PORT_RANGE_ENV, f"{LOWEST_PORT + 100}-{LOWEST_PORT + 199}")
+    assert all(LOWEST_PORT + 100 <= port < LOWEST_PORT + 200 for port in free_ports(40))
+    for named in ("20000", "low-high", f"{LOWEST_PORT - 10}-{LOWEST_PORT + 10}",
+                  f"{first_ephemeral - 10}-{first_ephemeral + 10}", "20010-20000"):
+        monkeypatch.setenv(PORT_RANGE_ENV, named)
+        with pytest.raises(ValueError, match=PORT_RANGE_ENV):
+            free_ports(1)
 
 
 def test_the_mesh_keeps_pysyncobj_dialling_order_and_cuts_and_heals_links() -> None:
@@ -137,6 +150,7 @@ def test_a_connection_being_made_when_a_partition_starts_is_cut_too(
             server.server_close()
 
 
+@pytest.mark.cluster
 def test_a_fault_list_outside_the_known_nemeses_is_refused(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "tickwheel.chaos", "run", "--out",
                           str(tmp_path), "--faults", "kill,flood"], capture_output=True,
@@ -150,6 +164,7 @@ STORAGE_FAULTS = ("bitrot", "truncate", "snapshot-rot", "power-cut",
 nodes with --fsync."""
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_failovers_and_storage_faults_lose_nothing_and_flag_every_duplicate(
         tmp_path: Path) -> None:
@@ -190,6 +205,7 @@ def test_failovers_and_storage_faults_lose_nothing_and_flag_every_duplicate(
     assert (out / "audit" / "report.md").exists()
 
 
+@pytest.mark.cluster
 def test_a_healed_partition_does_not_depose_a_healthy_leader(tmp_path: Path) -> None:
     """PreVote: a follower cut off (blackholed: it still counts its peers connected, as in a
     real network partition) for several election timeouts asks before it stands, goes

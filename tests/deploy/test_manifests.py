@@ -1,7 +1,8 @@
 """The container image and the Kubernetes manifests, checked offline.
 
-Each kustomization is rendered (``kubectl kustomize`` when kubectl is on PATH, else the
-stand-in beside this file; with kubectl, both must agree), every object is validated against
+Each kustomization is rendered by the stand-in beside this file (no process: the facts below
+run in ``make check``; with kubectl on PATH, ``kubectl kustomize`` must render the same, and
+renders the README's recipes), every object is validated against
 the Kubernetes OpenAPI schemas that ``kubernetes_validate`` ships (strict: unknown fields are
 errors), and the facts the cluster's safety rests on are asserted one by one.
 """
@@ -79,7 +80,9 @@ def node_container(objects: list[Manifest]) -> Manifest:
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[Manifest]]:
-    return {name: render(K8S / name) for name in KUSTOMIZATIONS}
+    """Each kustomization by the stand-in, which starts no process: with kubectl on PATH,
+    test_the_stand_in_renders_what_kubectl_kustomize_renders holds it to kubectl's output."""
+    return {name: kustomize_lite.render(K8S / name) for name in KUSTOMIZATIONS}
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +105,7 @@ def test_every_object_is_valid_against_the_kubernetes_schemas(
                             f"at {list(error.absolute_path)}")
 
 
+@pytest.mark.cluster
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl is not on PATH")
 def test_the_stand_in_renders_what_kubectl_kustomize_renders() -> None:
     def key(obj: Manifest) -> tuple[str, str]:
@@ -180,6 +184,7 @@ def test_the_disruption_budget_keeps_a_majority_up(rendered: dict[str, list[Mani
             assert replicas - budget["maxUnavailable"] >= replicas // 2 + 1, name
 
 
+@pytest.mark.cluster
 def test_the_five_node_recipe_of_the_readme_renders_a_consistent_cluster(
         tmp_path: Path) -> None:
     overlay = tmp_path / "five"
@@ -509,6 +514,7 @@ def test_pods_may_call_only_their_peers_and_dns(rendered: dict[str, list[Manifes
             assert all("endPort" not in entry for entry in rule["ports"]), name
 
 
+@pytest.mark.cluster
 def test_the_readmes_recipe_moves_metrics_to_another_namespace(tmp_path: Path) -> None:
     readme = (DEPLOY / "README.md").read_text()
     [recipe] = [block for block in re.findall(r"```yaml\n(.*?)```", readme, re.DOTALL)

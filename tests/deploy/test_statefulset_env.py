@@ -178,6 +178,7 @@ def test_without_a_pod_environment_nothing_is_derived(pod_env: pytest.MonkeyPatc
         NodeSettings()
 
 
+@pytest.mark.cluster
 def test_serve_refuses_to_start_as_a_pod_outside_the_set(
         tmp_path: Path, dev_security: DevCredentials) -> None:
     env = {**_clean_environment(), **POD_ENV, **dev_security.node_environment(),
@@ -280,6 +281,7 @@ def _serving(channels: list[grpc.Channel]) -> bool:
         return False
 
 
+@pytest.mark.cluster
 def test_three_pods_with_the_statefulset_environment_form_one_cluster_and_serve(
         tmp_path: Path) -> None:
     """The pods' TLS files and access file come from a Secret's mount in Kubernetes; here

@@ -12,7 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tickwheel.harness.local_cluster import wait_for
+
+pytestmark = pytest.mark.cluster
 
 TICKWHEEL = Path(sys.executable).with_name("tickwheel")
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tickwheel.harness.local_cluster import LocalCluster
 from tickwheel.harness.node_bench import lateness_at
+
+pytestmark = pytest.mark.cluster
 
 
 def test_both_groups_get_every_message_of_one_load_and_report_their_lateness(

@@ -59,6 +59,7 @@ def receive(client: Client, name: str, count: int, **options: object) -> list:
     return got
 
 
+@pytest.mark.cluster
 def test_scheduled_messages_arrive_once_on_time_and_acks_move_the_cursor(
         cluster: LocalCluster, client: Client) -> None:
     name = topic()
@@ -80,6 +81,7 @@ def test_scheduled_messages_arrive_once_on_time_and_acks_move_the_cursor(
              "the cursor to pass the acknowledged messages")
 
 
+@pytest.mark.cluster
 def test_an_unacknowledged_message_comes_back_after_the_visibility_timeout(
         client: Client) -> None:
     name = topic()
@@ -94,6 +96,7 @@ def test_an_unacknowledged_message_comes_back_after_the_visibility_timeout(
     assert [(i, a) for i, a, _ in attempts] == [("once", 1), ("once", 2)]
 
 
+@pytest.mark.cluster
 def test_a_message_whose_consumer_disconnects_goes_to_another_consumer(
         client: Client) -> None:
     name = topic()
@@ -105,6 +108,7 @@ def test_a_message_whose_consumer_disconnects_goes_to_another_consumer(
     assert (again.id, again.attempt) == ("handed-over", 2)
 
 
+@pytest.mark.cluster
 def test_a_cancelled_message_is_never_delivered(client: Client) -> None:
     name = topic()
     due_ms = now_ms() + 1_500
@@ -118,6 +122,7 @@ def test_a_cancelled_message_is_never_delivered(client: Client) -> None:
     assert first.id == "marker"
 
 
+@pytest.mark.cluster
 def test_a_retried_id_is_scheduled_once_and_answers_with_its_first_result(
         client: Client) -> None:
     name = topic()
@@ -148,6 +153,7 @@ BAD_MESSAGES = [
 ]
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize(("field", "change"), BAD_MESSAGES,
                          ids=[f"{f}-{i}" for i, (f, _) in enumerate(BAD_MESSAGES)])
 def test_bad_input_is_invalid_argument_naming_the_field_and_nothing_is_written(
@@ -166,12 +172,14 @@ def test_bad_input_is_invalid_argument_naming_the_field_and_nothing_is_written(
     assert not result.duplicate  # the good message of the rejected request was not written
 
 
+@pytest.mark.cluster
 def test_the_client_library_raises_invalid_argument_with_the_field(client: Client) -> None:
     with pytest.raises(InvalidArgument) as caught:
         client.schedule("bad topic!", b"x", delay_ms=1)
     assert caught.value.field == "messages[0].topic"
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize(("field", "first"), [
     ("subscribe", pb.ReceiveRequest(credit=pb.Credit(credits=1))),
     ("subscribe.topic", pb.ReceiveRequest(subscribe=pb.Subscribe(topic="", credits=1))),
@@ -215,6 +223,7 @@ UNDECODABLE = [  # the method, and what one call sends it: its last request does
 ]
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("on", ["leader", "follower"])
 @pytest.mark.parametrize(("method", "requests"), UNDECODABLE,
                          ids=["Schedule", "ScheduleStream", "Cancel", "ClusterInfo",
@@ -246,6 +255,7 @@ def test_a_request_that_does_not_decode_is_invalid_argument(
         caught.value.details())
 
 
+@pytest.mark.cluster
 def test_a_follower_forwards_every_call_and_names_the_leader(cluster: LocalCluster) -> None:
     leader, other = cluster.leader(), follower(cluster)
     name = topic()
@@ -272,6 +282,7 @@ def test_a_follower_forwards_every_call_and_names_the_leader(cluster: LocalClust
     assert (message.id, message.body) == ("fwd", b"via follower")
 
 
+@pytest.mark.cluster
 def test_overload_is_resource_exhausted_and_writes_nothing(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, size=1, extra_args=("--max-queued-msgs", "1")) as single:
         stub = single.leader().stub
@@ -298,6 +309,7 @@ def test_overload_is_resource_exhausted_and_writes_nothing(tmp_path: Path) -> No
         assert not any(r.duplicate for r in again.results)
 
 
+@pytest.mark.cluster
 def test_a_schedule_stream_answers_in_order_and_refuses_past_its_cap(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, size=1, extra_args=("--max-stream-msgs", "300")) as single:
         stub = single.leader().stub
@@ -312,6 +324,7 @@ def test_a_schedule_stream_answers_in_order_and_refuses_past_its_cap(tmp_path: P
         assert caught.value.details().startswith("messages: a stream carries at most 300")
 
 
+@pytest.mark.cluster
 def test_health_serves_once_there_is_a_leader_and_reflection_lists_the_api(
         cluster: LocalCluster) -> None:
     node = follower(cluster)
@@ -328,6 +341,7 @@ def test_health_serves_once_there_is_a_leader_and_reflection_lists_the_api(
     assert {"tickwheel.v1.Tickwheel", "grpc.health.v1.Health"} <= names
 
 
+@pytest.mark.cluster
 def test_cluster_info_lists_members_and_what_waits_per_topic(
         cluster: LocalCluster, client: Client) -> None:
     name = topic()
@@ -345,6 +359,7 @@ def test_cluster_info_lists_members_and_what_waits_per_topic(
     assert receive(client, name, 1)[0].id == "waiting"
 
 
+@pytest.mark.cluster
 def test_the_asyncio_client_schedules_reschedules_consumes_and_cancels(
         cluster: LocalCluster) -> None:
     name = topic()
@@ -371,6 +386,7 @@ def test_the_asyncio_client_schedules_reschedules_consumes_and_cancels(
     assert cancelled
 
 
+@pytest.mark.cluster
 def test_the_client_retries_across_a_leader_kill_without_scheduling_twice(
         tmp_path: Path) -> None:
     with LocalCluster(tmp_path) as fresh, fresh.client(timeout_s=60) as client:
@@ -403,6 +419,7 @@ def test_the_client_retries_across_a_leader_kill_without_scheduling_twice(
     assert not any(m.possible_duplicate for m in got)
 
 
+@pytest.mark.cluster
 def test_a_new_leader_flags_exactly_the_leases_left_unacknowledged(tmp_path: Path) -> None:
     """One message stays unacknowledged when the leader is killed; the 19 acknowledged after
     it are done in the log. The new leader re-sends only the one, flagged (its lease was
@@ -439,6 +456,7 @@ def test_a_new_leader_flags_exactly_the_leases_left_unacknowledged(tmp_path: Pat
     assert not any(m.possible_duplicate for m in late)
 
 
+@pytest.mark.cluster
 def test_a_consumer_survives_its_node_stopping_gracefully(tmp_path: Path) -> None:
     """SIGTERM (a rolling restart) stops the node's server with a grace period, after which
     the streams still open are cut (gRPC says UNAVAILABLE here): the consumer reconnects to
@@ -505,6 +523,7 @@ def wait_pending(nodes: list[LocalNode], expected: dict[str, int], what: str) ->
              f"every node to count {expected} pending ({what})")
 
 
+@pytest.mark.cluster
 def test_pending_per_topic_is_replicated_falls_with_cancels_and_acks_and_survives_restarts(
         tmp_path: Path) -> None:
     with LocalCluster(tmp_path, extra_args=("--snapshot-min-entries", "20"),

@@ -30,6 +30,7 @@ def tickwheel(*args: str, timeout_s: float = 60, env: dict | None = None,
                           env={**clean, "COLUMNS": "200", **(env or {})})
 
 
+@pytest.mark.cluster
 def test_schedule_consume_reschedule_cancel_and_status_against_a_cluster(tmp_path: Path) -> None:
     with LocalCluster(tmp_path / "cluster") as cluster:
         target = ",".join(n.grpc_address for n in cluster.nodes)
@@ -64,6 +65,7 @@ def test_schedule_consume_reschedule_cancel_and_status_against_a_cluster(tmp_pat
         assert bad.returncode == 1 and "messages[0].topic" in bad.stdout
 
 
+@pytest.mark.cluster
 def test_serve_without_tls_refuses_and_says_how_then_certs_make_a_single_node_work(
         tmp_path: Path) -> None:
     """What a new user types: ``tickwheel serve`` alone is refused (plaintext to anyone is
@@ -121,6 +123,7 @@ def test_flags_override_the_environment_which_overrides_the_toml_file(
         load(config, {})
 
 
+@pytest.mark.cluster
 def test_bad_configuration_names_the_setting(tmp_path: Path) -> None:
     run = tickwheel("serve", "--max-body-bytes", "0", "--data", str(tmp_path))
     assert run.returncode == 2 and "max_body_bytes" in run.stdout
@@ -134,6 +137,7 @@ def test_durations() -> None:
         duration_ms("10 parsecs")
 
 
+@pytest.mark.cluster
 def test_the_demo_kills_the_leader_and_every_message_still_arrives(tmp_path: Path) -> None:
     demo = subprocess.run([sys.executable, "-m", "tickwheel.harness.demo", "--messages", "30",
                            "--span-s", "3", "--data", str(tmp_path / "demo")],
@@ -167,6 +171,7 @@ def test_request_memory_that_cannot_hold_one_request_or_a_share_above_the_whole_
         NodeSettings(max_concurrent_rpcs=100, max_principal_rpcs=200)
 
 
+@pytest.mark.cluster
 def test_token_prints_access_file_lines_that_load(tmp_path: Path) -> None:
     """What ``tickwheel token`` tells the user to paste is a valid principal of that token."""
     made = tickwheel("token", "--name", "orders-service")

@@ -22,6 +22,8 @@ from tickwheel.client import (
 )
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
 
+pytestmark = pytest.mark.cluster
+
 
 def take(client: Client, name: str, count: int, group: str = "", ack: bool = True) -> list:
     got = []
@@ -194,7 +196,10 @@ def test_reschedule_moves_messages_later_and_to_now_and_a_repeat_moves_nothing(
     assert got["later"].deliver_at_ms == new_due
     assert got["later"].delivered_at_ms >= new_due  # not at its old time, 2.5 s earlier
     assert not any(m.possible_duplicate for m in got.values())
-    # done now: acked; the handle still answers, and says so
+    # done now: acked (an ack is a replicated command of its own: wait until it is applied);
+    # the handle still answers, and says so
+    wait_for(lambda: not any(g.leased for g in client.cluster_info().groups if g.topic == name),
+             10, "the three acks applied")
     assert client.reschedule([later.handle, kept.handle], delay_ms=0) == [
         Rescheduled(RescheduleOutcome.NOT_PENDING, 0)] * 2
 
@@ -237,8 +242,14 @@ def test_a_reschedule_racing_the_due_time_delivers_each_message_once_at_the_time
     consumer.start()
     new_due = due_ms + 2_000
     # the leader readies a message up to lead_ms (20 ms) before it is due: start before that,
-    # so the first reschedules win and the later ones race the hand-out and the due time
-    while now_ms() < due_ms - 30:
+    # by twice what a reschedule takes on this machine now (a loaded machine's answers are
+    # slower), so the first reschedules win and the later ones race the hand-out and the due
+    # time
+    probe = client.schedule(topic(), b"probe", delay_ms=3_600_000)
+    sent_ms = now_ms()
+    client.reschedule([probe.handle], delay_ms=3_600_000)
+    answer_ms = now_ms() - sent_ms
+    while now_ms() < due_ms - 30 - 2 * answer_ms:
         time.sleep(0.001)
     outcomes = {}
     for start in range(0, 300, 100):

@@ -4,6 +4,7 @@ audit expects, whatever the id holds."""
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -74,6 +75,7 @@ def test_a_journal_of_zero_bytes_writes_nothing(tmp_path: Path) -> None:
     assert files(tmp_path) == []
 
 
+@pytest.mark.cluster
 def test_a_node_keeps_its_journal_under_journal_max_bytes(tmp_path: Path) -> None:
     """The setting reaches the node: a real one, given 8 KiB, rotates its journal while it
     delivers 300 messages (ten requests of 30) and keeps the latest of them within the

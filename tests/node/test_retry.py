@@ -18,6 +18,8 @@ from tickwheel.client import Client, Consumer, Message, Received
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
 from tickwheel.node.delivery.levels import DEFAULT_LEVELS, parse_levels
 
+pytestmark = pytest.mark.cluster
+
 HOUR_MS = 3_600_000
 LADDER_LEVELS_MS = (1_000, 2_000, 3_000)
 LADDER = ("--delay-levels", "1s 2s 3s", "--retry-start-level", "1", "--max-attempts", "4")

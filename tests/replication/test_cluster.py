@@ -19,6 +19,8 @@ from tickwheel.node.serve import EXIT_STORAGE
 from tickwheel.replication.raft import journal_first_index
 from tickwheel.v1 import tickwheel_pb2 as pb
 
+pytestmark = pytest.mark.cluster
+
 AckingConsumer = Callable[[LocalCluster], object]
 
 
@@ -170,7 +172,7 @@ def test_everything_pending_survives_sigkill_of_all_nodes(
             cluster.signal(node, signal.SIGKILL)
         for node in cluster.nodes:
             cluster.start(node)
-        cluster.leader()
+        cluster.leader(30)  # three processes start before they elect, as in the other restarts
         deliveries = all_delivered(cluster, {m.id for m in batch}, 30)
     assert {d["id"] for d in deliveries} == {m.id for m in batch}
 

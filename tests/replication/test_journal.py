@@ -84,6 +84,7 @@ def test_compaction_keeps_the_tail_and_the_journal_goes_on_from_there(tmp_path: 
     reopened._destroy()
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("journal_class", [AtomicJournal, MsyncJournal])
 def test_a_process_killed_while_compacting_leaves_the_old_journal_or_the_new_whole(
         tmp_path: Path, journal_class: type[FileJournal]) -> None:
@@ -104,6 +105,7 @@ def test_a_process_killed_while_compacting_leaves_the_old_journal_or_the_new_who
         assert found in (old, new), (attempt, found[:1], found[-1:], len(found))
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("journal_class", [AtomicJournal, MsyncJournal])
 def test_a_full_disk_refuses_the_entry_and_keeps_every_entry_before_it(
         small_disk: Callable[[str, str], Path], journal_class: type[FileJournal]) -> None:

@@ -15,11 +15,14 @@ from collections import Counter
 from pathlib import Path
 
 import grpc
+import pytest
 
 from tickwheel.chaos.storage import power_cut
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
 from tickwheel.replication.raft import SyncLedger
 from tickwheel.v1 import tickwheel_pb2 as pb
+
+pytestmark = pytest.mark.cluster
 
 BATCH = 10
 

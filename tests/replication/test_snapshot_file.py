@@ -62,6 +62,7 @@ def test_a_snapshot_of_the_previous_build_without_a_check_still_reads(tmp_path: 
     assert read_snapshot(str(path)) == (MANIFEST, RAFT_TAIL)
 
 
+@pytest.mark.cluster
 def test_the_previous_build_reads_this_builds_snapshot(tmp_path: Path) -> None:
     """A rolling upgrade: a new leader sends its snapshot to a follower not yet upgraded."""
     previous = tmp_path / "previous"

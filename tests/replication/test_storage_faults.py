@@ -14,11 +14,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tickwheel.chaos.storage import flip
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.replication.raft import read_snapshot
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.wheel.format import UNIT_SIZE
+
+pytestmark = pytest.mark.cluster
 
 SCHEDULED, CANCELLED = 2_000, 200
 

@@ -27,6 +27,8 @@ from tickwheel.harness.local_cluster import (
     wait_for,
 )
 
+pytestmark = pytest.mark.cluster
+
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "upgrade"
 PREVIOUS_WHEEL = FIXTURE / "tickwheel-a782c5f.whl"
 DAY_MS = 86_400_000

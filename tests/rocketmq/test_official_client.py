@@ -25,6 +25,8 @@ import pytest
 
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode
 
+pytestmark = pytest.mark.cluster
+
 HERE = Path(__file__).parent
 DRIVERS = {"python": [sys.executable, str(HERE / "official_client.py")],
            "node": ["node", str(HERE / "node" / "official_client.mjs")]}

@@ -19,6 +19,8 @@ from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.rocketmq.v2 import service_pb2 as svc
 from tickwheel.rocketmq.v2 import service_pb2_grpc as svc_grpc
 
+pytestmark = pytest.mark.cluster
+
 TOPIC = "parcels"
 Code = rmq.Code
 

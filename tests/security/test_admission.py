@@ -28,6 +28,8 @@ from tickwheel.client.credentials import open_channel
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode
 from tickwheel.v1 import tickwheel_pb2 as pb
 
+pytestmark = pytest.mark.cluster
+
 PRINCIPALS = {"tenant": [{"actions": ["schedule", "cancel", "consume"], "topics": ["tenant"]}]}
 READ_TIMEOUT_MS = 2_000
 """The node's ``--request-read-timeout-ms`` here (10 s by default), to keep the test short."""

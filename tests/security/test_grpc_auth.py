@@ -31,6 +31,8 @@ from tickwheel.node.security.identity import PEER_KEY, PRINCIPAL_KEY
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
+pytestmark = pytest.mark.cluster
+
 PRINCIPALS = {
     "orders": [{"actions": ["schedule", "cancel"], "topics": ["orders"]},
                {"actions": ["consume"], "topics": ["orders"], "groups": ["billing"]}],

@@ -26,6 +26,8 @@ from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
+pytestmark = pytest.mark.cluster
+
 MAX_TOPIC_LABELS = 50
 FORGED = "2026-11-23 23:59:59,000 CRITICAL tickwheel.replication event=replica_fatal forged=1"
 

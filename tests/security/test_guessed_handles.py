@@ -12,6 +12,8 @@ import pytest
 from tickwheel.client import CancelOutcome, InvalidArgument, Message
 from tickwheel.harness.local_cluster import LocalCluster
 
+pytestmark = pytest.mark.cluster
+
 
 def test_neighbours_of_a_known_handle_cancel_nothing_and_handles_outlive_a_full_stop(
         tmp_path: Path) -> None:

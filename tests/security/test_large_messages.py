@@ -175,6 +175,7 @@ def follower(cluster: LocalCluster) -> LocalNode:
     return next(node for node in cluster.nodes if node is not leader)
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("name", SETS)
 def test_the_client_librarys_consumer_gets_each_message_once(cluster: LocalCluster,
                                                              name: str) -> None:
@@ -183,6 +184,7 @@ def test_the_client_librarys_consumer_gets_each_message_once(cluster: LocalClust
         consume(client.consume(message_set.topic), message_set, tally)
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("name", SETS)
 def test_a_consumer_holding_1000_credits_gets_each_message_once(cluster: LocalCluster,
                                                                 name: str) -> None:
@@ -214,6 +216,7 @@ def consume(consumer: Consumer, message_set: MessageSet, tally: Tally) -> None:
             timer.cancel()
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("name", SETS)
 def test_a_raw_stream_through_a_follower_asking_100_credits_gets_each_message_once(
         cluster: LocalCluster, name: str) -> None:
@@ -253,6 +256,7 @@ def stream(node: LocalNode, message_set: MessageSet, tally: Tally, deadline_s: f
             call.cancel()
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("name", SETS)
 def test_receiving_without_a_stream_gets_each_message_once(cluster: LocalCluster,
                                                            name: str) -> None:
@@ -273,6 +277,7 @@ def test_receiving_without_a_stream_gets_each_message_once(cluster: LocalCluster
                 client.ack_receipts(message_set.topic, RECEIVE, [m.receipt for m in batch])
 
 
+@pytest.mark.cluster
 def test_a_rocketmq_simple_consumer_at_a_follower_gets_each_4_mib_message_once(
         cluster: LocalCluster) -> None:
     """RocketMQ 5's official Python client, unchanged, asking 16 messages a call (its

@@ -27,11 +27,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from tickwheel.client import Client, Message
 from tickwheel.client.credentials import open_channel
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.cluster
 
 BODY = 256 << 10
 COUNT = 800

@@ -36,6 +36,8 @@ from tickwheel.node.security import dev_credentials
 from tickwheel.replication.raft import link_protocol as protocol
 from tickwheel.v1 import tickwheel_pb2 as pb
 
+pytestmark = pytest.mark.cluster
+
 RAFT_TIMEOUT_S = 20.0
 
 
