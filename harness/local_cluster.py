@@ -117,6 +117,15 @@ def ensure_secret(path: Path) -> Path:
     return path
 
 
+POLLING_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", 500))
+"""The channel the harness polls a node through (`LocalNode.stub`): nodes start, restart and
+die under it. With gRPC's own reconnect backoff (1 s, then 1.6 times longer up to 120 s), a
+channel opened while its node was still starting went on failing for seconds after the node
+served: 5 s for a node that took 9 s to start on a loaded machine, and `LocalCluster.leader`
+timed out with a leader elected."""
+
+
 @dataclass
 class LocalNode:
     raft: str
@@ -142,7 +151,7 @@ class LocalNode:
     @property
     def stub(self) -> pb_grpc.TickwheelStub:
         if self._channel is None:
-            self._channel = open_channel(self.grpc_address, self.credentials, ())
+            self._channel = open_channel(self.grpc_address, self.credentials, POLLING_OPTIONS)
         return pb_grpc.TickwheelStub(self._channel)
 
     @property

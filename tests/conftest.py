@@ -1,9 +1,10 @@
 """Hypothesis profiles: ``ci`` (default) keeps ``make test`` short; ``deep`` searches longer.
 
 Select with ``HYPOTHESIS_PROFILE=deep``. Every failure prints its seed and steps, so it replays.
-Also the fixtures that cluster tests share, and the guard of the ``cluster`` marker: a test that
+Also the fixtures that cluster tests share; the guard of the ``cluster`` marker: a test that
 starts a process (a node, the CLI, a JVM, a client in a subprocess) must carry it, so that
-``pytest -m "not cluster"`` (``make check``) is the set that starts none.
+``pytest -m "not cluster"`` (``make check``) is the set that starts none; and what parallel
+workers (pytest-xdist, ``make test``) need: ports of their own, files handed out in order.
 """
 
 import json

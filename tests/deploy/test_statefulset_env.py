@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from tickwheel.client import Client, Credentials
 from tickwheel.client.credentials import open_channel
-from tickwheel.harness.local_cluster import free_ports, wait_for
+from tickwheel.harness.local_cluster import free_ports, port_range, wait_for
 from tickwheel.node.security import dev_credentials
 from tickwheel.node.security.dev_credentials import DevCredentials
 from tickwheel.node.settings import statefulset
@@ -225,9 +225,12 @@ def _statefulset_environment(ordinal: int, namespace: str,
 
 
 def _consecutive_free_ports(count: int, tries: int = 50) -> int:
-    """The first of ``count`` consecutive ports that are free on 127.0.0.1 right now."""
+    """The first of ``count`` consecutive ports that are free on 127.0.0.1 right now, all in
+    `port_range` (a parallel worker's own)."""
     for _ in range(tries):
         first = free_ports(1)[0]
+        if first + count - 1 not in port_range():
+            continue
         sockets = [socket.socket() for _ in range(count)]
         try:
             for offset, sock in enumerate(sockets):
