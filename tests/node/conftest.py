@@ -13,7 +13,7 @@ from tickwheel.harness.local_cluster import LocalCluster
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("cluster")) as started:
-        started.leader()
+        started.leader(timeout_s=30)  # three fresh processes, while another worker runs
         yield started
 
 
