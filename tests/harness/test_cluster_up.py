@@ -36,7 +36,10 @@ def start_cluster_up(tmp_path: Path, base_port: int, *flags: str
 
 
 def port_is_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` now (as servers do, past connections of the
+    last one still in TIME_WAIT)."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:
