@@ -145,6 +145,8 @@ class RaftNode:
         self._pre_vote = PreVote(self._core, len(peers), config.election_min_ms)
         self._core._SyncObj__transport.setOnMessageReceivedCallback(self._on_message)
         self._notifier = PipeNotifier(self._core._poller)
+        self._woken = False
+        """A wake's byte is in the pipe, or the tick it ends has not returned yet."""
         self._sent_through: tuple[int, int] = (0, 0)
         """(index, term) of the last entry in the log at this leader's latest send."""
         self._core.addOnTickCallback(self._send_new_entries)
@@ -155,9 +157,15 @@ class RaftNode:
         """`doTick`, with the PreVote round in front of pysyncobj's election."""
         self._pre_vote.before_tick()
         self._core.doTick(wait_s)
+        self._woken = False
 
     def wake(self) -> None:
-        self._notifier.notify()
+        """Once per tick at most: what other threads queue before the tick returns is read by
+        the step that follows it (`RaftPort.wake`), so a second byte in the pipe would only
+        cost a write here and a turn there."""
+        if not self._woken:
+            self._woken = True
+            self._notifier.notify()
 
     def propose(self, command: bytes, on_result: OnResult) -> None:
         self._core.command(command, callback=lambda result, reason: on_result(

@@ -174,6 +174,25 @@ def test_a_leader_sends_what_one_step_proposed_in_one_append_entries_per_followe
             node.close()
 
 
+def test_wakes_before_a_tick_returns_write_the_pipe_once(tmp_path: Path) -> None:
+    node, _ = _counting_node(tmp_path, RaftConfig())
+    try:
+        _ticking(node, node.is_leader, "a node alone to lead")
+        writes: list[None] = []
+        notify = node._notifier.notify
+        node._notifier.notify = lambda: (writes.append(None), notify())[-1]
+        for _ in range(3):
+            node.wake()
+        assert len(writes) == 1
+        started = time.monotonic()
+        node.tick(5.0)
+        assert time.monotonic() - started < 2.5  # the one byte ended the wait
+        node.wake()
+        assert len(writes) == 2  # after the tick returned, a wake writes again
+    finally:
+        node.close()
+
+
 def test_a_node_with_peers_and_no_secret_does_not_start(tmp_path: Path) -> None:
     with pytest.raises(InsecureCluster):
         RaftNode("127.0.0.1:1", ["127.0.0.1:2"], tmp_path, RaftConfig(), bytes,
