@@ -196,6 +196,9 @@ class Leadership:
 
     def _sleep_s(self, now_ms: int, delivered: int) -> float:
         dispatch = self._config.dispatch
+        if (self.planner is not None and self.planner.waiting
+                and self._requests.consumer_ops_queued):
+            return 0.0  # credits queued unwoken while this step found messages waiting
         if (delivered >= dispatch.max_take_msgs
                 and self.dispatcher.unapplied < dispatch.max_unapplied_msgs):
             return 0.0  # a backlog: take the next step at once

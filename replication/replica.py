@@ -226,12 +226,20 @@ class Replica:
         self._requests.consumer_op(lambda planner: planner.join(slot))
 
     def credit(self, key: int, credits: int) -> None:
-        self._requests.consumer_op(lambda planner: planner.credit(key, credits))
+        """More credits for consumer ``key``. The Raft thread is woken for them only while
+        ready messages wait for credits; otherwise the next dispatch step reads them first,
+        which is soon enough (`Planner.waiting`)."""
+        self._requests.consumer_op(lambda planner: planner.credit(key, credits), wake=False)
+        planner = self._leadership.planner  # read after the queueing: see Leadership._sleep_s
+        if planner is None or planner.waiting:
+            self._raft.wake()
 
     def sent(self, key: int, leases: Sequence[LeaseRef], sent_ms: int) -> None:
         """The courier sent these leases' messages at ``sent_ms``: their visibility timeout
-        counts from then (not from the grant, a commit round earlier)."""
-        self._requests.consumer_op(lambda planner: planner.sent(key, leases, sent_ms))
+        counts from then (not from the grant, a commit round earlier). Read at the next turn:
+        nothing waits for it."""
+        self._requests.consumer_op(lambda planner: planner.sent(key, leases, sent_ms),
+                                   wake=False)
 
     def leave(self, key: int) -> None:
         """The consumer's stream closed: its stream leases are released (given back, for

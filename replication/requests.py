@@ -69,9 +69,15 @@ class Requests:
         self._wake()
         return future
 
-    def consumer_op(self, op: Callable[[Planner], None]) -> None:
+    def consumer_op(self, op: Callable[[Planner], None], wake: bool = True) -> None:
+        """A report for the planner, read at the next turn; ``wake`` to make that turn now."""
         self._consumer_ops.append(op)
-        self._wake()
+        if wake:
+            self._wake()
+
+    @property
+    def consumer_ops_queued(self) -> bool:
+        return bool(self._consumer_ops)
 
     def leave(self, key: int) -> None:
         """The consumer's stream closed: its leases are released, or given back (those

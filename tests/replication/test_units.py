@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import random
 from pathlib import Path
 
 import pytest
+from sim_raft import NodeClock, SimCluster, SimRaft, World
 
 from tickwheel.common.errors import InvariantViolation, NotLeader
-from tickwheel.replication import commands
+from tickwheel.replication import ConsumerSlot, Replica, commands
 from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import GroupCommitter
 from tickwheel.replication.outcomes import Accepted, Rejected, Retried
@@ -317,3 +319,56 @@ def test_pending_counts_follow_schedules_cancels_and_the_cursor_and_come_back_fr
     state.close()
 
 
+class _Sink:
+    def __init__(self) -> None:
+        self.delivered: list[object] = []
+
+    def dispatch_started(self, *_: object) -> None:
+        pass
+
+    def deliver(self, deliveries: list[object]) -> None:
+        self.delivered += deliveries
+
+    def expired(self, _: list[object]) -> None:
+        pass
+
+    def dispatch_stopped(self, _: int) -> None:
+        pass
+
+
+def test_reports_that_nothing_waits_for_do_not_wake_the_raft_thread(tmp_path: Path) -> None:
+    world, sink = World(), _Sink()
+    cluster = SimCluster(world, random.Random(0))
+    wakes: list[None] = []
+
+    def raft(address: str, _peers: list[str], raft_dir: Path, _config: object,
+             apply: object, snapshot: tuple) -> SimRaft:
+        node = cluster.nodes[address] = SimRaft(cluster, address, raft_dir, apply, snapshot)
+        node.wake = lambda: wakes.append(None)
+        return node
+    replica = Replica("n0", [], tmp_path, sink, fetch=lambda *_: b"", clock=NodeClock(world),
+                      raft=raft)
+
+    def turns(count: int = 3) -> None:
+        for _ in range(count):
+            cluster.replicate()
+            replica.turn(0.0)
+            world.now_s += 0.005
+    cluster.elect("n0")
+    turns()
+    replica.join(ConsumerSlot(1, "t", "", 1, 30_000, 0))
+    now_ms = NodeClock(world).now_ms()
+    replica.schedule([NewMessage(i, "t", b"x", now_ms) for i in "ab"])
+    turns(6)
+    (delivery,) = sink.delivered  # one credit: b waits for the next
+    wakes.clear()
+    replica.sent(1, [delivery.lease], now_ms)
+    assert wakes == []  # read at the next turn
+    replica.credit(1, 1)
+    assert len(wakes) == 1  # b waits for it
+    turns(6)
+    assert len(sink.delivered) == 2
+    wakes.clear()
+    replica.credit(1, 1)
+    assert wakes == []  # nothing waits: the next dispatch step reads it first
+    replica.stop()
