@@ -186,7 +186,7 @@ class Courier:
         if not leases:
             return 0
         try:
-            future = self._replica.ack(leases)
+            future = self._replica.ack(leases, wake=False)  # nobody waits for the answer
         except TickwheelError as error:
             log.warning("event=ack_failed consumer=%r leases=%d error=%r", consumer.name,
                         len(leases), error)

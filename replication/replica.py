@@ -193,10 +193,13 @@ class Replica:
         return self._requests.handle_op(command, None if may is None else (
             lambda: self._state.refused_topic(handles, field, may)))
 
-    def ack(self, leases: Sequence[LeaseRef]) -> Applied:
+    def ack(self, leases: Sequence[LeaseRef], wake: bool = True) -> Applied:
         """Acknowledge leased messages: the future gets, per lease, whether it was a genuine
-        current lease (then the message is done in its group; else nothing changed)."""
-        return self._lease_op(LeaseOp.ACK, leases)
+        current lease (then the message is done in its group; else nothing changed). Without
+        ``wake`` the acks go with the next turn's commands (the next dispatch step while
+        messages come due; at most ``cursor_sync_ms`` later when none do): for a caller
+        that does not wait for the answer, an ack is then not a Raft round of its own."""
+        return self._lease_op(LeaseOp.ACK, leases, wake=wake)
 
     def release(self, leases: Sequence[LeaseRef]) -> Applied:
         """End leases early: their messages are ready again for their groups."""
@@ -262,9 +265,9 @@ class Replica:
         return self._state.groups
 
     def _lease_op(self, op: LeaseOp, leases: Sequence[LeaseRef],
-                  deadlines_ms: Sequence[int] = ()) -> Applied:
+                  deadlines_ms: Sequence[int] = (), wake: bool = True) -> Applied:
         self._require_leader()
-        return self._requests.lease_op(op, leases, deadlines_ms)
+        return self._requests.lease_op(op, leases, deadlines_ms, wake)
 
     def _group_op(self, create: bool, topic: str, name: str) -> Applied:
         self._require_leader()

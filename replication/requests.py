@@ -55,12 +55,15 @@ class Requests:
         return future
 
     def lease_op(self, op: LeaseOp, leases: Sequence[LeaseRef],
-                 deadlines_ms: Sequence[int] = ()) -> Applied:
+                 deadlines_ms: Sequence[int] = (), wake: bool = True) -> Applied:
+        """Queue a change of leases; ``wake`` to propose it now rather than at the next
+        turn."""
         future: Applied = Future()
         if len(self._lease_ops[op]) >= self._max_queued:
             raise Overloaded("max_queued_msgs")
         self._lease_ops[op].append((list(leases), list(deadlines_ms), future))
-        self._wake()
+        if wake:
+            self._wake()
         return future
 
     def group_op(self, create: bool, topic: str, name: str) -> Applied:

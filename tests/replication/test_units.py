@@ -363,6 +363,7 @@ def test_reports_that_nothing_waits_for_do_not_wake_the_raft_thread(tmp_path: Pa
     (delivery,) = sink.delivered  # one credit: b waits for the next
     wakes.clear()
     replica.sent(1, [delivery.lease], now_ms)
+    replica.ack([delivery.lease], wake=False)
     assert wakes == []  # read at the next turn
     replica.credit(1, 1)
     assert len(wakes) == 1  # b waits for it
@@ -371,4 +372,6 @@ def test_reports_that_nothing_waits_for_do_not_wake_the_raft_thread(tmp_path: Pa
     wakes.clear()
     replica.credit(1, 1)
     assert wakes == []  # nothing waits: the next dispatch step reads it first
+    replica.ack([sink.delivered[1].lease])
+    assert len(wakes) == 1  # a caller waits for this answer
     replica.stop()
