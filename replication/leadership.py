@@ -2,8 +2,9 @@
 
 A new leader proposes a *barrier* (a cursor command that moves nothing); once it is applied,
 every entry of earlier terms is applied too, and dispatch starts from the replicated cursor.
-While the Raft lease holds, each step takes what comes due by ``now + lead_ms`` from the wheel
-and proposes one *handout*: those messages readied for their consumer groups, and leases
+While the Raft lease holds, a step comes when the first message not yet taken is due within
+``min_lead_ms``; it takes what comes due by ``now + lead_ms`` from the wheel and proposes one
+*handout*: those messages readied for their consumer groups, and leases
 granted to consumers with credits (`tickwheel.replication.handout`); once it is applied, the
 granted messages go to the sink. Leases whose deadline passed go to the sink to be retried.
 Every ``cursor_sync_ms`` the cursor is proposed if it moved. A node that stops leading ends
@@ -97,7 +98,7 @@ class Leadership:
         if not self.dispatcher.active or self._clock.monotonic_s() >= self._lease_until_s:
             return self._config.raft.heartbeat_ms / 1000
         lead_until_ms = now_ms + self._config.dispatch.lead_ms
-        taken = self._take_due(lead_until_ms)
+        taken = self._take_due(now_ms, lead_until_ms)
         self._hand_out(taken, now_ms, lead_until_ms)
         self._sync_cursor(now_ms)
         return self._sleep_s(now_ms, len(taken))
@@ -160,17 +161,21 @@ class Leadership:
             log.error("event=ready_message_unreadable handle=%d error=%r", handle, str(error))
             return None
 
-    def _take_due(self, until_ms: int) -> list[DueMessage]:
-        """Messages due by ``until_ms``, at most once per ``dispatch_interval_ms`` unless a
-        backlog fills whole steps."""
+    def _take_due(self, now_ms: int, until_ms: int) -> list[DueMessage]:
+        """Messages due by ``until_ms``, once the first of them is due within
+        ``min_lead_ms``: a step costs about the same whether it carries one message or fifty
+        (a handout, its Raft round on every replica, the hand-over to the event loop), so
+        the messages that came within ``lead_ms`` since the last step go together."""
         now_s = self._clock.monotonic_s()
         if now_s < self._next_dispatch_s:
             return []
-        deliveries = self.dispatcher.take(self._state.wheel, until_ms)
-        if self._state.wheel.damage_held is not None:
+        wheel = self._state.wheel
+        due_ms = wheel.next_due_ms()
+        if due_ms is None or due_ms > now_ms + self._config.dispatch.min_lead_ms:
+            return []
+        deliveries = self.dispatcher.take(wheel, until_ms)
+        if wheel.damage_held is not None:
             self._next_dispatch_s = now_s + DAMAGE_RETRY_S  # nothing passes it meanwhile
-        elif deliveries and len(deliveries) < self._config.dispatch.max_take_msgs:
-            self._next_dispatch_s = now_s + self._config.dispatch_interval_ms / 1000
         return deliveries
 
     def _sync_cursor(self, now_ms: int) -> None:
@@ -205,7 +210,7 @@ class Leadership:
         wait_s = self._config.cursor_sync_ms / 1000
         due_ms = self._state.wheel.next_due_ms()
         if due_ms is not None:
-            due_ms -= dispatch.lead_ms
+            due_ms -= dispatch.min_lead_ms
         if self.planner is not None:
             deadline_ms = self.planner.next_deadline_ms()
             if deadline_ms is not None:
