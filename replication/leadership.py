@@ -59,6 +59,10 @@ class Leadership:
         self._proposed_cursor: Cursor | None = None
         self._last_cursor_sync = 0.0
         self._next_dispatch_s = 0.0
+        self.settled = False
+        """Whether the last step's answer holds until its time if nothing changes: not while
+        a new leader waits for its barrier or for a lease, which answers may bring any
+        turn."""
 
     def may_deliver(self) -> bool:
         """Whether this node still holds its lease (any thread)."""
@@ -84,6 +88,7 @@ class Leadership:
         log.info("event=leadership_lost term=%s dispatched_epoch=%d", self.term,
                  self.dispatcher.epoch)
         self.term = None
+        self.settled = False
         self._lease_until_s = 0.0
         self._sink.dispatch_stopped(self.dispatcher.epoch)
         self.dispatcher.end()
@@ -92,10 +97,16 @@ class Leadership:
         self._requests.fail_all(error)
         self._proposals.fail_all(error)
 
+    def renew_lease(self) -> None:
+        """Read the lease from the answers heard so far (`may_deliver`)."""
+        self._lease_until_s = self._raft.lease_until_s(self._config.raft.lease_ms)
+
     def step(self, now_ms: int) -> float:
         """Dispatch what comes due, under the lease; returns how long the poller may sleep."""
-        self._lease_until_s = self._raft.lease_until_s(self._config.raft.lease_ms)
-        if not self.dispatcher.active or self._clock.monotonic_s() >= self._lease_until_s:
+        self.renew_lease()
+        self.settled = (self.dispatcher.active
+                        and self._clock.monotonic_s() < self._lease_until_s)
+        if not self.settled:
             return self._config.raft.heartbeat_ms / 1000
         lead_until_ms = now_ms + self._config.dispatch.lead_ms
         taken = self._take_due(now_ms, lead_until_ms)

@@ -82,6 +82,14 @@ class Requests:
     def consumer_ops_queued(self) -> bool:
         return bool(self._consumer_ops)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing is queued (any thread may be queueing as this is read: see
+        `RaftPort.wake`)."""
+        return not (self.schedules.queued_msgs or self.retries.queued_msgs or self._handle_ops
+                    or self._group_ops or self._consumer_ops
+                    or any(self._lease_ops.values()))
+
     def leave(self, key: int) -> None:
         """The consumer's stream closed: its leases are released, or given back (those
         whose messages were never sent)."""
