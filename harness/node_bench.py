@@ -17,9 +17,16 @@ A 3-node cluster of real processes on 127.0.0.1, 100-byte bodies. Figures:
   decides the rate one leader can carry.
 - ``cluster_cpu_us_per_msg`` at each rate: the same, summed over the three nodes: what a
   message costs the cluster (every replica files, readies, leases and resolves it).
+- ``follower_cpu_us_per_msg`` at each rate: the same for the busier of the two followers.
 - ``clients_cpu_us_per_msg`` at each rate: the same for the producer (this process) and the
   consumer processes. They share the machine with the nodes: at 20,000/s on 2 cores, what the
   clients take is what the cluster cannot have.
+- ``capacity_delivered_per_s``: a lateness run offered more than the cluster carries
+  (``--capacity-rate``, 30,000 due messages a second): the messages divided by the time from
+  the first due time to the last arrival, what the cluster delivers when it is the
+  bottleneck; with the CPU figures above at that load (``..._at_capacity``), the only ones
+  that measure work per message rather than the cost of being awake (below saturation, a
+  figure per message is mostly the fixed cost of a second divided by the rate).
 - ``rocketmq_lateness_p50_ms`` / ``_p99_ms`` / ``_max_ms`` at each of ``--rocketmq-rates``
   (200 and 500 due messages per second): a run as above, on a fresh cluster, with a second
   consumer group beside the native one: ``--rocketmq-consumers`` processes of RocketMQ 5's
@@ -52,8 +59,10 @@ BODY = b"x" * 100
 HOUR_MS = 3_600_000
 LEAD_S = 2.0
 """How long before its due time each message of the lateness runs is scheduled."""
-PHASES = ("schedule", "lateness")
-"""What ``--only`` may pick: the two scheduling figures, or the lateness runs."""
+PHASES = ("schedule", "lateness", "capacity")
+"""What ``--only`` may pick: the two scheduling figures, the lateness runs, or the capacity run."""
+CAPACITY_RATE = 30_000
+"""Due messages a second offered to measure capacity: more than 2 cores carry."""
 MAX_REQUEST_MSGS = 5_000
 """The lateness producer's largest request: after a stall it catches up in several, each
 under the node's ``max_batch_msgs`` (10,000)."""
@@ -143,15 +152,17 @@ def _consume(endpoint: Endpoint, topic: str, received: multiprocessing.Value,
              stop: multiprocessing.Event, results: multiprocessing.Queue) -> None:
     """One consumer process: receive and ack, noting each message's lateness on receipt."""
     lateness: list[float] = []
+    last_arrival_ms = 0.0
     with _client(endpoint, 120) as client:
         consumer = client.consume(topic, prefetch=2_000, name=f"bench-{topic}")
         threading.Thread(target=lambda: (stop.wait(), consumer.close(0.5)), daemon=True).start()
         for message in consumer:
-            lateness.append(time.time_ns() / 1e6 - message.deliver_at_ms)
+            last_arrival_ms = time.time_ns() / 1e6
+            lateness.append(last_arrival_ms - message.deliver_at_ms)
             message.ack()
             with received.get_lock():
                 received.value += 1
-    results.put(lateness)
+    results.put((lateness, last_arrival_ms))
 
 
 RocketMQEndpoint = tuple[str, str, str, str]
@@ -237,7 +248,7 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
     tick_s = 0.01
     leader_pid = cluster.leader().pid
     pids = [node.pid for node in cluster.nodes]
-    leader_cpu_s, cluster_cpu_s = _cpu_s(leader_pid), sum(map(_cpu_s, pids))
+    started_cpu_s = {pid: _cpu_s(pid) for pid in pids}
     client_pids = [process.pid for process in processes + rocketmq_processes]
     clients_cpu_s = time.process_time() + sum(map(_cpu_s, client_pids))
     with _client(_endpoint(cluster), 60) as client:
@@ -256,19 +267,23 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
             else:
                 time.sleep(tick_s)
         behind_s = time.monotonic() - began - seconds
-    wait_for(lambda: received.value >= total, LEAD_S + 60, f"{total} messages to arrive",
-             poll_s=0.1)
+    wait_for(lambda: received.value >= total, LEAD_S + max(60.0, total / 2_000),
+             f"{total} messages to arrive", poll_s=0.1)
     if rocketmq_consumers:
         wait_for(lambda: rocketmq_received.value >= total, 60,
                  f"{total} messages to reach the RocketMQ group", poll_s=0.1)
-    leader_cpu_s = _cpu_s(leader_pid) - leader_cpu_s
-    cluster_cpu_s = sum(map(_cpu_s, pids)) - cluster_cpu_s
+    used_cpu_s = {pid: _cpu_s(pid) - started for pid, started in started_cpu_s.items()}
     clients_cpu_s = time.process_time() + sum(map(_cpu_s, client_pids)) - clients_cpu_s
     stop.set()
-    lateness = sorted(value for _ in processes for value in results.get(timeout=30))
+    arrivals = [results.get(timeout=30) for _ in processes]
+    lateness = sorted(value for values, _ in arrivals for value in values)
+    last_arrival_ms = max(last for _, last in arrivals)
     figures = {**_percentiles("", lateness), "producer_behind_s": round(max(0.0, behind_s), 3),
-               "leader_cpu_us_per_msg": round(1e6 * leader_cpu_s / total, 1),
-               "cluster_cpu_us_per_msg": round(1e6 * cluster_cpu_s / total, 1),
+               "delivered_per_s": round(total / ((last_arrival_ms - first_due_ms) / 1000)),
+               "leader_cpu_us_per_msg": round(1e6 * used_cpu_s[leader_pid] / total, 1),
+               "follower_cpu_us_per_msg": round(1e6 * max(
+                   cpu_s for pid, cpu_s in used_cpu_s.items() if pid != leader_pid) / total, 1),
+               "cluster_cpu_us_per_msg": round(1e6 * sum(used_cpu_s.values()) / total, 1),
                "clients_cpu_us_per_msg": round(1e6 * clients_cpu_s / total, 1)}
     if rocketmq_consumers:
         figures |= _percentiles("rocketmq_", sorted(
@@ -305,6 +320,10 @@ def _percentiles(prefix: str, lateness: list[float]) -> dict:
             f"{prefix}max": round(lateness[-1], 2), f"{prefix}messages": len(lateness)}
 
 
+CPU_FIGURES = ("leader_cpu_us_per_msg", "follower_cpu_us_per_msg", "cluster_cpu_us_per_msg",
+               "clients_cpu_us_per_msg")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
@@ -319,52 +338,81 @@ def main(argv: list[str] | None = None) -> int:
                         help="rates run with a RocketMQ consumer group beside the native one "
                              "(\"\" for none)")
     parser.add_argument("--rocketmq-consumers", type=int, default=2)
+    parser.add_argument("--capacity-rate", type=int, default=CAPACITY_RATE,
+                        help="due messages a second offered to measure capacity (0: none)")
     parser.add_argument("--only", choices=PHASES, help="run one phase (figures keep their keys)")
     parser.add_argument("--insecure-raft", action="store_true",
                         help="Raft links in the clear, to measure what their encryption costs")
     parser.add_argument("--insecure-grpc", action="store_true",
                         help="gRPC in plaintext without tokens, to measure what TLS costs")
     args = parser.parse_args(argv)
-    batched_total = 40_000 if args.quick else 400_000
-    single_s = 2.0 if args.quick else 10.0
-    due_s = 2.0 if args.quick else 10.0
     figures: dict = {"raft_links": "insecure" if args.insecure_raft else "secret",
                      "grpc": "plaintext" if args.insecure_grpc else "tls+token"}
-    secured = {"insecure_raft": args.insecure_raft, "insecure_grpc": args.insecure_grpc}
     with tempfile.TemporaryDirectory(prefix="tickwheel-node-bench-") as root:
         if args.only in (None, "schedule"):
-            with LocalCluster(Path(root) / "schedule", **secured) as cluster:
-                cluster.leader(30)
-                figures["grpc_schedule_msgs_per_s"] = round(schedule_batched(
-                    cluster, batched_total, args.producers, args.threads, args.batch))
-                figures["grpc_schedule_single_per_s"] = round(schedule_single(
-                    cluster, single_s, args.single_threads))
-        rocketmq_rates = {int(r) for r in args.rocketmq_rates.split(",") if r}
-        if rocketmq_rates and (args.insecure_raft or args.insecure_grpc):
-            rocketmq_rates = set()
-            figures["rocketmq"] = "not run: its listener needs TLS and a Raft secret"
-        rates = [] if args.only == "schedule" else sorted(
-            {int(r) for r in args.rates.split(",") if r} | rocketmq_rates)
-        for rate in rates:
-            beside = args.rocketmq_consumers if rate in rocketmq_rates else 0
-            # A fresh cluster per rate: nothing left over from the previous load.
-            with LocalCluster(Path(root) / f"due{rate}", rocketmq=bool(beside),
-                              **secured) as cluster:
-                cluster.leader(30)
-                run = lateness_at(cluster, rate, due_s, args.consumers, beside)
-            for prefix in ("", "rocketmq_") if beside else ("",):
-                for key in ("p50", "p99", "max"):
-                    figures[f"{prefix}lateness_{key}_ms_at_{rate}"] = run[f"{prefix}{key}"]
-            figures[f"producer_behind_s_at_{rate}"] = run["producer_behind_s"]
-            for key in ("leader_cpu_us_per_msg", "cluster_cpu_us_per_msg",
-                        "clients_cpu_us_per_msg"):
-                figures[f"{key}_at_{rate}"] = run[key]
+            figures |= _schedule_phase(Path(root) / "schedule", args)
+        if args.only in (None, "lateness"):
+            figures |= _lateness_phase(Path(root), args)
+        if args.only in (None, "capacity") and args.capacity_rate:
+            figures |= _capacity_phase(Path(root) / "capacity", args)
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
         for key, value in figures.items():
             print(f"{key:34} {value}")
     return 0
+
+
+def _secured(args: argparse.Namespace) -> dict:
+    return {"insecure_raft": args.insecure_raft, "insecure_grpc": args.insecure_grpc}
+
+
+def _due_s(args: argparse.Namespace) -> float:
+    return 2.0 if args.quick else 10.0
+
+
+def _schedule_phase(root: Path, args: argparse.Namespace) -> dict:
+    with LocalCluster(root, **_secured(args)) as cluster:
+        cluster.leader(30)
+        return {"grpc_schedule_msgs_per_s": round(schedule_batched(
+                    cluster, 40_000 if args.quick else 400_000, args.producers, args.threads,
+                    args.batch)),
+                "grpc_schedule_single_per_s": round(schedule_single(
+                    cluster, 2.0 if args.quick else 10.0, args.single_threads))}
+
+
+def _lateness_phase(root: Path, args: argparse.Namespace) -> dict:
+    figures: dict = {}
+    rocketmq_rates = {int(r) for r in args.rocketmq_rates.split(",") if r}
+    if rocketmq_rates and (args.insecure_raft or args.insecure_grpc):
+        rocketmq_rates = set()
+        figures["rocketmq"] = "not run: its listener needs TLS and a Raft secret"
+    for rate in sorted({int(r) for r in args.rates.split(",") if r} | rocketmq_rates):
+        beside = args.rocketmq_consumers if rate in rocketmq_rates else 0
+        # A fresh cluster per rate: nothing left over from the previous load.
+        with LocalCluster(root / f"due{rate}", rocketmq=bool(beside),
+                          **_secured(args)) as cluster:
+            cluster.leader(30)
+            run = lateness_at(cluster, rate, _due_s(args), args.consumers, beside)
+        for prefix in ("", "rocketmq_") if beside else ("",):
+            for key in ("p50", "p99", "max"):
+                figures[f"{prefix}lateness_{key}_ms_at_{rate}"] = run[f"{prefix}{key}"]
+        figures[f"producer_behind_s_at_{rate}"] = run["producer_behind_s"]
+        for key in CPU_FIGURES:
+            figures[f"{key}_at_{rate}"] = run[key]
+    return figures
+
+
+def _capacity_phase(root: Path, args: argparse.Namespace) -> dict:
+    """A lateness run offered ``--capacity-rate``: what the cluster delivers a second when it
+    is the bottleneck, and the CPU a message costs at that load."""
+    with LocalCluster(root, **_secured(args)) as cluster:
+        cluster.leader(30)
+        run = lateness_at(cluster, args.capacity_rate, _due_s(args), args.consumers)
+    return {"capacity_offered_per_s": args.capacity_rate,
+            "capacity_delivered_per_s": run["delivered_per_s"],
+            "producer_behind_s_at_capacity": run["producer_behind_s"],
+            **{f"{key}_at_capacity": run[key] for key in CPU_FIGURES}}
 
 
 if __name__ == "__main__":

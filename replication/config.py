@@ -19,9 +19,3 @@ class ReplicaConfig:
     max_queued_msgs: int = 200_000
     """Schedule requests waiting for an entry; beyond it `schedule` raises `Overloaded`."""
     idle_tick_ms: int = 50
-    dispatch_interval_ms: int = 4
-    """After a dispatch step that handed messages over, the next waits this long unless a full
-    step (``max_take_msgs``) was taken: a step costs about the same whether it carries one
-    message or fifty (the Raft loop, the hand-over to the event loop, a journal write, a gRPC
-    write per consumer), and with 1 ms steps those costs outweighed the messages. The first
-    message after a quiet spell still goes out at its due time."""

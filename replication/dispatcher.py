@@ -88,8 +88,14 @@ class DispatchConfig:
     max_unapplied_msgs: int = 20_000
     """Messages taken and proposed in handouts not yet applied; taking waits past it."""
     lead_ms: int = 20
-    """Messages are readied and leased this long before they are due, so the handout's
+    """Messages are readied and leased up to this long before they are due, so the handout's
     commit round runs while they wait; the sink sends each at its due time, not before."""
+    min_lead_ms: int = 10
+    """A dispatch step comes when the first message not yet taken is due within this long,
+    and takes everything due within ``lead_ms``: at a steady rate a step every ``lead_ms -
+    min_lead_ms`` (one handout, one Raft round, one hand-over to the sink), each message
+    readied at least ``min_lead_ms`` ahead. A message due sooner (scheduled late, a backlog)
+    is taken at the next turn."""
 
 
 class Dispatcher:

@@ -123,6 +123,10 @@ class Planner:
         self._nonces: list[int] = []
         self._bodies: OrderedDict[int, DueMessage] = OrderedDict()
         self._bodies_bytes = 0
+        self.waiting = False
+        """Whether the latest plan left messages ungranted in a group with consumers (read
+        from any thread: a credit then wakes the Raft thread; otherwise it waits for the
+        next step)."""
 
     # -- consumers ------------------------------------------------------------------------
 
@@ -190,7 +194,18 @@ class Planner:
                 turns.append(key)
         for left in fresh.values():
             self._keep(left)
+        self.waiting = any(fresh.values()) or self._ready_waiting(groups)
         return Plan(ready, grants, sends)
+
+    def _ready_waiting(self, groups: Groups) -> bool:
+        """Whether a group with consumers holds a ready message no handout in flight grants
+        (each look stops at the first such message, after at most the ones in flight)."""
+        for key, demand in self._demand.items():
+            group = groups.get(*key)
+            if group is not None and any(handle not in demand.granting
+                                         for handle in group.ready):
+                return True
+        return False
 
     def _keep(self, messages: deque[DueMessage]) -> None:
         """Keep the bodies of messages readied and not granted yet, so granting them later

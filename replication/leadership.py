@@ -2,8 +2,9 @@
 
 A new leader proposes a *barrier* (a cursor command that moves nothing); once it is applied,
 every entry of earlier terms is applied too, and dispatch starts from the replicated cursor.
-While the Raft lease holds, each step takes what comes due by ``now + lead_ms`` from the wheel
-and proposes one *handout*: those messages readied for their consumer groups, and leases
+While the Raft lease holds, a step comes when the first message not yet taken is due within
+``min_lead_ms``; it takes what comes due by ``now + lead_ms`` from the wheel and proposes one
+*handout*: those messages readied for their consumer groups, and leases
 granted to consumers with credits (`tickwheel.replication.handout`); once it is applied, the
 granted messages go to the sink. Leases whose deadline passed go to the sink to be retried.
 Every ``cursor_sync_ms`` the cursor is proposed if it moved. A node that stops leading ends
@@ -58,6 +59,10 @@ class Leadership:
         self._proposed_cursor: Cursor | None = None
         self._last_cursor_sync = 0.0
         self._next_dispatch_s = 0.0
+        self.settled = False
+        """Whether the last step's answer holds until its time if nothing changes: not while
+        a new leader waits for its barrier or for a lease, which answers may bring any
+        turn."""
 
     def may_deliver(self) -> bool:
         """Whether this node still holds its lease (any thread)."""
@@ -83,6 +88,7 @@ class Leadership:
         log.info("event=leadership_lost term=%s dispatched_epoch=%d", self.term,
                  self.dispatcher.epoch)
         self.term = None
+        self.settled = False
         self._lease_until_s = 0.0
         self._sink.dispatch_stopped(self.dispatcher.epoch)
         self.dispatcher.end()
@@ -91,13 +97,19 @@ class Leadership:
         self._requests.fail_all(error)
         self._proposals.fail_all(error)
 
+    def renew_lease(self) -> None:
+        """Read the lease from the answers heard so far (`may_deliver`)."""
+        self._lease_until_s = self._raft.lease_until_s(self._config.raft.lease_ms)
+
     def step(self, now_ms: int) -> float:
         """Dispatch what comes due, under the lease; returns how long the poller may sleep."""
-        self._lease_until_s = self._raft.lease_until_s(self._config.raft.lease_ms)
-        if not self.dispatcher.active or self._clock.monotonic_s() >= self._lease_until_s:
+        self.renew_lease()
+        self.settled = (self.dispatcher.active
+                        and self._clock.monotonic_s() < self._lease_until_s)
+        if not self.settled:
             return self._config.raft.heartbeat_ms / 1000
         lead_until_ms = now_ms + self._config.dispatch.lead_ms
-        taken = self._take_due(lead_until_ms)
+        taken = self._take_due(now_ms, lead_until_ms)
         self._hand_out(taken, now_ms, lead_until_ms)
         self._sync_cursor(now_ms)
         return self._sleep_s(now_ms, len(taken))
@@ -160,17 +172,21 @@ class Leadership:
             log.error("event=ready_message_unreadable handle=%d error=%r", handle, str(error))
             return None
 
-    def _take_due(self, until_ms: int) -> list[DueMessage]:
-        """Messages due by ``until_ms``, at most once per ``dispatch_interval_ms`` unless a
-        backlog fills whole steps."""
+    def _take_due(self, now_ms: int, until_ms: int) -> list[DueMessage]:
+        """Messages due by ``until_ms``, once the first of them is due within
+        ``min_lead_ms``: a step costs about the same whether it carries one message or fifty
+        (a handout, its Raft round on every replica, the hand-over to the event loop), so
+        the messages that came within ``lead_ms`` since the last step go together."""
         now_s = self._clock.monotonic_s()
         if now_s < self._next_dispatch_s:
             return []
-        deliveries = self.dispatcher.take(self._state.wheel, until_ms)
-        if self._state.wheel.damage_held is not None:
+        wheel = self._state.wheel
+        due_ms = wheel.next_due_ms()
+        if due_ms is None or due_ms > now_ms + self._config.dispatch.min_lead_ms:
+            return []
+        deliveries = self.dispatcher.take(wheel, until_ms)
+        if wheel.damage_held is not None:
             self._next_dispatch_s = now_s + DAMAGE_RETRY_S  # nothing passes it meanwhile
-        elif deliveries and len(deliveries) < self._config.dispatch.max_take_msgs:
-            self._next_dispatch_s = now_s + self._config.dispatch_interval_ms / 1000
         return deliveries
 
     def _sync_cursor(self, now_ms: int) -> None:
@@ -196,13 +212,16 @@ class Leadership:
 
     def _sleep_s(self, now_ms: int, delivered: int) -> float:
         dispatch = self._config.dispatch
+        if (self.planner is not None and self.planner.waiting
+                and self._requests.consumer_ops_queued):
+            return 0.0  # credits queued unwoken while this step found messages waiting
         if (delivered >= dispatch.max_take_msgs
                 and self.dispatcher.unapplied < dispatch.max_unapplied_msgs):
             return 0.0  # a backlog: take the next step at once
         wait_s = self._config.cursor_sync_ms / 1000
         due_ms = self._state.wheel.next_due_ms()
         if due_ms is not None:
-            due_ms -= dispatch.lead_ms
+            due_ms -= dispatch.min_lead_ms
         if self.planner is not None:
             deadline_ms = self.planner.next_deadline_ms()
             if deadline_ms is not None:

@@ -129,6 +129,11 @@ class Replica:
                                       self._proposals, self._requests, self.leader_hint)
         self._cipher: tuple[bytes, HandleCipher] | None = None
         self._bytes_since_snapshot = 0
+        self._changed = True
+        """Something was applied or installed since the last step."""
+        self._quiet_until_s = 0.0
+        """Until when the last step's answer holds if nothing changes (0: no longer than
+        this turn)."""
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tickwheel-raft", daemon=True)
 
@@ -193,10 +198,13 @@ class Replica:
         return self._requests.handle_op(command, None if may is None else (
             lambda: self._state.refused_topic(handles, field, may)))
 
-    def ack(self, leases: Sequence[LeaseRef]) -> Applied:
+    def ack(self, leases: Sequence[LeaseRef], wake: bool = True) -> Applied:
         """Acknowledge leased messages: the future gets, per lease, whether it was a genuine
-        current lease (then the message is done in its group; else nothing changed)."""
-        return self._lease_op(LeaseOp.ACK, leases)
+        current lease (then the message is done in its group; else nothing changed). Without
+        ``wake`` the acks go with the next turn's commands (the next dispatch step while
+        messages come due; at most ``cursor_sync_ms`` later when none do): for a caller
+        that does not wait for the answer, an ack is then not a Raft round of its own."""
+        return self._lease_op(LeaseOp.ACK, leases, wake=wake)
 
     def release(self, leases: Sequence[LeaseRef]) -> Applied:
         """End leases early: their messages are ready again for their groups."""
@@ -226,12 +234,20 @@ class Replica:
         self._requests.consumer_op(lambda planner: planner.join(slot))
 
     def credit(self, key: int, credits: int) -> None:
-        self._requests.consumer_op(lambda planner: planner.credit(key, credits))
+        """More credits for consumer ``key``. The Raft thread is woken for them only while
+        ready messages wait for credits; otherwise the next dispatch step reads them first,
+        which is soon enough (`Planner.waiting`)."""
+        self._requests.consumer_op(lambda planner: planner.credit(key, credits), wake=False)
+        planner = self._leadership.planner  # read after the queueing: see Leadership._sleep_s
+        if planner is None or planner.waiting:
+            self._raft.wake()
 
     def sent(self, key: int, leases: Sequence[LeaseRef], sent_ms: int) -> None:
         """The courier sent these leases' messages at ``sent_ms``: their visibility timeout
-        counts from then (not from the grant, a commit round earlier)."""
-        self._requests.consumer_op(lambda planner: planner.sent(key, leases, sent_ms))
+        counts from then (not from the grant, a commit round earlier). Read at the next turn:
+        nothing waits for it."""
+        self._requests.consumer_op(lambda planner: planner.sent(key, leases, sent_ms),
+                                   wake=False)
 
     def leave(self, key: int) -> None:
         """The consumer's stream closed: its stream leases are released (given back, for
@@ -254,9 +270,9 @@ class Replica:
         return self._state.groups
 
     def _lease_op(self, op: LeaseOp, leases: Sequence[LeaseRef],
-                  deadlines_ms: Sequence[int] = ()) -> Applied:
+                  deadlines_ms: Sequence[int] = (), wake: bool = True) -> Applied:
         self._require_leader()
-        return self._requests.lease_op(op, leases, deadlines_ms)
+        return self._requests.lease_op(op, leases, deadlines_ms, wake)
 
     def _group_op(self, create: bool, topic: str, name: str) -> Applied:
         self._require_leader()
@@ -316,11 +332,30 @@ class Replica:
     def turn(self, wait_s: float) -> float:
         """One turn of the loop (the Raft thread's, or a simulation's that never starts the
         thread): Raft's tick, waiting at most ``wait_s``, then the replica's step. Returns how
-        long the next tick may wait."""
+        long the next tick may wait.
+
+        A tick that applied nothing, installed nothing and changed no leadership, with
+        nothing queued by other threads and before the time the last step asked to be woken
+        at, leaves the step nothing to do: it is skipped (a leader's turn for the second
+        follower's answer to an AppendEntries, a heartbeat's answers)."""
         self._raft.tick(wait_s)
+        now_s = self._clock.monotonic_s()
+        if now_s < self._quiet_until_s and self._quiet():
+            self._leadership.renew_lease()
+            return self._quiet_until_s - now_s
+        self._changed = False
         wait_s = self._step()
         self._state.wheel.walk_ahead(WALK_AHEAD_UNITS)
+        settled = self._leadership.term is None or self._leadership.settled
+        self._quiet_until_s = now_s + wait_s if settled else 0.0
         return wait_s
+
+    def _quiet(self) -> bool:
+        """Whether the step would find everything as it left it (but the time)."""
+        leading = self._raft.is_leader()
+        return (not self._changed and self._requests.idle
+                and leading == (self._leadership.term is not None)
+                and (not leading or self._raft.term() == self._leadership.term))
 
     def _step(self) -> float:
         """One turn after Raft's tick; returns how long the poller may sleep."""
@@ -335,6 +370,7 @@ class Replica:
     # -- the state machine's side of Raft (also on the Raft thread) ------------------------
 
     def _apply(self, command: bytes) -> object:
+        self._changed = True
         self._bytes_since_snapshot += len(command)
         if self._bytes_since_snapshot >= self._config.raft.snapshot_min_bytes:
             self._raft.compact()
@@ -345,6 +381,7 @@ class Replica:
         self._snapshots.take(path, raft_tail)
 
     def _deserialize(self, path: str) -> tuple[Any, ...]:
+        self._changed = True
         raft_tail, took_s = self._snapshots.install(path)
         if took_s > self._config.raft.election_min_ms / 2000:
             self._raft.postpone_election()

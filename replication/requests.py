@@ -55,12 +55,15 @@ class Requests:
         return future
 
     def lease_op(self, op: LeaseOp, leases: Sequence[LeaseRef],
-                 deadlines_ms: Sequence[int] = ()) -> Applied:
+                 deadlines_ms: Sequence[int] = (), wake: bool = True) -> Applied:
+        """Queue a change of leases; ``wake`` to propose it now rather than at the next
+        turn."""
         future: Applied = Future()
         if len(self._lease_ops[op]) >= self._max_queued:
             raise Overloaded("max_queued_msgs")
         self._lease_ops[op].append((list(leases), list(deadlines_ms), future))
-        self._wake()
+        if wake:
+            self._wake()
         return future
 
     def group_op(self, create: bool, topic: str, name: str) -> Applied:
@@ -69,9 +72,23 @@ class Requests:
         self._wake()
         return future
 
-    def consumer_op(self, op: Callable[[Planner], None]) -> None:
+    def consumer_op(self, op: Callable[[Planner], None], wake: bool = True) -> None:
+        """A report for the planner, read at the next turn; ``wake`` to make that turn now."""
         self._consumer_ops.append(op)
-        self._wake()
+        if wake:
+            self._wake()
+
+    @property
+    def consumer_ops_queued(self) -> bool:
+        return bool(self._consumer_ops)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is queued (any thread may be queueing as this is read: see
+        `RaftPort.wake`)."""
+        return not (self.schedules.queued_msgs or self.retries.queued_msgs or self._handle_ops
+                    or self._group_ops or self._consumer_ops
+                    or any(self._lease_ops.values()))
 
     def leave(self, key: int) -> None:
         """The consumer's stream closed: its leases are released, or given back (those

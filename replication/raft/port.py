@@ -45,7 +45,8 @@ class RaftPort(Protocol):
         """Send, receive, commit and apply; wait at most ``wait_s`` for a socket or `wake`."""
 
     def wake(self) -> None:
-        """End `tick`'s wait early (any thread)."""
+        """End `tick`'s wait early (any thread): what the caller queued before calling it is
+        seen by the code that runs after that `tick` returns."""
 
     def propose(self, command: bytes, on_result: OnResult) -> None:
         """Append ``command`` to the log (leader only); ``on_result`` follows on this thread."""

@@ -28,5 +28,7 @@ def test_both_groups_get_every_message_of_one_load_and_report_their_lateness(
     assert 0 < run["leader_cpu_us_per_msg"] < 1e6 * 60 / 100
     # and the three nodes together: more than the leader alone (the followers apply it all)
     assert run["leader_cpu_us_per_msg"] < run["cluster_cpu_us_per_msg"] < 3 * 1e6 * 60 / 100
+    assert 0 < run["follower_cpu_us_per_msg"] < run["cluster_cpu_us_per_msg"]
+    assert run["delivered_per_s"] > 0
     # the producer (this process) and both consumers, which share the machine with the nodes
     assert 0 < run["clients_cpu_us_per_msg"] < 3 * 1e6 * 60 / 100

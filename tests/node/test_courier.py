@@ -4,6 +4,7 @@ and the loop that a cluster reaches only by chance."""
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -181,3 +182,64 @@ def test_retry_copies_go_to_raft_a_window_of_bodies_at_a_time() -> None:
         return proposed
 
     assert asyncio.run(run()) == [2, 4, 5, 5]
+
+
+class LeadingReplica:
+    """Leads, holds its lease, creates every group at once, and records send reports."""
+
+    def __init__(self) -> None:
+        self.reports: list[tuple[int, int]] = []
+
+    def is_leader(self) -> bool:
+        return True
+
+    def leader_hint(self) -> str | None:
+        return None
+
+    def may_deliver(self) -> bool:
+        return True
+
+    def ensure_group(self, topic: str, name: str) -> Future:
+        created: Future = Future()
+        created.set_result(True)
+        return created
+
+    def join(self, slot: object) -> None:
+        pass
+
+    def sent(self, key: int, leases: list[LeaseRef], sent_ms: int) -> None:
+        self.reports.append((len(leases), sent_ms))
+
+
+def test_messages_granted_ahead_go_out_together_when_the_last_of_a_few_ms_is_due(
+        tmp_path: Path) -> None:
+    """One send for the messages of a hand-out due within `max_hold_ms` of each other (one
+    response, one ack and one credit back instead of one each per due millisecond), never
+    before a message is due; one due later goes on its own at its time."""
+    replica = LeadingReplica()
+
+    def now_ms() -> int:
+        return time.time_ns() // 1_000_000
+
+    async def deliver() -> list[list[object]]:
+        courier = Courier(CourierConfig(max_hold_ms=4), RetryPolicy(parse_levels(DEFAULT_LEVELS)),
+                          now_ms, DeliveryJournal(tmp_path / "journal", "n0", 0), Metrics())
+        courier.attach(replica)  # type: ignore[arg-type]
+        courier.dispatch_started(1, 1, Cursor(0, 0), 0)
+        await asyncio.sleep(0)
+        consumer = await courier.subscribe("orders", "billing", "c1", 10, 30_000)
+        first_ms = now_ms() + 200
+        dues = [first_ms, first_ms + 1, first_ms + 3, first_ms + 40]
+        courier.deliver([
+            Delivery(DueMessage(f"m{i}", "orders", b"x", {}, due_ms, i, due_ms // 1000, i),
+                     consumer.key, LeaseRef(1, i, 1, 7), False, 1)
+            for i, due_ms in enumerate(dues)])
+        return [await asyncio.wait_for(consumer.next_batch(), 5) for _ in range(2)]
+
+    batches = asyncio.run(deliver())
+    assert [[sent.delivery.message.id for sent in batch] for batch in batches] == [
+        ["m0", "m1", "m2"], ["m3"]]
+    for batch in batches:
+        for sent in batch:
+            assert sent.delivered_at_ms >= sent.delivery.message.deliver_at_ms
+    assert [count for count, _ in replica.reports] == [3, 1]

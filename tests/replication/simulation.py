@@ -102,8 +102,9 @@ class Run:
         self.scheduled: dict[str, int] = {}
         """Id -> due time, for every schedule the cluster acknowledged."""
         self.handles: dict[str, int] = {}
-        self._changes: list[tuple[Future, str, list[str], int]] = []
-        """Cancels and reschedules in flight: (future, "cancel" or "move", ids, new due)."""
+        self._changes: list[tuple[Future, str, list[str], int, str]] = []
+        """Cancels and reschedules in flight: (future, "cancel" or "move", ids, new due, the
+        node asked)."""
         self.changed: set[str] = set()
         """Ids a cancel or a reschedule was sent for (one each)."""
         self.cancelled: set[str] = set()
@@ -267,16 +268,18 @@ class Run:
         except Exception:  # NotLeader, Overloaded: the user was told no; nothing changed
             return
         self.changed.update(chosen)
-        self._changes.append((future, kind, chosen, new_due_ms))
+        self._changes.append((future, kind, chosen, new_due_ms, leader))
 
     def _settle_changes(self) -> None:
         waiting, self._changes = self._changes, []
-        for future, kind, ids, new_due_ms in waiting:
-            if not future.done():
-                self._changes.append((future, kind, ids, new_due_ms))
-            elif future.exception() is not None:
+        for future, kind, ids, new_due_ms, asked in waiting:
+            if not future.done() and asked not in self.crashed:
+                self._changes.append((future, kind, ids, new_due_ms, asked))
+            elif not future.done() or future.exception() is not None:
+                # failed, or its node died before it could answer (the entry may have
+                # committed all the same): committed or not, nobody can tell
                 if kind == "cancel":
-                    self.unsure.update(ids)  # committed or not: nobody can tell
+                    self.unsure.update(ids)
             else:
                 for message_id, outcome in zip(ids, future.result(), strict=True):
                     self._answered(message_id, kind, outcome, new_due_ms)

@@ -223,6 +223,28 @@ def test_a_planner_gives_back_what_a_departing_consumer_was_never_sent(
     assert planner.leave(1) == ([], [])
 
 
+def test_a_planner_says_when_ready_messages_wait_for_credits(state: StateMachine) -> None:
+    # what decides whether a credit wakes the Raft thread (`Replica.credit`)
+    planner = Planner(DispatchConfig(), epoch=1)
+    planner.join(ConsumerSlot(1, "orders", "", 1, visibility_ms=500, mode=STREAM))
+    a, b = schedule(state, [NewMessage(i, "orders", b"x", T0_MS) for i in "ab"])
+
+    def read(handle: int) -> DueMessage | None:
+        return state.wheel.handles.read(handle)[0]
+
+    plan = planner.plan(state.groups, [read(a), read(b)], T0_MS, T0_MS, read)
+    assert len(plan.grants) == 1 and planner.waiting  # b: readied, no credit left for it
+    state.apply(commands.handout(T0_MS, plan.ready, plan.grants))
+    assert planner.plan(state.groups, [], T0_MS, T0_MS, read).grants == []
+    assert planner.waiting  # b waits in the group's ready set
+    planner.credit(1, 1)
+    plan = planner.plan(state.groups, [], T0_MS, T0_MS, read)
+    assert len(plan.grants) == 1 and not planner.waiting  # b is being granted: nothing waits
+    state.apply(commands.handout(T0_MS, plan.ready, plan.grants))
+    planner.plan(state.groups, [], T0_MS, T0_MS, read)
+    assert not planner.waiting
+
+
 def test_a_group_nobody_reads_drops_its_oldest_past_its_bound_and_says_so(
         state: StateMachine, caplog: pytest.LogCaptureFixture) -> None:
     handles = schedule(state, [NewMessage(f"m{i}", "orders", b"x", T0_MS) for i in range(8)])

@@ -128,6 +128,71 @@ def test_a_node_alone_leads_commits_what_it_proposes_and_reports_it_through_the_
         node.close()
 
 
+def test_a_leader_sends_what_one_step_proposed_in_one_append_entries_per_follower(
+        tmp_path: Path) -> None:
+    # Unbatched, pysyncobj sent a round of AppendEntries for every proposal, and another after
+    # every tick that applied: each a turn of every follower. `RaftNode` sends once a tick.
+    source = Path(pysyncobj.syncobj.__file__).read_text()
+    on_tick = source[source.index("def _onTick("):source.index("def __applyLogEntries(")]
+    assert (on_tick.index("self._checkCommandsToApply()") < on_tick.index("callback()")
+            < on_tick.index("self._poller.poll(timeToWait)"))  # taken into the log, sent, then poll
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    config = RaftConfig(secrets=(b"a secret of the two of them",))
+    applied: dict[str, list[bytes]] = {address: [] for address in addresses}
+    nodes = [RaftNode(address, [other for other in addresses if other != address],
+                      tmp_path / address.replace(":", "_"), config,
+                      lambda command, seen=applied[address]: seen.append(command) or len(seen),
+                      (lambda *_: None, lambda _: ()))
+             for address in addresses]
+    try:
+        def tick_both() -> None:
+            for node in nodes:
+                node.tick(0.005)
+        wait_for(lambda: tick_both() or any(node.is_leader() for node in nodes), 10,
+                 "a leader", poll_s=0)
+        leader, follower = sorted(nodes, key=lambda node: not node.is_leader())
+        followed = applied[follower._core.selfNode.address]
+        leader.propose(b"first", lambda *_: None)
+        wait_for(lambda: tick_both() or followed, 10, "a first command on the follower",
+                 poll_s=0)
+        received: list[dict] = []
+        core = follower._core
+        handler = core._SyncObj__onMessageReceived
+        core._SyncObj__onMessageReceived = lambda peer, message: (
+            received.append(dict(message)), handler(peer, message))
+        results: list[object] = []
+        for number in range(5):
+            leader.propose(b"command %d" % number, lambda result, _: results.append(result))
+        commands = [b"command %d" % number for number in range(5)]
+        wait_for(lambda: tick_both() or followed[-5:] == commands, 10,
+                 "the follower to apply the five", poll_s=0)
+        carrying = [m for m in received if m.get("type") == "append_entries" and m.get("entries")]
+        assert len(carrying) == 1 and len(carrying[0]["entries"]) == 5
+        assert len(results) == 5
+    finally:
+        for node in nodes:
+            node.close()
+
+
+def test_wakes_before_a_tick_returns_write_the_pipe_once(tmp_path: Path) -> None:
+    node, _ = _counting_node(tmp_path, RaftConfig())
+    try:
+        _ticking(node, node.is_leader, "a node alone to lead")
+        writes: list[None] = []
+        notify = node._notifier.notify
+        node._notifier.notify = lambda: (writes.append(None), notify())[-1]
+        for _ in range(3):
+            node.wake()
+        assert len(writes) == 1
+        started = time.monotonic()
+        node.tick(5.0)
+        assert time.monotonic() - started < 2.5  # the one byte ended the wait
+        node.wake()
+        assert len(writes) == 2  # after the tick returned, a wake writes again
+    finally:
+        node.close()
+
+
 def test_a_node_with_peers_and_no_secret_does_not_start(tmp_path: Path) -> None:
     with pytest.raises(InsecureCluster):
         RaftNode("127.0.0.1:1", ["127.0.0.1:2"], tmp_path, RaftConfig(), bytes,

@@ -22,10 +22,11 @@ from tickwheel.replication import groups, handout
 SEEDS = int(os.environ.get("SIMULATION_SEEDS", "2000"))
 
 
-def first_failing_seed(seeds: range) -> tuple[int, list[str]] | None:
+def first_failing_seed(seeds: range, showing: str = "") -> tuple[int, list[str]] | None:
+    """The first seed with a violation (that mentions ``showing``), and its violations."""
     for seed in seeds:
         violations, _ = simulation.run(seed)
-        if violations:
+        if any(showing in violation for violation in violations):
             return seed, violations
     return None
 
@@ -115,6 +116,7 @@ def test_a_cancel_or_reschedule_that_ignores_the_handout_is_caught(
             True if self._holding(handle, topic) else None))
     else:
         monkeypatch.setattr(groups.Groups, "_handed_out", lambda self, handle, holding: False)
-    found = first_failing_seed(range(300))
-    assert found is not None, "the injected bug went unnoticed in 300 seeds"
-    assert any(symptom in violation for violation in found[1]), found
+    # the groups' bug also lets a cancel answer CANCELLED for a leased message: look for the
+    # first seed where the symptom of the bug under test shows
+    found = first_failing_seed(range(300), showing=symptom)
+    assert found is not None, f"the injected bug went unnoticed in 300 seeds ({symptom})"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import random
 from pathlib import Path
 
 import pytest
+from sim_raft import NodeClock, SimCluster, SimRaft, World
 
 from tickwheel.common.errors import InvariantViolation, NotLeader
-from tickwheel.replication import commands
+from tickwheel.replication import ConsumerSlot, Replica, ReplicaConfig, commands
 from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import GroupCommitter
 from tickwheel.replication.outcomes import Accepted, Rejected, Retried
@@ -317,3 +319,143 @@ def test_pending_counts_follow_schedules_cancels_and_the_cursor_and_come_back_fr
     state.close()
 
 
+class _Sink:
+    def __init__(self, clock: NodeClock | None = None) -> None:
+        self.delivered: list[object] = []
+        self.at_ms: list[int] = []
+        self._clock = clock
+
+    def dispatch_started(self, *_: object) -> None:
+        pass
+
+    def deliver(self, deliveries: list[object]) -> None:
+        self.delivered += deliveries
+        if self._clock is not None:
+            self.at_ms += [self._clock.now_ms()] * len(deliveries)
+
+    def expired(self, _: list[object]) -> None:
+        pass
+
+    def dispatch_stopped(self, _: int) -> None:
+        pass
+
+
+def _alone(tmp_path: Path, world: World, sink: _Sink, wakes: list[None]
+           ) -> tuple[Replica, SimCluster]:
+    """A replica alone on the simulated Raft port, counting its wakes."""
+    cluster = SimCluster(world, random.Random(0))
+
+    def raft(address: str, _peers: list[str], raft_dir: Path, _config: object,
+             apply: object, snapshot: tuple) -> SimRaft:
+        node = cluster.nodes[address] = SimRaft(cluster, address, raft_dir, apply, snapshot)
+        node.wake = lambda: wakes.append(None)
+        return node
+    replica = Replica("n0", [], tmp_path, sink, fetch=lambda *_: b"", clock=NodeClock(world),
+                      raft=raft)
+    return replica, cluster
+
+
+def test_at_a_steady_rate_a_dispatch_step_takes_what_came_within_the_lead(
+        tmp_path: Path) -> None:
+    """One handout every ``lead_ms - min_lead_ms``, not one per turn nor one per few ms; each
+    message readied ``min_lead_ms`` to ``lead_ms`` ahead of its due time."""
+    world, wakes = World(), []
+    sink = _Sink(NodeClock(world))
+    replica, cluster = _alone(tmp_path, world, sink, wakes)
+    dispatch = ReplicaConfig().dispatch
+    cluster.elect("n0")
+    handouts: list[int] = []
+    apply = replica._state.apply
+
+    def counting(command: bytes) -> object:
+        if commands.read_header(command)[0] is commands.Kind.HANDOUT:
+            handouts.append(NodeClock(world).now_ms())
+        return apply(command)
+    replica._state.apply = counting
+    for _ in range(3):
+        cluster.replicate()
+        replica.turn(0.0)
+        world.now_s += 0.001
+    replica.join(ConsumerSlot(1, "t", "", 10_000, 30_000, 0))
+    start_ms = NodeClock(world).now_ms() + 200
+    replica.schedule([NewMessage(f"m{i}", "t", b"x", start_ms + i) for i in range(1_000)])
+    while world.now_s * 1000 < start_ms - 1_800_000_000_000 + 1_000:
+        cluster.replicate()
+        replica.turn(0.0)
+        world.now_s += 0.001  # a turn every millisecond, as replies and requests make them
+    assert len(sink.delivered) == 1_000
+    span_ms = dispatch.lead_ms - dispatch.min_lead_ms  # a step every span_ms + 1 (whole ms)
+    assert 1_000 / (span_ms + 2) <= len(handouts) <= 1_000 / span_ms + 3
+    ahead_ms = [d.message.deliver_at_ms - at_ms for d, at_ms in zip(
+        sink.delivered, sink.at_ms, strict=True)]
+    assert dispatch.min_lead_ms - 2 <= min(ahead_ms) and max(ahead_ms) <= dispatch.lead_ms
+    replica.stop()
+
+
+def test_reports_that_nothing_waits_for_do_not_wake_the_raft_thread(tmp_path: Path) -> None:
+    world, sink, wakes = World(), _Sink(), []
+    replica, cluster = _alone(tmp_path, world, sink, wakes)
+
+    def turns(count: int = 3) -> None:
+        for _ in range(count):
+            cluster.replicate()
+            replica.turn(0.0)
+            world.now_s += 0.005
+    cluster.elect("n0")
+    turns()
+    replica.join(ConsumerSlot(1, "t", "", 1, 30_000, 0))
+    now_ms = NodeClock(world).now_ms()
+    replica.schedule([NewMessage(i, "t", b"x", now_ms) for i in "ab"])
+    turns(6)
+    (delivery,) = sink.delivered  # one credit: b waits for the next
+    wakes.clear()
+    replica.sent(1, [delivery.lease], now_ms)
+    replica.ack([delivery.lease], wake=False)
+    assert wakes == []  # read at the next turn
+    replica.credit(1, 1)
+    assert len(wakes) == 1  # b waits for it
+    turns(6)
+    assert len(sink.delivered) == 2
+    wakes.clear()
+    replica.credit(1, 1)
+    assert wakes == []  # nothing waits: the next dispatch step reads it first
+    replica.ack([sink.delivered[1].lease])
+    assert len(wakes) == 1  # a caller waits for this answer
+    replica.stop()
+
+
+def test_a_turn_in_which_nothing_changed_skips_the_step(tmp_path: Path) -> None:
+    """The leader's turn for a follower's answer that commits nothing: its step would find
+    everything as it left it, so it is not run until the time it asked to be woken at."""
+    world, sink, wakes = World(), _Sink(), []
+    replica, cluster = _alone(tmp_path, world, sink, wakes)
+    steps: list[float] = []
+    step = replica._step
+    replica._step = lambda: (steps.append(world.now_s), step())[-1]
+    cluster.elect("n0")
+
+    def turn() -> float:
+        cluster.replicate()
+        return replica.turn(0.0)
+    while not replica.status().dispatching:
+        turn()
+        world.now_s += 0.001
+    turn()
+    wait_s = turn()  # the dispatch started: nothing queued, nothing applied since
+    assert wait_s > 0.01
+    steps.clear()
+    world.now_s += wait_s / 2
+    assert turn() == pytest.approx(wait_s / 2)  # the same wake-up time, without a step
+    assert steps == []
+    replica.credit(1, 5)  # something queued: the step reads it
+    turn()
+    assert len(steps) == 1
+    now_ms = NodeClock(world).now_ms()
+    replica.schedule([NewMessage("a", "t", b"x", now_ms + 60_000)])
+    turn()  # proposed: the step ran
+    turn()  # applied (the simulated Raft applies at the next tick): the step runs again
+    assert len(steps) == 3
+    world.now_s += 0.06
+    turn()  # past its time
+    assert len(steps) == 4
+    replica.stop()
