@@ -7,6 +7,8 @@ import pytest
 
 from tickwheel.harness import node_bench
 
+pytestmark = pytest.mark.cluster
+
 
 def test_the_capacity_run_reports_what_was_delivered_and_the_cpu_of_every_party(
         capsys: pytest.CaptureFixture) -> None:
