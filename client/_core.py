@@ -111,10 +111,42 @@ def _too_large(error: grpc.RpcError) -> bool:
 
 CREDIT_BATCH_DIVISOR = 8
 """A consumer returns credits in batches of ``prefetch // CREDIT_BATCH_DIVISOR`` (at least 1)."""
-REQUEST_LINGER_S = 0.002
-"""A consumer stream's credits and acks wait this long for others before they are sent, so
-one request carries many: a request per message made the leader spend more on gRPC reads
-and tiny delivery batches than on the messages themselves."""
+ACK_LINGER_S = 0.01
+"""How long a consumer stream's acks and nacks wait for others before they are sent, so that
+one request carries many: a request per delivery batch made the leader spend more on gRPC
+reads than on the messages, and the consumer as much on its writes (acks go to Raft with the
+leader's next turn, so an ack sent sooner is applied no sooner). Credits due and the end of
+the stream go at once, and take what waits with them."""
+
+
+class Credits:
+    """The credits a consumer owes the node for messages handed out, returned in batches of
+    ``prefetch // CREDIT_BATCH_DIVISOR`` (at least 1): the node always holds at least
+    ``prefetch - batch + 1`` of them, so it never waits on credits held back here, and a
+    consumer at 1,000 messages a second sends a credit request a few times a second instead
+    of one per delivery batch."""
+
+    def __init__(self, prefetch: int) -> None:
+        self.batch = max(1, prefetch // CREDIT_BATCH_DIVISOR)
+        self.owed = 0
+
+    def handed_out(self) -> int:
+        """One more message handed to the application; the credits to send now (0: none)."""
+        self.owed += 1
+        if self.owed < self.batch:
+            return 0
+        owed, self.owed = self.owed, 0
+        return owed
+
+    def reset(self) -> None:
+        """A new stream starts with the whole prefetch."""
+        self.owed = 0
+
+
+def urgent(item: tuple[str, object] | None) -> bool:
+    """Whether a queued consumer request goes at once (a credit batch, the stream's end)
+    rather than waiting up to `ACK_LINGER_S` for company (an ack or a nack)."""
+    return item is None or item[0] in ("credit", "end")
 
 RECONNECT_WAIT = wait_random_exponential(multiplier=0.05, max=0.25)
 """Between attempts: jittered, growing from 50 ms to at most 250 ms. An election takes about a

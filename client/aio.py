@@ -24,10 +24,12 @@ import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from tickwheel.client._core import (
+    ACK_LINGER_S,
     CHANNEL_OPTIONS,
     DEFAULT_TARGET,
     RECONNECT_WAIT,
     CancelOutcome,
+    Credits,
     Message,
     Received,
     Rescheduled,
@@ -46,6 +48,7 @@ from tickwheel.client._core import (
     settle_request,
     subscribe_request,
     translate,
+    urgent,
 )
 from tickwheel.client.credentials import Credentials, open_aio_channel
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -213,8 +216,11 @@ class AsyncConsumer:
         self._client = client
         self._subscribe = subscribe_request(topic, prefetch, visibility_timeout_ms, name, group)
         self._buffer: deque[Received] = deque()
+        self._credits = Credits(prefetch)
         self._pending: list[tuple[str, object]] = []
         self._wakeup = asyncio.Event()
+        self._flush = asyncio.Event()
+        """Something queued goes at once (`urgent`), and takes the acks waiting with it."""
         self._call: grpc.aio.StreamStreamCall | None = None
         self._writer: asyncio.Task | None = None
         self._closed = False
@@ -240,7 +246,8 @@ class AsyncConsumer:
             if self._closed:
                 raise StopAsyncIteration
             await self._receive()
-        self._queue(("credit", 1))
+        if credits := self._credits.handed_out():
+            self._queue(("credit", credits))
         return self._buffer.popleft()
 
     async def close(self, timeout_s: float = 2.0) -> None:
@@ -249,8 +256,7 @@ class AsyncConsumer:
         self._closed = True
         call = self._call
         if call is not None:
-            self._pending.append(("end", None))
-            self._wakeup.set()
+            self._queue(("end", None))
             try:
                 await asyncio.wait_for(call.wait_for_connection(), timeout_s)
                 await asyncio.wait_for(call.code(), timeout_s)
@@ -264,6 +270,8 @@ class AsyncConsumer:
     def _queue(self, item: tuple[str, object]) -> None:
         self._pending.append(item)
         self._wakeup.set()
+        if urgent(item):
+            self._flush.set()
 
     def _drop_stream(self) -> None:
         if self._writer is not None:
@@ -288,6 +296,7 @@ class AsyncConsumer:
         self._address = self._client._router.choose()
         self._call = self._client._stub(self._address).Receive()
         self._pending.clear()
+        self._credits.reset()
         self._writer = asyncio.create_task(self._write(self._call))
 
     async def _write(self, call: grpc.aio.StreamStreamCall) -> None:
@@ -297,7 +306,11 @@ class AsyncConsumer:
             await call.write(self._subscribe)
             while True:
                 await self._wakeup.wait()
+                if not self._flush.is_set():  # acks wait up to ACK_LINGER_S for company
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._flush.wait(), ACK_LINGER_S)
                 self._wakeup.clear()
+                self._flush.clear()
                 items, self._pending = self._pending, []
                 for request in merged_requests(i for i in items if i[0] != "end"):
                     await call.write(request)

@@ -27,12 +27,12 @@ import grpc
 from tenacity import Retrying, retry_if_exception_type
 
 from tickwheel.client._core import (
+    ACK_LINGER_S,
     CHANNEL_OPTIONS,
-    CREDIT_BATCH_DIVISOR,
     DEFAULT_TARGET,
     RECONNECT_WAIT,
-    REQUEST_LINGER_S,
     CancelOutcome,
+    Credits,
     Message,
     Received,
     Rescheduled,
@@ -52,6 +52,7 @@ from tickwheel.client._core import (
     subscribe_request,
     trailers,
     translate,
+    urgent,
 )
 from tickwheel.client.credentials import Credentials, open_channel
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -249,8 +250,7 @@ class Consumer:
                  name: str, group: str = "") -> None:
         self._client = client
         self._subscribe = subscribe_request(topic, prefetch, visibility_timeout_ms, name, group)
-        self._credit_batch = max(1, prefetch // CREDIT_BATCH_DIVISOR)
-        self._uncredited = 0
+        self._credits = Credits(prefetch)
         self._buffer: deque[Received] = deque()
         self._requests: queue.Queue = queue.Queue()
         self._stream: grpc.Call | None = None
@@ -275,17 +275,9 @@ class Consumer:
                 raise StopIteration
             self._receive()
         message = self._buffer.popleft()
-        self._credit_one()
+        if credits := self._credits.handed_out():
+            self._requests.put(("credit", credits))
         return message
-
-    def _credit_one(self) -> None:
-        """Give the node back a credit for a message handed out: in batches of a fraction of
-        the prefetch, and at once when nothing is buffered, so the node never waits on credits
-        held back here (it holds at least ``prefetch - credit_batch`` while this waits)."""
-        self._uncredited += 1
-        if self._uncredited >= self._credit_batch or not self._buffer:
-            self._requests.put(("credit", self._uncredited))
-            self._uncredited = 0
 
     def _drop_buffered(self) -> None:
         """The stream ended (its leader stepped down or died) while messages it sent wait
@@ -337,7 +329,7 @@ class Consumer:
     def _connect(self) -> None:
         self._requests.put(None)  # ends the request generator of the previous stream
         self._requests = queue.Queue()
-        self._uncredited = 0  # the new stream starts with the whole prefetch
+        self._credits.reset()
         if self._closed:  # closed from another thread since the check: end the new stream too
             self._requests.put(None)
         self._address, self._stream = self._client._open_stream(self._outgoing(self._requests))
@@ -366,15 +358,20 @@ class Consumer:
             item = requests.get()
             if item is None:
                 return
-            time.sleep(REQUEST_LINGER_S)  # let more credits and acks join this request
             items = [item]
-            while True:
+            # Acks wait up to ACK_LINGER_S for company; a credit batch or the end takes them.
+            linger_until = time.monotonic() + ACK_LINGER_S
+            while not urgent(items[-1]):
                 try:
-                    more = requests.get_nowait()
+                    items.append(requests.get(timeout=max(0.0, linger_until
+                                                          - time.monotonic())))
                 except queue.Empty:
                     break
-                if more is None:
-                    yield from merged_requests(items)
-                    return
-                items.append(more)
-            yield from merged_requests(items)
+            while items[-1] is not None:
+                try:
+                    items.append(requests.get_nowait())
+                except queue.Empty:
+                    break
+            yield from merged_requests(i for i in items if i is not None)
+            if items[-1] is None:
+                return

@@ -1,0 +1,63 @@
+"""What a consumer sends back on its stream: credits in batches, acks waiting for company. A
+request per delivery batch (a credit each time the buffer ran dry, an ack each 2 ms) made the
+consumer and the leader spend more on gRPC than on the messages."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from itertools import islice
+
+from tickwheel.client import AsyncConsumer, Consumer
+from tickwheel.client._core import ACK_LINGER_S, Credits
+
+
+def test_credits_go_back_a_batch_at_a_time_and_the_node_keeps_most_of_the_prefetch() -> None:
+    credits = Credits(prefetch=2_000)
+    sent = [credits.handed_out() for _ in range(1_000)]
+    assert [n for n in sent if n] == [250] * 4  # prefetch // 8
+    held = 0
+    for n in sent:  # what the node holds never falls below prefetch - batch + 1
+        held = held + 1 - n
+        assert 2_000 - held >= 2_000 - 250 + 1
+    assert Credits(prefetch=1).handed_out() == 1  # a prefetch of one credits every message
+
+
+def test_a_consumer_that_empties_its_buffer_does_not_send_a_credit_for_each_batch() -> None:
+    consumer = Consumer(None, "orders", 64, 0, "c1")  # type: ignore[arg-type]
+    consumer._buffer.extend(["m1", "m2", "m3"])  # type: ignore[list-item]
+    assert list(islice(consumer, 3)) == ["m1", "m2", "m3"]
+    assert consumer._requests.empty()  # 3 of a batch of 8: nothing owed yet
+    consumer._buffer.extend(["m4", "m5", "m6", "m7", "m8"])  # type: ignore[list-item]
+    list(islice(consumer, 5))
+    assert consumer._requests.get_nowait() == ("credit", 8)
+
+
+def test_acks_and_a_due_credit_leave_in_one_flush_and_the_end_sends_what_waits() -> None:
+    consumer = Consumer(None, "orders", 64, 0, "c1")  # type: ignore[arg-type]
+    requests: queue.Queue = queue.Queue()
+    for item in [("ack", "r1"), ("ack", "r2"), ("credit", 8), ("ack", "r3"), None]:
+        requests.put(item)
+    sent = list(consumer._outgoing(requests))
+    assert sent[0].WhichOneof("kind") == "subscribe"
+    assert [(r.WhichOneof("kind"), list(r.ack.receipts) or r.credit.credits)
+            for r in sent[1:]] == [("ack", ["r1", "r2", "r3"]), ("credit", 8)]
+
+
+def test_the_async_consumer_credits_in_batches_and_lets_acks_wait() -> None:
+    async def run() -> None:
+        consumer = AsyncConsumer(None, "orders", 64, 0, "c1")  # type: ignore[arg-type]
+        consumer._buffer.extend(["m1", "m2", "m3"])  # type: ignore[list-item]
+        for _ in range(3):
+            await anext(consumer)
+        assert consumer._pending == []
+        consumer._send("ack", "r1")
+        assert consumer._wakeup.is_set() and not consumer._flush.is_set()
+        consumer._buffer.extend(["m4", "m5", "m6", "m7", "m8"])  # type: ignore[list-item]
+        for _ in range(5):
+            await anext(consumer)
+        assert consumer._pending == [("ack", "r1"), ("credit", 8)]
+        assert consumer._flush.is_set()
+
+    asyncio.run(run())
+    assert ACK_LINGER_S <= 0.05  # acks wait briefly: a lease lasts seconds
