@@ -39,7 +39,7 @@ from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.proxy import PARTITION_MODES
 from tickwheel.chaos.workload import EventLog, now_ms
 from tickwheel.harness.local_cluster import LocalNode
-from tickwheel.node import DEFAULT_RESERVE_BYTES, EXIT_STORAGE
+from tickwheel.node import DEFAULT_RESERVE_BYTES, STORAGE_EXIT_CODE
 
 log = logging.getLogger("tickwheel.chaos")
 
@@ -215,9 +215,9 @@ class Nemesis(threading.Thread):
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"{self._cluster.name(node)} started on a damaged snapshot "
                                f"({detail})") from None
-        if code != EXIT_STORAGE:
+        if code != STORAGE_EXIT_CODE:
             raise RuntimeError(f"{self._cluster.name(node)} exited {code} on a damaged "
-                               f"snapshot, not {EXIT_STORAGE}")
+                               f"snapshot, not {STORAGE_EXIT_CODE}")
         self._cluster.wipe(node)
         self._cluster.start(node)
         return node, (f"stopped; {detail}; it refused to start (exit {code}); data moved "

@@ -13,7 +13,7 @@ concern (issue 38), each importing only the rooms below it (pyproject.toml's con
 
 The face the layers above use (`tickwheel.cli`, `tickwheel.harness`, `tickwheel.chaos`): the
 node's commands (`main`, and the `console` they print to), how a node says its storage failed
-(`EXIT_STORAGE`), the disk reserve it keeps and how it measures free space, the files of its
+(`STORAGE_EXIT_CODE`), the disk reserve it keeps and how it measures free space, the files of its
 delivery journal (`journal_files`), the development credentials a local cluster runs with, and
 the SecretKey a RocketMQ client signs with. Code above imports these from here, never a module
 inside; `tests/test_layout.py` checks it.
@@ -33,15 +33,15 @@ from tickwheel.node.security.dev_credentials import ADMIN as ADMIN_GRANTS
 from tickwheel.node.security.dev_credentials import DevCredentials, Grants
 from tickwheel.node.security.dev_credentials import make as make_dev_credentials
 
-# The status `tickwheel.node.serve` exits with (its `EXIT_STORAGE`), taken from where it is
-# defined so that the face does not load the server.
-from tickwheel.replication import STORAGE_EXIT_CODE as EXIT_STORAGE
+# The status a node exits with when it will not serve its data folder, taken from where it is
+# defined (the replica exits with it too) so that the face does not load the server.
+from tickwheel.replication import STORAGE_EXIT_CODE
 
 __all__ = [
     "ADMIN_GRANTS",
     "DEFAULT_RESERVE_BYTES",
-    "EXIT_STORAGE",
-    "DevCredentials",
+    "STORAGE_EXIT_CODE",
+        "DevCredentials",
     "Grants",
     "console",
     "free_bytes",

@@ -56,9 +56,6 @@ fifth in three alternating pairs of runs (53-71 -> 44-54 ms), for ~2% of batched
 scheduling (within its noise)."""
 ACCESS_CHECK_S = 2.0
 """How often a node looks whether its access file changed."""
-EXIT_STORAGE = STORAGE_EXIT_CODE
-"""The exit status of a node that will not serve its data folder: locked by another process,
-missing state it needs (`StorageIncomplete`), or a damaged snapshot (the replica exits)."""
 HEALTH_MAX_LAG_ENTRIES = 1_000
 """A node serves (health) when it knows a leader and has applied to within this many entries
 of the leader's commit index."""
@@ -215,11 +212,12 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
 
 
 def run(settings: NodeSettings) -> int:
-    """Serve until SIGTERM or SIGINT; `EXIT_STORAGE` if the data folder cannot be served."""
+    """Serve until SIGTERM or SIGINT; `STORAGE_EXIT_CODE` if the data folder cannot be served
+    (locked by another process, or missing state it needs: `StorageIncomplete`)."""
     try:
         asyncio.run(serve(settings))
     except (StorageLocked, StorageIncomplete) as error:
         log.critical("event=node_refused reason=%s data=%s %s", type(error).__name__,
                      settings.data, error)
-        return EXIT_STORAGE
+        return STORAGE_EXIT_CODE
     return 0

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
-from tickwheel.node.serve import EXIT_STORAGE
+from tickwheel.replication import STORAGE_EXIT_CODE
 from tickwheel.replication.raft import journal_first_index
 from tickwheel.v1 import tickwheel_pb2 as pb
 
@@ -226,7 +226,7 @@ def test_a_follower_whose_snapshot_is_lost_or_damaged_refuses_to_start_and_rejoi
             snapshot.write_bytes(bytes(damaged))
         cluster.start(follower)
         assert follower.process is not None
-        assert follower.process.wait(30) == EXIT_STORAGE
+        assert follower.process.wait(30) == STORAGE_EXIT_CODE
         refusal = follower.log_path.read_text()
         if fault == "lost":
             assert "event=node_refused reason=StorageIncomplete" in refusal
