@@ -6,7 +6,7 @@ Reads the logs a chaos run left in ``OUT_DIR`` (``run.json``, ``scheduled.jsonl`
 writes ``OUT_DIR/audit/summary.json``, ``report.md`` and two plots (`tickwheel.chaos.report`),
 and exits 0 when the verdict is clean, 1 when it is not. Also ``spark-submit chaos/audit.py
 OUT_DIR``. Missing or empty ``.jsonl`` files are no rows; lines that are not JSON (a killed
-writer's torn last line) are skipped. Times are Unix ms on the harness machine, except
+writer's torn last line) are skipped. Times are Unix ms on the runner's machine, except
 ``delivered_at_ms`` (the sending leader's clock).
 
 What is owed, lost, a duplicate or a false alarm is defined in `tickwheel.chaos.deliveries`;
@@ -20,11 +20,11 @@ the figures built on them:
 - **groups**: per ``topic/group`` owed: ``owed``, ``received``, ``lost``, duplicates by class,
   ``false_alarms`` and the lateness ``p99``; ``idle``: per idle topic, messages ``acked`` and
   ``received`` (nobody reads it: received is 0).
-- **races**: the cancels and reschedules the harness sent just before due (``raced``), by
+- **races**: the cancels and reschedules the runner sent just before due (``raced``), by
   outcome, and how long their answers took (``answer_ms`` p50, p99, max).
 - **failovers** (from ``leaders.jsonl``): an entry naming a leader other than the last leader
   named before it (the run's first leader is no failover). For each: ``old_leader``,
-  ``new_leader``, ``term``, ``at_ms`` (when the harness saw the new leader); ``lost_at_ms``, the
+  ``new_leader``, ``term``, ``at_ms`` (when the runner saw the new leader); ``lost_at_ms``, the
   first entry after the last one naming the old leader, or, when that is the failover itself,
   the start of the latest fault started after that entry and no later than the failover, else
   the failover's ``at_ms``; ``no_leader_ms = at_ms - lost_at_ms``; ``first_delivery_ms``, from

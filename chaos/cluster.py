@@ -1,5 +1,5 @@
 """The cluster under test: real ``tickwheel serve`` processes whose Raft links run through the
-harness's proxies (`RaftMesh`), with the faults the nemeses need.
+runner's proxies (`RaftMesh`), with the faults the nemeses need.
 
 Each node keeps its delivery journal in its data folder; before a node's data is wiped, and at
 the end of the run, the journal is copied to ``OUT/journals/<name>.<generation>.jsonl``.

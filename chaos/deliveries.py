@@ -16,7 +16,7 @@ audit (`tickwheel.chaos.audit`) counts, and which the chaos CI test relies on.
   it), ``unknown``, or ``handed_out``: some group had it, and the groups that had not never
   will), due (moved, as above) by the cutoff, and never received in their group.
   The cutoff is ``ended_ms - grace_ms``, and no later than ``drained_due_ms`` when ``run.json``
-  has it: the harness drains delivery until every delivery due by the end of production has
+  has it: the runner drains delivery until every delivery due by the end of production has
   arrived, and one due after that may still sit, delivered, in a slow consumer's queue when the
   run ends. Must be 0.
 - **duplicates**: every receipt of a delivery but its original: the first *plain* receipt

@@ -18,7 +18,7 @@ CAUGHT_UP_MS = 100
 
 @dataclass(frozen=True, slots=True)
 class LeaderChange:
-    """A line of ``leaders.jsonl``; ``leader`` is None while the harness sees none."""
+    """A line of ``leaders.jsonl``; ``leader`` is None while the runner sees none."""
 
     at_ms: int
     leader: str | None

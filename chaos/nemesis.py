@@ -1,4 +1,4 @@
-"""The faults (nemeses) the harness inflicts, one at a time, each timed and written down.
+"""The faults (nemeses) the runner inflicts, one at a time, each timed and written down.
 
 | fault | what happens |
 |---|---|
@@ -102,7 +102,7 @@ class Nemesis(threading.Thread):
                 self._inflict(fault)
                 if self._halt.wait(self._config.interval_s):
                     return
-        except BaseException as error:  # the harness reports it and fails the run
+        except BaseException as error:  # the runner reports it and fails the run
             self.error = error
             log.exception("event=nemesis_failed")
 

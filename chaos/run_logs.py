@@ -43,8 +43,8 @@ class Run:
     grace_ms: int
     allowed_early_ms: int
     drained_due_ms: int | None = None
-    """What the harness drained for: every message due by then had arrived (or the drain
-    timed out). None in runs recorded before the harness wrote it."""
+    """What the runner drained for: every message due by then had arrived (or the drain
+    timed out). None in runs recorded before the runner wrote it."""
     groups: dict[str, list[str]] | None = None
     """Consumed topics and their groups; None (runs before groups): every topic, its default
     group."""

@@ -3,7 +3,7 @@
 Each function damages the data folder of a node that is not running and says what it did.
 Damage a node repairs by itself: flipped bytes in hour logs and index units (mended from the
 peers' copies), a cut tail of an hour's files (its snapshot's lengths fetch it back). Damage it
-must refuse: a flipped byte in its Raft snapshot (it exits 3; the harness then applies the
+must refuse: a flipped byte in its Raft snapshot (it exits 3; the runner then applies the
 remedy the node names, moving the folder away). A power cut: a node started with ``--fsync``
 keeps what it synced and nothing more. And a disk that fills up under a running node.
 """
@@ -119,7 +119,7 @@ def rot_snapshot(data: Path, rng: random.Random) -> str:
 
 POWERED = ("raft", "state")
 """The folders of a node's data whose durability is the node's job (its delivery journal beside
-them is the harness's record of what it did, not state)."""
+them is the runner's record of what it did, not state)."""
 
 
 @dataclass(frozen=True, slots=True)

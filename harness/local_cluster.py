@@ -287,7 +287,7 @@ class LocalCluster:
 
     def members_of(self, node: LocalNode) -> list[tuple[str, str, str]]:
         """``(raft, grpc, peer)`` of every member as ``node`` is told them (the same for every
-        node here; the chaos harness puts proxies in between)."""
+        node here; the chaos runner puts proxies in between)."""
         return [(n.raft, n.grpc_address, n.peer_address) for n in self.nodes]
 
     def signal(self, node: LocalNode, signum: int) -> None:

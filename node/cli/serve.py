@@ -33,7 +33,7 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--fsync", action="store_true", default=None)
     serve.add_argument("--sync-ledger", type=Path,
                        help="with --fsync: note what each sync made durable here, for the "
-                            "chaos harness's power cut (testing only)")
+                            "chaos runner's power cut (testing only)")
     serve.add_argument("--raft-secret-file", type=Path,
                        help="the cluster's shared Raft secret, from this file (or "
                             "TICKWHEEL_RAFT_SECRET; never on the command line)")

@@ -100,7 +100,7 @@ class StorageFields(BaseModel):
     data: Path = Path("data")
     fsync: bool = False
     sync_ledger: Path | None = None
-    """With ``fsync``: where to note what each sync made durable, for the chaos harness's
+    """With ``fsync``: where to note what each sync made durable, for the chaos runner's
     simulated power cut (docs/chaos.md). Testing only."""
     snapshot_min_entries: int = RaftConfig().snapshot_min_entries
     min_free_bytes: int = DEFAULT_RESERVE_BYTES

@@ -83,7 +83,7 @@ def scheduled(id_: str, due_ms: int, *, acked: bool = True, sent_ms: int = SENT_
 def receipt(id_: str, due_ms: int, received_ms: int, *, attempt: int = 1,
             possible_duplicate: bool = False, acked: bool = True, node: str = "node0",
             topic: str = "orders", group: str | None = None) -> dict[str, Any]:
-    """A receipt; without ``group`` it has no such field, as the harness wrote before groups."""
+    """A receipt; without ``group`` it has no such field, as the runner wrote before groups."""
     return {"id": id_, "topic": topic, "deliver_at_ms": t(due_ms),
             "delivered_at_ms": t(received_ms - 1), "received_ms": t(received_ms),
             "attempt": attempt, "possible_duplicate": possible_duplicate, "node": node,
@@ -363,7 +363,7 @@ def test_overrides_of_grace_and_allowed_earliness(spark: SparkSession,
 @pytest.mark.cluster
 def test_only_what_the_drain_waited_for_can_be_lost(spark: SparkSession,
                                                    tmp_path: Path) -> None:
-    # The harness drains until every message due by the end of production (here 90 s) has
+    # The runner drains until every message due by the end of production (here 90 s) has
     # arrived; a long drain ends the run late (100 s), and a message due between the two may
     # still sit, delivered, in a slow consumer's queue. A 10-minute run flagged 25 such.
     out = write_run(tmp_path / "drained", 100_000, drained_due_ms=90_000,

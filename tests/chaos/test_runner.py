@@ -1,4 +1,4 @@
-"""The chaos harness: its Raft proxies on their own, then a short real scenario judged by the
+"""The chaos runner: its Raft proxies on their own, then a short real scenario judged by the
 audit (the CI version of ``make chaos``)."""
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def test_failovers_and_storage_faults_lose_nothing_and_flag_every_duplicate(
         tmp_path: Path) -> None:
     out = tmp_path / "chaos"
     faults = ("kill", "pause", "partition", *STORAGE_FAULTS)
-    harness = subprocess.run(
+    runner = subprocess.run(
         [sys.executable, "-m", "tickwheel.chaos", "run", "--out", str(out), "--nodes", "3",
          "--duration", "120", "--rate", "150", "--seed", "11", "--faults", ",".join(faults),
          "--warmup", "5", "--interval", "8", "--near-max-ms", "20000",
