@@ -36,7 +36,7 @@ from tickwheel.replication.dispatcher import DeliverySink
 from tickwheel.replication.exits import DISK_FULL_EXIT_CODE, FATAL_EXIT_CODE, Die, die
 from tickwheel.replication.group import GroupSummary
 from tickwheel.replication.groups import Groups
-from tickwheel.replication.handles import HandleCipher
+from tickwheel.replication.handle_cipher import HandleCipher
 from tickwheel.replication.handout import ConsumerSlot
 from tickwheel.replication.leadership import Leadership
 from tickwheel.replication.proposals import Applied, Proposals
