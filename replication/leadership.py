@@ -1,8 +1,8 @@
-"""What a replica does while it leads: the barrier, dispatch under the lease, the cursor.
+"""What a replica does while it leads: the barrier, dispatch under its tenure, the cursor.
 
 A new leader proposes a *barrier* (a cursor command that moves nothing); once it is applied,
 every entry of earlier terms is applied too, and dispatch starts from the replicated cursor.
-While the Raft lease holds, each step takes what comes due by ``now + lead_ms`` from the wheel
+While its tenure holds (`tickwheel.replication.raft.tenure`), each step takes what comes due by ``now + lead_ms`` from the wheel
 and proposes one *handout*: those messages readied for their consumer groups, and leases
 granted to consumers with credits (`tickwheel.replication.handout`); once it is applied, the
 granted messages go to the sink. Leases whose deadline passed go to the sink to be retried.
@@ -54,14 +54,14 @@ class Leadership:
         self.term: int | None = None
         """The term this node leads in; None while it does not lead."""
         self.planner: Planner | None = None
-        self._lease_until_s = 0.0
+        self._tenure_until_s = 0.0
         self._proposed_cursor: Cursor | None = None
         self._last_cursor_sync = 0.0
         self._next_dispatch_s = 0.0
 
     def may_deliver(self) -> bool:
-        """Whether this node still holds its lease (any thread)."""
-        return self._clock.monotonic_s() < self._lease_until_s
+        """Whether this node still holds its tenure (any thread)."""
+        return self._clock.monotonic_s() < self._tenure_until_s
 
     def follow(self, now_ms: int) -> None:
         """Notice a leadership won or lost since the last turn."""
@@ -83,7 +83,7 @@ class Leadership:
         log.info("event=leadership_lost term=%s dispatched_epoch=%d", self.term,
                  self.dispatcher.epoch)
         self.term = None
-        self._lease_until_s = 0.0
+        self._tenure_until_s = 0.0
         self._sink.dispatch_stopped(self.dispatcher.epoch)
         self.dispatcher.end()
         self.planner = None
@@ -92,9 +92,9 @@ class Leadership:
         self._proposals.fail_all(error)
 
     def step(self, now_ms: int) -> float:
-        """Dispatch what comes due, under the lease; returns how long the poller may sleep."""
-        self._lease_until_s = self._raft.lease_until_s(self._config.raft.lease_ms)
-        if not self.dispatcher.active or self._clock.monotonic_s() >= self._lease_until_s:
+        """Dispatch what comes due, under its tenure; returns how long the poller may sleep."""
+        self._tenure_until_s = self._raft.tenure_until_s(self._config.raft.tenure_ms)
+        if not self.dispatcher.active or self._clock.monotonic_s() >= self._tenure_until_s:
             return self._config.raft.heartbeat_ms / 1000
         lead_until_ms = now_ms + self._config.dispatch.lead_ms
         taken = self._take_due(lead_until_ms)

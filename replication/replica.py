@@ -9,7 +9,7 @@ One thread (``tickwheel-raft``) owns everything stateful. Each turn of its loop:
 3. on the leader, makes commands of the requests other threads queued
    (`tickwheel.replication.requests`): schedules and retries packed into entries (group
    commit), cancels, group changes, and acks, releases and deadline changes of leases;
-4. on the leader holding its lease, dispatches: one *handout* of the messages coming due and
+4. on the leader holding its tenure, dispatches: one *handout* of the messages coming due and
    the leases granted on them, expired leases to be retried, the cursor now and then;
 5. sleeps in the poller until a socket, a request, an ack, or the next due time.
 
@@ -263,9 +263,9 @@ class Replica:
         return self._requests.group_op(create, topic, name)
 
     def may_deliver(self) -> bool:
-        """Whether this node still holds its lease (any thread). A sink that hands messages
-        out later than `DeliverySink.deliver` checks it first: after a pause, the lease has run
-        out before the Raft thread has noticed that another node leads."""
+        """Whether this node still holds its tenure (any thread). A sink that hands messages
+        out later than `DeliverySink.deliver` checks it first: after a pause, its tenure has
+        run out before the Raft thread has noticed that another node leads."""
         return self._leadership.may_deliver()
 
     def read_state_file(self, path: str, offset: int, size: int) -> bytes:

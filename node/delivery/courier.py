@@ -19,8 +19,8 @@ replicated command.
 A consumer is a `Session` (`tickwheel.node.delivery.sessions`); which leases its receipts may
 settle is `tickwheel.node.delivery.receipts`.
 
-Nothing is sent without the Raft lease (`Replica.may_deliver`): a leader paused past it holds
-what it has until the Raft thread notices that it no longer leads, and then drops it
+Nothing is sent without the leader's tenure (`Replica.may_deliver`): a leader paused past it
+holds what it has until the Raft thread notices that it no longer leads, and then drops it
 (`dispatch_stopped`); the log still holds the leases, which the next leader honours.
 
 Thread contract: `dispatch_started`, `deliver`, `expired` and `dispatch_stopped` may be called
@@ -60,7 +60,7 @@ from tickwheel.wheel import Cursor
 
 log = logging.getLogger("tickwheel.delivery")
 
-_RETRY_LEASE_S = 0.01
+_RETRY_TENURE_S = 0.01
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 
 
@@ -91,12 +91,12 @@ class Courier:
         self._consumers: dict[int, Session] = {}
         self._keys = itertools.count(1)
         self._held: list[Delivery] = []
-        """Granted while the Raft lease had lapsed: sent once it holds again."""
+        """Granted while the leader's tenure had lapsed: sent once it holds again."""
         self._epoch: int | None = None
         self._term = 0
         self._stops = 0
         """How many times leadership ended here (`_stop`)."""
-        self._lease_retry: asyncio.TimerHandle | None = None
+        self._tenure_retry: asyncio.TimerHandle | None = None
         self.released_bytes = 0
         """Bytes of the bodies that streams held unacknowledged when they left, ever: freed
         once their leases' release is applied (`tickwheel.node.ops.allocator` then gives the
@@ -247,8 +247,8 @@ class Courier:
         log.info("event=delivery_stopped epoch=%s", epoch)
 
     def _send_all(self, deliveries: list[Delivery]) -> None:
-        """Send granted messages to their consumers, batched per consumer, while the Raft
-        lease holds, each at its due time (the replica grants a little ahead, so the commit
+        """Send granted messages to their consumers, batched per consumer, while the leader's
+        tenure holds, each at its due time (the replica grants a little ahead, so the commit
         round runs while they wait); a lease of a consumer gone meanwhile is released."""
         epoch = self._epoch
         deliveries = [d for d in deliveries if d.epoch == epoch]
@@ -256,8 +256,8 @@ class Courier:
             return
         if not self._replica.may_deliver():
             self._held += deliveries
-            if self._lease_retry is None:
-                self._lease_retry = self._loop.call_later(_RETRY_LEASE_S, self._send_held)
+            if self._tenure_retry is None:
+                self._tenure_retry = self._loop.call_later(_RETRY_TENURE_S, self._send_held)
             return
         now_ms = self._clock_ms()
         early = [d for d in deliveries if d.message.deliver_at_ms > now_ms]
@@ -297,7 +297,7 @@ class Courier:
             self._give_back(orphaned)
 
     def _send_held(self) -> None:
-        self._lease_retry = None
+        self._tenure_retry = None
         held, self._held = self._held, []
         self._send_all(held)
 
