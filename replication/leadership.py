@@ -2,12 +2,13 @@
 
 A new leader proposes a *barrier* (a cursor command that moves nothing); once it is applied,
 every entry of earlier terms is applied too, and dispatch starts from the replicated cursor.
-While its tenure holds (`tickwheel.replication.raft.tenure`), each step takes what comes due by ``now + lead_ms`` from the wheel
-and proposes one *handout*: those messages readied for their consumer groups, and leases
-granted to consumers with credits (`tickwheel.replication.handout`); once it is applied, the
-granted messages go to the sink. Leases whose deadline passed go to the sink to be retried.
-Every ``cursor_sync_ms`` the cursor is proposed if it moved. A node that stops leading ends
-dispatch at once, and every request and proposal still waiting fails with `NotLeader`.
+While its tenure holds (`tickwheel.replication.raft.tenure`), each step takes what comes due by
+``now + lead_ms`` from the wheel and proposes one *handout*: those messages readied for their
+consumer groups, and leases granted to consumers with credits (`tickwheel.replication.handout`);
+once it is applied, the granted messages go to the sink. Leases whose deadline passed go to the
+sink to be retried. Every ``cursor_sync_ms`` the cursor is proposed if it moved. A node that
+stops leading ends dispatch at once, and every request and proposal still waiting fails with
+`NotLeader`.
 
 Single-threaded (the Raft thread), but for `may_deliver`.
 """

@@ -55,7 +55,6 @@ from tickwheel.replication.raft import link_protocol
 from tickwheel.replication.raft.config import RaftConfig
 from tickwheel.replication.raft.durability import SyncLedger
 from tickwheel.replication.raft.journal import JOURNAL_FILE, AtomicJournal, MsyncJournal
-from tickwheel.replication.raft.tenure import TenureClock
 from tickwheel.replication.raft.port import OnResult, RaftStatus, Role
 from tickwheel.replication.raft.prevote import SHAPES, PreVote, well_formed
 from tickwheel.replication.raft.snapshot import (
@@ -63,6 +62,7 @@ from tickwheel.replication.raft.snapshot import (
     DurableSerializer,
     ReceivingSerializer,
 )
+from tickwheel.replication.raft.tenure import TenureClock
 from tickwheel.replication.raft.transport import LinkTransport
 
 log = logging.getLogger("tickwheel.replication")

@@ -13,9 +13,9 @@ from pysyncobj.transport import TCPTransport
 
 from tickwheel.common.errors import invariant
 from tickwheel.replication.raft import wire
-from tickwheel.replication.raft.tenure import TenureClock
 from tickwheel.replication.raft.link_protocol import LinkSettings
 from tickwheel.replication.raft.link_server import LinkServer
+from tickwheel.replication.raft.tenure import TenureClock
 
 SWEEP_INTERVAL_S = 0.1
 

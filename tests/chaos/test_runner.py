@@ -176,7 +176,7 @@ def test_failovers_and_storage_faults_lose_nothing_and_flag_every_duplicate(
          "--warmup", "5", "--interval", "8", "--near-max-ms", "20000",
          "--snapshot-min-entries", "1000"], capture_output=True, text=True, timeout=500,
         check=False)
-    assert harness.returncode == 0, harness.stdout + harness.stderr[-4_000:]
+    assert runner.returncode == 0, runner.stdout + runner.stderr[-4_000:]
     audit = subprocess.run([sys.executable, "-m", "tickwheel.chaos.audit", str(out), "--json"],
                            capture_output=True, text=True, timeout=300, check=False)
     summary = json.loads(audit.stdout)

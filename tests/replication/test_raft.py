@@ -26,8 +26,8 @@ from tickwheel.replication.raft import (
     write_snapshot,
 )
 from tickwheel.replication.raft.journal import AtomicJournal
-from tickwheel.replication.raft.tenure import ECHO, SENT, TenureClock
 from tickwheel.replication.raft.prevote import PreVote
+from tickwheel.replication.raft.tenure import ECHO, SENT, TenureClock
 
 
 class _Marker:
