@@ -35,9 +35,9 @@ from tickwheel.node import (
     ADMIN_GRANTS,
     DevCredentials,
     Grants,
-    journal_files,
     make_dev_credentials,
     rocketmq_secret_key,
+    trail_files,
 )
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
@@ -164,9 +164,9 @@ class LocalNode:
         except grpc.RpcError:
             return None
 
-    def journal(self) -> list[dict]:
-        """The events of this node's delivery journal, its rotated file's first."""
-        lines = [line for path in journal_files(self.data)
+    def trail(self) -> list[dict]:
+        """The events of this node's delivery trail, its rotated file's first."""
+        lines = [line for path in trail_files(self.data)
                  for line in path.read_text().splitlines()]
         return [json.loads(line) for line in lines if line.endswith("}")]
 
@@ -355,7 +355,7 @@ class LocalCluster:
                     raise
 
     def deliveries(self) -> list[dict]:
-        return [event for node in self.nodes for event in node.journal()
+        return [event for node in self.nodes for event in node.trail()
                 if event["event"] == "delivered"]
 
 

@@ -7,14 +7,14 @@ concern (issue 38), each importing only the rooms below it (pyproject.toml's con
     listeners     the gRPC servers bound to their ports (client, peer, RocketMQ, health)
     rocketmq/     RocketMQ 5's client protocol, served through the API
     api/          the gRPC API: calls, forwarding, admission, validation
-    delivery/     the Courier, consumers' streams, receipts, retries, the delivery journal
+    delivery/     the Courier, consumers' streams, receipts, retries, the delivery trail
     ops/ security/ peers   metrics, disk, memory; who calls and with what grants;
                   state files read from peers (the lowest, independent of each other)
 
 The face the layers above use (`tickwheel.cli`, `tickwheel.harness`, `tickwheel.chaos`): the
 node's commands (`main`, and the `console` they print to), how a node says its storage failed
 (`STORAGE_EXIT_CODE`), the disk reserve it keeps and how it measures free space, the files of its
-delivery journal (`journal_files`), the development credentials a local cluster runs with, and
+delivery trail (`trail_files`), the development credentials a local cluster runs with, and
 the SecretKey a RocketMQ client signs with. Code above imports these from here, never a module
 inside; `tests/test_layout.py` checks it.
 
@@ -26,7 +26,7 @@ loads none of it, since ``tickwheel serve`` imports the server when it runs
 
 from tickwheel.node.cli.commands import main
 from tickwheel.node.cli.terminal import console
-from tickwheel.node.delivery.journal import files as journal_files
+from tickwheel.node.delivery.trail import files as trail_files
 from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES, free_bytes
 from tickwheel.node.rocketmq.signature import secret_key as rocketmq_secret_key
 from tickwheel.node.security.dev_credentials import ADMIN as ADMIN_GRANTS
@@ -41,12 +41,12 @@ __all__ = [
     "ADMIN_GRANTS",
     "DEFAULT_RESERVE_BYTES",
     "STORAGE_EXIT_CODE",
-        "DevCredentials",
+    "DevCredentials",
     "Grants",
     "console",
     "free_bytes",
-    "journal_files",
     "main",
     "make_dev_credentials",
     "rocketmq_secret_key",
+    "trail_files",
 ]

@@ -25,7 +25,7 @@ TOPIC_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,249}")
 """Kafka's topic alphabet and length: safe in file names, metric labels and URLs."""
 CONSUMER_PATTERN = re.compile(r"[A-Za-z0-9._:@/\[\]-]{1,128}")
 """What a consumer may call itself: an id, a host and port, a pod name (it reaches logs and the
-delivery journal, so no spaces, no control characters)."""
+delivery trail, so no spaces, no control characters)."""
 GROUP_PATTERN = re.compile(r"[A-Za-z0-9._-]{0,128}")
 MAX_RECEIVE_WAIT_MS = 30_000
 """A consumer group's name: empty for the default group; it names a dead-letter topic."""

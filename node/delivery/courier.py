@@ -38,12 +38,12 @@ from types import MappingProxyType
 
 from tickwheel.common.errors import NotLeader, Overloaded, TickwheelError
 from tickwheel.node.delivery.batches import ENVELOPE_BYTES, GRPC_MESSAGE_BYTES, split
-from tickwheel.node.delivery.journal import DeliveryJournal
 from tickwheel.node.delivery.levels import RetryPolicy
 from tickwheel.node.delivery.receipts import Receipts
 from tickwheel.node.delivery.retries import Retries
 from tickwheel.node.delivery.sent import Sent
 from tickwheel.node.delivery.sessions import Session
+from tickwheel.node.delivery.trail import DeliveryTrail
 from tickwheel.node.ops.metrics import Metrics
 from tickwheel.replication import (
     DEFAULT_GROUP,
@@ -80,11 +80,11 @@ class Courier:
     and nacks. Create it on the loop that will own it."""
 
     def __init__(self, config: CourierConfig, retry: RetryPolicy, clock_ms: Callable[[], int],
-                 journal: DeliveryJournal, metrics: Metrics) -> None:
+                 trail: DeliveryTrail, metrics: Metrics) -> None:
         self.config = config
         self._retry_policy = retry
         self._clock_ms = clock_ms
-        self._journal = journal
+        self._trail = trail
         self._metrics = metrics
         self._replica: Replica | None = None
         self._loop = asyncio.get_running_loop()
@@ -232,7 +232,7 @@ class Courier:
 
     def _start(self, term: int, epoch: int, cursor: Cursor, takeover_ms: int) -> None:
         self._epoch, self._term = epoch, term
-        self._journal.dispatch_started(term, epoch, cursor, takeover_ms)
+        self._trail.dispatch_started(term, epoch, cursor, takeover_ms)
 
     def _stop(self) -> None:
         """Leadership ended: drop what was not sent and close every consumer (they reconnect
@@ -288,7 +288,7 @@ class Courier:
                                   self.config.max_batch_bytes):
                 consumer.outbox.put_nowait(response)
             self._replica.sent(key, [sent.delivery.lease for sent in batch], now_ms)
-            self._journal.delivered(batch, consumer.group, self._term, now_ms)
+            self._trail.delivered(batch, consumer.group, self._term, now_ms)
             self._metrics.observe_delivered(
                 consumer.topic, len(batch),
                 [max(0, now_ms - sent.delivery.message.deliver_at_ms)

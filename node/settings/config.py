@@ -138,7 +138,7 @@ class NodeSettings(AddressFields, SecurityFields, StorageFields, LimitFields, De
             raise ValueError("must be positive")
         return value
 
-    @field_validator("min_free_bytes", "journal_max_bytes")
+    @field_validator("min_free_bytes", "trail_max_bytes")
     @classmethod
     def _not_negative(cls, value: int) -> int:
         if value < 0:

@@ -210,7 +210,7 @@ def test_a_healed_partition_does_not_depose_a_healthy_leader(tmp_path: Path) -> 
     """PreVote: a follower cut off (blackholed: it still counts its peers connected, as in a
     real network partition) for several election timeouts asks before it stands, goes
     unheard, keeps its term, and rejoins without a new election."""
-    with ChaosCluster(tmp_path / "cluster", 3, tmp_path / "journals") as cluster:
+    with ChaosCluster(tmp_path / "cluster", 3, tmp_path / "trails") as cluster:
         leader = cluster.leader()
         term = leader.info().term
         cut = next(node for node in cluster.nodes if node is not leader)
