@@ -39,7 +39,8 @@ from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.proxy import PARTITION_MODES
 from tickwheel.chaos.workload import EventLog, now_ms
 from tickwheel.harness.local_cluster import LocalNode
-from tickwheel.node import DEFAULT_RESERVE_BYTES, STORAGE_EXIT_CODE
+from tickwheel.node import DEFAULT_RESERVE_BYTES
+from tickwheel.replication import STORAGE_EXIT_CODE
 
 log = logging.getLogger("tickwheel.chaos")
 

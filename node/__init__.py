@@ -11,12 +11,23 @@ concern (issue 38), each importing only the rooms below it (pyproject.toml's con
     ops/ security/ peers   metrics, disk, memory; who calls and with what grants;
                   state files read from peers (the lowest, independent of each other)
 
-The face the layers above use (`tickwheel.cli`, `tickwheel.harness`, `tickwheel.chaos`): the
-node's commands (`main`, and the `console` they print to), how a node says its storage failed
-(`STORAGE_EXIT_CODE`), the disk reserve it keeps and how it measures free space, the files of its
-delivery trail (`trail_files`), the development credentials a local cluster runs with, and
-the SecretKey a RocketMQ client signs with. Code above imports these from here, never a module
-inside; `tests/test_layout.py` checks it.
+The face the layers above use, each name for the users it has (code above imports these from
+here, never a module inside; `tests/test_layout.py` checks it):
+
+- `main` and `console`: the node's commands, and the terminal they print to, which
+  `tickwheel.cli` extends with ``cluster up`` and prints to alike;
+- `trail_files`: the files of a node's delivery trail, oldest first, which the harness reads
+  and the chaos runner collects for the audit;
+- `DEFAULT_RESERVE_BYTES` and `free_bytes`: the disk reserve a node keeps and how it measures
+  free space, so that the chaos runner's full disk is full as the node sees it;
+- `make_dev_credentials`, `DevCredentials`, `Grants`, `ADMIN_GRANTS`: the development
+  credentials the node's ``tickwheel certs`` command makes, which `LocalCluster` runs its nodes
+  and callers with;
+- `rocketmq_secret_key`: the SecretKey a RocketMQ client signs with, derived from the cluster's
+  Raft secret as the node's ``tickwheel rocketmq-key`` does, for the harness's RocketMQ clients.
+
+The exit status of a node that will not serve its data folder is the replica's,
+`tickwheel.replication.STORAGE_EXIT_CODE`.
 
 Importing the face does not load the server: a process that needs the credentials (a
 benchmark's consumer beside RocketMQ's official client, whose protos would clash with ours)
@@ -33,14 +44,9 @@ from tickwheel.node.security.dev_credentials import ADMIN as ADMIN_GRANTS
 from tickwheel.node.security.dev_credentials import DevCredentials, Grants
 from tickwheel.node.security.dev_credentials import make as make_dev_credentials
 
-# The status a node exits with when it will not serve its data folder, taken from where it is
-# defined (the replica exits with it too) so that the face does not load the server.
-from tickwheel.replication import STORAGE_EXIT_CODE
-
 __all__ = [
     "ADMIN_GRANTS",
     "DEFAULT_RESERVE_BYTES",
-    "STORAGE_EXIT_CODE",
     "DevCredentials",
     "Grants",
     "console",

@@ -17,8 +17,7 @@ from typing import NamedTuple
 from tickwheel.common.errors import InvalidMessage
 from tickwheel.node.delivery.levels import DLQ_PREFIX, DelayLevels, is_dead_letter_topic
 from tickwheel.v1 import tickwheel_pb2 as pb
-from tickwheel.wheel import NewMessage
-from tickwheel.wheel.types import DAY_MS
+from tickwheel.wheel import DAY_MS, NewMessage
 
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 TOPIC_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,249}")

@@ -56,7 +56,7 @@ from tickwheel.node.settings.config_fields import (
 )
 from tickwheel.replication import DispatchConfig, ReplicaConfig, StateConfig
 from tickwheel.replication.raft import RaftConfig
-from tickwheel.wheel.types import DAY_MS, WheelConfig
+from tickwheel.wheel import DAY_MS, WheelConfig
 
 _POD_FIELDS = ("pod_name", "replicas", "peer_service", "namespace")
 _POD_KNOB_FIELDS = ("cluster_domain", "peer_host_template", "raft_port", "grpc_port",
