@@ -15,8 +15,8 @@ import os
 import sys
 from pathlib import Path
 
-from tickwheel.chaos.harness import RunConfig, run
 from tickwheel.chaos.nemesis import FAULTS, NemesisConfig
+from tickwheel.chaos.runner import RunConfig, run
 from tickwheel.chaos.workload import Mix
 
 

@@ -2,11 +2,11 @@
 
 Reads the logs a chaos run left in ``OUT_DIR`` (``run.json``, ``scheduled.jsonl``,
 ``cancels.jsonl``, ``reschedules.jsonl``, ``received.jsonl``,
-``journals/<node>.<generation>.jsonl``, ``leaders.jsonl``, ``faults.jsonl``) with PySpark,
+``trails/<node>.<generation>.jsonl``, ``leaders.jsonl``, ``faults.jsonl``) with PySpark,
 writes ``OUT_DIR/audit/summary.json``, ``report.md`` and two plots (`tickwheel.chaos.report`),
 and exits 0 when the verdict is clean, 1 when it is not. Also ``spark-submit chaos/audit.py
 OUT_DIR``. Missing or empty ``.jsonl`` files are no rows; lines that are not JSON (a killed
-writer's torn last line) are skipped. Times are Unix ms on the harness machine, except
+writer's torn last line) are skipped. Times are Unix ms on the runner's machine, except
 ``delivered_at_ms`` (the sending leader's clock).
 
 What is owed, lost, a duplicate or a false alarm is defined in `tickwheel.chaos.deliveries`;
@@ -20,20 +20,20 @@ the figures built on them:
 - **groups**: per ``topic/group`` owed: ``owed``, ``received``, ``lost``, duplicates by class,
   ``false_alarms`` and the lateness ``p99``; ``idle``: per idle topic, messages ``acked`` and
   ``received`` (nobody reads it: received is 0).
-- **races**: the cancels and reschedules the harness sent just before due (``raced``), by
+- **races**: the cancels and reschedules the runner sent just before due (``raced``), by
   outcome, and how long their answers took (``answer_ms`` p50, p99, max).
 - **failovers** (from ``leaders.jsonl``): an entry naming a leader other than the last leader
   named before it (the run's first leader is no failover). For each: ``old_leader``,
-  ``new_leader``, ``term``, ``at_ms`` (when the harness saw the new leader); ``lost_at_ms``, the
+  ``new_leader``, ``term``, ``at_ms`` (when the runner saw the new leader); ``lost_at_ms``, the
   first entry after the last one naming the old leader, or, when that is the failover itself,
   the start of the latest fault started after that entry and no later than the failover, else
   the failover's ``at_ms``; ``no_leader_ms = at_ms - lost_at_ms``; ``first_delivery_ms``, from
-  ``lost_at_ms`` to the first ``delivered`` journal event of the new leader (by node name) in the
+  ``lost_at_ms`` to the first ``delivered`` trail event of the new leader (by node name) in the
   failover's term or later; ``catch_up_ms``, from the new leader's first ``dispatch_started``
   (``takeover_ms``) in a term >= the failover's to the first delivery of that term at most
   `CAUGHT_UP_MS` after its due time; ``duplicates``, by class, received in ``[lost_at_ms, the
   next failover's lost_at_ms)``; ``fault``, the latest fault started at or before
-  ``lost_at_ms``. Both delivery figures are null when the journals have no such event.
+  ``lost_at_ms``. Both delivery figures are null when the trails have no such event.
 - **verdict**: ``clean`` iff nothing is lost, no duplicate is unflagged, nothing arrived early,
   nothing was delivered after a ``cancelled`` answer or contrary to a ``rescheduled`` one; else
   ``dirty``.
@@ -124,7 +124,7 @@ def summarize(logs: Logs) -> dict[str, Any]:
     moves = deliveries.moves(logs.reschedules)
     owed = deliveries.owed(run, messages, moves)
     receipts = deliveries.ordered_receipts(logs.received).join(
-        deliveries.sends(logs.journals), list(DELIVERY), "left")
+        deliveries.sends(logs.trails), list(DELIVERY), "left")
     duplicates = receipts.filter(F.col("duplicate"))
     first = deliveries.first_receipts(receipts, messages)
     lost = deliveries.lost(run, owed, cancels, logs.received)
@@ -150,7 +150,7 @@ def summarize(logs: Logs) -> dict[str, Any]:
         "groups": _per_group(owed, receipts, first, lost),
         "idle": _idle(run, messages, logs.received),
         "races": _races(logs.cancels, logs.reschedules),
-        "failovers": _failover_figures(failovers, leaderships(logs.journals), receipts),
+        "failovers": _failover_figures(failovers, leaderships(logs.trails), receipts),
         "faults": [dataclasses.asdict(fault) for fault in faults],
         "examples": {"unflagged_duplicates": unflagged_ids,
                      "cancelled_but_delivered": late_cancels["ids"],

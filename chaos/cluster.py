@@ -1,8 +1,8 @@
 """The cluster under test: real ``tickwheel serve`` processes whose Raft links run through the
-harness's proxies (`RaftMesh`), with the faults the nemeses need.
+runner's proxies (`RaftMesh`), with the faults the nemeses need.
 
-Each node keeps its delivery journal in its data folder; before a node's data is wiped, and at
-the end of the run, the journal is copied to ``OUT/journals/<name>.<generation>.jsonl``.
+Each node keeps its delivery trail in its data folder; before a node's data is wiped, and at
+the end of the run, the trail is copied to ``OUT/trails/<name>.<generation>.jsonl``.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from tickwheel.chaos import storage
 from tickwheel.chaos.proxy import RaftMesh
 from tickwheel.chaos.storage import MountFailed, PowerCut, mount_disk, unmount_disk
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode, free_ports
-from tickwheel.node import journal_files
+from tickwheel.node import trail_files
 from tickwheel.replication.raft import SyncLedger
 
 
 class ChaosCluster(LocalCluster):
-    """``size`` nodes under ``root`` behind a `RaftMesh`; journals are collected in
-    ``journals``. A context manager: it stops every process it started, then the proxies."""
+    """``size`` nodes under ``root`` behind a `RaftMesh`; trails are collected in
+    ``trails``. A context manager: it stops every process it started, then the proxies."""
 
-    def __init__(self, root: Path, size: int, journals: Path,
+    def __init__(self, root: Path, size: int, trails: Path,
                  extra_args: tuple[str, ...] = (), disk_size: str | None = None,
                  power_cuts: bool = False) -> None:
         """``disk_size`` (``"512m"``): give each node a tmpfs of its own of that size, a disk
@@ -37,7 +37,7 @@ class ChaosCluster(LocalCluster):
         for index, node in enumerate(self.nodes):
             node.raft = self.mesh.address(index)
         self.names = {node.raft: f"node{i}" for i, node in enumerate(self.nodes)}
-        self.journals = journals
+        self.trails = trails
         self._generation = dict.fromkeys(self.names.values(), 0)
 
     def __enter__(self) -> ChaosCluster:
@@ -55,7 +55,7 @@ class ChaosCluster(LocalCluster):
     def __exit__(self, *exc: object) -> None:
         try:
             self.stop_all()
-            self.collect_journals()
+            self.collect_trails()
         finally:
             self.mesh.stop()
             self._unmount()
@@ -107,9 +107,9 @@ class ChaosCluster(LocalCluster):
         return storage.power_cut(node.data, SyncLedger(node.sync_ledger))
 
     def wipe(self, node: LocalNode) -> None:
-        """Delete a stopped node's data (its journal is kept: the next generation starts); the
+        """Delete a stopped node's data (its trail is kept: the next generation starts); the
         folder stays (it may be a mount)."""
-        self.collect_journal(node)
+        self.collect_trail(node)
         self._generation[self.name(node)] += 1
         for entry in node.data.iterdir():
             if entry.is_dir():
@@ -119,17 +119,17 @@ class ChaosCluster(LocalCluster):
         if node.sync_ledger is not None:  # its notes name files that are gone
             shutil.rmtree(node.sync_ledger, ignore_errors=True)
 
-    def collect_journals(self) -> None:
+    def collect_trails(self) -> None:
         for node in self.nodes:
-            self.collect_journal(node)
+            self.collect_trail(node)
 
-    def collect_journal(self, node: LocalNode) -> None:
-        """Copy ``node``'s delivery journal (its rotated file first) into one file."""
-        sources = journal_files(node.data)
+    def collect_trail(self, node: LocalNode) -> None:
+        """Copy ``node``'s delivery trail (its rotated file first) into one file."""
+        sources = trail_files(node.data)
         if sources:
             name = self.name(node)
-            self.journals.mkdir(parents=True, exist_ok=True)
-            with open(self.journals / f"{name}.{self._generation[name]}.jsonl", "wb") as out:
+            self.trails.mkdir(parents=True, exist_ok=True)
+            with open(self.trails / f"{name}.{self._generation[name]}.jsonl", "wb") as out:
                 for source in sources:
                     with open(source, "rb") as data:
                         shutil.copyfileobj(data, out)

@@ -16,7 +16,7 @@ audit (`tickwheel.chaos.audit`) counts, and which the chaos CI test relies on.
   it), ``unknown``, or ``handed_out``: some group had it, and the groups that had not never
   will), due (moved, as above) by the cutoff, and never received in their group.
   The cutoff is ``ended_ms - grace_ms``, and no later than ``drained_due_ms`` when ``run.json``
-  has it: the harness drains delivery until every delivery due by the end of production has
+  has it: the runner drains delivery until every delivery due by the end of production has
   arrived, and one due after that may still sit, delivered, in a slow consumer's queue when the
   run ends. Must be 0.
 - **duplicates**: every receipt of a delivery but its original: the first *plain* receipt
@@ -28,7 +28,7 @@ audit (`tickwheel.chaos.audit`) counts, and which the chaos CI test relies on.
 - **false_alarms**: deliveries whose original is flagged ``possible_duplicate``: a first
   receipt that says it may be a repeat. Most were sent before and never handled (they sat in a
   consumer's buffer when its stream broke, or were granted to a receive call whose answer was
-  lost); ``false_alarms_unsent`` counts those no journal shows sent to the group before (fewer
+  lost); ``false_alarms_unsent`` counts those no trail shows sent to the group before (fewer
   than two ``delivered`` lines for the delivery): hand-outs a leader committed and died before
   sending, the only false alarms the design allows.
 - **cancelled_but_delivered**: messages with a cancel of outcome ``cancelled`` or
@@ -115,13 +115,13 @@ def false_alarm() -> Column:
 
 
 def unsent_alarm() -> Column:
-    """A false alarm that no journal shows sent to its group before (its own send only)."""
+    """A false alarm that no trail shows sent to its group before (its own send only)."""
     return false_alarm() & (F.coalesce("sends", F.lit(0)) <= 1)
 
 
-def sends(journals: DataFrame) -> DataFrame:
-    """``sends``: how many ``delivered`` journal lines each delivery has, on any node."""
-    return (journals.filter(F.col("event") == "delivered")
+def sends(trails: DataFrame) -> DataFrame:
+    """``sends``: how many ``delivered`` trail lines each delivery has, on any node."""
+    return (trails.filter(F.col("event") == "delivered")
             .withColumn("group", F.coalesce("group", F.lit("")))
             .groupBy(*DELIVERY).agg(F.count("*").alias("sends")))
 

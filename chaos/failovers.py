@@ -2,7 +2,7 @@
 
 A *failover* is an entry of ``leaders.jsonl`` naming a leader other than the last leader named
 before it; `find_failovers` finds them and when leadership was lost, and blames a fault;
-the new leader's journals (`leaderships`) say when it first delivered and caught up. The
+the new leader's trails (`leaderships`) say when it first delivered and caught up. The
 definitions are those of `tickwheel.chaos.audit`'s module docstring.
 """
 
@@ -18,7 +18,7 @@ CAUGHT_UP_MS = 100
 
 @dataclass(frozen=True, slots=True)
 class LeaderChange:
-    """A line of ``leaders.jsonl``; ``leader`` is None while the harness sees none."""
+    """A line of ``leaders.jsonl``; ``leader`` is None while the runner sees none."""
 
     at_ms: int
     leader: str | None
@@ -50,7 +50,7 @@ class Failover:
 
 @dataclass(frozen=True, slots=True)
 class Leadership:
-    """What one node's journals say about one term: when it took over, first delivered, and
+    """What one node's trails say about one term: when it took over, first delivered, and
     first delivered a message at most `CAUGHT_UP_MS` late (each None if never)."""
 
     node_name: str
@@ -94,11 +94,11 @@ def _blamed(faults: list[Fault], at_ms: int) -> Fault | None:
                key=lambda fault: fault.started_ms, default=None)
 
 
-def leaderships(journals: DataFrame) -> list[Leadership]:
-    """Per node name and term, the journal figures a failover is measured by."""
+def leaderships(trails: DataFrame) -> list[Leadership]:
+    """Per node name and term, the trail figures a failover is measured by."""
     delivered = F.col("event") == "delivered"
     caught_up = delivered & (F.col("delivered_at_ms") - F.col("deliver_at_ms") <= CAUGHT_UP_MS)
-    rows = journals.groupBy("node_name", "term").agg(
+    rows = trails.groupBy("node_name", "term").agg(
         F.min(F.when(F.col("event") == "dispatch_started", F.col("takeover_ms")))
         .alias("takeover_ms"),
         F.min(F.when(delivered, F.col("delivered_at_ms"))).alias("first_delivered_at_ms"),

@@ -1,4 +1,4 @@
-"""The faults (nemeses) the harness inflicts, one at a time, each timed and written down.
+"""The faults (nemeses) the runner inflicts, one at a time, each timed and written down.
 
 | fault | what happens |
 |---|---|
@@ -39,7 +39,8 @@ from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.proxy import PARTITION_MODES
 from tickwheel.chaos.workload import EventLog, now_ms
 from tickwheel.harness.local_cluster import LocalNode
-from tickwheel.node import DEFAULT_RESERVE_BYTES, EXIT_STORAGE
+from tickwheel.node import DEFAULT_RESERVE_BYTES
+from tickwheel.replication import STORAGE_EXIT_CODE
 
 log = logging.getLogger("tickwheel.chaos")
 
@@ -102,7 +103,7 @@ class Nemesis(threading.Thread):
                 self._inflict(fault)
                 if self._halt.wait(self._config.interval_s):
                     return
-        except BaseException as error:  # the harness reports it and fails the run
+        except BaseException as error:  # the runner reports it and fails the run
             self.error = error
             log.exception("event=nemesis_failed")
 
@@ -215,9 +216,9 @@ class Nemesis(threading.Thread):
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"{self._cluster.name(node)} started on a damaged snapshot "
                                f"({detail})") from None
-        if code != EXIT_STORAGE:
+        if code != STORAGE_EXIT_CODE:
             raise RuntimeError(f"{self._cluster.name(node)} exited {code} on a damaged "
-                               f"snapshot, not {EXIT_STORAGE}")
+                               f"snapshot, not {STORAGE_EXIT_CODE}")
         self._cluster.wipe(node)
         self._cluster.start(node)
         return node, (f"stopped; {detail}; it refused to start (exit {code}); data moved "

@@ -1,4 +1,4 @@
-"""TCP proxies on every Raft link, so the harness can cut a node off from its peers and heal it.
+"""TCP proxies on every Raft link, so the runner can cut a node off from its peers and heal it.
 
 pysyncobj names a node by its address and opens each link from one side only: the node whose
 address is greater (as a string) dials the other, and says who it is in its first message. So
@@ -11,7 +11,7 @@ every link can be put behind a proxy of its own without the nodes noticing:
   five digits and the proxies get the lowest.
 
 Each node therefore has its own member list (`RaftMesh.members_of`). To partition node ``x``, the
-harness blocks the proxies of every link ``x`` is on, in one of two ways:
+runner blocks the proxies of every link ``x`` is on, in one of two ways:
 
 - ``reset``: open connections are closed, new ones are accepted and closed at once, so pysyncobj
   sees its peers drop and redials them every ``connection_retry_ms`` (a host that is down);

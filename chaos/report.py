@@ -5,7 +5,7 @@ every figure) plus the ``(received_ms, lateness_ms)`` points of first receipts; 
 recomputed. Times in the report are seconds since the run started.
 
 - ``lateness.png``: each first receipt's lateness (symmetric log scale, so early receipts show
-  below zero) against when it arrived, a dashed line at each failover (when the harness saw the
+  below zero) against when it arrived, a dashed line at each failover (when the runner saw the
   new leader) and the fault windows shaded.
 - ``duplicates.png``: duplicate receipts per failover, stacked by class.
 - ``report.md``: the verdict, the overall figures, the per-group, race, failover and fault

@@ -22,15 +22,15 @@ RESCHEDULES_SCHEMA = ("id STRING, handle BIGINT, sent_ms BIGINT, done_ms BIGINT,
 RECEIVED_SCHEMA = ("id STRING, topic STRING, group STRING, deliver_at_ms BIGINT, "
                    "delivered_at_ms BIGINT, received_ms BIGINT, attempt BIGINT, "
                    "possible_duplicate BOOLEAN, node STRING, consumer STRING, acked BOOLEAN")
-JOURNAL_SCHEMA = ("event STRING, node STRING, term BIGINT, epoch BIGINT, cursor ARRAY<BIGINT>, "
+TRAIL_SCHEMA = ("event STRING, node STRING, term BIGINT, epoch BIGINT, cursor ARRAY<BIGINT>, "
                   "takeover_ms BIGINT, id STRING, topic STRING, group STRING, handle BIGINT, "
                   "deliver_at_ms BIGINT, delivered_at_ms BIGINT, position ARRAY<BIGINT>, "
                   "possible_duplicate BOOLEAN, attempt BIGINT")
-"""``node`` is the Raft address; the audit names nodes by the journal's file name instead."""
+"""``node`` is the Raft address; the audit names nodes by the trail's file name instead."""
 LEADERS_SCHEMA = "at_ms BIGINT, leader STRING, term BIGINT"
 FAULTS_SCHEMA = "fault STRING, node STRING, started_ms BIGINT, ended_ms BIGINT, detail STRING"
-JOURNAL_NAME = r"([^/]+)\.\d+\.jsonl$"
-"""``journals/<node name>.<generation>.jsonl``: group 1 is the node's name."""
+TRAIL_NAME = r"([^/]+)\.\d+\.jsonl$"
+"""``trails/<node name>.<generation>.jsonl``: group 1 is the node's name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +43,8 @@ class Run:
     grace_ms: int
     allowed_early_ms: int
     drained_due_ms: int | None = None
-    """What the harness drained for: every message due by then had arrived (or the drain
-    timed out). None in runs recorded before the harness wrote it."""
+    """What the runner drained for: every message due by then had arrived (or the drain
+    timed out). None in runs recorded before the runner wrote it."""
     groups: dict[str, list[str]] | None = None
     """Consumed topics and their groups; None (runs before groups): every topic, its default
     group."""
@@ -59,7 +59,7 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Logs:
-    """One run's logs as DataFrames (journals gain ``node_name``, from the file name;
+    """One run's logs as DataFrames (trails gain ``node_name``, from the file name;
     receipts without a group are the default group's)."""
 
     run: Run
@@ -67,7 +67,7 @@ class Logs:
     cancels: DataFrame
     reschedules: DataFrame
     received: DataFrame
-    journals: DataFrame
+    trails: DataFrame
     leaders: DataFrame
     faults: DataFrame
 
@@ -92,7 +92,7 @@ def read_run(out_dir: Path, grace_ms: int | None = None,
 
 def load_logs(spark: SparkSession, out_dir: Path, run: Run) -> Logs:
     """The logs under ``out_dir`` as DataFrames with explicit schemas."""
-    journals = _read_jsonl(spark, sorted((out_dir / "journals").glob("*.jsonl")), JOURNAL_SCHEMA)
+    trails = _read_jsonl(spark, sorted((out_dir / "trails").glob("*.jsonl")), TRAIL_SCHEMA)
     return Logs(
         run=run,
         scheduled=_read_jsonl(spark, [out_dir / "scheduled.jsonl"], SCHEDULED_SCHEMA),
@@ -100,8 +100,8 @@ def load_logs(spark: SparkSession, out_dir: Path, run: Run) -> Logs:
         reschedules=_read_jsonl(spark, [out_dir / "reschedules.jsonl"], RESCHEDULES_SCHEMA),
         received=_read_jsonl(spark, [out_dir / "received.jsonl"], RECEIVED_SCHEMA)
         .withColumn("group", F.coalesce("group", F.lit(""))),
-        journals=journals.withColumn(
-            "node_name", F.regexp_extract(F.input_file_name(), JOURNAL_NAME, 1)),
+        trails=trails.withColumn(
+            "node_name", F.regexp_extract(F.input_file_name(), TRAIL_NAME, 1)),
         leaders=_read_jsonl(spark, [out_dir / "leaders.jsonl"], LEADERS_SCHEMA),
         faults=_read_jsonl(spark, [out_dir / "faults.jsonl"], FAULTS_SCHEMA))
 

@@ -3,7 +3,7 @@
 Each function damages the data folder of a node that is not running and says what it did.
 Damage a node repairs by itself: flipped bytes in hour logs and index units (mended from the
 peers' copies), a cut tail of an hour's files (its snapshot's lengths fetch it back). Damage it
-must refuse: a flipped byte in its Raft snapshot (it exits 3; the harness then applies the
+must refuse: a flipped byte in its Raft snapshot (it exits 3; the runner then applies the
 remedy the node names, moving the folder away). A power cut: a node started with ``--fsync``
 keeps what it synced and nothing more. And a disk that fills up under a running node.
 """
@@ -24,7 +24,7 @@ from tickwheel.replication.raft import (
     read_snapshot,
     rewind_journal,
 )
-from tickwheel.wheel.format import RECORD_HEADER, UNIT, UNIT_SIZE
+from tickwheel.wheel import faults
 
 RECENT_UNITS = 400
 """``rot`` damages records among this many of an hour's latest."""
@@ -33,14 +33,12 @@ BALLAST = "ballast"
 
 
 def _hours(data: Path) -> list[Path]:
-    root = data / "state" / "wheel" / "hours"
-    return sorted(folder for folder in root.iterdir() if (folder / "index").exists()
-                  and (folder / "index").stat().st_size >= 2 * UNIT_SIZE) if root.exists() else []
+    return faults.hour_folders(data / "state" / "wheel")
 
 
 def _weighted(hours: list[Path], rng: random.Random) -> Path:
     """An hour, drawn by its number of messages (most hours of a run hold one or two)."""
-    return rng.choices(hours, weights=[(h / "index").stat().st_size for h in hours])[0]
+    return rng.choices(hours, weights=[(h / faults.INDEX).stat().st_size for h in hours])[0]
 
 
 def _covered(data: Path) -> dict[str, int]:
@@ -73,20 +71,21 @@ def rot(data: Path, rng: random.Random, records: int = 3) -> str:
         return "no hour files yet: nothing damaged"
     hour = _weighted(hours, rng)
     name = f"wheel/hours/{hour.name}"
-    index = (hour / "index").read_bytes()
-    units = min(len(index), covered.get(f"{name}/index", len(index))) // UNIT_SIZE
-    log_end = covered.get(f"{name}/log", (hour / "log").stat().st_size)
+    index = (hour / faults.INDEX).read_bytes()
+    units = faults.units(min(len(index), covered.get(f"{name}/index", len(index))))
+    log_end = covered.get(f"{name}/log", (hour / faults.LOG).stat().st_size)
     damaged = []
     # of the latest filed (not the last: damage there reads as a torn write), most likely
     # still pending, so read again when handed out
     recent = range(max(0, units - 1 - RECENT_UNITS), units - 1)
     for unit in rng.sample(recent, min(records, len(recent))):
-        offset, size = UNIT.unpack_from(index, unit * UNIT_SIZE)[:2]
-        if offset + size <= log_end:
-            flip(hour / "log", offset + rng.randrange(RECORD_HEADER.size, size))
+        payload = faults.payload_span(index, unit)
+        if payload.stop <= log_end:
+            flip(hour / faults.LOG, rng.randrange(payload.start, payload.stop))
             damaged.append(unit)
     unit = rng.randrange(units - 1)
-    flip(hour / "index", unit * UNIT_SIZE + rng.randrange(UNIT_SIZE))
+    span = faults.unit_span(unit)
+    flip(hour / faults.INDEX, rng.randrange(span.start, span.stop))
     return (f"flipped a byte in records {damaged} and index unit {unit} of hour "
             f"{hour.name}{'' if covered else ' (no snapshot yet: replayed from the journal)'}")
 
@@ -98,7 +97,7 @@ def cut(data: Path, rng: random.Random) -> str:
         return "no hour files yet: nothing cut"
     hour = _weighted(hours, rng)
     sizes = {}
-    for name in ("log", "index"):
+    for name in (faults.LOG, faults.INDEX):
         path = hour / name
         size = path.stat().st_size
         sizes[name] = (size, rng.randrange(size // 2, size))
@@ -119,7 +118,7 @@ def rot_snapshot(data: Path, rng: random.Random) -> str:
 
 POWERED = ("raft", "state")
 """The folders of a node's data whose durability is the node's job (its delivery journal beside
-them is the harness's record of what it did, not state)."""
+them is the runner's record of what it did, not state)."""
 
 
 @dataclass(frozen=True, slots=True)

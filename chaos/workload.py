@@ -1,4 +1,4 @@
-"""What the harness does to the cluster as a user would, and what it writes down.
+"""What the runner does to the cluster as a user would, and what it writes down.
 
 Producers schedule through the client library at a steady rate with mixed delays, on two
 consumed topics and one nobody reads (`IDLE_TOPIC`); a canceller cancels some of what was
@@ -11,7 +11,7 @@ writes JSON lines (`EventLog`) whose fields the audit (`tickwheel.chaos.audit`) 
 random choice comes from a `random.Random` seeded from the run's seed, so a run's workload is
 reproducible (its timing, on a shared machine, is not).
 
-Times are Unix milliseconds on the harness's real clock: the clock the audit judges by.
+Times are Unix milliseconds on the runner's real clock: the clock the audit judges by.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Endpoint:
 
 class EventLog:
     """One JSON-lines file, written by many threads; every line is flushed at once, so a
-    harness killed mid-run leaves complete lines behind."""
+    runner killed mid-run leaves complete lines behind."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,9 @@ when you give none). Errors: `InvalidArgument` (``.field`` names what to fix), `
 
 Both dial TLS with `Credentials` (a CA, a bearer token, a client certificate); without them,
 `Credentials.from_env` reads ``TICKWHEEL_CA_FILE``, ``TICKWHEEL_TOKEN_FILE`` and the like.
+
+Every answer is the library's own type, never a generated protobuf message: `cluster_info`
+answers a `ClusterInfo` (with its `Member`, `TopicDue`, `TopicPending` and `GroupInfo`).
 """
 
 from tickwheel.client._core import (
@@ -28,6 +31,7 @@ from tickwheel.client._core import (
 )
 from tickwheel.client.aio import AsyncClient, AsyncConsumer
 from tickwheel.client.credentials import Credentials
+from tickwheel.client.info import ClusterInfo, GroupInfo, Member, TopicDue, TopicPending
 from tickwheel.client.sync import Client, Consumer
 
 __all__ = [
@@ -35,9 +39,12 @@ __all__ = [
     "AsyncConsumer",
     "CancelOutcome",
     "Client",
+    "ClusterInfo",
     "Consumer",
     "Credentials",
+    "GroupInfo",
     "InvalidArgument",
+    "Member",
     "Message",
     "PermissionDenied",
     "Received",
@@ -46,6 +53,8 @@ __all__ = [
     "Rescheduled",
     "Scheduled",
     "TickwheelClientError",
+    "TopicDue",
+    "TopicPending",
     "Unauthenticated",
     "Unavailable",
 ]

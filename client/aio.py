@@ -51,6 +51,7 @@ from tickwheel.client._core import (
     urgent,
 )
 from tickwheel.client.credentials import Credentials, open_aio_channel
+from tickwheel.client.info import ClusterInfo, cluster_info
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -114,8 +115,8 @@ class AsyncClient:
         return reschedule_results(await self._call(
             "Reschedule", reschedule_request(handles, deliver_at_ms, delay_ms)))
 
-    async def cluster_info(self) -> pb.ClusterInfoResponse:
-        return await self._call("ClusterInfo", pb.ClusterInfoRequest())
+    async def cluster_info(self) -> ClusterInfo:
+        return cluster_info(await self._call("ClusterInfo", pb.ClusterInfoRequest()))
 
     def consume(self, topic: str, *, prefetch: int = 64, visibility_timeout_ms: int = 0,
                 name: str = "", group: str = "") -> AsyncConsumer:

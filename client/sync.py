@@ -55,6 +55,7 @@ from tickwheel.client._core import (
     urgent,
 )
 from tickwheel.client.credentials import Credentials, open_channel
+from tickwheel.client.info import ClusterInfo, cluster_info
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -127,13 +128,13 @@ class Client:
         return reschedule_results(self._call(
             "Reschedule", reschedule_request(handles, deliver_at_ms, delay_ms)))
 
-    def cluster_info(self, target: str | None = None) -> pb.ClusterInfoResponse:
+    def cluster_info(self, target: str | None = None) -> ClusterInfo:
         """What one node (``target``, else any) says about the cluster."""
         if target is None:
-            return self._call("ClusterInfo", pb.ClusterInfoRequest())
+            return cluster_info(self._call("ClusterInfo", pb.ClusterInfoRequest()))
         try:
-            return self._stub(target).ClusterInfo(pb.ClusterInfoRequest(),
-                                                  timeout=self._attempt_timeout_s)
+            return cluster_info(self._stub(target).ClusterInfo(pb.ClusterInfoRequest(),
+                                                               timeout=self._attempt_timeout_s))
         except grpc.RpcError as error:
             raise translate(error) from None
 

@@ -1,4 +1,4 @@
 """What every layer shares and none owns, below the wheel: `errors` (the one tree of errors
 tickwheel raises on purpose, which the API edge maps to gRPC codes), `clock` (the injected
 clock, so a simulation can drive time) and `runheap` (the priority queue of the wheel's window
-and the leader's lease deadlines)."""
+and the deadlines of consumers' leases)."""

@@ -3,8 +3,8 @@ drive it (`tickwheel.replication.Replica` takes one).
 
 Two readings: the time of day (``now_ms``), which due times are compared with and which may be
 skewed between nodes; and a monotonic one (``monotonic_s``) for intervals (leases, timeouts,
-pacing), which is not the time of day and cannot be skewed. The Raft port's lease
-(`RaftPort.lease_until_s`) is on the same monotonic scale.
+pacing), which is not the time of day and cannot be skewed. The Raft port's tenure
+(`RaftPort.tenure_until_s`) is on the same monotonic scale.
 """
 
 from __future__ import annotations

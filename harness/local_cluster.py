@@ -35,9 +35,9 @@ from tickwheel.node import (
     ADMIN_GRANTS,
     DevCredentials,
     Grants,
-    journal_files,
     make_dev_credentials,
     rocketmq_secret_key,
+    trail_files,
 )
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
@@ -164,9 +164,9 @@ class LocalNode:
         except grpc.RpcError:
             return None
 
-    def journal(self) -> list[dict]:
-        """The events of this node's delivery journal, its rotated file's first."""
-        lines = [line for path in journal_files(self.data)
+    def trail(self) -> list[dict]:
+        """The events of this node's delivery trail, its rotated file's first."""
+        lines = [line for path in trail_files(self.data)
                  for line in path.read_text().splitlines()]
         return [json.loads(line) for line in lines if line.endswith("}")]
 
@@ -287,7 +287,7 @@ class LocalCluster:
 
     def members_of(self, node: LocalNode) -> list[tuple[str, str, str]]:
         """``(raft, grpc, peer)`` of every member as ``node`` is told them (the same for every
-        node here; the chaos harness puts proxies in between)."""
+        node here; the chaos runner puts proxies in between)."""
         return [(n.raft, n.grpc_address, n.peer_address) for n in self.nodes]
 
     def signal(self, node: LocalNode, signum: int) -> None:
@@ -355,7 +355,7 @@ class LocalCluster:
                     raise
 
     def deliveries(self) -> list[dict]:
-        return [event for node in self.nodes for event in node.journal()
+        return [event for node in self.nodes for event in node.trail()
                 if event["event"] == "delivered"]
 
 

@@ -98,7 +98,7 @@ def failover(cluster: LocalCluster, kills: int) -> list[float]:
         cluster.schedule([pb.Message(id=f"fo{kill}-{i}", topic="bench", body=BODY,
                                      deliver_at_ms=first_due + 10 * i) for i in range(1_000)])
         wait_for(lambda leader=leader, kill=kill: any(
-            e.get("id", "").startswith(f"fo{kill}-") for e in leader.journal()), 10,
+            e.get("id", "").startswith(f"fo{kill}-") for e in leader.trail()), 10,
             "the leader to deliver")
         killed_ms = now_ms()
         cluster.signal(leader, signal.SIGKILL)
@@ -106,7 +106,7 @@ def failover(cluster: LocalCluster, kills: int) -> list[float]:
 
         def first_delivery(survivors: list[LocalNode] = survivors,
                            killed_ms: int = killed_ms) -> int | None:
-            stamps = [e["delivered_at_ms"] for n in survivors for e in n.journal()
+            stamps = [e["delivered_at_ms"] for n in survivors for e in n.trail()
                       if e["event"] == "delivered" and e["delivered_at_ms"] >= killed_ms]
             return min(stamps) if stamps else None
         times.append((wait_for(first_delivery, 30, "a delivery after the kill") - killed_ms)

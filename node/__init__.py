@@ -7,16 +7,27 @@ concern (issue 38), each importing only the rooms below it (pyproject.toml's con
     listeners     the gRPC servers bound to their ports (client, peer, RocketMQ, health)
     rocketmq/     RocketMQ 5's client protocol, served through the API
     api/          the gRPC API: calls, forwarding, admission, validation
-    delivery/     the Courier, consumers' streams, receipts, retries, the delivery journal
+    delivery/     the Courier, consumers' streams, receipts, retries, the delivery trail
     ops/ security/ peers   metrics, disk, memory; who calls and with what grants;
                   state files read from peers (the lowest, independent of each other)
 
-The face the layers above use (`tickwheel.cli`, `tickwheel.harness`, `tickwheel.chaos`): the
-node's commands (`main`, and the `console` they print to), how a node says its storage failed
-(`EXIT_STORAGE`), the disk reserve it keeps and how it measures free space, the files of its
-delivery journal (`journal_files`), the development credentials a local cluster runs with, and
-the SecretKey a RocketMQ client signs with. Code above imports these from here, never a module
-inside; `tests/test_layout.py` checks it.
+The face the layers above use, each name for the users it has (code above imports these from
+here, never a module inside; `tests/test_layout.py` checks it):
+
+- `main` and `console`: the node's commands, and the terminal they print to, which
+  `tickwheel.cli` extends with ``cluster up`` and prints to alike;
+- `trail_files`: the files of a node's delivery trail, oldest first, which the harness reads
+  and the chaos runner collects for the audit;
+- `DEFAULT_RESERVE_BYTES` and `free_bytes`: the disk reserve a node keeps and how it measures
+  free space, so that the chaos runner's full disk is full as the node sees it;
+- `make_dev_credentials`, `DevCredentials`, `Grants`, `ADMIN_GRANTS`: the development
+  credentials the node's ``tickwheel certs`` command makes, which `LocalCluster` runs its nodes
+  and callers with;
+- `rocketmq_secret_key`: the SecretKey a RocketMQ client signs with, derived from the cluster's
+  Raft secret as the node's ``tickwheel rocketmq-key`` does, for the harness's RocketMQ clients.
+
+The exit status of a node that will not serve its data folder is the replica's,
+`tickwheel.replication.STORAGE_EXIT_CODE`.
 
 Importing the face does not load the server: a process that needs the credentials (a
 benchmark's consumer beside RocketMQ's official client, whose protos would clash with ours)
@@ -26,27 +37,22 @@ loads none of it, since ``tickwheel serve`` imports the server when it runs
 
 from tickwheel.node.cli.commands import main
 from tickwheel.node.cli.terminal import console
-from tickwheel.node.delivery.journal import files as journal_files
+from tickwheel.node.delivery.trail import files as trail_files
 from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES, free_bytes
 from tickwheel.node.rocketmq.signature import secret_key as rocketmq_secret_key
 from tickwheel.node.security.dev_credentials import ADMIN as ADMIN_GRANTS
 from tickwheel.node.security.dev_credentials import DevCredentials, Grants
 from tickwheel.node.security.dev_credentials import make as make_dev_credentials
 
-# The status `tickwheel.node.serve` exits with (its `EXIT_STORAGE`), taken from where it is
-# defined so that the face does not load the server.
-from tickwheel.replication import STORAGE_EXIT_CODE as EXIT_STORAGE
-
 __all__ = [
     "ADMIN_GRANTS",
     "DEFAULT_RESERVE_BYTES",
-    "EXIT_STORAGE",
     "DevCredentials",
     "Grants",
     "console",
     "free_bytes",
-    "journal_files",
     "main",
     "make_dev_credentials",
     "rocketmq_secret_key",
+    "trail_files",
 ]

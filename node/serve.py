@@ -1,7 +1,7 @@
 """``tickwheel serve``: one node of a cluster, until SIGTERM or SIGINT.
 
 Wires the parts together: the `Replica` (Raft and the wheel, on its own thread), the consumer
-`Courier` and the gRPC server (on the asyncio loop), the delivery journal, metrics, and a
+`Courier` and the gRPC server (on the asyncio loop), the delivery trail, metrics, and a
 housekeeping task that keeps health, gauges and the leader-change log current.
 """
 
@@ -27,7 +27,7 @@ from tickwheel.node.api.info import cursor_lag_ms
 from tickwheel.node.api.server import SERVICE_NAME
 from tickwheel.node.api.unary import UnaryConsumers
 from tickwheel.node.delivery.courier import Courier, CourierConfig
-from tickwheel.node.delivery.journal import JOURNAL_FILE, DeliveryJournal
+from tickwheel.node.delivery.trail import TRAIL_FILE, DeliveryTrail
 from tickwheel.node.listeners import Listeners, start_server
 from tickwheel.node.ops.allocator import Allocator, give_back_released
 from tickwheel.node.ops.disk import DiskWatch, poll_peers
@@ -56,9 +56,6 @@ fifth in three alternating pairs of runs (53-71 -> 44-54 ms), for ~2% of batched
 scheduling (within its noise)."""
 ACCESS_CHECK_S = 2.0
 """How often a node looks whether its access file changed."""
-EXIT_STORAGE = STORAGE_EXIT_CODE
-"""The exit status of a node that will not serve its data folder: locked by another process,
-missing state it needs (`StorageIncomplete`), or a damaged snapshot (the replica exits)."""
 HEALTH_MAX_LAG_ENTRIES = 1_000
 """A node serves (health) when it knows a leader and has applied to within this many entries
 of the leader's commit index."""
@@ -71,11 +68,11 @@ async def serve(settings: NodeSettings) -> None:
     members = settings.member_map()
     clock = SystemClock(settings.clock_skew_ms)
     metrics = Metrics(settings.max_topic_labels)
-    journal = DeliveryJournal(settings.data / JOURNAL_FILE, settings.raft_address,
-                              settings.journal_max_bytes)
+    trail = DeliveryTrail(settings.data / TRAIL_FILE, settings.raft_address,
+                              settings.trail_max_bytes)
     retry = settings.retry_policy()
     courier = Courier(CourierConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms),
-                      retry, clock.now_ms, journal, metrics)
+                      retry, clock.now_ms, trail, metrics)
     access = settings.access()
     peer_callers = PeerCallers(settings.raft_secrets(), access)
     secure = not settings.insecure_grpc
@@ -132,7 +129,7 @@ async def serve(settings: NodeSettings) -> None:
     courier.close()
     await node.forwarder.close()
     await asyncio.to_thread(replica.stop)
-    journal.close()
+    trail.close()
     fetch.close()
 
 
@@ -215,11 +212,12 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
 
 
 def run(settings: NodeSettings) -> int:
-    """Serve until SIGTERM or SIGINT; `EXIT_STORAGE` if the data folder cannot be served."""
+    """Serve until SIGTERM or SIGINT; `STORAGE_EXIT_CODE` if the data folder cannot be served
+    (locked by another process, or missing state it needs: `StorageIncomplete`)."""
     try:
         asyncio.run(serve(settings))
     except (StorageLocked, StorageIncomplete) as error:
         log.critical("event=node_refused reason=%s data=%s %s", type(error).__name__,
                      settings.data, error)
-        return EXIT_STORAGE
+        return STORAGE_EXIT_CODE
     return 0

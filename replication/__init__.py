@@ -15,7 +15,7 @@ from tickwheel.replication.dispatcher import Delivery, DispatchConfig, Expired
 from tickwheel.replication.exits import STORAGE_EXIT_CODE
 from tickwheel.replication.group import DEFAULT_GROUP, DURABLE, STREAM, GroupSummary
 from tickwheel.replication.groups import Groups
-from tickwheel.replication.handles import HandleCipher
+from tickwheel.replication.handle_cipher import HandleCipher
 from tickwheel.replication.handout import (
     TARGET_GROUP_PROPERTY,
     ConsumerSlot,

@@ -60,7 +60,7 @@ _DONE_RUN_BYTES: Final = 16
 
 DEDUPE_KEY_BYTES: Final = 16
 HANDLE_KEY_BYTES: Final = 16
-"""The cluster's handle key (`tickwheel.replication.handles`), carried by a barrier."""
+"""The cluster's handle key (`tickwheel.replication.handle_cipher`), carried by a barrier."""
 SCHEDULE_OVERHEAD_BYTES: Final = _HEADER.size + _COUNT.size
 """What a schedule or reschedule command adds around its parts (for sizing entries)."""
 

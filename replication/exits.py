@@ -13,8 +13,8 @@ FATAL_EXIT_CODE = 70
 """The state may no longer match the log (a bug, a failed install): a restart rebuilds it from
 the snapshot and the journal."""
 STORAGE_EXIT_CODE = 3
-"""A node that will not serve its data folder (`StorageIncomplete`, a damaged snapshot): an
-operator must restore the file or move the folder away."""
+"""A node that will not serve its data folder (locked by another process, `StorageIncomplete`,
+a damaged snapshot): an operator must restore the file or move the folder away."""
 DISK_FULL_EXIT_CODE = 74
 """A write found the disk full despite the reserve (`tickwheel.node.ops.disk`): something else
 filled it. The state cannot skip an entry, so the node stops, saying so, and a restart (once

@@ -1,14 +1,15 @@
-"""What a replica does while it leads: the barrier, dispatch under the lease, the cursor.
+"""What a replica does while it leads: the barrier, dispatch under its tenure, the cursor.
 
 A new leader proposes a *barrier* (a cursor command that moves nothing); once it is applied,
 every entry of earlier terms is applied too, and dispatch starts from the replicated cursor.
-While the Raft lease holds, a step comes when the first message not yet taken is due within
-``min_lead_ms``; it takes what comes due by ``now + lead_ms`` from the wheel and proposes one
-*handout*: those messages readied for their consumer groups, and leases
-granted to consumers with credits (`tickwheel.replication.handout`); once it is applied, the
-granted messages go to the sink. Leases whose deadline passed go to the sink to be retried.
-Every ``cursor_sync_ms`` the cursor is proposed if it moved. A node that stops leading ends
-dispatch at once, and every request and proposal still waiting fails with `NotLeader`.
+While its tenure holds (`tickwheel.replication.raft.tenure`), a step comes when the first
+message not yet taken is due within ``min_lead_ms``; it takes what comes due by ``now +
+lead_ms`` from the wheel and proposes one *handout*: those messages readied for their
+consumer groups, and leases granted to consumers with credits (`tickwheel.replication.handout`);
+once it is applied, the granted messages go to the sink. Leases whose deadline passed go to the
+sink to be retried. Every ``cursor_sync_ms`` the cursor is proposed if it moved. A node that
+stops leading ends dispatch at once, and every request and proposal still waiting fails with
+`NotLeader`.
 
 Single-threaded (the Raft thread), but for `may_deliver`.
 """
@@ -55,18 +56,18 @@ class Leadership:
         self.term: int | None = None
         """The term this node leads in; None while it does not lead."""
         self.planner: Planner | None = None
-        self._lease_until_s = 0.0
+        self._tenure_until_s = 0.0
         self._proposed_cursor: Cursor | None = None
         self._last_cursor_sync = 0.0
         self._next_dispatch_s = 0.0
         self.settled = False
         """Whether the last step's answer holds until its time if nothing changes: not while
-        a new leader waits for its barrier or for a lease, which answers may bring any
+        a new leader waits for its barrier or for its tenure, which answers may bring any
         turn."""
 
     def may_deliver(self) -> bool:
-        """Whether this node still holds its lease (any thread)."""
-        return self._clock.monotonic_s() < self._lease_until_s
+        """Whether this node still holds its tenure (any thread)."""
+        return self._clock.monotonic_s() < self._tenure_until_s
 
     def follow(self, now_ms: int) -> None:
         """Notice a leadership won or lost since the last turn."""
@@ -89,7 +90,7 @@ class Leadership:
                  self.dispatcher.epoch)
         self.term = None
         self.settled = False
-        self._lease_until_s = 0.0
+        self._tenure_until_s = 0.0
         self._sink.dispatch_stopped(self.dispatcher.epoch)
         self.dispatcher.end()
         self.planner = None
@@ -97,15 +98,15 @@ class Leadership:
         self._requests.fail_all(error)
         self._proposals.fail_all(error)
 
-    def renew_lease(self) -> None:
-        """Read the lease from the answers heard so far (`may_deliver`)."""
-        self._lease_until_s = self._raft.lease_until_s(self._config.raft.lease_ms)
+    def renew_tenure(self) -> None:
+        """Read the tenure from the answers heard so far (`may_deliver`)."""
+        self._tenure_until_s = self._raft.tenure_until_s(self._config.raft.tenure_ms)
 
     def step(self, now_ms: int) -> float:
-        """Dispatch what comes due, under the lease; returns how long the poller may sleep."""
-        self.renew_lease()
+        """Dispatch what comes due, under its tenure; returns how long the poller may sleep."""
+        self.renew_tenure()
         self.settled = (self.dispatcher.active
-                        and self._clock.monotonic_s() < self._lease_until_s)
+                        and self._clock.monotonic_s() < self._tenure_until_s)
         if not self.settled:
             return self._config.raft.heartbeat_ms / 1000
         lead_until_ms = now_ms + self._config.dispatch.lead_ms

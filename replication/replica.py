@@ -9,7 +9,7 @@ One thread (``tickwheel-raft``) owns everything stateful. Each turn of its loop:
 3. on the leader, makes commands of the requests other threads queued
    (`tickwheel.replication.requests`): schedules and retries packed into entries (group
    commit), cancels, group changes, and acks, releases and deadline changes of leases;
-4. on the leader holding its lease, dispatches: one *handout* of the messages coming due and
+4. on the leader holding its tenure, dispatches: one *handout* of the messages coming due and
    the leases granted on them, expired leases to be retried, the cursor now and then;
 5. sleeps in the poller until a socket, a request, an ack, or the next due time.
 
@@ -36,7 +36,7 @@ from tickwheel.replication.dispatcher import DeliverySink
 from tickwheel.replication.exits import DISK_FULL_EXIT_CODE, FATAL_EXIT_CODE, Die, die
 from tickwheel.replication.group import GroupSummary
 from tickwheel.replication.groups import Groups
-from tickwheel.replication.handles import HandleCipher
+from tickwheel.replication.handle_cipher import HandleCipher
 from tickwheel.replication.handout import ConsumerSlot
 from tickwheel.replication.leadership import Leadership
 from tickwheel.replication.proposals import Applied, Proposals
@@ -279,9 +279,9 @@ class Replica:
         return self._requests.group_op(create, topic, name)
 
     def may_deliver(self) -> bool:
-        """Whether this node still holds its lease (any thread). A sink that hands messages
-        out later than `DeliverySink.deliver` checks it first: after a pause, the lease has run
-        out before the Raft thread has noticed that another node leads."""
+        """Whether this node still holds its tenure (any thread). A sink that hands messages
+        out later than `DeliverySink.deliver` checks it first: after a pause, its tenure has
+        run out before the Raft thread has noticed that another node leads."""
         return self._leadership.may_deliver()
 
     def read_state_file(self, path: str, offset: int, size: int) -> bytes:
@@ -341,7 +341,7 @@ class Replica:
         self._raft.tick(wait_s)
         now_s = self._clock.monotonic_s()
         if now_s < self._quiet_until_s and self._quiet():
-            self._leadership.renew_lease()
+            self._leadership.renew_tenure()
             return self._quiet_until_s - now_s
         self._changed = False
         wait_s = self._step()

@@ -33,7 +33,7 @@ class Stores:
     for their groups (a new leader does not take them again). Per second, local
     indexes; the cursor passes them once their second is complete."""
     handle_key: bytes | None = None
-    """The key of the handles clients see (`tickwheel.replication.handles`), set by the
+    """The key of the handles clients see (`tickwheel.replication.handle_cipher`), set by the
     first barrier."""
     moves: dict[int, int] = field(default_factory=dict)
     """Rescheduled messages: the handle Schedule returned -> the handle of the copy filed

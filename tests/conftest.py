@@ -48,7 +48,7 @@ _started_unmarked: list[str] | None = None
 PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn",
                             "os.spawn", "os.system"})
 """The audit events (sys.audit) of every way Python starts a process: subprocess (with asyncio's
-subprocesses, os.popen, Spark's JVM, the chaos harness), fork (multiprocessing's fork start
+subprocesses, os.popen, Spark's JVM, the chaos runner), fork (multiprocessing's fork start
 method, pty), posix_spawn, os.spawn* and os.system."""
 
 

@@ -69,13 +69,16 @@ def test_only_the_raft_port_imports_pysyncobj() -> None:
 
 
 @pytest.mark.parametrize(("package", "faces", "above"), [
+    ("tickwheel.wheel", {"tickwheel.wheel", "tickwheel.wheel.faults"},
+     ("node", "harness", "chaos", "cli", "client")),
     ("tickwheel.replication", {"tickwheel.replication", "tickwheel.replication.raft"},
      ("node", "harness", "chaos", "cli", "client")),
     ("tickwheel.node", {"tickwheel.node"}, ("harness", "chaos", "cli", "client")),
 ])
 def test_the_layers_above_use_a_layers_face_only(package: str, faces: set[str],
                                                  above: tuple[str, ...]) -> None:
-    """Above a layer, code imports its face (``tickwheel.replication`` and the Raft port's
+    """Above a layer, code imports its face (``tickwheel.wheel`` and, to damage files on
+    purpose, ``tickwheel.wheel.faults``; ``tickwheel.replication`` and the Raft port's
     ``tickwheel.replication.raft``; ``tickwheel.node``), never a module inside (issue 20:
     `state.Rejected` and `dispatcher.Delivery` were imported from wherever they lived, and the
     harness reached into the node's CLI, disk watch and RocketMQ signing)."""

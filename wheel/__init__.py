@@ -37,6 +37,10 @@ hours being written) after a crash, to replay their heads from the index.
 **Thread contract.** Single-threaded: one owner calls every method; no method blocks on
 anything but the local file system; the wheel never reads a clock (time is passed in).
 
+**Faces.** Above the replication layer, code imports this package's names (below) and, to damage
+a stopped node's files on purpose, `tickwheel.wheel.faults`, never another module inside
+(tests/test_layout.py checks it).
+
 Worked example - three messages, a cancel, and the clock moving::
 
     >>> import tempfile
@@ -81,9 +85,11 @@ from tickwheel.common.errors import (
     UnknownHandle,
 )
 from tickwheel.wheel.engine import Wheel
-from tickwheel.wheel.types import CancelResult, Cursor, DueMessage, NewMessage, WheelConfig
+from tickwheel.wheel.mending import MendCounts
+from tickwheel.wheel.types import DAY_MS, CancelResult, Cursor, DueMessage, NewMessage, WheelConfig
 
 __all__ = [
+    "DAY_MS",
     "CancelResult",
     "ClientError",
     "CorruptSegment",
@@ -92,6 +98,7 @@ __all__ = [
     "InternalError",
     "InvalidMessage",
     "InvariantViolation",
+    "MendCounts",
     "NewMessage",
     "StorageLocked",
     "TickwheelError",

@@ -17,15 +17,14 @@ from typing import NamedTuple
 from tickwheel.common.errors import InvalidMessage
 from tickwheel.node.delivery.levels import DLQ_PREFIX, DelayLevels, is_dead_letter_topic
 from tickwheel.v1 import tickwheel_pb2 as pb
-from tickwheel.wheel import NewMessage
-from tickwheel.wheel.types import DAY_MS
+from tickwheel.wheel import DAY_MS, NewMessage
 
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 TOPIC_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,249}")
 """Kafka's topic alphabet and length: safe in file names, metric labels and URLs."""
 CONSUMER_PATTERN = re.compile(r"[A-Za-z0-9._:@/\[\]-]{1,128}")
 """What a consumer may call itself: an id, a host and port, a pod name (it reaches logs and the
-delivery journal, so no spaces, no control characters)."""
+delivery trail, so no spaces, no control characters)."""
 GROUP_PATTERN = re.compile(r"[A-Za-z0-9._-]{0,128}")
 MAX_RECEIVE_WAIT_MS = 30_000
 """A consumer group's name: empty for the default group; it names a dead-letter topic."""

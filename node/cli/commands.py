@@ -36,11 +36,10 @@ from pathlib import Path
 from rich.progress import Progress
 from rich.table import Table
 
-from tickwheel.client import Client, Credentials, Message, TickwheelClientError
+from tickwheel.client import Client, ClusterInfo, Credentials, Message, TickwheelClientError
 from tickwheel.node.cli import credentials as cli_credentials
 from tickwheel.node.cli import serve as cli_serve
 from tickwheel.node.cli.terminal import console
-from tickwheel.v1 import tickwheel_pb2 as pb
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -219,7 +218,7 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _groups_table(info: pb.ClusterInfoResponse) -> Table:
+def _groups_table(info: ClusterInfo) -> Table:
     table = Table(title="consumer groups (ready and leased are replicated)")
     for column in ("topic", "group", "ready", "leased", "consumers", "dropped"):
         table.add_column(column)
@@ -229,7 +228,7 @@ def _groups_table(info: pb.ClusterInfoResponse) -> Table:
     return table
 
 
-def _topics_table(info: pb.ClusterInfoResponse) -> Table:
+def _topics_table(info: ClusterInfo) -> Table:
     """Per topic: pending (replicated), and due on the leader (ready, unacked, consumers)."""
     table = Table(title="messages per topic (pending: not yet done; ready, unacked: due)")
     for column in ("topic", "pending", "ready", "unacked", "consumers"):

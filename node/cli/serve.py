@@ -33,7 +33,7 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--fsync", action="store_true", default=None)
     serve.add_argument("--sync-ledger", type=Path,
                        help="with --fsync: note what each sync made durable here, for the "
-                            "chaos harness's power cut (testing only)")
+                            "chaos runner's power cut (testing only)")
     serve.add_argument("--raft-secret-file", type=Path,
                        help="the cluster's shared Raft secret, from this file (or "
                             "TICKWHEEL_RAFT_SECRET; never on the command line)")
@@ -70,7 +70,7 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
                  "handshake_timeout_ms", "idle_connection_ms",
                  "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
                  "max_queued_msgs", "max_topic_labels", "max_ready_msgs", "max_groups",
-                 "max_moved_msgs", "min_free_bytes", "journal_max_bytes"):
+                 "max_moved_msgs", "min_free_bytes", "trail_max_bytes"):
         serve.add_argument(f"--{name.replace('_', '-')}", type=int)
     serve.set_defaults(handler=_serve)
 

@@ -19,8 +19,8 @@ replicated command.
 A consumer is a `Session` (`tickwheel.node.delivery.sessions`); which leases its receipts may
 settle is `tickwheel.node.delivery.receipts`.
 
-Nothing is sent without the Raft lease (`Replica.may_deliver`): a leader paused past it holds
-what it has until the Raft thread notices that it no longer leads, and then drops it
+Nothing is sent without the leader's tenure (`Replica.may_deliver`): a leader paused past it
+holds what it has until the Raft thread notices that it no longer leads, and then drops it
 (`dispatch_stopped`); the log still holds the leases, which the next leader honours.
 
 Thread contract: `dispatch_started`, `deliver`, `expired` and `dispatch_stopped` may be called
@@ -38,12 +38,12 @@ from types import MappingProxyType
 
 from tickwheel.common.errors import NotLeader, Overloaded, TickwheelError
 from tickwheel.node.delivery.batches import ENVELOPE_BYTES, GRPC_MESSAGE_BYTES, split
-from tickwheel.node.delivery.journal import DeliveryJournal
 from tickwheel.node.delivery.levels import RetryPolicy
 from tickwheel.node.delivery.receipts import Receipts
 from tickwheel.node.delivery.retries import Retries
 from tickwheel.node.delivery.sent import Sent
 from tickwheel.node.delivery.sessions import Session
+from tickwheel.node.delivery.trail import DeliveryTrail
 from tickwheel.node.ops.metrics import Metrics
 from tickwheel.replication import (
     DEFAULT_GROUP,
@@ -60,7 +60,7 @@ from tickwheel.wheel import Cursor
 
 log = logging.getLogger("tickwheel.delivery")
 
-_RETRY_LEASE_S = 0.01
+_RETRY_TENURE_S = 0.01
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 
 
@@ -85,23 +85,23 @@ class Courier:
     and nacks. Create it on the loop that will own it."""
 
     def __init__(self, config: CourierConfig, retry: RetryPolicy, clock_ms: Callable[[], int],
-                 journal: DeliveryJournal, metrics: Metrics) -> None:
+                 trail: DeliveryTrail, metrics: Metrics) -> None:
         self.config = config
         self._retry_policy = retry
         self._clock_ms = clock_ms
-        self._journal = journal
+        self._trail = trail
         self._metrics = metrics
         self._replica: Replica | None = None
         self._loop = asyncio.get_running_loop()
         self._consumers: dict[int, Session] = {}
         self._keys = itertools.count(1)
         self._held: list[Delivery] = []
-        """Granted while the Raft lease had lapsed: sent once it holds again."""
+        """Granted while the leader's tenure had lapsed: sent once it holds again."""
         self._epoch: int | None = None
         self._term = 0
         self._stops = 0
         """How many times leadership ended here (`_stop`)."""
-        self._lease_retry: asyncio.TimerHandle | None = None
+        self._tenure_retry: asyncio.TimerHandle | None = None
         self.released_bytes = 0
         """Bytes of the bodies that streams held unacknowledged when they left, ever: freed
         once their leases' release is applied (`tickwheel.node.ops.allocator` then gives the
@@ -237,7 +237,7 @@ class Courier:
 
     def _start(self, term: int, epoch: int, cursor: Cursor, takeover_ms: int) -> None:
         self._epoch, self._term = epoch, term
-        self._journal.dispatch_started(term, epoch, cursor, takeover_ms)
+        self._trail.dispatch_started(term, epoch, cursor, takeover_ms)
 
     def _stop(self) -> None:
         """Leadership ended: drop what was not sent and close every consumer (they reconnect
@@ -252,8 +252,8 @@ class Courier:
         log.info("event=delivery_stopped epoch=%s", epoch)
 
     def _send_all(self, deliveries: list[Delivery]) -> None:
-        """Send granted messages to their consumers, batched per consumer, while the Raft
-        lease holds, each at its due time (the replica grants a little ahead, so the commit
+        """Send granted messages to their consumers, batched per consumer, while the leader's
+        tenure holds, each at its due time (the replica grants a little ahead, so the commit
         round runs while they wait); a lease of a consumer gone meanwhile is released."""
         epoch = self._epoch
         deliveries = [d for d in deliveries if d.epoch == epoch]
@@ -261,8 +261,8 @@ class Courier:
             return
         if not self._replica.may_deliver():
             self._held += deliveries
-            if self._lease_retry is None:
-                self._lease_retry = self._loop.call_later(_RETRY_LEASE_S, self._send_held)
+            if self._tenure_retry is None:
+                self._tenure_retry = self._loop.call_later(_RETRY_TENURE_S, self._send_held)
             return
         now_ms = self._clock_ms()
         early = [d for d in deliveries if d.message.deliver_at_ms > now_ms]
@@ -295,7 +295,7 @@ class Courier:
                                   self.config.max_batch_bytes):
                 consumer.outbox.put_nowait(response)
             self._replica.sent(key, [sent.delivery.lease for sent in batch], now_ms)
-            self._journal.delivered(batch, consumer.group, self._term, now_ms)
+            self._trail.delivered(batch, consumer.group, self._term, now_ms)
             self._metrics.observe_delivered(
                 consumer.topic, len(batch),
                 [max(0, now_ms - sent.delivery.message.deliver_at_ms)
@@ -304,7 +304,7 @@ class Courier:
             self._give_back(orphaned)
 
     def _send_held(self) -> None:
-        self._lease_retry = None
+        self._tenure_retry = None
         held, self._held = self._held, []
         self._send_all(held)
 

@@ -1,6 +1,6 @@
-"""A message handed to a consumer: what the courier and the delivery journal share.
+"""A message handed to a consumer: what the courier and the delivery trail share.
 
-Its own module so that the courier (`tickwheel.node.delivery.courier`) can use the journal while it
+Its own module so that the courier (`tickwheel.node.delivery.courier`) can use the trail while it
 reads its messages, without the two importing one another.
 """
 

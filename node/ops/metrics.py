@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from tickwheel.node.ops.disk import Space
     from tickwheel.replication import GroupSummary
-    from tickwheel.wheel.mending import MendCounts
+    from tickwheel.wheel import MendCounts
 
 OTHER_TOPICS = "%other%"
 """The label of every topic beyond ``max_topic_labels``."""

@@ -1,6 +1,6 @@
 """TLS certificates, tokens and an access file made on the fly, for clusters on one machine.
 
-`LocalCluster` (and so ``make demo``, ``tickwheel cluster up``, the chaos harness, the
+`LocalCluster` (and so ``make demo``, ``tickwheel cluster up``, the chaos runner, the
 benchmarks and the tests) runs every node with TLS and authenticated callers, using what this
 module makes under a folder: a CA, a node certificate for the given hosts, and per principal a
 bearer token (and, if asked, a client certificate and a RocketMQ access key, its name: its

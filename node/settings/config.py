@@ -56,7 +56,7 @@ from tickwheel.node.settings.config_fields import (
 )
 from tickwheel.replication import DispatchConfig, ReplicaConfig, StateConfig
 from tickwheel.replication.raft import RaftConfig
-from tickwheel.wheel.types import DAY_MS, WheelConfig
+from tickwheel.wheel import DAY_MS, WheelConfig
 
 _POD_FIELDS = ("pod_name", "replicas", "peer_service", "namespace")
 _POD_KNOB_FIELDS = ("cluster_domain", "peer_host_template", "raft_port", "grpc_port",
@@ -138,7 +138,7 @@ class NodeSettings(AddressFields, SecurityFields, StorageFields, LimitFields, De
             raise ValueError("must be positive")
         return value
 
-    @field_validator("min_free_bytes", "journal_max_bytes")
+    @field_validator("min_free_bytes", "trail_max_bytes")
     @classmethod
     def _not_negative(cls, value: int) -> int:
         if value < 0:

@@ -14,8 +14,8 @@ from pydantic_settings import NoDecode
 from tickwheel.node.api.admission import AdmissionLimits
 from tickwheel.node.api.validation import Limits
 from tickwheel.node.delivery.courier import CourierConfig
-from tickwheel.node.delivery.journal import DEFAULT_JOURNAL_MAX_BYTES
 from tickwheel.node.delivery.levels import DEFAULT_LEVELS
+from tickwheel.node.delivery.trail import DEFAULT_TRAIL_MAX_BYTES
 from tickwheel.node.listeners import ConnectionLimits
 from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES
 from tickwheel.node.settings import statefulset
@@ -100,19 +100,19 @@ class StorageFields(BaseModel):
     data: Path = Path("data")
     fsync: bool = False
     sync_ledger: Path | None = None
-    """With ``fsync``: where to note what each sync made durable, for the chaos harness's
+    """With ``fsync``: where to note what each sync made durable, for the chaos runner's
     simulated power cut (docs/chaos.md). Testing only."""
     snapshot_min_entries: int = RaftConfig().snapshot_min_entries
     min_free_bytes: int = DEFAULT_RESERVE_BYTES
     """Disk space under ``data`` kept for what a node must still write (hand-outs, acks,
-    retries, the journal's growth and compaction, snapshots): while any member has less,
+    retries, the Raft journal's growth and compaction, snapshots): while any member has less,
     Schedule and Reschedule answer RESOURCE_EXHAUSTED and everything stored is still
     delivered (`tickwheel.node.ops.disk`); 0 turns the check off."""
-    journal_max_bytes: int = DEFAULT_JOURNAL_MAX_BYTES
-    """Disk space the delivery journal (``deliveries.jsonl``, the evidence the chaos audit
+    trail_max_bytes: int = DEFAULT_TRAIL_MAX_BYTES
+    """Disk space the delivery trail (``deliveries.jsonl``, the evidence the chaos audit
     reads) may take: at half of it the file is renamed ``deliveries.jsonl.1`` (replacing the
     one before) and a new one begun, so the two never hold more than this plus one batch;
-    0 writes no journal."""
+    0 writes no trail."""
     clock_skew_ms: int = 0
     """Fault injection only: offsets this node's clock."""
 

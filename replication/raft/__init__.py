@@ -6,7 +6,7 @@
 - `transport`, `wire`, `link_protocol`: the Raft port on the network, members only;
 - `config`: `RaftConfig`; `journal`: the journal (compacted atomically, allocated before it
   is written, fsynced on request); `snapshot`: the snapshot file; `durability`: fsync helpers
-  and the ledger of what syncs made durable (for the chaos harness's power cut).
+  and the ledger of what syncs made durable (for the chaos runner's power cut).
 """
 
 from tickwheel.replication.raft.config import MAX_MESSAGE_ENTRY_BYTES, InsecureCluster, RaftConfig

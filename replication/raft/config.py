@@ -81,9 +81,9 @@ class RaftConfig:
         return 4 * self.append_batch_bytes
 
     @property
-    def lease_ms(self) -> int:
+    def tenure_ms(self) -> int:
         """Dispatch needs a majority heard from within this long: half the minimum election
-        timeout, so a deposed leader's lease has run out before anyone else can be elected."""
+        timeout, so a deposed leader's tenure has run out before anyone else can be elected."""
         return self.election_min_ms // 2
 
     def __post_init__(self) -> None:

@@ -1,5 +1,5 @@
 """Making the Raft layer's files durable, and noting what each sync made durable: the
-`SyncLedger` a node keeps with ``--sync-ledger`` (testing only), from which the chaos harness's
+`SyncLedger` a node keeps with ``--sync-ledger`` (testing only), from which the chaos runner's
 power cut (`tickwheel.chaos.storage.power_cut`) keeps exactly the synced bytes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import BinaryIO
 
 class SyncLedger:
     """Where a node notes, after each sync, how many bytes of a file it made durable: what the
-    chaos harness's power cut keeps of that file (`tickwheel.chaos.storage.power_cut`). One
+    chaos runner's power cut keeps of that file (`tickwheel.chaos.storage.power_cut`). One
     small file per synced file, named by its inode number (a rename keeps it), holding the
     length as 20 digits. Written after the sync returns, so it never claims more than the disk
     holds. For testing only (``serve --sync-ledger``)."""

@@ -163,7 +163,7 @@ class AtomicJournal(FileJournal):
         overlapping batches whenever a reply is behind its optimistic next index (several
         times a minute under load: pysyncobj's "truncating already-applied log entries").
         Cutting them from the file left entries this node had acknowledged, and the leader
-        had counted, nowhere on its disk until they came again: the chaos harness's power
+        had counted, nowhere on its disk until they came again: the chaos runner's power
         cut there lost acknowledged messages, and a kill there could. Raft drops entries only
         where they conflict with the leader's."""
         removed = self._FileJournal__journal[entryFrom:]
@@ -316,7 +316,7 @@ def journal_first_index(path: Path) -> int | None:
 def rewind_journal(path: Path, end: int) -> int:
     """Make the journal at ``path`` end at byte ``end`` (where an entry ends), zeroing the
     entries after it, as a power cut leaves a journal last synced there; its end before. For
-    the chaos harness (`tickwheel.chaos.storage.power_cut`)."""
+    the chaos runner (`tickwheel.chaos.storage.power_cut`)."""
     with open(path, "r+b") as file:
         header = file.read(FIRST_RECORD_OFFSET)
         (before,) = struct.unpack_from("<I", header, LAST_RECORD_OFFSET_OFFSET)

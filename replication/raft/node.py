@@ -11,10 +11,10 @@ What pysyncobj 0.3.17 does, and what this module does about it (see ``docs/repli
   above the largest entry a single message can make, so nothing is ever split.
 - *Callbacks of calls made on followers get lost.* Commands are proposed only on the leader.
 - *An isolated leader stays leader for 30 s.* ``leaderFallbackTimeout`` is the election
-  timeout, and dispatch additionally needs a lease (`tickwheel.replication.raft.lease`): a
+  timeout, and dispatch additionally needs tenure (`tickwheel.replication.raft.tenure`): a
   majority answered something sent within half the minimum election timeout, checked before
   every dispatch step. pysyncobj's own record of answers stamps them when read, which a pause
-  turns into a fresh lease for a deposed leader.
+  turns into a fresh tenure for a deposed leader.
 - *Every proposal and every apply is a round of AppendEntries.* Without batching, pysyncobj
   sends an AppendEntries to every follower for each command it takes into the log, and again
   after each tick that applied anything (the commit index alone), and wakes its own poller
@@ -64,7 +64,6 @@ from tickwheel.replication.raft import link_protocol
 from tickwheel.replication.raft.config import RaftConfig
 from tickwheel.replication.raft.durability import SyncLedger
 from tickwheel.replication.raft.journal import JOURNAL_FILE, AtomicJournal, MsyncJournal
-from tickwheel.replication.raft.lease import LeaseClock
 from tickwheel.replication.raft.port import OnResult, RaftStatus, Role
 from tickwheel.replication.raft.prevote import SHAPES, PreVote, well_formed
 from tickwheel.replication.raft.snapshot import (
@@ -72,6 +71,7 @@ from tickwheel.replication.raft.snapshot import (
     DurableSerializer,
     ReceivingSerializer,
 )
+from tickwheel.replication.raft.tenure import TenureClock
 from tickwheel.replication.raft.transport import LinkTransport
 
 log = logging.getLogger("tickwheel.replication")
@@ -117,7 +117,7 @@ class RaftNode:
                  apply: Callable[[bytes], object], snapshot: tuple[Serializer, Deserializer]
                  ) -> None:
         self._peers = tuple(peers)
-        self._lease = LeaseClock()
+        self._tenure = TenureClock()
         self._leading: tuple[int, float] | None = None
         """The term this node leads and when it first saw itself leading it."""
         links = config.link_settings(has_peers=bool(peers))
@@ -139,7 +139,7 @@ class RaftNode:
             self._core = _Core(apply, self_address, list(peers), _conf(config, raft_dir,
                                                                          snapshot),
                                transportClass=functools.partial(LinkTransport, links=links,
-                                                                 lease=self._lease))
+                                                                 tenure=self._tenure))
         finally:
             pysyncobj.syncobj.createJournal, pysyncobj.syncobj.Serializer = journal, serializer
         self._pre_vote = PreVote(self._core, len(peers), config.election_min_ms)
@@ -181,8 +181,8 @@ class RaftNode:
         leader = self._core._getLeader()
         return None if leader is None else leader.address
 
-    def lease_until_s(self, lease_ms: int) -> float:
-        """The ``time.monotonic()`` time until which this leader holds its lease: ``lease_ms``
+    def tenure_until_s(self, tenure_ms: int) -> float:
+        """The ``time.monotonic()`` time until which this leader holds its tenure: ``tenure_ms``
         after the latest send time a majority (counting itself) has answered, counting only
         what it sent since it saw itself leading this term; 0 if not leader."""
         if not self._core._isLeader():
@@ -191,7 +191,7 @@ class RaftNode:
         term = int(self._core.raftCurrentTerm)
         if self._leading is None or self._leading[0] != term:
             self._leading = (term, time.monotonic())
-        return self._lease.until_s((len(self._peers) + 1) // 2, lease_ms, self._leading[1])
+        return self._tenure.until_s((len(self._peers) + 1) // 2, tenure_ms, self._leading[1])
 
     def compact(self) -> None:
         self._core.forceLogCompaction()
@@ -246,7 +246,7 @@ class RaftNode:
                 log.warning("event=raft_message_malformed type=%s peer=%s fields=%r", kind,
                             node, sorted(map(repr, message))[:8])
                 return
-            self._lease.incoming(node, message)
+            self._tenure.incoming(node, message)
             if kind == "append_entries" and "prevLogIdx" not in message:
                 leader_commit = self._hold_commit(message)
             if self._pre_vote.on_message(node, kind, message):

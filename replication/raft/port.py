@@ -59,8 +59,8 @@ class RaftPort(Protocol):
     def leader(self) -> str | None:
         """The leader's Raft address, if known (any thread)."""
 
-    def lease_until_s(self, lease_ms: int) -> float:
-        """The ``time.monotonic()`` time until which this leader may act alone: ``lease_ms``
+    def tenure_until_s(self, tenure_ms: int) -> float:
+        """The ``time.monotonic()`` time until which this leader may act alone: ``tenure_ms``
         after a majority last answered it; 0 when not leading."""
 
     def compact(self) -> None:

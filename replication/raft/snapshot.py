@@ -37,7 +37,7 @@ class ReceivingSerializer(Serializer):
     journal up to that snapshot's index. A snapshot received in between has already replaced
     the journal with its own two entries, older ones: the cut emptied the journal, and the
     next look at the log's last index raised IndexError and killed the node (found by the
-    chaos harness: a wiped follower took a snapshot just as its leader sent it one)."""
+    chaos runner: a wiped follower took a snapshot just as its leader sent it one)."""
 
     def setTransmissionData(self, data: tuple[bytes, bool, bool] | None) -> bool:
         """One chunk of a snapshot from the leader; True when it was the last one and the
@@ -55,7 +55,7 @@ class DurableSerializer(ReceivingSerializer):
     """`ReceivingSerializer`, and a snapshot received from the leader reaches the disk before
     it replaces this node's own. pysyncobj writes the chunks to a temporary file and renames
     it over the snapshot unsynced: a power cut right after left an empty file where a good
-    snapshot had been, and the node refused to start (found by the chaos harness's power
+    snapshot had been, and the node refused to start (found by the chaos runner's power
     cut)."""
 
     def __init__(self, *args: Any, ledger: SyncLedger | None = None) -> None:

@@ -20,7 +20,7 @@ The dirty run (times in ms after ``T0_MS``; the run lasts 100 s, grace 5 s, so m
   ``unacked-received-0`` from when it was sent (40 ms).
 - failover 1: node0 -> node1 (term 2), node0 last seen at 20,000, no leader from 30,500 (node0
   killed at 30,000), node1 seen at 32,000. Failover 2: node1 -> node2 (term 4), node1 last seen
-  at 60,000, paused at 61,000, node2 seen at 63,000. node2's journal of an older generation holds
+  at 60,000, paused at 61,000, node2 seen at 63,000. node2's trail of an older generation holds
   a stale term 3, which must not count.
 
 The groups run (``run.json`` names the groups: ``orders`` -> ``a``, ``b``; ``reminders`` -> the
@@ -28,7 +28,7 @@ default group; ``idle`` is read by nobody; one failover at 15,000):
 
 - ``g-0`` .. ``g-3`` arrive in both groups; ``g-lost`` only in ``a`` (lost: ``b/g-lost``);
   ``g-false``'s only receipt in ``b`` is flagged (a false alarm, after the failover; only its
-  own send is journaled: unsent before); ``g-sent``'s too, but node0's journal shows it sent to
+  own send is written down: unsent before); ``g-sent``'s too, but node0's trail shows it sent to
   ``b`` before (a false alarm, not unsent); ``r-0``'s
   receipt names no group (the default group's); ``idle-0`` is owed to nobody.
 - Reschedules: ``mv-ok`` moved from 30,000 to 35,000 and arrives then; ``mv-early`` moved too but
@@ -83,7 +83,7 @@ def scheduled(id_: str, due_ms: int, *, acked: bool = True, sent_ms: int = SENT_
 def receipt(id_: str, due_ms: int, received_ms: int, *, attempt: int = 1,
             possible_duplicate: bool = False, acked: bool = True, node: str = "node0",
             topic: str = "orders", group: str | None = None) -> dict[str, Any]:
-    """A receipt; without ``group`` it has no such field, as the harness wrote before groups."""
+    """A receipt; without ``group`` it has no such field, as the runner wrote before groups."""
     return {"id": id_, "topic": topic, "deliver_at_ms": t(due_ms),
             "delivered_at_ms": t(received_ms - 1), "received_ms": t(received_ms),
             "attempt": attempt, "possible_duplicate": possible_duplicate, "node": node,
@@ -101,7 +101,7 @@ def reschedule(id_: str, old_ms: int, new_ms: int, done_ms: int, outcome: str) -
             "batch": 1, "size": 1}
 
 
-def journal_delivered(raft: str, term: int, due_ms: int, delivered_ms: int, id_: str = "x",
+def trail_delivered(raft: str, term: int, due_ms: int, delivered_ms: int, id_: str = "x",
                       **group: str) -> dict[str, Any]:
     return {"event": "delivered", "node": raft, "term": term, "epoch": term, "id": id_,
             "topic": "orders", "handle": 1, **group, "deliver_at_ms": t(due_ms),
@@ -109,7 +109,7 @@ def journal_delivered(raft: str, term: int, due_ms: int, delivered_ms: int, id_:
             "possible_duplicate": False, "attempt": 1}
 
 
-def journal_started(raft: str, term: int, takeover_ms: int) -> dict[str, Any]:
+def trail_started(raft: str, term: int, takeover_ms: int) -> dict[str, Any]:
     return {"event": "dispatch_started", "node": raft, "term": term, "epoch": term,
             "cursor": [0, 0], "takeover_ms": t(takeover_ms)}
 
@@ -117,7 +117,7 @@ def journal_started(raft: str, term: int, takeover_ms: int) -> dict[str, Any]:
 def write_run(out_dir: Path, ended_ms: int, *, drained_due_ms: int | None = None,
               groups: dict[str, Any] | None = None, **lines: list[Any]) -> Path:
     """A run directory: ``run.json`` (with ``groups``' items when given) and, per keyword, a
-    ``.jsonl`` file (``journals__node0_0`` is ``journals/node0.0.jsonl``) with its lines
+    ``.jsonl`` file (``trails__node0_0`` is ``trails/node0.0.jsonl``) with its lines
     reversed; strings are written verbatim."""
     out_dir.mkdir(parents=True)
     drained = {} if drained_due_ms is None else {"drained_due_ms": t(drained_due_ms)}
@@ -183,21 +183,21 @@ def dirty_run(out_dir: Path) -> Path:
     return write_run(
         out_dir, 100_000, scheduled=plan, received=got, cancels=cancels, leaders=leaders,
         faults=[*faults, '{"fault": "ki'],
-        journals__node0_0=[journal_started(node0, 1, 100),
-                           journal_delivered(node0, 1, 10_000, 10_005)],
-        journals__node1_0=[journal_started(node1, 2, 32_100),
-                           journal_delivered(node1, 2, 29_000, 32_300),
-                           journal_delivered(node1, 2, 32_000, 32_350),
-                           journal_delivered(node1, 2, 32_350, 32_400)],
-        journals__node2_0=[journal_started(node2, 3, 45_000),
-                           journal_delivered(node2, 3, 45_000, 45_010)],
-        journals__node2_1=[TORN, journal_started(node2, 4, 63_200),
-                           journal_delivered(node2, 4, 62_000, 63_500),
-                           journal_delivered(node2, 4, 63_600, 63_700)])
+        trails__node0_0=[trail_started(node0, 1, 100),
+                           trail_delivered(node0, 1, 10_000, 10_005)],
+        trails__node1_0=[trail_started(node1, 2, 32_100),
+                           trail_delivered(node1, 2, 29_000, 32_300),
+                           trail_delivered(node1, 2, 32_000, 32_350),
+                           trail_delivered(node1, 2, 32_350, 32_400)],
+        trails__node2_0=[trail_started(node2, 3, 45_000),
+                           trail_delivered(node2, 3, 45_000, 45_010)],
+        trails__node2_1=[TORN, trail_started(node2, 4, 63_200),
+                           trail_delivered(node2, 4, 62_000, 63_500),
+                           trail_delivered(node2, 4, 63_600, 63_700)])
 
 
 def clean_run(out_dir: Path) -> Path:
-    """100 messages 1 .. 100 ms late, one failover (no fault, no journals), a flagged
+    """100 messages 1 .. 100 ms late, one failover (no fault, no trails), a flagged
     duplicate, a redelivery, a flagged copy that overtook its plain original, an unacked
     message never received; no cancels file, and an
     empty faults file."""
@@ -253,9 +253,9 @@ def groups_run(out_dir: Path) -> Path:
         "groups": {"orders": ["a", "b"], "reminders": [""]}, "idle_topics": ["idle"]},
         scheduled=plan, received=got, cancels=cancels, reschedules=reschedules,
         leaders=leaders, faults=[],
-        journals__node0_0=[journal_delivered("n0", 1, 21_500, 21_500, "g-sent", group="b")],
-        journals__node1_0=[journal_delivered("n1", 2, 21_500, 21_530, "g-sent", group="b"),
-                           journal_delivered("n1", 2, 21_000, 21_025, "g-false", group="b")])
+        trails__node0_0=[trail_delivered("n0", 1, 21_500, 21_500, "g-sent", group="b")],
+        trails__node1_0=[trail_delivered("n1", 2, 21_500, 21_530, "g-sent", group="b"),
+                           trail_delivered("n1", 2, 21_000, 21_025, "g-false", group="b")])
 
 
 @pytest.fixture(scope="module")
@@ -363,7 +363,7 @@ def test_overrides_of_grace_and_allowed_earliness(spark: SparkSession,
 @pytest.mark.cluster
 def test_only_what_the_drain_waited_for_can_be_lost(spark: SparkSession,
                                                    tmp_path: Path) -> None:
-    # The harness drains until every message due by the end of production (here 90 s) has
+    # The runner drains until every message due by the end of production (here 90 s) has
     # arrived; a long drain ends the run late (100 s), and a message due between the two may
     # still sit, delivered, in a slow consumer's queue. A 10-minute run flagged 25 such.
     out = write_run(tmp_path / "drained", 100_000, drained_due_ms=90_000,

@@ -12,10 +12,10 @@ import pytest
 
 from tickwheel.common.errors import ConsumerStalled, NotLeader
 from tickwheel.node.delivery.courier import Courier, CourierConfig
-from tickwheel.node.delivery.journal import DeliveryJournal
 from tickwheel.node.delivery.levels import DEFAULT_LEVELS, RetryPolicy, parse_levels
 from tickwheel.node.delivery.retries import WINDOW_BYTES, Retries
 from tickwheel.node.delivery.sessions import Session
+from tickwheel.node.delivery.trail import DeliveryTrail
 from tickwheel.node.ops.metrics import Metrics
 from tickwheel.replication import Delivery, Expired, LeaseRef, Retried
 from tickwheel.wheel import Cursor, DueMessage
@@ -62,7 +62,7 @@ def test_a_consumer_whose_group_commits_as_leadership_ends_is_sent_to_the_next_l
 
     async def subscribe() -> None:
         courier = Courier(CourierConfig(), RetryPolicy(parse_levels(DEFAULT_LEVELS)),
-                          lambda: 0, DeliveryJournal(tmp_path / "journal", "n0", 0), Metrics())
+                          lambda: 0, DeliveryTrail(tmp_path / "trail", "n0", 0), Metrics())
         replica.courier = courier
         courier.attach(replica)  # type: ignore[arg-type]
         with pytest.raises(NotLeader):
@@ -122,7 +122,7 @@ def test_a_stream_that_was_never_written_its_messages_is_closed_and_nothing_is_r
     async def run() -> tuple[Session, Session]:
         courier = Courier(CourierConfig(max_batch_msgs=2),
                           RetryPolicy(parse_levels(DEFAULT_LEVELS)), lambda: 0,
-                          DeliveryJournal(tmp_path / "journal", "n0", 0), Metrics())
+                          DeliveryTrail(tmp_path / "trail", "n0", 0), Metrics())
         courier.attach(replica)  # type: ignore[arg-type]
         courier.dispatch_started(1, 1, Cursor(0, 0), 0)
         await asyncio.sleep(0)
@@ -223,7 +223,7 @@ def test_messages_granted_ahead_go_out_together_when_the_last_of_a_few_ms_is_due
 
     async def deliver() -> list[list[object]]:
         courier = Courier(CourierConfig(max_hold_ms=4), RetryPolicy(parse_levels(DEFAULT_LEVELS)),
-                          now_ms, DeliveryJournal(tmp_path / "journal", "n0", 0), Metrics())
+                          now_ms, DeliveryTrail(tmp_path / "trail", "n0", 0), Metrics())
         courier.attach(replica)  # type: ignore[arg-type]
         courier.dispatch_started(1, 1, Cursor(0, 0), 0)
         await asyncio.sleep(0)

@@ -115,12 +115,12 @@ def test_only_what_a_consumer_was_sent_comes_back_flagged_after_it_leaves(
         quitters += 1
     got = take(client, name, 1_500)
     assert sorted(m.id for m in got) == sorted(ids)
-    # The leader's journal has a line per message sent, in order, with its flag: every
+    # The leader's trail has a line per message sent, in order, with its flag: every
     # flagged send must follow a send of the same message.
-    journal = cluster.leader().data / "deliveries.jsonl"
+    trail = cluster.leader().data / "deliveries.jsonl"
     sent_before: set[str] = set()
     flagged, unfounded = 0, []
-    for event in map(json.loads, journal.read_text().splitlines()):
+    for event in map(json.loads, trail.read_text().splitlines()):
         if event.get("topic") == name and event["event"] == "delivered":
             flagged += event["possible_duplicate"]
             if event["possible_duplicate"] and event["id"] not in sent_before:

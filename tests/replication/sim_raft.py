@@ -2,10 +2,10 @@
 and the leader, and each node's view of them, driven by a simulated clock.
 
 The simulated Raft keeps Raft's promises and no more: one committed log that every member
-applies in order; a leader whose lease ran out is not replaced before it has (election timeout
-> lease); a change of leader fails every answer the old leader was waiting for, while the
+applies in order; a leader whose tenure ran out is not replaced before it has (election timeout
+> tenure); a change of leader fails every answer the old leader was waiting for, while the
 entries themselves may or may not survive; a partitioned leader goes on believing it leads,
-its proposals never commit, and its lease runs out. A node may take a snapshot (the replica's
+its proposals never commit, and its tenure runs out. A node may take a snapshot (the replica's
 own serializer), and a crashed node comes back as a new `Replica` on its files, from its own
 latest snapshot or a peer's (installed by the replica's own deserializer, which fetches the
 missing bytes from the peers' files) and then the rest of the log.
@@ -121,10 +121,10 @@ class SimRaft:
     def leader(self) -> str | None:
         return self.cluster.leader if self.address not in self.cluster.isolated else None
 
-    def lease_until_s(self, lease_ms: int) -> float:
+    def tenure_until_s(self, tenure_ms: int) -> float:
         if not self.believes_leader:
             return 0.0
-        return self.heard_majority_s + lease_ms / 1000
+        return self.heard_majority_s + tenure_ms / 1000
 
     def compact(self) -> None:
         self.take_snapshot()
@@ -164,8 +164,8 @@ class SimCluster:
     nodes: dict[str, SimRaft] = field(default_factory=dict)
 
     def can_elect(self) -> bool:
-        """Raft's election timeout is longer than the lease: a new leader only after the old
-        one's lease has run out (it heard no majority for that long)."""
+        """Raft's election timeout is longer than the tenure: a new leader only after the old
+        one's tenure has run out (it heard no majority for that long)."""
         old = self.nodes.get(self.leader) if self.leader else None
         return old is None or (self.world.now_s >= old.heard_majority_s + ELECTION_MS / 1000)
 

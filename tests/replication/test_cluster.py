@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
-from tickwheel.node.serve import EXIT_STORAGE
+from tickwheel.replication import STORAGE_EXIT_CODE
 from tickwheel.replication.raft import journal_first_index
 from tickwheel.v1 import tickwheel_pb2 as pb
 
@@ -97,20 +97,20 @@ def test_sigkill_of_the_leader_mid_dispatch_loses_nothing_and_flags_every_duplic
         batch = messages("order", 4_000, now_ms() + 1_500, 4_000)
         schedule_all(cluster, batch)
         old = cluster.leader()
-        wait_for(lambda: len(old.journal()) > 1_000, 15, "the leader to be mid-dispatch")
+        wait_for(lambda: len(old.trail()) > 1_000, 15, "the leader to be mid-dispatch")
         cluster.signal(old, signal.SIGKILL)
         new = cluster.leader(among=[n for n in cluster.nodes if n is not old])
         deliveries = all_delivered(cluster, {m.id for m in batch}, 30)
     by_id = Counter(d["id"] for d in deliveries)
     duplicates = {i for i, n in by_id.items() if n > 1}
-    resent = [d for d in new.journal() if d["event"] == "delivered" and d["id"] in duplicates]
+    resent = [d for d in new.trail() if d["event"] == "delivered" and d["id"] in duplicates]
     assert all(d["possible_duplicate"] for d in resent)
     assert max(by_id.values()) <= 2
     # exact flags: the new leader flags only messages leased before (a lease number above 1);
     # a flagged one the old leader never sent had its lease committed and not yet sent at
     # the kill: at most a few handouts' worth, never the thousands of the first version
-    sent_by_old = {d["id"] for d in old.journal() if d["event"] == "delivered"}
-    flagged = [d for d in new.journal() if d["event"] == "delivered" and d["possible_duplicate"]]
+    sent_by_old = {d["id"] for d in old.trail() if d["event"] == "delivered"}
+    flagged = [d for d in new.trail() if d["event"] == "delivered" and d["possible_duplicate"]]
     assert all(d["lease"] > 1 for d in flagged)
     false_alarms = [d for d in flagged if d["id"] not in sent_by_old]
     assert len(false_alarms) <= 1_000, len(false_alarms)
@@ -123,7 +123,7 @@ def test_a_paused_leader_stops_dispatching_and_rejoins_as_follower(
         batch = messages("order", 2_000, now_ms() + 1_000, 8_000)
         schedule_all(cluster, batch)
         old = cluster.leader()
-        wait_for(lambda: len(old.journal()) > 100, 15, "the leader to be dispatching")
+        wait_for(lambda: len(old.trail()) > 100, 15, "the leader to be dispatching")
         cluster.signal(old, signal.SIGSTOP)
         others = [n for n in cluster.nodes if n is not old]
         new = cluster.leader(among=others)
@@ -135,7 +135,7 @@ def test_a_paused_leader_stops_dispatching_and_rejoins_as_follower(
         info = old.info()
         assert info.role == "follower" and info.leader == new.raft
         all_delivered(cluster, {m.id for m in batch}, 30)
-    late = [d for d in old.journal() if d["event"] == "delivered"
+    late = [d for d in old.trail() if d["event"] == "delivered"
             and d["delivered_at_ms"] >= resumed_ms]
     assert late == []
 
@@ -226,7 +226,7 @@ def test_a_follower_whose_snapshot_is_lost_or_damaged_refuses_to_start_and_rejoi
             snapshot.write_bytes(bytes(damaged))
         cluster.start(follower)
         assert follower.process is not None
-        assert follower.process.wait(30) == EXIT_STORAGE
+        assert follower.process.wait(30) == STORAGE_EXIT_CODE
         refusal = follower.log_path.read_text()
         if fault == "lost":
             assert "event=node_refused reason=StorageIncomplete" in refusal

@@ -26,8 +26,8 @@ from tickwheel.replication.raft import (
     write_snapshot,
 )
 from tickwheel.replication.raft.journal import AtomicJournal
-from tickwheel.replication.raft.lease import ECHO, SENT, LeaseClock
 from tickwheel.replication.raft.prevote import PreVote
+from tickwheel.replication.raft.tenure import ECHO, SENT, TenureClock
 
 
 class _Marker:
@@ -37,10 +37,10 @@ class _Marker:
         return (os.system, ("touch /tmp/tickwheel-should-never-exist",))
 
 
-def test_pysyncobj_still_has_what_the_lease_and_election_postponing_read() -> None:
+def test_pysyncobj_still_has_what_the_tenure_and_election_postponing_read() -> None:
     # RaftNode reads two private pysyncobj attributes; pinned 0.3.17 must still have them.
     source = Path(__import__("pysyncobj.syncobj").syncobj.__file__).read_text()
-    assert "'type': 'next_node_idx'," in source  # the answer the lease reads its echo from
+    assert "'type': 'next_node_idx'," in source  # the answer the tenure reads its echo from
     assert "self.__raftElectionDeadline = monotonicTime() + self.__generateRaftTimeout()" in (
         source)
     assert hasattr(PreVote, "postpone_election")
@@ -70,9 +70,9 @@ def test_pysyncobj_pickles_with_a_protocol_that_carries_bytes_as_bytes() -> None
     assert pysyncobj.pickle.loads(pysyncobj.pickle.dumps(command)) == command
 
 
-def test_a_lease_counts_from_what_a_majority_answered_and_only_this_leadership() -> None:
+def test_tenure_counts_from_what_a_majority_answered_and_only_this_leadership() -> None:
     now = [100.0]
-    leader, follower = LeaseClock(lambda: now[0]), LeaseClock(lambda: now[0])
+    leader, follower = TenureClock(lambda: now[0]), TenureClock(lambda: now[0])
     # what the follower answers carries the send time of what it is answering
     heartbeat = {"type": "append_entries", "term": 3}
     leader.outgoing("f", heartbeat)
@@ -88,7 +88,7 @@ def test_a_lease_counts_from_what_a_majority_answered_and_only_this_leadership()
     assert leader.until_s(1, 250, since_s=100.5) == 0.0  # an answer from before it led
     assert leader.until_s(2, 250, since_s=99.0) == 0.0  # 5 nodes: two peers must answer
     assert leader.until_s(0, 250, since_s=99.0) == float("inf")  # alone
-    # an older answer read later does not move the lease back; a forged stamp counts as none
+    # an older answer read later does not move the tenure back; a forged stamp counts as none
     leader.incoming("f", {"type": "next_node_idx", ECHO: 50.0})
     leader.incoming("g", {"type": "next_node_idx", ECHO: "tomorrow"})
     assert leader.until_s(1, 250, since_s=0.0) == 100.25
@@ -120,7 +120,7 @@ def test_a_node_alone_leads_commits_what_it_proposes_and_reports_it_through_the_
         assert status.term == node.term() >= 1
         assert status.last_applied >= 2 and status.commit_index >= status.last_applied
         assert node.leader() == address
-        assert node.lease_until_s(250) == float("inf")  # nobody else to hear from
+        assert node.tenure_until_s(250) == float("inf")  # nobody else to hear from
         node.compact()
         _ticking(node, (tmp_path / "snapshot").exists, "a snapshot")
         assert read_snapshot(str(tmp_path / "snapshot"))[0] == (2,)
@@ -199,10 +199,10 @@ def test_a_node_with_peers_and_no_secret_does_not_start(tmp_path: Path) -> None:
                  (lambda *_: None, lambda _: ()))
 
 
-def test_a_paused_leader_that_reads_answers_sent_during_its_pause_holds_no_lease(
+def test_a_paused_leader_that_reads_answers_sent_during_its_pause_holds_no_tenure(
         tmp_path: Path) -> None:
     # The CI failure of stop 23: pysyncobj stamped answers when it read them, so a leader
-    # resumed after a pause read its followers' old answers and thought its lease fresh.
+    # resumed after a pause read its followers' old answers and thought its tenure fresh.
     addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]
     config = RaftConfig(secrets=(os.urandom(32),))
     nodes = [RaftNode(address, [other for other in addresses if other != address],
@@ -214,22 +214,22 @@ def test_a_paused_leader_that_reads_answers_sent_during_its_pause_holds_no_lease
         def both_lead_or_follow() -> bool:
             for node in nodes:
                 node.tick(0.005)
-            return any(node.lease_until_s(config.lease_ms) > time.monotonic()
+            return any(node.tenure_until_s(config.tenure_ms) > time.monotonic()
                        for node in nodes)
-        wait_for(both_lead_or_follow, 10, "a leader with a lease", poll_s=0)
+        wait_for(both_lead_or_follow, 10, "a leader with tenure", poll_s=0)
         leader = next(node for node in nodes if node.is_leader())
         follower = next(node for node in nodes if node is not leader)
         leader.propose(b"x", lambda result, committed: None)
         leader.tick(0)  # sends the entry: the last thing it does before its pause
         paused_s = time.monotonic()
         # the follower answers while the leader is paused; the answer waits in its socket
-        while time.monotonic() < paused_s + config.lease_ms / 1000 + 0.05:
+        while time.monotonic() < paused_s + config.tenure_ms / 1000 + 0.05:
             follower.tick(0.005)
         leader.tick(0)  # resumed: reads the answer sent during the pause
         assert leader.is_leader()
-        assert leader.lease_until_s(config.lease_ms) <= paused_s + config.lease_ms / 1000
-        # and a leader that hears fresh answers has its lease back
-        wait_for(both_lead_or_follow, 5, "the lease back", poll_s=0)
+        assert leader.tenure_until_s(config.tenure_ms) <= paused_s + config.tenure_ms / 1000
+        # and a leader that hears fresh answers has its tenure back
+        wait_for(both_lead_or_follow, 5, "the tenure back", poll_s=0)
     finally:
         for node in nodes:
             node.close()
@@ -245,7 +245,7 @@ def test_a_snapshot_chunk_does_not_commit_the_followers_own_log() -> None:
     assert "'serialized': transmissionData," in source  # and a chunk has no prevLogIdx
     seen: list[dict] = []
     node = RaftNode.__new__(RaftNode)
-    node._lease = LeaseClock()
+    node._tenure = TenureClock()
     node._pre_vote = SimpleNamespace(on_message=lambda *args: False)
     node._core = SimpleNamespace(_SyncObj__raftCommitIndex=10, _SyncObj__leaderCommitIndex=0,
                                  _SyncObj__onMessageReceived=lambda _, m: seen.append(dict(m)))

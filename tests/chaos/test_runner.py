@@ -1,4 +1,4 @@
-"""The chaos harness: its Raft proxies on their own, then a short real scenario judged by the
+"""The chaos runner: its Raft proxies on their own, then a short real scenario judged by the
 audit (the CI version of ``make chaos``)."""
 
 from __future__ import annotations
@@ -170,13 +170,13 @@ def test_failovers_and_storage_faults_lose_nothing_and_flag_every_duplicate(
         tmp_path: Path) -> None:
     out = tmp_path / "chaos"
     faults = ("kill", "pause", "partition", *STORAGE_FAULTS)
-    harness = subprocess.run(
+    runner = subprocess.run(
         [sys.executable, "-m", "tickwheel.chaos", "run", "--out", str(out), "--nodes", "3",
          "--duration", "120", "--rate", "150", "--seed", "11", "--faults", ",".join(faults),
          "--warmup", "5", "--interval", "8", "--near-max-ms", "20000",
          "--snapshot-min-entries", "1000"], capture_output=True, text=True, timeout=500,
         check=False)
-    assert harness.returncode == 0, harness.stdout + harness.stderr[-4_000:]
+    assert runner.returncode == 0, runner.stdout + runner.stderr[-4_000:]
     audit = subprocess.run([sys.executable, "-m", "tickwheel.chaos.audit", str(out), "--json"],
                            capture_output=True, text=True, timeout=300, check=False)
     summary = json.loads(audit.stdout)
@@ -210,7 +210,7 @@ def test_a_healed_partition_does_not_depose_a_healthy_leader(tmp_path: Path) -> 
     """PreVote: a follower cut off (blackholed: it still counts its peers connected, as in a
     real network partition) for several election timeouts asks before it stands, goes
     unheard, keeps its term, and rejoins without a new election."""
-    with ChaosCluster(tmp_path / "cluster", 3, tmp_path / "journals") as cluster:
+    with ChaosCluster(tmp_path / "cluster", 3, tmp_path / "trails") as cluster:
         leader = cluster.leader()
         term = leader.info().term
         cut = next(node for node in cluster.nodes if node is not leader)

@@ -42,8 +42,8 @@ log = logging.getLogger("tickwheel.chaos")
 DISK_SIZE = "1g"
 """Each node's tmpfs with the ``disk-full`` fault: room for a long run's data and its reserve
 (memory is used only as it is written)."""
-CHAOS_JOURNAL_MAX_BYTES = 2 << 30
-"""The nodes' ``journal_max_bytes``: the audit reads every delivery of a run, so no journal
+CHAOS_TRAIL_MAX_BYTES = 2 << 30
+"""The nodes' ``trail_max_bytes``: the audit reads every delivery of a run, so no trail
 may rotate within one (a 10-minute run writes ~100 MiB on the busiest node)."""
 
 
@@ -145,10 +145,10 @@ def run(config: RunConfig, console: Console | None = None) -> dict:
     started_ms = now_ms()
     try:
         disk_size = DISK_SIZE if "disk-full" in config.nemesis.faults else None
-        node_args = ("--journal-max-bytes", str(CHAOS_JOURNAL_MAX_BYTES)) + (
+        node_args = ("--trail-max-bytes", str(CHAOS_TRAIL_MAX_BYTES)) + (
             () if config.snapshot_min_entries is None
             else ("--snapshot-min-entries", str(config.snapshot_min_entries)))
-        with ChaosCluster(out / "cluster", config.nodes, out / "journals", node_args,
+        with ChaosCluster(out / "cluster", config.nodes, out / "trails", node_args,
                           disk_size=disk_size,
                           power_cuts="power-cut" in config.nemesis.faults) as cluster:
             summary = _scenario(config, cluster, logs, expected, console)

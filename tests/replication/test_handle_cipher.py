@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 from tickwheel.replication import commands
-from tickwheel.replication.handles import HANDLE_BITS, HandleCipher
+from tickwheel.replication.handle_cipher import HANDLE_BITS, HandleCipher
 from tickwheel.replication.state import StateConfig, StateMachine
 from tickwheel.wheel import Cursor
 

@@ -1,4 +1,4 @@
-"""The delivery journal: one JSON line per event a node's dispatch produces.
+"""The delivery trail: one JSON line per event a node's dispatch produces.
 
 The PySpark audit (issue 5) reads these files. Lines: ``{"event": "dispatch_started", ...}`` when
 this node starts dispatching (with the cursor it starts from), and ``{"event": "delivered", ...}``
@@ -7,8 +7,8 @@ and the number of its lease in that group: above 1, an earlier lease may have re
 
 Bounded: at half of ``max_bytes`` the file becomes ``<name>.1`` (replacing the one before) and a
 new one is begun, so a node that runs for months keeps the last stretch of evidence and never
-fills its disk with it (at 20,000 deliveries a second the journal grows ~6 MB/s). `files`
-names both, oldest first. The journal is `JOURNAL_FILE` in the node's data folder.
+fills its disk with it (at 20,000 deliveries a second the trail grows ~6 MB/s). `files`
+names both, oldest first. The trail is `TRAIL_FILE` in the node's data folder.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tickwheel.node")
 
-DEFAULT_JOURNAL_MAX_BYTES: Final = 256 << 20
-JOURNAL_FILE: Final = "deliveries.jsonl"
+DEFAULT_TRAIL_MAX_BYTES: Final = 256 << 20
+TRAIL_FILE: Final = "deliveries.jsonl"
 
 
 def files(data: Path) -> list[Path]:
-    """The journal files in a node's data folder that exist: the one rotated out, then the
+    """The trail files in a node's data folder that exist: the one rotated out, then the
     current one."""
-    path = data / JOURNAL_FILE
+    path = data / TRAIL_FILE
     return [p for p in (rotated(path), path) if p.exists()]
 
 
@@ -42,12 +42,12 @@ def rotated(path: Path) -> Path:
     return path.with_name(path.name + ".1")
 
 
-class DeliveryJournal:
+class DeliveryTrail:
     """Appends events to ``path``; flushed after every batch (a crash loses at most the batch
     being written, which was not acknowledged and is sent again). One thread writes.
     ``max_bytes`` 0: nothing is written."""
 
-    def __init__(self, path: Path, node: str, max_bytes: int = DEFAULT_JOURNAL_MAX_BYTES
+    def __init__(self, path: Path, node: str, max_bytes: int = DEFAULT_TRAIL_MAX_BYTES
                  ) -> None:
         self._path = path
         self._node = node
@@ -99,5 +99,5 @@ class DeliveryJournal:
             self._file.close()
             os.replace(self._path, rotated(self._path))
             self._file = open(self._path, "a", encoding="utf-8")  # noqa: SIM115 (owned)
-            log.info("event=delivery_journal_rotated path=%s kept=%s bytes_each=%d",
+            log.info("event=delivery_trail_rotated path=%s kept=%s bytes_each=%d",
                      self._path, rotated(self._path), self._rotate_at)

@@ -1,0 +1,103 @@
+"""What ``ClusterInfo`` answers, as the library's own types (frozen dataclasses, like every
+other answer of the client), so that callers never handle the generated protobuf messages.
+
+The fields mirror the API's (`proto/tickwheel/v1/tickwheel.proto`, docs/node.md), name for name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+from tickwheel.v1 import tickwheel_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A member of the cluster, as the answering node sees it."""
+
+    raft_address: str
+    grpc_address: str
+    role: str
+    """``leader``, ``follower``, or ``unknown`` (seen from the leader)."""
+    connected: bool
+    lag_entries: int
+    """On the leader: entries this follower has not yet matched."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDue:
+    """On the leader: a topic's due messages."""
+
+    topic: str
+    ready: int
+    """Due, waiting for a consumer with credits."""
+    unacked: int
+    """Delivered, waiting for an acknowledgement."""
+    consumers: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPending:
+    """A topic's messages scheduled and not yet done (replicated: the same on every node)."""
+
+    topic: str
+    pending: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A consumer group: ``ready``, ``leased`` and ``dropped`` are replicated, ``consumers``
+    (open streams) is the leader's."""
+
+    topic: str
+    group: str
+    ready: int
+    leased: int
+    consumers: int
+    dropped: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    """The cluster as one node sees it."""
+
+    address: str
+    """The answering node's Raft address."""
+    role: str
+    leader: str
+    """The leader's Raft address, "" if unknown."""
+    leader_grpc: str
+    """The leader's gRPC address, "" if unknown."""
+    term: int
+    commit_index: int
+    last_applied: int
+    cursor_second: int
+    cursor_local_index: int
+    stamp_ms: int
+    dispatching: bool
+    cursor_lag_ms: int
+    pending_untracked: int
+    readied_past_cursor: int
+    members: tuple[Member, ...]
+    topics: tuple[TopicDue, ...]
+    pending: tuple[TopicPending, ...]
+    groups: tuple[GroupInfo, ...]
+
+
+_Part = TypeVar("_Part", "Member", "TopicDue", "TopicPending", "GroupInfo")
+
+
+def _plain(kind: type[_Part], message: Any) -> _Part:
+    """``kind`` from the fields of the same names in ``message``."""
+    return kind(**{field.name: getattr(message, field.name) for field in fields(kind)})
+
+
+def cluster_info(response: pb.ClusterInfoResponse) -> ClusterInfo:
+    nested = {"members": Member, "topics": TopicDue, "pending": TopicPending,
+              "groups": GroupInfo}
+    values = {field.name: (tuple(_plain(nested[field.name], item)
+                                 for item in getattr(response, field.name))
+                           if field.name in nested else getattr(response, field.name))
+              for field in fields(ClusterInfo)}
+    return ClusterInfo(**values)
