@@ -14,7 +14,8 @@ concern (issue 38), each importing only the rooms below it (pyproject.toml's con
 The face the layers above use (`tickwheel.cli`, `tickwheel.harness`, `tickwheel.chaos`): the
 node's commands (`main`, and the `console` they print to), how a node says its storage failed
 (`EXIT_STORAGE`), the disk reserve it keeps and how it measures free space, the files of its
-delivery journal (`journal_files`), the development credentials a local cluster runs with, and
+delivery journal (`journal_files`), a live clock step for fault injection
+(`write_clock_offset`), the development credentials a local cluster runs with, and
 the SecretKey a RocketMQ client signs with. Code above imports these from here, never a module
 inside; `tests/test_layout.py` checks it.
 
@@ -27,6 +28,7 @@ loads none of it, since ``tickwheel serve`` imports the server when it runs
 from tickwheel.node.cli.commands import main
 from tickwheel.node.cli.terminal import console
 from tickwheel.node.delivery.journal import files as journal_files
+from tickwheel.node.ops.clock_step import CLOCK_OFFSET_FILE, write_clock_offset
 from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES, free_bytes
 from tickwheel.node.rocketmq.signature import secret_key as rocketmq_secret_key
 from tickwheel.node.security.dev_credentials import ADMIN as ADMIN_GRANTS
@@ -39,6 +41,7 @@ from tickwheel.replication import STORAGE_EXIT_CODE as EXIT_STORAGE
 
 __all__ = [
     "ADMIN_GRANTS",
+    "CLOCK_OFFSET_FILE",
     "DEFAULT_RESERVE_BYTES",
     "EXIT_STORAGE",
     "DevCredentials",
@@ -49,4 +52,5 @@ __all__ = [
     "main",
     "make_dev_credentials",
     "rocketmq_secret_key",
+    "write_clock_offset",
 ]

@@ -30,6 +30,7 @@ from tickwheel.node.delivery.courier import Courier, CourierConfig
 from tickwheel.node.delivery.journal import JOURNAL_FILE, DeliveryJournal
 from tickwheel.node.listeners import Listeners, start_server
 from tickwheel.node.ops.allocator import Allocator, give_back_released
+from tickwheel.node.ops.clock_step import ClockStep
 from tickwheel.node.ops.disk import DiskWatch, poll_peers
 from tickwheel.node.ops.metrics import Metrics
 from tickwheel.node.peers import PeerFiles
@@ -102,18 +103,24 @@ async def serve(settings: NodeSettings) -> None:
         log.warning("event=grpc_insecure gRPC is served in plaintext to anyone, with every "
                     "permission (--insecure-grpc): anyone who can reach %s can schedule, read "
                     "and cancel every topic's messages", settings.listen())
+    if settings.fault_injection:
+        log.warning("event=fault_injection_on this node obeys faults written into %s (a clock "
+                    "step): for testing only, never in production", settings.data)
     log.info("event=node_started raft=%s grpc=%s peer=%s rocketmq=%s health=%s metrics=%s "
-             "data=%s members=%d tls=%s client_certs=%s principals=%s clock_skew_ms=%d",
+             "data=%s members=%d tls=%s client_certs=%s principals=%s clock_skew_ms=%d "
+             "fault_injection=%s",
              settings.raft_address, settings.listen(), settings.listen_peers() or "-",
              settings.rocketmq_listen or "-", settings.health_listen or "-",
              settings.metrics_listen or "-",
              settings.data, len(members), secure, settings.tls_client_certs,
-             len(access.current) if access else "-", settings.clock_skew_ms)
+             len(access.current) if access else "-", settings.clock_skew_ms,
+             settings.fault_injection)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    keeper = asyncio.create_task(_housekeeping(node, health_servicer, access))
+    clock_step = ClockStep(clock, settings.data, settings.fault_injection)
+    keeper = asyncio.create_task(_housekeeping(node, health_servicer, access, clock_step))
     peer_stubs = {member: partial(forwarder.peer_stub, address)
                   for member, address in settings.peer_map().items()
                   if member != settings.raft_address}
@@ -171,11 +178,13 @@ def _settle_gc() -> None:
 
 
 async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthServicer,
-                        access_file: AccessFile | None) -> None:
-    """Health, gauges, one log line per leader change, and a changed access file reread."""
+                        access_file: AccessFile | None, clock_step: ClockStep) -> None:
+    """Health, gauges, one log line per leader change, a changed access file reread, and a
+    clock step asked for (testing only)."""
     leader, serving, disk_ok = None, None, None
     access, next_access_check = access_file, 0.0
     while True:
+        clock_step.check()
         status = node.replica.status()
         if status.leader != leader:
             if leader is not None or status.leader is not None:
