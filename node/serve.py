@@ -70,13 +70,18 @@ Not what the kubelet probes (a node out of space still delivers): for alerts and
 
 async def serve(settings: NodeSettings) -> None:
     members = settings.member_map()
-    clock = SystemClock(settings.clock_skew_ms)
+    own_clock = SystemClock(settings.clock_skew_ms)
     metrics = Metrics(settings.max_topic_labels)
     journal = DeliveryJournal(settings.data / JOURNAL_FILE, settings.raft_address,
                               settings.journal_max_bytes)
     retry = settings.retry_policy()
+
+    def cluster_ms() -> int:
+        """The courier sends by the cluster's time: the replica's, made below with the
+        courier as its sink."""
+        return replica.clock.now_ms()
     courier = Courier(CourierConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms),
-                      retry, clock.now_ms, journal, metrics)
+                      retry, cluster_ms, journal, metrics)
     access = settings.access()
     peer_callers = PeerCallers(settings.raft_secrets(), access)
     secure = not settings.insecure_grpc
@@ -87,13 +92,13 @@ async def serve(settings: NodeSettings) -> None:
     fetch = PeerFiles(settings.peer_map(), peer_credentials, peer_callers.metadata())
     peers = [address for address in members if address != settings.raft_address]
     replica = Replica(settings.raft_address, peers, settings.data, courier, fetch=fetch,
-                      copies=fetch.copies, clock=clock, config=settings.replica_config())
+                      copies=fetch.copies, clock=own_clock, config=settings.replica_config())
     courier.attach(replica)
     forwarder = Forwarder(peer_credentials)
     disk = DiskWatch(settings.raft_address, settings.data, settings.min_free_bytes)
     node = NodeContext(replica, courier, members, settings.peer_map(), peer_callers,
-                       settings.limits(), retry, clock, metrics, forwarder,
-                       UnaryConsumers(courier, replica, clock.now_ms), disk,
+                       settings.limits(), retry, replica.clock, metrics, forwarder,
+                       UnaryConsumers(courier, replica, replica.clock.now_ms), disk,
                        Admission(settings.admission_limits()))
     servers, health_servicer = await start_server(node, _listeners(settings))
     replica.start()
@@ -119,7 +124,7 @@ async def serve(settings: NodeSettings) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    clock_step = ClockStep(clock, settings.data, settings.fault_injection)
+    clock_step = ClockStep(own_clock, settings.data, settings.fault_injection)
     keeper = asyncio.create_task(_housekeeping(node, health_servicer, access, clock_step))
     peer_stubs = {member: partial(forwarder.peer_stub, address)
                   for member, address in settings.peer_map().items()
@@ -211,6 +216,7 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
         metrics.set_dropped(status.groups)
         metrics.set_pending(status.pending, status.pending_untracked)
         metrics.set_storage(status.mended, status.damage_held)
+        metrics.set_clocks(node.replica.clock.observe())
         spaces = node.disk.spaces()
         metrics.set_disks(spaces)
         if disk_ok != (not spaces[0].low):
