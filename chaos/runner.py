@@ -42,6 +42,15 @@ log = logging.getLogger("tickwheel.chaos")
 DISK_SIZE = "1g"
 """Each node's tmpfs with the ``disk-full`` fault: room for a long run's data and its reserve
 (memory is used only as it is written)."""
+ALLOWED_EARLY_MS = 2
+"""How early a receipt may be, by the harness's clock, before the audit counts it early: in
+every run, skew and clock steps included (a node hands a message out only once the time a
+majority of clocks reached has passed its due time, and the faults keep one clock off at a
+time: docs/replication.md). Not 0 for the harness's own clock reads alone: it and the nodes
+read the same clock in whole milliseconds, and the leader extrapolates each follower's clock
+on its monotonic clock from the latest answer, while NTP may slew the real clock against the
+monotonic one by up to 500 ppm (0.25 ms over the 0.5 s an answer is used): 1 ms for that
+slew and 1 for a floor to the millisecond on either side."""
 CHAOS_TRAIL_MAX_BYTES = 2 << 30
 """The nodes' ``trail_max_bytes``: the audit reads every delivery of a run, so no trail
 may rotate within one (a 10-minute run writes ~100 MiB on the busiest node)."""
@@ -164,7 +173,7 @@ def run(config: RunConfig, console: Console | None = None) -> dict:
               "seed": config.seed, "nodes": nodes, "faults": list(config.nemesis.faults),
               "grace_ms": config.grace_ms, "max_skew_ms": summary["max_skew_ms"],
               "groups": GROUPS, "idle_topics": [IDLE_TOPIC],
-              "allowed_early_ms": summary["max_skew_ms"] + 5,
+              "allowed_early_ms": ALLOWED_EARLY_MS,
               "config": {key: value for key, value in asdict(config).items() if key != "out"}
               | {"out": str(out)}, "summary": summary}
     (out / "run.json").write_text(json.dumps(record, indent=2, default=str))

@@ -23,6 +23,8 @@ here, never a module inside; `tests/test_layout.py` checks it):
 - `make_dev_credentials`, `DevCredentials`, `Grants`, `ADMIN_GRANTS`: the development
   credentials the node's ``tickwheel certs`` command makes, which `LocalCluster` runs its nodes
   and callers with;
+- `write_clock_offset` and `CLOCK_OFFSET_FILE`: a live clock step, for the chaos runner's
+  ``clock-step`` fault (a node started with ``--fault-injection`` reads it; others refuse it);
 - `rocketmq_secret_key`: the SecretKey a RocketMQ client signs with, derived from the cluster's
   Raft secret as the node's ``tickwheel rocketmq-key`` does, for the harness's RocketMQ clients.
 
@@ -38,6 +40,7 @@ loads none of it, since ``tickwheel serve`` imports the server when it runs
 from tickwheel.node.cli.commands import main
 from tickwheel.node.cli.terminal import console
 from tickwheel.node.delivery.trail import files as trail_files
+from tickwheel.node.ops.clock_step import CLOCK_OFFSET_FILE, write_clock_offset
 from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES, free_bytes
 from tickwheel.node.rocketmq.signature import secret_key as rocketmq_secret_key
 from tickwheel.node.security.dev_credentials import ADMIN as ADMIN_GRANTS
@@ -46,6 +49,7 @@ from tickwheel.node.security.dev_credentials import make as make_dev_credentials
 
 __all__ = [
     "ADMIN_GRANTS",
+    "CLOCK_OFFSET_FILE",
     "DEFAULT_RESERVE_BYTES",
     "DevCredentials",
     "Grants",
@@ -55,4 +59,5 @@ __all__ = [
     "make_dev_credentials",
     "rocketmq_secret_key",
     "trail_files",
+    "write_clock_offset",
 ]

@@ -30,6 +30,7 @@ from tickwheel.node.delivery.courier import Courier, CourierConfig
 from tickwheel.node.delivery.trail import TRAIL_FILE, DeliveryTrail
 from tickwheel.node.listeners import Listeners, start_server
 from tickwheel.node.ops.allocator import Allocator, give_back_released
+from tickwheel.node.ops.clock_step import ClockStep
 from tickwheel.node.ops.disk import DiskWatch, poll_peers
 from tickwheel.node.ops.metrics import Metrics
 from tickwheel.node.peers import PeerFiles
@@ -66,13 +67,18 @@ Not what the kubelet probes (a node out of space still delivers): for alerts and
 
 async def serve(settings: NodeSettings) -> None:
     members = settings.member_map()
-    clock = SystemClock(settings.clock_skew_ms)
+    own_clock = SystemClock(settings.clock_skew_ms)
     metrics = Metrics(settings.max_topic_labels)
     trail = DeliveryTrail(settings.data / TRAIL_FILE, settings.raft_address,
-                              settings.trail_max_bytes)
+                          settings.trail_max_bytes)
     retry = settings.retry_policy()
+
+    def cluster_ms() -> int:
+        """The courier sends by the cluster's time: the replica's, made below with the
+        courier as its sink."""
+        return replica.clock.now_ms()
     courier = Courier(CourierConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms),
-                      retry, clock.now_ms, trail, metrics)
+                      retry, cluster_ms, trail, metrics)
     access = settings.access()
     peer_callers = PeerCallers(settings.raft_secrets(), access)
     secure = not settings.insecure_grpc
@@ -83,13 +89,13 @@ async def serve(settings: NodeSettings) -> None:
     fetch = PeerFiles(settings.peer_map(), peer_credentials, peer_callers.metadata())
     peers = [address for address in members if address != settings.raft_address]
     replica = Replica(settings.raft_address, peers, settings.data, courier, fetch=fetch,
-                      copies=fetch.copies, clock=clock, config=settings.replica_config())
+                      copies=fetch.copies, clock=own_clock, config=settings.replica_config())
     courier.attach(replica)
     forwarder = Forwarder(peer_credentials)
     disk = DiskWatch(settings.raft_address, settings.data, settings.min_free_bytes)
     node = NodeContext(replica, courier, members, settings.peer_map(), peer_callers,
-                       settings.limits(), retry, clock, metrics, forwarder,
-                       UnaryConsumers(courier, replica, clock.now_ms), disk,
+                       settings.limits(), retry, replica.clock, metrics, forwarder,
+                       UnaryConsumers(courier, replica, replica.clock.now_ms), disk,
                        Admission(settings.admission_limits()))
     servers, health_servicer = await start_server(node, _listeners(settings))
     replica.start()
@@ -99,18 +105,24 @@ async def serve(settings: NodeSettings) -> None:
         log.warning("event=grpc_insecure gRPC is served in plaintext to anyone, with every "
                     "permission (--insecure-grpc): anyone who can reach %s can schedule, read "
                     "and cancel every topic's messages", settings.listen())
+    if settings.fault_injection:
+        log.warning("event=fault_injection_on this node obeys faults written into %s (a clock "
+                    "step): for testing only, never in production", settings.data)
     log.info("event=node_started raft=%s grpc=%s peer=%s rocketmq=%s health=%s metrics=%s "
-             "data=%s members=%d tls=%s client_certs=%s principals=%s clock_skew_ms=%d",
+             "data=%s members=%d tls=%s client_certs=%s principals=%s clock_skew_ms=%d "
+             "fault_injection=%s",
              settings.raft_address, settings.listen(), settings.listen_peers() or "-",
              settings.rocketmq_listen or "-", settings.health_listen or "-",
              settings.metrics_listen or "-",
              settings.data, len(members), secure, settings.tls_client_certs,
-             len(access.current) if access else "-", settings.clock_skew_ms)
+             len(access.current) if access else "-", settings.clock_skew_ms,
+             settings.fault_injection)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    keeper = asyncio.create_task(_housekeeping(node, health_servicer, access))
+    clock_step = ClockStep(own_clock, settings.data, settings.fault_injection)
+    keeper = asyncio.create_task(_housekeeping(node, health_servicer, access, clock_step))
     peer_stubs = {member: partial(forwarder.peer_stub, address)
                   for member, address in settings.peer_map().items()
                   if member != settings.raft_address}
@@ -168,11 +180,13 @@ def _settle_gc() -> None:
 
 
 async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthServicer,
-                        access_file: AccessFile | None) -> None:
-    """Health, gauges, one log line per leader change, and a changed access file reread."""
+                        access_file: AccessFile | None, clock_step: ClockStep) -> None:
+    """Health, gauges, one log line per leader change, a changed access file reread, and a
+    clock step asked for (testing only)."""
     leader, serving, disk_ok = None, None, None
     access, next_access_check = access_file, 0.0
     while True:
+        clock_step.check()
         status = node.replica.status()
         if status.leader != leader:
             if leader is not None or status.leader is not None:
@@ -199,6 +213,7 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
         metrics.set_dropped(status.groups)
         metrics.set_pending(status.pending, status.pending_untracked)
         metrics.set_storage(status.mended, status.damage_held)
+        metrics.set_clocks(node.replica.clock.observe())
         spaces = node.disk.spaces()
         metrics.set_disks(spaces)
         if disk_ok != (not spaces[0].low):

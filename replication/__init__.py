@@ -2,13 +2,15 @@
 
 Its face, what the layers above use: the `Replica` (the one object a node drives) with its
 settings and status; what its calls answer (`Accepted`, `Rejected`, `Retried`, `MoveOutcome`;
-`Delivery` and `Expired` for the hand-out it makes); lease receipts (`LeaseRef`,
+`Delivery` and `Expired` for the hand-out it makes); the cluster's time it reads
+(`ClusterClock`, `MemberOffset`); lease receipts (`LeaseRef`,
 `encode_receipt`, `encode_receipts`, `decode_receipt`); consumer groups (`Groups`, read-only
 above), their names and kinds; the handle cipher. The Raft port has its own face,
 `tickwheel.replication.raft`. Nothing outside this package imports its other modules
 (tests/test_layout.py checks it).
 """
 
+from tickwheel.replication.cluster_clock import ClusterClock, MemberOffset
 from tickwheel.replication.commands import LeaseRef
 from tickwheel.replication.config import ReplicaConfig
 from tickwheel.replication.dispatcher import Delivery, DispatchConfig, Expired
@@ -24,8 +26,9 @@ from tickwheel.replication.handout import (
     encode_receipts,
 )
 from tickwheel.replication.outcomes import Accepted, MoveOutcome, Rejected, Retried
-from tickwheel.replication.replica import Replica, ReplicaStatus
+from tickwheel.replication.replica import Replica
 from tickwheel.replication.state import StateConfig
+from tickwheel.replication.status import ReplicaStatus
 
 __all__ = [
     "DEFAULT_GROUP",
@@ -34,6 +37,7 @@ __all__ = [
     "STREAM",
     "TARGET_GROUP_PROPERTY",
     "Accepted",
+    "ClusterClock",
     "ConsumerSlot",
     "Delivery",
     "DispatchConfig",
@@ -42,6 +46,7 @@ __all__ = [
     "Groups",
     "HandleCipher",
     "LeaseRef",
+    "MemberOffset",
     "MoveOutcome",
     "Rejected",
     "Replica",

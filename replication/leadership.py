@@ -21,9 +21,9 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from tickwheel.common.clock import Clock
 from tickwheel.common.errors import CorruptSegment, NotLeader, UnknownHandle
 from tickwheel.replication import commands
+from tickwheel.replication.cluster_clock import ClusterClock
 from tickwheel.replication.commands import HANDLE_KEY_BYTES
 from tickwheel.replication.config import ReplicaConfig
 from tickwheel.replication.dispatcher import DeliverySink, Dispatcher
@@ -42,7 +42,7 @@ DAMAGE_RETRY_S = 1.0
 
 class Leadership:
     def __init__(self, config: ReplicaConfig, raft: RaftPort, state: StateMachine,
-                 clock: Clock, sink: DeliverySink, proposals: Proposals, requests: Requests,
+                 clock: ClusterClock, sink: DeliverySink, proposals: Proposals, requests: Requests,
                  leader_hint: Callable[[], str | None]) -> None:
         self._config = config
         self._raft = raft
@@ -69,7 +69,7 @@ class Leadership:
         """Whether this node still holds its tenure (any thread)."""
         return self._clock.monotonic_s() < self._tenure_until_s
 
-    def follow(self, now_ms: int) -> None:
+    def follow(self) -> None:
         """Notice a leadership won or lost since the last turn."""
         leading = self._raft.is_leader()
         term = self._raft.term()
@@ -80,7 +80,9 @@ class Leadership:
             self._proposed_cursor = None
             self.planner = Planner(self._config.dispatch, 0)
             key = os.urandom(HANDLE_KEY_BYTES) if self._state.handle_key is None else None
-            barrier = commands.barrier(now_ms, self._state.cursor, key)
+            # the barrier moves neither the cursor nor the stamp: a new leader has heard no
+            # clock but its own yet (`ClusterClock`), and stamps only move forward
+            barrier = commands.barrier(self._state.stamp_ms, self._state.cursor, key)
             self._proposals.propose(barrier, self._barrier_applied(term))
             log.info("event=leadership_won term=%d cursor_second=%d cursor_local_index=%d",
                      term, *self._state.cursor)
@@ -99,8 +101,10 @@ class Leadership:
         self._proposals.fail_all(error)
 
     def renew_tenure(self) -> None:
-        """Read the tenure from the answers heard so far (`may_deliver`)."""
-        self._tenure_until_s = self._raft.tenure_until_s(self._config.raft.tenure_ms)
+        """Read the tenure from the answers heard so far (`may_deliver`); none while the
+        members' clocks are not known (`ClusterClock.agreed`)."""
+        self._tenure_until_s = (self._raft.tenure_until_s(self._config.raft.tenure_ms)
+                                if self._clock.agreed() else 0.0)
 
     def step(self, now_ms: int) -> float:
         """Dispatch what comes due, under its tenure; returns how long the poller may sleep."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,11 +30,11 @@ from typing import Any
 from tickwheel.common.clock import Clock, SystemClock
 from tickwheel.common.errors import NotLeader, Retryable, TickwheelError
 from tickwheel.replication import commands
+from tickwheel.replication.cluster_clock import ClusterClock
 from tickwheel.replication.commands import LeaseOp, LeaseRef
 from tickwheel.replication.config import ReplicaConfig
 from tickwheel.replication.dispatcher import DeliverySink
 from tickwheel.replication.exits import DISK_FULL_EXIT_CODE, FATAL_EXIT_CODE, Die, die
-from tickwheel.replication.group import GroupSummary
 from tickwheel.replication.groups import Groups
 from tickwheel.replication.handle_cipher import HandleCipher
 from tickwheel.replication.handout import ConsumerSlot
@@ -50,52 +50,18 @@ from tickwheel.replication.snapshots import (
     starts_fresh,
 )
 from tickwheel.replication.state import StateMachine
-from tickwheel.wheel import Cursor, NewMessage
-from tickwheel.wheel.mending import MendCounts
+from tickwheel.replication.status import ReplicaStatus
+from tickwheel.wheel import NewMessage
 
 log = logging.getLogger("tickwheel.replication")
 
 RaftFactory = Callable[..., RaftPort]
-"""``factory(address, peers, raft_dir, config, apply, (serialize, deserialize))``: `RaftNode`,
-or a stand-in that drives the replica without sockets."""
+"""``factory(address, peers, raft_dir, config, apply, (serialize, deserialize), wall_ms=)``:
+`RaftNode`, or a stand-in that drives the replica without sockets."""
 WALK_AHEAD_UNITS = 4_000
 """Index units of the next second the cursor will pass read per Raft thread turn, ahead of
 the cursor command that needs them (~2 ms): a second of 20,000 messages is read in 5 turns
 instead of in one 12 ms stall."""
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaStatus:
-    address: str
-    role: str
-    leader: str | None
-    term: int
-    commit_index: int
-    last_applied: int
-    cursor: Cursor
-    stamp_ms: int
-    dispatching: bool
-    inflight_msgs: int
-    peers: tuple[str, ...]
-    connected: tuple[str, ...]
-    """Peers this node has a connection to."""
-    match_index: dict[str, int]
-    """On the leader: the last entry each follower is known to hold."""
-    leader_commit_index: int
-    """The leader's commit index as this node last heard it."""
-    readied_past_cursor: int
-    """Messages at or past the cursor already readied for their groups (replicated)."""
-    groups: list[GroupSummary]
-    """Every consumer group (replicated)."""
-    pending: dict[str, int]
-    """Messages scheduled and not yet done, per tracked topic (replicated: any node)."""
-    pending_untracked: int
-    """Pending messages of topics beyond ``max_tracked_topics``."""
-    mended: MendCounts
-    """Damaged stored units and records this node mended from its peers' copies."""
-    damage_held: str | None
-    """On the leader: the damage the dispatch waits at until a peer can give a good copy."""
-
 
 
 class Replica:
@@ -110,7 +76,7 @@ class Replica:
         self._die = die
         self._peers = tuple(peers)
         self._data_dir = Path(data_dir)
-        self._clock = clock or SystemClock()
+        local = clock or SystemClock()
         self._config = config or ReplicaConfig()
         fresh = starts_fresh(self._data_dir)
         peer_files = PeerFiles(peers, fetch, self.leader_hint,
@@ -119,9 +85,15 @@ class Replica:
                                         fresh=fresh, copies=None if copies is None else partial(
                                             peer_files.copies, copies))
         self._snapshots = Snapshots(address, self._data_dir, self._state, peer_files,
-                                    self._config.raft, self._clock, die)
+                                    self._config.raft, local, die)
         self._raft = raft(address, list(peers), self._data_dir / "raft", self._config.raft,
-                          self._apply, (self._serialize, self._deserialize))
+                          self._apply, (self._serialize, self._deserialize),
+                          wall_ms=local.now_ms)
+        self.clock = self._clock = ClusterClock(address, local, self._raft,
+                                                len(self._peers) + 1,
+                                                self._config.raft.election_min_ms)
+        """What every time this node stamps, dispatches and sends by is read from (any
+        thread): the cluster's time while it leads (`tickwheel.replication.cluster_clock`)."""
         self._requests = Requests(self._config.raft.max_entry_bytes,
                                   self._config.max_queued_msgs, self._raft.wake)
         self._proposals = Proposals(self._raft, self.leader_hint)
@@ -360,7 +332,7 @@ class Replica:
     def _step(self) -> float:
         """One turn after Raft's tick; returns how long the poller may sleep."""
         now_ms = self._clock.now_ms()
-        self._leadership.follow(now_ms)
+        self._leadership.follow()
         if self._leadership.term is None:
             self._requests.refuse_writes(NotLeader(self.leader_hint()))
             return self._config.idle_tick_ms / 1000

@@ -53,6 +53,9 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--insecure-grpc", action="store_true", default=None,
                        help="serve gRPC in plaintext to anyone, with every permission")
     serve.add_argument("--clock-skew-ms", type=int, help="fault injection only")
+    serve.add_argument("--fault-injection", action="store_true", default=None,
+                       help="testing only: obey live faults written to the data folder (a "
+                            "clock step); never on a production node")
     serve.add_argument("--delay-levels", metavar="TABLE",
                        help="what delay_level 1, 2, ... mean and the retry ladder's steps "
                             "(RocketMQ's messageDelayLevel; units s m h d; default "

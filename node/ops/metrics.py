@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from tickwheel.node.ops.disk import Space
-    from tickwheel.replication import GroupSummary
+    from tickwheel.replication import GroupSummary, MemberOffset
     from tickwheel.wheel import MendCounts
 
 OTHER_TOPICS = "%other%"
@@ -153,6 +153,13 @@ class Metrics:
                                "answers.", ["member"], registry=r)
         self.disk_reserve = Gauge("tickwheel_disk_reserve_bytes", "Each member's "
                                   "min_free_bytes.", ["member"], registry=r)
+        self.clock_offset = Gauge("tickwheel_member_clock_offset_seconds", "On the leader: each "
+                                  "member's clock minus the leader's, as the leader estimates "
+                                  "it from the member's latest answer (at least this).",
+                                  ["member"], registry=r)
+        self.clock_error = Gauge("tickwheel_member_clock_error_seconds", "On the leader: how "
+                                 "much more the member's offset may be (the round trip of its "
+                                 "latest answer).", ["member"], registry=r)
         self.disk_low = Gauge("tickwheel_disk_low", "1 while new messages are refused because "
                               "a member's free space is below its reserve.", registry=r)
 
@@ -202,6 +209,14 @@ class Metrics:
         for kind in ("units", "records", "unmended"):
             self.storage_mended.labels(kind.rstrip("s")).set(getattr(mended, kind))
         self.storage_damage_held.set(held is not None)
+
+    def set_clocks(self, offsets: dict[str, MemberOffset]) -> None:
+        """Publish every member's clock offset as the leader estimates it (none elsewhere)."""
+        for gauge in (self.clock_offset, self.clock_error):
+            gauge.clear()
+        for member, offset in offsets.items():
+            self.clock_offset.labels(member).set(offset.offset_ms / 1000)
+            self.clock_error.labels(member).set(offset.error_ms / 1000)
 
     def set_disks(self, spaces: list[Space]) -> None:
         """Publish each member's free space and reserve, as this node last heard them."""

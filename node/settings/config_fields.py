@@ -115,6 +115,10 @@ class StorageFields(BaseModel):
     0 writes no trail."""
     clock_skew_ms: int = 0
     """Fault injection only: offsets this node's clock."""
+    fault_injection: bool = False
+    """Testing only: obey live faults the chaos harness and the tests inject through the data
+    folder (a clock step: ``DATA/clock-offset-ms``, `tickwheel.node.ops.clock_step`). Off, a
+    node ignores them and logs ``event=fault_injection_refused``."""
 
 
 class LimitFields(BaseModel):

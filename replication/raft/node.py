@@ -60,11 +60,13 @@ import pysyncobj.syncobj
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.pipe_notifier import PipeNotifier
 
+from tickwheel.common.clock import SystemClock
 from tickwheel.replication.raft import link_protocol
+from tickwheel.replication.raft.clocks import PeerClocks
 from tickwheel.replication.raft.config import RaftConfig
 from tickwheel.replication.raft.durability import SyncLedger
 from tickwheel.replication.raft.journal import JOURNAL_FILE, AtomicJournal, MsyncJournal
-from tickwheel.replication.raft.port import OnResult, RaftStatus, Role
+from tickwheel.replication.raft.port import OnResult, PeerClock, RaftStatus, Role
 from tickwheel.replication.raft.prevote import SHAPES, PreVote, well_formed
 from tickwheel.replication.raft.snapshot import (
     SNAPSHOT_FILE,
@@ -111,13 +113,15 @@ class RaftNode:
 
     ``apply(command)`` runs on the Raft thread for every committed command, in log order, on
     every member; ``snapshot`` is ``(serialize(path, raft_tail), deserialize(path) ->
-    raft_tail)``."""
+    raft_tail)``; ``wall_ms`` is the node's clock, which its answers carry to the leader
+    (`tickwheel.replication.raft.clocks`)."""
 
     def __init__(self, self_address: str, peers: list[str], raft_dir: Path, config: RaftConfig,
-                 apply: Callable[[bytes], object], snapshot: tuple[Serializer, Deserializer]
-                 ) -> None:
+                 apply: Callable[[bytes], object], snapshot: tuple[Serializer, Deserializer],
+                 wall_ms: Callable[[], int] | None = None) -> None:
         self._peers = tuple(peers)
         self._tenure = TenureClock()
+        self._clocks = PeerClocks(wall_ms or SystemClock().now_ms)
         self._leading: tuple[int, float] | None = None
         """The term this node leads and when it first saw itself leading it."""
         links = config.link_settings(has_peers=bool(peers))
@@ -139,7 +143,8 @@ class RaftNode:
             self._core = _Core(apply, self_address, list(peers), _conf(config, raft_dir,
                                                                          snapshot),
                                transportClass=functools.partial(LinkTransport, links=links,
-                                                                 tenure=self._tenure))
+                                                                 tenure=self._tenure,
+                                                                 clocks=self._clocks))
         finally:
             pysyncobj.syncobj.createJournal, pysyncobj.syncobj.Serializer = journal, serializer
         self._pre_vote = PreVote(self._core, len(peers), config.election_min_ms)
@@ -192,6 +197,9 @@ class RaftNode:
         if self._leading is None or self._leading[0] != term:
             self._leading = (term, time.monotonic())
         return self._tenure.until_s((len(self._peers) + 1) // 2, tenure_ms, self._leading[1])
+
+    def peer_clocks(self) -> dict[str, PeerClock]:
+        return self._clocks.estimates
 
     def compact(self) -> None:
         self._core.forceLogCompaction()
@@ -246,6 +254,7 @@ class RaftNode:
                 log.warning("event=raft_message_malformed type=%s peer=%s fields=%r", kind,
                             node, sorted(map(repr, message))[:8])
                 return
+            self._clocks.incoming(node, message)  # reads the echo the tenure clock takes off
             self._tenure.incoming(node, message)
             if kind == "append_entries" and "prevLogIdx" not in message:
                 leader_commit = self._hold_commit(message)

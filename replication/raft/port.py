@@ -35,6 +35,19 @@ class RaftStatus:
     """On the leader: the last entry each follower is known to hold."""
 
 
+@dataclass(frozen=True, slots=True)
+class PeerClock:
+    """What a leader knows of a peer's clock (Unix ms), from the peer's latest answer: at the
+    leader's monotonic time ``t`` (s) the peer's clock read at least ``base_ms + t * 1000`` and
+    at most ``error_ms`` more (the answer's round trip: the peer read its clock after the
+    leader sent what it answers, and before the leader read the answer)."""
+
+    base_ms: float
+    error_ms: float
+    heard_s: float
+    """The leader's monotonic time when it read the answer."""
+
+
 OnResult = Callable[[object, bool], None]
 """``on_result(result, committed)``: what applying a proposed command returned, and whether it
 was committed (False: leadership was lost first, the command may or may not be applied)."""
@@ -62,6 +75,10 @@ class RaftPort(Protocol):
     def tenure_until_s(self, tenure_ms: int) -> float:
         """The ``time.monotonic()`` time until which this leader may act alone: ``tenure_ms``
         after a majority last answered it; 0 when not leading."""
+
+    def peer_clocks(self) -> dict[str, PeerClock]:
+        """On the leader: each peer's clock as of its latest answer (any thread; answers of
+        any age, and of earlier leaderships: the caller judges their age)."""
 
     def compact(self) -> None:
         """Take a snapshot at the next opportunity."""

@@ -13,6 +13,7 @@ from pysyncobj.transport import TCPTransport
 
 from tickwheel.common.errors import invariant
 from tickwheel.replication.raft import wire
+from tickwheel.replication.raft.clocks import PeerClocks
 from tickwheel.replication.raft.link_protocol import LinkSettings
 from tickwheel.replication.raft.link_server import LinkServer
 from tickwheel.replication.raft.tenure import TenureClock
@@ -24,12 +25,14 @@ class LinkTransport(TCPTransport):
     """pysyncobj's TCP transport on `wire.Link`s: it listens on exactly its address, and a
     link counts only once it has proven the secret and named a member. pysyncobj's utility
     commands (``status``, ``add``, ...) and read-only nodes are not offered. Every message
-    sent gets its tenure stamp (`TenureClock.outgoing`)."""
+    sent gets its tenure stamp (`TenureClock.outgoing`), and every answer this node's clock
+    (`PeerClocks.outgoing`)."""
 
     def __init__(self, syncObj: SyncObj, selfNode: object, otherNodes: object, *,
-                 links: LinkSettings, tenure: TenureClock) -> None:
+                 links: LinkSettings, tenure: TenureClock, clocks: PeerClocks) -> None:
         self._links = links
         self._tenure = tenure
+        self._clocks = clocks
         self._next_sweep_s = 0.0
         super().__init__(syncObj, selfNode, otherNodes)
 
@@ -52,6 +55,7 @@ class LinkTransport(TCPTransport):
     def send(self, node: Any, message: Any) -> bool:
         if isinstance(message, dict):
             self._tenure.outgoing(node, message)
+            self._clocks.outgoing(message)
         return bool(super().send(node, message))
 
     def _onIncomingMessageReceived(self, conn: wire.Link, message: object) -> None:

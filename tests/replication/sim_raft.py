@@ -19,9 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tickwheel.replication.raft import OnResult, RaftConfig, RaftStatus, Role
+from tickwheel.replication.raft.port import PeerClock
 
 EPOCH_MS = 1_800_000_000_000
 ELECTION_MS = RaftConfig().election_min_ms
+ROUND_TRIP_MS = 2
+"""How far below a peer's clock the leader's estimate of it is (an answer's round trip)."""
 
 
 class World:
@@ -67,6 +70,7 @@ class SimRaft:
         self.believed_term = 0
         self.believes_leader = False
         self.heard_majority_s = 0.0
+        self.clocks: dict[str, PeerClock] = {}
         self.doomed: list[tuple[bytes | None, OnResult]] = []
         """What this node proposed while cut off (the command; None for an entry a new leader
         dropped): answered False when it learns of a newer term, or, for a leader whose
@@ -99,7 +103,13 @@ class SimRaft:
             for _, on_result in doomed:
                 on_result(None, False)
         if self.believes_leader:
-            self.heard_majority_s = cluster.world.now_s
+            now_s = cluster.world.now_s
+            self.heard_majority_s = now_s
+            self.clocks = self.clocks | {  # every peer that hears the leader answers it
+                peer: PeerClock(clock.now_ms() - ROUND_TRIP_MS - now_s * 1000, ROUND_TRIP_MS,
+                                now_s)
+                for peer, clock in cluster.clocks.items()
+                if peer != self.address and peer not in cluster.isolated}
 
     def wake(self) -> None:
         pass
@@ -125,6 +135,9 @@ class SimRaft:
         if not self.believes_leader:
             return 0.0
         return self.heard_majority_s + tenure_ms / 1000
+
+    def peer_clocks(self) -> dict[str, PeerClock]:
+        return self.clocks
 
     def compact(self) -> None:
         self.take_snapshot()
@@ -162,6 +175,8 @@ class SimCluster:
     """Log index -> (proposer, its answer), until the proposer applies it or loses office."""
     isolated: set[str] = field(default_factory=set)
     nodes: dict[str, SimRaft] = field(default_factory=dict)
+    clocks: dict[str, NodeClock] = field(default_factory=dict)
+    """Every member's clock, which its answers tell the leader."""
 
     def can_elect(self) -> bool:
         """Raft's election timeout is longer than the tenure: a new leader only after the old

@@ -25,6 +25,7 @@ from tickwheel.replication.raft import (
     read_snapshot,
     write_snapshot,
 )
+from tickwheel.replication.raft.clocks import PeerClocks
 from tickwheel.replication.raft.journal import AtomicJournal
 from tickwheel.replication.raft.prevote import PreVote
 from tickwheel.replication.raft.tenure import ECHO, SENT, TenureClock
@@ -246,6 +247,7 @@ def test_a_snapshot_chunk_does_not_commit_the_followers_own_log() -> None:
     seen: list[dict] = []
     node = RaftNode.__new__(RaftNode)
     node._tenure = TenureClock()
+    node._clocks = PeerClocks(lambda: 0)
     node._pre_vote = SimpleNamespace(on_message=lambda *args: False)
     node._core = SimpleNamespace(_SyncObj__raftCommitIndex=10, _SyncObj__leaderCommitIndex=0,
                                  _SyncObj__onMessageReceived=lambda _, m: seen.append(dict(m)))
