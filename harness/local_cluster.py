@@ -126,6 +126,12 @@ served: 5 s for a node that took 9 s to start on a loaded machine, and `LocalClu
 timed out with a leader elected."""
 
 
+STARTING_S = 60.0
+"""How long `LocalCluster.leader` gives nodes to answer at all before its own wait begins: a
+node starts in two seconds here, and took ten on a machine loaded by parallel test workers and
+other clusters, which ran out the 15 s a test allowed for an election."""
+
+
 @dataclass
 class LocalNode:
     raft: str
@@ -320,15 +326,16 @@ class LocalCluster:
     def leader(self, timeout_s: float = 15.0, among: list[LocalNode] | None = None
                ) -> LocalNode:
         """The node that says it leads and dispatches, and that every other running node
-        (of ``among``) follows."""
+        (of ``among``) follows. ``timeout_s`` counts from when each of them that runs answers
+        (within `STARTING_S`): a node still starting is not a slow election."""
         candidates = among or list(self.running())
 
+        def answering() -> bool:
+            _check_running(candidates)
+            return all(node.info() is not None for node in candidates if node.alive())
+
         def find() -> LocalNode | None:
-            for node in candidates:
-                if node.process is not None and node.process.poll() not in (None, -9):
-                    tail = node.log_path.read_text()[-2_000:]
-                    raise RuntimeError(f"node {node.raft} exited with "
-                                       f"{node.process.returncode}:\n{tail}")
+            _check_running(candidates)
             infos = {node.raft: node.info() for node in candidates}
             for node in candidates:
                 info = infos[node.raft]
@@ -337,6 +344,7 @@ class LocalCluster:
                         for other in infos.values())):
                     return node
             return None
+        wait_for(answering, STARTING_S, "every running node to answer")
         return wait_for(find, timeout_s, "a leader that every running node follows")
 
     def schedule(self, messages: list[pb.Message], timeout_s: float = 20.0
@@ -357,6 +365,14 @@ class LocalCluster:
     def deliveries(self) -> list[dict]:
         return [event for node in self.nodes for event in node.trail()
                 if event["event"] == "delivered"]
+
+
+def _check_running(nodes: list[LocalNode]) -> None:
+    """Raise, with the tail of its log, if one of ``nodes`` exited (but by SIGKILL)."""
+    for node in nodes:
+        if node.process is not None and node.process.poll() not in (None, -9):
+            tail = node.log_path.read_text()[-2_000:]
+            raise RuntimeError(f"node {node.raft} exited with {node.process.returncode}:\n{tail}")
 
 
 class AckingConsumer:
