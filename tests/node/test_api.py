@@ -519,8 +519,12 @@ def pending_of(node: LocalNode) -> dict[str, int] | None:
 
 
 def wait_pending(nodes: list[LocalNode], expected: dict[str, int], what: str) -> None:
-    wait_for(lambda: all(pending_of(node) == expected for node in nodes), 20,
-             f"every node to count {expected} pending ({what})")
+    try:
+        wait_for(lambda: all(pending_of(node) == expected for node in nodes), 20,
+                 f"every node to count {expected} pending ({what})")
+    except TimeoutError as error:  # what each node counted instead, and where it stood
+        raise AssertionError(f"{error}: {[(n.raft, pending_of(n), n.info()) for n in nodes]}"
+                             ) from None
 
 
 @pytest.mark.cluster
