@@ -25,6 +25,7 @@ typecheck: $(STAMP)
 	@mkdir -p $(TYPECHECK)
 	@for package in common wheel replication node harness chaos cli client; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
 	@ln -sfn ../../generated/tickwheel/v1 $(TYPECHECK)/v1
+	@ln -sfn ../../generated/tickwheel/rocketmq $(TYPECHECK)/rocketmq
 	$(VENV)/bin/mypy
 
 # The tests run on parallel workers (pytest-xdist), a file's tests on one worker (so that a

@@ -6,6 +6,8 @@ proto/apache). Generation runs when setuptools loads this file, before it looks 
 package folders.
 """
 
+import shutil
+import sys
 from pathlib import Path
 
 from grpc_tools import protoc  # a build requirement (pyproject.toml)
@@ -20,13 +22,27 @@ protos' own path) and they move here, their imports of each other renamed to mat
 installed package claims no top-level ``apache``."""
 
 
+def typed_grpc_plugin() -> str:
+    """mypy-protobuf's protoc plugin (a build requirement), which writes the ``*_pb2_grpc.pyi``
+    that type the stubs and servicers (protoc's own ``--pyi_out`` types the messages alone).
+    On PATH in pip's isolated build environment; beside the interpreter in a plain venv built
+    with --no-build-isolation (deploy/Dockerfile)."""
+    name = "protoc-gen-mypy_grpc"
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        raise RuntimeError(f"{name} not found: install mypy-protobuf (pyproject.toml)")
+    return found
+
+
 def generate_stubs() -> None:
     protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
     (GENERATED / "tickwheel" / "v1").mkdir(parents=True, exist_ok=True)
     include = Path(protoc.__file__).parent / "_proto"
     status = protoc.main(["grpc_tools.protoc", f"-I{PROTO_ROOT}", f"-I{include}",
                           f"--python_out={GENERATED}", f"--grpc_python_out={GENERATED}",
-                          f"--pyi_out={GENERATED}", *protos])
+                          f"--pyi_out={GENERATED}",
+                          f"--plugin=protoc-gen-mypy_grpc={typed_grpc_plugin()}",
+                          f"--mypy_grpc_out={GENERATED}", *protos])
     if status != 0:
         raise RuntimeError(f"protoc failed with status {status}")
     (GENERATED / "tickwheel" / "v1" / "__init__.py").write_text(

@@ -17,20 +17,22 @@ answers a `ClusterInfo` (with its `Member`, `TopicDue`, `TopicPending` and `Grou
 
 from tickwheel.client._core import (
     CancelOutcome,
-    InvalidArgument,
     Message,
-    PermissionDenied,
     Received,
-    RequestTooLarge,
     Rescheduled,
     RescheduleOutcome,
     Scheduled,
+)
+from tickwheel.client.aio import AsyncClient, AsyncConsumer
+from tickwheel.client.credentials import Credentials
+from tickwheel.client.errors import (
+    InvalidArgument,
+    PermissionDenied,
+    RequestTooLarge,
     TickwheelClientError,
     Unauthenticated,
     Unavailable,
 )
-from tickwheel.client.aio import AsyncClient, AsyncConsumer
-from tickwheel.client.credentials import Credentials
 from tickwheel.client.info import ClusterInfo, GroupInfo, Member, TopicDue, TopicPending
 from tickwheel.client.sync import Client, Consumer
 

@@ -1,5 +1,6 @@
-"""What the sync and asyncio clients share: messages, results, errors, leader routing, retry
-policy, and how consumer requests are merged. No I/O here."""
+"""What the sync and asyncio clients share: what a client holds, messages, results, leader
+routing, retry policy, and how consumer requests are merged. No I/O here (errors:
+`tickwheel.client.errors`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ import random
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Generic, Literal, NamedTuple, TypedDict, TypeVar, cast
 
 import grpc
 from tenacity import retry_if_exception, stop_after_delay, wait_random_exponential
+from tenacity.retry import retry_base
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base
 
+from tickwheel.client.credentials import Credentials
+from tickwheel.client.errors import retryable
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 LEADER_KEY = "tickwheel-leader"
@@ -21,92 +27,6 @@ CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 64 << 20),
                    # A paused or cut-off node must not hold a consumer stream for minutes.
                    ("grpc.keepalive_time_ms", 2_000), ("grpc.keepalive_timeout_ms", 2_000))
 DEFAULT_TARGET = "127.0.0.1:7400"
-_RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                        grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
-                        grpc.StatusCode.CANCELLED})
-"""Codes a call is tried again on (every call this library makes is safe to repeat: ids make
-scheduling idempotent, cancels are). ``CANCELLED`` is among them: this library never cancels
-a call it still waits on, so one is a node that stopped (SIGTERM, a rolling restart) with the
-call open, or an older node passing that on from its leader."""
-_TORN_CONNECTION_DETAILS = ("Internal error from Core", "Received RST_STREAM")
-"""How gRPC itself words the ``INTERNAL`` of a connection cut under a call."""
-
-
-# -- errors -----------------------------------------------------------------------------------
-
-class TickwheelClientError(Exception):
-    """A call failed for good (after retries, where retrying was safe). ``code`` is the gRPC
-    status code."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-
-class InvalidArgument(TickwheelClientError):
-    """The request was wrong; ``field`` names what to fix (``messages[0].topic``)."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(code, details)
-        self.field = details.split(":", 1)[0]
-
-
-class Unavailable(TickwheelClientError):
-    """No leader answered in time (or the cluster was overloaded) through every retry."""
-
-
-class Unauthenticated(TickwheelClientError):
-    """The node does not know who is calling: no token or client certificate, or one it does
-    not know (`tickwheel.client.credentials`). Not retried."""
-
-
-class PermissionDenied(TickwheelClientError):
-    """The caller's grants do not cover this topic or group; ``field`` names what was
-    refused. Not retried."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(code, details)
-        self.field = details.split(":", 1)[0]
-
-
-class RequestTooLarge(TickwheelClientError):
-    """The request is larger than the node reads (its ``max_request_bytes``, 8 MiB by
-    default): split the batch. Not retried: it would be refused again."""
-
-
-def translate(error: grpc.RpcError) -> TickwheelClientError:
-    """The one seam where gRPC errors become this library's."""
-    code, details = error.code(), error.details() or ""
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidArgument(code, details)
-    if code == grpc.StatusCode.UNAUTHENTICATED:
-        return Unauthenticated(code, details)
-    if code == grpc.StatusCode.PERMISSION_DENIED:
-        return PermissionDenied(code, details)
-    if _too_large(error):
-        return RequestTooLarge(code, f"{details}: split the batch")
-    if code in _RETRYABLE or _connection_torn(error):
-        return Unavailable(code, details)
-    return TickwheelClientError(code, details)
-
-
-def retryable(error: BaseException) -> bool:
-    return isinstance(error, grpc.RpcError) and (
-        (error.code() in _RETRYABLE and not _too_large(error)) or _connection_torn(error))
-
-
-def _connection_torn(error: grpc.RpcError) -> bool:
-    """gRPC's own ``INTERNAL`` for a connection torn mid-call (a node killed while a stream
-    was open); a node's own ``INTERNAL`` names what failed and is not retried."""
-    return (error.code() == grpc.StatusCode.INTERNAL
-            and (error.details() or "").startswith(_TORN_CONNECTION_DETAILS))
-
-
-def _too_large(error: grpc.RpcError) -> bool:
-    """gRPC's own refusal of a message above the receiver's limit (it names no field)."""
-    return (error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            and "larger than max" in (error.details() or ""))
 
 
 CREDIT_BATCH_DIVISOR = 8
@@ -143,17 +63,31 @@ class Credits:
         self.owed = 0
 
 
-def urgent(item: tuple[str, object] | None) -> bool:
+Queued = tuple[Literal["credit"], int] | tuple[Literal["ack", "nack"], str]
+"""A consumer's request waiting to be sent: credits to grant, or a receipt to ack or nack (None
+in its place ends the stream)."""
+
+
+def urgent(item: Queued | None) -> bool:
     """Whether a queued consumer request goes at once (a credit batch, the stream's end)
     rather than waiting up to `ACK_LINGER_S` for company (an ack or a nack)."""
-    return item is None or item[0] in ("credit", "end")
+    return item is None or item[0] == "credit"
 
 RECONNECT_WAIT = wait_random_exponential(multiplier=0.05, max=0.25)
 """Between attempts: jittered, growing from 50 ms to at most 250 ms. An election takes about a
 second; a longer back-off would only add to the time without delivery after it."""
 
 
-def retry_policy(timeout_s: float) -> dict:
+class RetryPolicy(TypedDict):
+    """The arguments of tenacity's ``Retrying`` and ``AsyncRetrying`` for a call."""
+
+    retry: retry_base
+    wait: wait_base
+    stop: stop_base
+    reraise: bool
+
+
+def retry_policy(timeout_s: float) -> RetryPolicy:
     """tenacity arguments: jittered exponential back-off on retryable codes, for up to
     ``timeout_s``. Safe for scheduling because every message carries an id."""
     return {"retry": retry_if_exception(retryable), "wait": RECONNECT_WAIT,
@@ -313,7 +247,7 @@ class Received:
     handle: int
     node: str
     """The Raft address of the leader that sent it."""
-    _send: Callable[[str, str], None] = field(repr=False)
+    _send: Callable[[Literal["ack", "nack"], str], None] = field(repr=False)
     """``send(kind, receipt)``: queue an "ack" or a "nack" on the consumer's stream."""
     group: str = ""
     """The consumer group it was handed out to ("" : the topic's default group)."""
@@ -329,7 +263,8 @@ class Received:
         self._send("nack", self.receipt)
 
 
-def received(response: pb.ReceiveResponse, send: Callable[[str, str], None]) -> list[Received]:
+def received(response: pb.ReceiveResponse,
+             send: Callable[[Literal["ack", "nack"], str], None]) -> list[Received]:
     return [Received(m.id, m.topic, m.body, dict(m.properties) if m.properties else {},
                      m.deliver_at_ms,
                      m.delivered_at_ms, m.attempt, m.possible_duplicate, m.receipt, m.handle,
@@ -357,17 +292,19 @@ def subscribe_request(topic: str, credits: int, visibility_timeout_ms: int,
         consumer=name, group=group))
 
 
-def merged_requests(items: Iterable[tuple[str, object]]) -> list[pb.ReceiveRequest]:
+def merged_requests(items: Iterable[Queued]) -> list[pb.ReceiveRequest]:
     """Queued ``("credit", n)``, ``("ack", receipt)`` and ``("nack", receipt)`` items as at most
     three requests."""
-    credits, receipts, nacks = 0, [], []
-    for kind, value in items:
-        if kind == "credit":
-            credits += value
-        elif kind == "nack":
-            nacks.append(value)
+    credits = 0
+    receipts: list[str] = []
+    nacks: list[str] = []
+    for item in items:
+        if item[0] == "credit":
+            credits += item[1]
+        elif item[0] == "nack":
+            nacks.append(item[1])
         else:
-            receipts.append(value)
+            receipts.append(item[1])
     requests = []
     if receipts:
         requests.append(pb.ReceiveRequest(ack=pb.Ack(receipts=receipts)))
@@ -395,10 +332,10 @@ class Router:
     def choose(self) -> str:
         return self.leader or self.targets[self._next % len(self.targets)]
 
-    def observe(self, metadata: Sequence[tuple[str, str]] | None) -> None:
+    def observe(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> None:
         """Remember the leader a response named."""
         for key, value in metadata or ():
-            if key == LEADER_KEY and value:
+            if key == LEADER_KEY and value and isinstance(value, str):
                 self.leader = value
 
     def failed(self, address: str) -> None:
@@ -408,8 +345,36 @@ class Router:
             self._next += 1
 
 
-def trailers(error_or_call: object) -> Sequence[tuple[str, str]] | None:
+def trailers(error: grpc.RpcError) -> Iterable[tuple[str, str | bytes]] | None:
+    """A failed call's trailing metadata; None from an error that is no call (or has none)."""
     try:
-        return error_or_call.trailing_metadata()
+        # grpc's stubs type these as objects with .key and .value; gRPC gives (key, value)
+        # tuples, as every Call's trailing_metadata() does.
+        return cast("Iterable[tuple[str, str | bytes]]", error.trailing_metadata())
     except (AttributeError, ValueError):
         return None
+
+
+ChannelT = TypeVar("ChannelT", grpc.Channel, grpc.aio.Channel)
+
+
+class ClientBase(Generic[ChannelT]):
+    """What `Client` and `AsyncClient` hold alike: where to call (a `Router`), with what
+    `Credentials`, for how long, and a channel per node address."""
+
+    def __init__(self, targets: str | Sequence[str], *, timeout_s: float,
+                 attempt_timeout_s: float, credentials: Credentials | None) -> None:
+        self._router = Router(targets)
+        self._credentials = Credentials.from_env() if credentials is None else credentials
+        self._timeout_s = timeout_s
+        self._attempt_timeout_s = attempt_timeout_s
+        self._channels: dict[str, ChannelT] = {}
+
+    @property
+    def leader(self) -> str | None:
+        """The leader's gRPC address, once a response has named it."""
+        return self._router.leader
+
+
+class Reconnect(Exception):
+    """A consumer stream broke in a way a new stream may fix."""

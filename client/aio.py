@@ -19,6 +19,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type
@@ -29,11 +30,13 @@ from tickwheel.client._core import (
     DEFAULT_TARGET,
     RECONNECT_WAIT,
     CancelOutcome,
+    ClientBase,
     Credits,
     Message,
+    Queued,
     Received,
+    Reconnect,
     Rescheduled,
-    Router,
     Scheduled,
     cancel_outcomes,
     merged_requests,
@@ -42,34 +45,47 @@ from tickwheel.client._core import (
     reschedule_request,
     reschedule_results,
     retry_policy,
-    retryable,
     schedule_request,
     scheduled,
     settle_request,
     subscribe_request,
-    translate,
     urgent,
 )
 from tickwheel.client.credentials import Credentials, open_aio_channel
+from tickwheel.client.errors import retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
+from tickwheel.client.rpcs import (
+    ACK_MESSAGES,
+    CANCEL,
+    CHANGE_INVISIBLE_DURATION,
+    CLUSTER_INFO,
+    CREATE_GROUP,
+    DELETE_GROUP,
+    RECEIVE_MESSAGES,
+    RESCHEDULE,
+    SCHEDULE,
+    RequestT,
+    ResponseT,
+    Unary,
+)
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
 log = logging.getLogger("tickwheel.client")
 
+_Stream = grpc.aio.StreamStreamCall[pb.ReceiveRequest, pb.ReceiveResponse]
+"""The consumer's stream: subscription, credits and acks out; messages in."""
 
-class AsyncClient:
+
+class AsyncClient(ClientBase[grpc.aio.Channel]):
     """See `tickwheel.client.Client`; create and use it on one event loop."""
 
     def __init__(self, targets: str | Sequence[str] = DEFAULT_TARGET, *,
                  timeout_s: float = 30.0, attempt_timeout_s: float = 10.0,
                  credentials: Credentials | None = None) -> None:
-        self._router = Router(targets)
-        self._credentials = Credentials.from_env() if credentials is None else credentials
-        self._timeout_s = timeout_s
-        self._attempt_timeout_s = attempt_timeout_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._settling: set[asyncio.Task] = set()
+        super().__init__(targets, timeout_s=timeout_s, attempt_timeout_s=attempt_timeout_s,
+                         credentials=credentials)
+        self._settling: set[asyncio.Task[list[bool]]] = set()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -84,10 +100,6 @@ class AsyncClient:
             await channel.close()
         self._channels.clear()
 
-    @property
-    def leader(self) -> str | None:
-        return self._router.leader
-
     async def schedule(self, topic: str, body: bytes | str, *, deliver_at_ms: int | None = None,
                        delay_ms: int | None = None, delay_level: int | None = None,
                        id: str | None = None,
@@ -98,7 +110,7 @@ class AsyncClient:
 
     async def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
         request = schedule_request(messages)
-        return scheduled(await self._call("Schedule", request))
+        return scheduled(await self._call(SCHEDULE, request))
 
     async def cancel(self, handle: int) -> bool:
         return (await self.cancel_many([handle]))[0]
@@ -107,16 +119,16 @@ class AsyncClient:
         return [outcome.cancelled for outcome in await self.cancel_outcomes(handles)]
 
     async def cancel_outcomes(self, handles: Sequence[int]) -> list[CancelOutcome]:
-        return cancel_outcomes(await self._call("Cancel", pb.CancelRequest(handles=handles)))
+        return cancel_outcomes(await self._call(CANCEL, pb.CancelRequest(handles=handles)))
 
     async def reschedule(self, handles: Sequence[int], *, deliver_at_ms: int | None = None,
                          delay_ms: int | None = None) -> list[Rescheduled]:
         """See `tickwheel.client.Client.reschedule`."""
         return reschedule_results(await self._call(
-            "Reschedule", reschedule_request(handles, deliver_at_ms, delay_ms)))
+            RESCHEDULE, reschedule_request(handles, deliver_at_ms, delay_ms)))
 
     async def cluster_info(self) -> ClusterInfo:
-        return cluster_info(await self._call("ClusterInfo", pb.ClusterInfoRequest()))
+        return cluster_info(await self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
 
     def consume(self, topic: str, *, prefetch: int = 64, visibility_timeout_ms: int = 0,
                 name: str = "", group: str = "") -> AsyncConsumer:
@@ -127,11 +139,11 @@ class AsyncClient:
                       wait_ms: int = 5_000) -> list[Received]:
         """See `tickwheel.client.Client.receive`. ``ack()`` and ``nack()`` of what it returns
         settle in the background (`close` waits for them); await `ack_receipts` to know."""
-        response = await self._call("ReceiveMessages", receive_request(
+        response = await self._call(RECEIVE_MESSAGES, receive_request(
             topic, consumer, group, max_messages, invisible_duration_ms, wait_ms),
             timeout_s=wait_ms / 1000 + self._attempt_timeout_s)
 
-        def settle(kind: str, receipt: str) -> None:
+        def settle(kind: Literal["ack", "nack"], receipt: str) -> None:
             task = asyncio.ensure_future(
                 self.ack_receipts(topic, group, [receipt]) if kind == "ack"
                 else self.change_invisible_duration(topic, group, [receipt], 0))
@@ -139,46 +151,46 @@ class AsyncClient:
             task.add_done_callback(self._settled)
         return received(response, settle)
 
-    def _settled(self, task: asyncio.Task) -> None:
+    def _settled(self, task: asyncio.Task[list[bool]]) -> None:
         self._settling.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("event=settle_failed error=%r", task.exception())
 
     async def ack_receipts(self, topic: str, group: str, receipts: Sequence[str]
                            ) -> list[bool]:
-        return list((await self._call("AckMessages",
+        return list((await self._call(ACK_MESSAGES,
                                       settle_request(topic, group, receipts))).settled)
 
     async def change_invisible_duration(self, topic: str, group: str, receipts: Sequence[str],
                                         invisible_duration_ms: int) -> list[bool]:
-        return list((await self._call("ChangeInvisibleDuration", settle_request(
+        return list((await self._call(CHANGE_INVISIBLE_DURATION, settle_request(
             topic, group, receipts, invisible_duration_ms))).settled)
 
     async def create_group(self, topic: str, group: str) -> bool:
         """See `tickwheel.client.Client.create_group`."""
         request = pb.GroupRequest(topic=topic, group=group)
-        return bool((await self._call("CreateGroup", request)).existed)
+        return bool((await self._call(CREATE_GROUP, request)).existed)
 
     async def delete_group(self, topic: str, group: str) -> bool:
         """See `tickwheel.client.Client.delete_group`."""
         request = pb.GroupRequest(topic=topic, group=group)
-        return bool((await self._call("DeleteGroup", request)).existed)
+        return bool((await self._call(DELETE_GROUP, request)).existed)
 
     # -- plumbing -------------------------------------------------------------------------
 
-    def _stub(self, address: str) -> pb_grpc.TickwheelStub:
+    def _stub(self, address: str) -> pb_grpc.TickwheelAsyncStub:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = open_aio_channel(
                 address, self._credentials, CHANNEL_OPTIONS)
         return pb_grpc.TickwheelStub(channel)
 
-    async def _call(self, method: str, request: object, timeout_s: float | None = None
-                    ) -> object:
+    async def _call(self, rpc: Unary[RequestT, ResponseT], request: RequestT,
+                    timeout_s: float | None = None) -> ResponseT:
+        async def attempt() -> ResponseT:  # a coroutine function: tenacity awaits its calls
+            return await self._attempt(rpc, request, timeout_s)
         try:
-            async for attempt in AsyncRetrying(**retry_policy(self._timeout_s)):
-                with attempt:
-                    return await self._attempt(method, request, timeout_s)
+            return await AsyncRetrying(**retry_policy(self._timeout_s))(attempt)
         except grpc.RpcError as error:
             raise translate(error) from None
 
@@ -187,13 +199,14 @@ class AsyncClient:
         leader: a stream opened on a follower is proxied, a hop and the follower's CPU for every
         message. Best effort: if no node answers, the stream opens where the router says."""
         with contextlib.suppress(grpc.RpcError):
-            await self._attempt("ClusterInfo", pb.ClusterInfoRequest())
+            await self._attempt(CLUSTER_INFO, pb.ClusterInfoRequest())
 
-    async def _attempt(self, method: str, request: object, timeout_s: float | None = None
-                       ) -> object:
+    async def _attempt(self, rpc: Unary[RequestT, ResponseT], request: RequestT,
+                       timeout_s: float | None = None) -> ResponseT:
         address = self._router.choose()
-        call = getattr(self._stub(address), method)(
-            request, timeout=timeout_s or self._attempt_timeout_s)
+        method: grpc.aio.UnaryUnaryMultiCallable[RequestT, ResponseT] = getattr(
+            self._stub(address), rpc.name)
+        call = method(request, timeout=timeout_s or self._attempt_timeout_s)
         try:
             response = await call
         except grpc.aio.AioRpcError as error:
@@ -205,10 +218,6 @@ class AsyncClient:
         return response
 
 
-class _Reconnect(Exception):
-    """The consumer stream broke in a way a new stream may fix."""
-
-
 class AsyncConsumer:
     """An async iterator of `Received` messages; reconnects like `tickwheel.client.Consumer`."""
 
@@ -218,12 +227,12 @@ class AsyncConsumer:
         self._subscribe = subscribe_request(topic, prefetch, visibility_timeout_ms, name, group)
         self._buffer: deque[Received] = deque()
         self._credits = Credits(prefetch)
-        self._pending: list[tuple[str, object]] = []
+        self._pending: list[Queued | None] = []
         self._wakeup = asyncio.Event()
         self._flush = asyncio.Event()
         """Something queued goes at once (`urgent`), and takes the acks waiting with it."""
-        self._call: grpc.aio.StreamStreamCall | None = None
-        self._writer: asyncio.Task | None = None
+        self._call: _Stream | None = None
+        self._writer: asyncio.Task[None] | None = None
         self._closed = False
 
     async def __aenter__(self) -> AsyncConsumer:
@@ -257,7 +266,7 @@ class AsyncConsumer:
         self._closed = True
         call = self._call
         if call is not None:
-            self._queue(("end", None))
+            self._queue(None)
             try:
                 await asyncio.wait_for(call.wait_for_connection(), timeout_s)
                 await asyncio.wait_for(call.code(), timeout_s)
@@ -265,10 +274,10 @@ class AsyncConsumer:
                 pass
         self._drop_stream()
 
-    def _send(self, kind: str, receipt: str) -> None:
+    def _send(self, kind: Literal["ack", "nack"], receipt: str) -> None:
         self._queue((kind, receipt))
 
-    def _queue(self, item: tuple[str, object]) -> None:
+    def _queue(self, item: Queued | None) -> None:
         self._pending.append(item)
         self._wakeup.set()
         if urgent(item):
@@ -282,25 +291,27 @@ class AsyncConsumer:
         self._call = self._writer = None
 
     async def _receive(self) -> None:
-        async for attempt in AsyncRetrying(retry=retry_if_exception_type(_Reconnect),
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(Reconnect),
                                            wait=RECONNECT_WAIT, reraise=True):
             with attempt:
                 if self._closed:
                     return
-                if self._call is None:
+                call = self._call
+                if call is None:
                     if self._client._router.leader is None:
                         await self._client._learn_leader()
-                    self._connect()
-                await self._read_one()
+                    call = self._connect()
+                await self._read_one(call)
 
-    def _connect(self) -> None:
+    def _connect(self) -> _Stream:
         self._address = self._client._router.choose()
-        self._call = self._client._stub(self._address).Receive()
+        self._call = call = self._client._stub(self._address).Receive()
         self._pending.clear()
         self._credits.reset()
-        self._writer = asyncio.create_task(self._write(self._call))
+        self._writer = asyncio.create_task(self._write(call))
+        return call
 
-    async def _write(self, call: grpc.aio.StreamStreamCall) -> None:
+    async def _write(self, call: _Stream) -> None:
         """Send the subscription, then credits and acks as they queue up. A broken stream
         ends this; the reader notices and reconnects."""
         try:
@@ -313,16 +324,15 @@ class AsyncConsumer:
                 self._wakeup.clear()
                 self._flush.clear()
                 items, self._pending = self._pending, []
-                for request in merged_requests(i for i in items if i[0] != "end"):
+                for request in merged_requests(i for i in items if i is not None):
                     await call.write(request)
-                if any(kind == "end" for kind, _ in items):
+                if None in items:
                     await call.done_writing()
                     return
         except (grpc.RpcError, asyncio.InvalidStateError):
             return
 
-    async def _read_one(self) -> None:
-        call = self._call
+    async def _read_one(self, call: _Stream) -> None:
         try:
             response = await call.read()
         except grpc.aio.AioRpcError as error:
@@ -335,8 +345,8 @@ class AsyncConsumer:
             self._client._router.failed(self._address)
             log.info("event=consumer_reconnect target=%s code=%s", self._address,
                      error.code().name)
-            raise _Reconnect from error
-        if response is grpc.aio.EOF:
+            raise Reconnect from error
+        if not isinstance(response, pb.ReceiveResponse):  # grpc.aio.EOF: the node ended it
             self._drop_stream()
-            raise _Reconnect
+            raise Reconnect
         self._buffer.extend(received(response, self._send))

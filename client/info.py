@@ -94,10 +94,10 @@ def _plain(kind: type[_Part], message: Any) -> _Part:
 
 
 def cluster_info(response: pb.ClusterInfoResponse) -> ClusterInfo:
-    nested = {"members": Member, "topics": TopicDue, "pending": TopicPending,
-              "groups": GroupInfo}
-    values = {field.name: (tuple(_plain(nested[field.name], item)
-                                 for item in getattr(response, field.name))
-                           if field.name in nested else getattr(response, field.name))
-              for field in fields(ClusterInfo)}
-    return ClusterInfo(**values)
+    nested = {"members", "topics", "pending", "groups"}
+    scalars = {field.name: getattr(response, field.name) for field in fields(ClusterInfo)
+               if field.name not in nested}
+    return ClusterInfo(members=tuple(_plain(Member, m) for m in response.members),
+                       topics=tuple(_plain(TopicDue, t) for t in response.topics),
+                       pending=tuple(_plain(TopicPending, p) for p in response.pending),
+                       groups=tuple(_plain(GroupInfo, g) for g in response.groups), **scalars)

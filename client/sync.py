@@ -22,6 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal
 
 import grpc
 from tenacity import Retrying, retry_if_exception_type
@@ -32,11 +33,13 @@ from tickwheel.client._core import (
     DEFAULT_TARGET,
     RECONNECT_WAIT,
     CancelOutcome,
+    ClientBase,
     Credits,
     Message,
+    Queued,
     Received,
+    Reconnect,
     Rescheduled,
-    Router,
     Scheduled,
     cancel_outcomes,
     merged_requests,
@@ -45,24 +48,41 @@ from tickwheel.client._core import (
     reschedule_request,
     reschedule_results,
     retry_policy,
-    retryable,
     schedule_request,
     scheduled,
     settle_request,
     subscribe_request,
     trailers,
-    translate,
     urgent,
 )
 from tickwheel.client.credentials import Credentials, open_channel
+from tickwheel.client.errors import retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
+from tickwheel.client.rpcs import (
+    ACK_MESSAGES,
+    CANCEL,
+    CHANGE_INVISIBLE_DURATION,
+    CLUSTER_INFO,
+    CREATE_GROUP,
+    DELETE_GROUP,
+    RECEIVE_MESSAGES,
+    RESCHEDULE,
+    SCHEDULE,
+    RequestT,
+    ResponseT,
+    Unary,
+)
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    # What a stream-stream call returns, as grpc's type stubs name it (no class at run time).
+    from grpc import _CallIterator
 
 log = logging.getLogger("tickwheel.client")
 
 
-class Client:
+class Client(ClientBase[grpc.Channel]):
     """Talks to a tickwheel cluster through any of ``targets`` (``host:port``, or a
     comma-separated list), and to the leader once it knows it. Every call is retried with
     jittered back-off on ``UNAVAILABLE`` and leader changes for up to ``timeout_s``."""
@@ -70,11 +90,8 @@ class Client:
     def __init__(self, targets: str | Sequence[str] = DEFAULT_TARGET, *,
                  timeout_s: float = 30.0, attempt_timeout_s: float = 10.0,
                  credentials: Credentials | None = None) -> None:
-        self._router = Router(targets)
-        self._credentials = Credentials.from_env() if credentials is None else credentials
-        self._timeout_s = timeout_s
-        self._attempt_timeout_s = attempt_timeout_s
-        self._channels: dict[str, grpc.Channel] = {}
+        super().__init__(targets, timeout_s=timeout_s, attempt_timeout_s=attempt_timeout_s,
+                         credentials=credentials)
         self._lock = threading.Lock()
 
     def __enter__(self) -> Client:
@@ -89,11 +106,6 @@ class Client:
                 channel.close()
             self._channels.clear()
 
-    @property
-    def leader(self) -> str | None:
-        """The leader's gRPC address, once a response has named it."""
-        return self._router.leader
-
     def schedule(self, topic: str, body: bytes | str, *, deliver_at_ms: int | None = None,
                  delay_ms: int | None = None, delay_level: int | None = None,
                  id: str | None = None,
@@ -107,7 +119,7 @@ class Client:
     def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
         """Schedule a batch in one request (one Raft entry, usually)."""
         request = schedule_request(messages)
-        return scheduled(self._call("Schedule", request))
+        return scheduled(self._call(SCHEDULE, request))
 
     def cancel(self, handle: int) -> bool:
         """Whether the message is cancelled (by this call or an earlier one): it will not be
@@ -119,19 +131,19 @@ class Client:
 
     def cancel_outcomes(self, handles: Sequence[int]) -> list[CancelOutcome]:
         """Per handle, what the cancel did, telling a first cancel from a repeated one."""
-        return cancel_outcomes(self._call("Cancel", pb.CancelRequest(handles=handles)))
+        return cancel_outcomes(self._call(CANCEL, pb.CancelRequest(handles=handles)))
 
     def reschedule(self, handles: Sequence[int], *, deliver_at_ms: int | None = None,
                    delay_ms: int | None = None) -> list[Rescheduled]:
         """Move pending messages to ``deliver_at_ms``, or ``delay_ms`` from now on the leader's
         clock (0: now); per handle, what that did. The handles stay valid. Safe to repeat."""
         return reschedule_results(self._call(
-            "Reschedule", reschedule_request(handles, deliver_at_ms, delay_ms)))
+            RESCHEDULE, reschedule_request(handles, deliver_at_ms, delay_ms)))
 
     def cluster_info(self, target: str | None = None) -> ClusterInfo:
         """What one node (``target``, else any) says about the cluster."""
         if target is None:
-            return cluster_info(self._call("ClusterInfo", pb.ClusterInfoRequest()))
+            return cluster_info(self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
         try:
             return cluster_info(self._stub(target).ClusterInfo(pb.ClusterInfoRequest(),
                                                                timeout=self._attempt_timeout_s))
@@ -152,11 +164,11 @@ class Client:
         `ack_receipts` from anywhere) or until ``invisible_duration_ms`` (0: the node's
         default) passes; then it comes back as a retry. Calls naming one ``consumer`` share
         it."""
-        response = self._call("ReceiveMessages", receive_request(
+        response = self._call(RECEIVE_MESSAGES, receive_request(
             topic, consumer, group, max_messages, invisible_duration_ms, wait_ms),
             timeout_s=wait_ms / 1000 + self._attempt_timeout_s)
 
-        def settle(kind: str, receipt: str) -> None:
+        def settle(kind: Literal["ack", "nack"], receipt: str) -> None:
             if kind == "ack":
                 self.ack_receipts(topic, group, [receipt])
             else:
@@ -165,25 +177,25 @@ class Client:
 
     def ack_receipts(self, topic: str, group: str, receipts: Sequence[str]) -> list[bool]:
         """Per receipt, whether it acked a current lease of the group."""
-        return list(self._call("AckMessages", settle_request(topic, group, receipts)).settled)
+        return list(self._call(ACK_MESSAGES, settle_request(topic, group, receipts)).settled)
 
     def change_invisible_duration(self, topic: str, group: str, receipts: Sequence[str],
                                   invisible_duration_ms: int) -> list[bool]:
         """Move the leases' deadlines to ``invisible_duration_ms`` from now (0: retry now);
         per receipt, whether it named a current lease of the group."""
-        return list(self._call("ChangeInvisibleDuration", settle_request(
+        return list(self._call(CHANGE_INVISIBLE_DURATION, settle_request(
             topic, group, receipts, invisible_duration_ms)).settled)
 
     def create_group(self, topic: str, group: str) -> bool:
         """Create a consumer group (messages coming due from now on wait for it); whether it
         existed already."""
         request = pb.GroupRequest(topic=topic, group=group)
-        return bool(self._call("CreateGroup", request).existed)
+        return bool(self._call(CREATE_GROUP, request).existed)
 
     def delete_group(self, topic: str, group: str) -> bool:
         """Delete a consumer group and what waits in it; whether it existed."""
         request = pb.GroupRequest(topic=topic, group=group)
-        return bool(self._call("DeleteGroup", request).existed)
+        return bool(self._call(DELETE_GROUP, request).existed)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -195,32 +207,34 @@ class Client:
                     address, self._credentials, CHANNEL_OPTIONS)
         return pb_grpc.TickwheelStub(channel)
 
-    def _call(self, method: str, request: object, timeout_s: float | None = None) -> object:
+    def _call(self, rpc: Unary[RequestT, ResponseT], request: RequestT,
+              timeout_s: float | None = None) -> ResponseT:
         try:
-            for attempt in Retrying(**retry_policy(self._timeout_s)):
-                with attempt:
-                    return self._attempt(method, request, timeout_s)
+            return Retrying(**retry_policy(self._timeout_s))(
+                lambda: self._attempt(rpc, request, timeout_s))
         except grpc.RpcError as error:
             raise translate(error) from None
 
-    def _attempt(self, method: str, request: object, timeout_s: float | None = None
-                 ) -> object:
+    def _attempt(self, rpc: Unary[RequestT, ResponseT], request: RequestT,
+                 timeout_s: float | None = None) -> ResponseT:
         address = self._router.choose()
+        method: grpc.UnaryUnaryMultiCallable[RequestT, ResponseT] = getattr(
+            self._stub(address), rpc.name)
         try:
-            response, call = getattr(self._stub(address), method).with_call(
-                request, timeout=timeout_s or self._attempt_timeout_s)
+            response, call = method.with_call(request,
+                                              timeout=timeout_s or self._attempt_timeout_s)
         except grpc.RpcError as error:
             self._router.observe(trailers(error))
             if retryable(error):
                 self._router.failed(address)
-                log.debug("event=retry method=%s target=%s code=%s", method, address,
+                log.debug("event=retry method=%s target=%s code=%s", rpc.name, address,
                           error.code().name)
             raise
         self._router.observe(call.trailing_metadata())
         return response
 
     def _open_stream(self, requests: Iterator[pb.ReceiveRequest]
-                     ) -> tuple[str, grpc.Call]:
+                     ) -> tuple[str, _CallIterator[pb.ReceiveResponse]]:
         if self._router.leader is None:
             self._learn_leader()
         address = self._router.choose()
@@ -231,15 +245,11 @@ class Client:
         leader: a stream opened on a follower is proxied, a hop and the follower's CPU for every
         message. Best effort: if no node answers, the stream opens where the router says."""
         with contextlib.suppress(grpc.RpcError):
-            self._attempt("ClusterInfo", pb.ClusterInfoRequest())
+            self._attempt(CLUSTER_INFO, pb.ClusterInfoRequest())
 
     def _route_failed(self, address: str, error: grpc.RpcError) -> None:
         self._router.observe(trailers(error))
         self._router.failed(address)
-
-
-class _Reconnect(Exception):
-    """The consumer stream broke in a way a new stream may fix."""
 
 
 class Consumer:
@@ -253,8 +263,8 @@ class Consumer:
         self._subscribe = subscribe_request(topic, prefetch, visibility_timeout_ms, name, group)
         self._credits = Credits(prefetch)
         self._buffer: deque[Received] = deque()
-        self._requests: queue.Queue = queue.Queue()
-        self._stream: grpc.Call | None = None
+        self._requests: queue.Queue[Queued | None] = queue.Queue()
+        self._stream: _CallIterator[pb.ReceiveResponse] | None = None
         self._read_lock = threading.Lock()
         self._closed = False
 
@@ -269,7 +279,7 @@ class Consumer:
 
     def __next__(self) -> Received:
         stream = self._stream
-        if self._buffer and stream is not None and stream.done():
+        if self._buffer and stream is not None and not stream.is_active():
             self._drop_buffered()
         while not self._buffer:
             if self._closed:
@@ -313,34 +323,33 @@ class Consumer:
         finally:
             deadline.cancel()
 
-    def _send(self, kind: str, receipt: str) -> None:
+    def _send(self, kind: Literal["ack", "nack"], receipt: str) -> None:
         self._requests.put((kind, receipt))
 
     def _receive(self) -> None:
         """Wait for the next batch, (re)connecting as needed."""
-        for attempt in Retrying(retry=retry_if_exception_type(_Reconnect),
+        for attempt in Retrying(retry=retry_if_exception_type(Reconnect),
                                 wait=RECONNECT_WAIT, reraise=True):
             with attempt, self._read_lock:
                 if self._closed:
                     return
-                if self._stream is None:
-                    self._connect()
-                self._read_one()
+                self._read_one(self._stream or self._connect())
 
-    def _connect(self) -> None:
+    def _connect(self) -> _CallIterator[pb.ReceiveResponse]:
         self._requests.put(None)  # ends the request generator of the previous stream
         self._requests = queue.Queue()
         self._credits.reset()
         if self._closed:  # closed from another thread since the check: end the new stream too
             self._requests.put(None)
         self._address, self._stream = self._client._open_stream(self._outgoing(self._requests))
+        return self._stream
 
-    def _read_one(self) -> None:
+    def _read_one(self, stream: _CallIterator[pb.ReceiveResponse]) -> None:
         try:
-            response = next(self._stream)
+            response = next(stream)
         except StopIteration:
             self._stream = None
-            raise _Reconnect from None
+            raise Reconnect from None
         except grpc.RpcError as error:
             self._stream = None
             if self._closed:
@@ -350,16 +359,16 @@ class Consumer:
             self._client._route_failed(self._address, error)
             log.info("event=consumer_reconnect target=%s code=%s", self._address,
                      error.code().name)
-            raise _Reconnect from error
+            raise Reconnect from error
         self._buffer.extend(received(response, self._send))
 
-    def _outgoing(self, requests: queue.Queue) -> Iterator[pb.ReceiveRequest]:
+    def _outgoing(self, requests: queue.Queue[Queued | None]) -> Iterator[pb.ReceiveRequest]:
         yield self._subscribe
         while True:
             item = requests.get()
             if item is None:
                 return
-            items = [item]
+            items: list[Queued | None] = [item]
             # Acks wait up to ACK_LINGER_S for company; a credit batch or the end takes them.
             linger_until = time.monotonic() + ACK_LINGER_S
             while not urgent(items[-1]):
