@@ -1,0 +1,218 @@
+"""``python -m tickwheel.harness.burst_bench --json``: a million messages due in the same
+millisecond, on a 3-node cluster of real processes (TLS, tokens, the Raft secret).
+
+Producer processes schedule ``--messages`` messages (100-byte bodies) all due at one time T,
+chosen far enough ahead for the scheduling to finish before it; ``--consumers`` consumer
+processes receive and acknowledge them. Beside the burst, a steady topic gets ``--steady-rate``
+messages a second, each due a second after it is sent, read by a consumer of its own: how the
+burst delays everybody else. Figures:
+
+- ``burst_delivered``, ``burst_repeated`` (receipts of an id already received),
+  ``burst_unflagged_repeats`` (of those, not flagged ``possible_duplicate``: a broken promise),
+  ``burst_flagged``, ``burst_early`` (received more than ``ALLOWED_EARLY_MS`` before T by the
+  consumers' clock, which is the machine's);
+- ``burst_last_after_due_s``: the last first receipt after T; ``burst_delivered_per_s`` over
+  that time;
+- ``burst_scheduled_s`` (how long scheduling took) and ``burst_scheduled_late_s`` (how far past
+  T it finished: 0 when T was far enough ahead);
+- ``leader_peak_rss_mb``: the leader's peak resident memory (``VmHWM``) over the run, and
+  ``leader_cpu_s`` from T to the last receipt;
+- ``steady_lateness_p50_ms`` / ``_p99_ms`` / ``_max_ms``: the steady topic's messages due
+  between T and the burst's last receipt.
+
+It does not run in ``make test`` at its size; a test runs it with a few thousand messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import tempfile
+import threading
+import time
+from array import array
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tickwheel.client import Message
+from tickwheel.harness.local_cluster import LocalCluster, wait_for
+from tickwheel.harness.node_bench import BODY, Endpoint, _client, _cpu_s, _endpoint, now_ms
+
+ALLOWED_EARLY_MS = 2
+"""As the chaos audit: the consumers and the nodes read the same clock in whole ms."""
+SCHEDULE_RATE_GUESS = 10_000
+"""Messages a second the burst is assumed to be scheduled at, to choose T (slower than the
+cluster schedules here, so that T is not reached before the last message is in)."""
+BATCH = 500
+
+
+def _produce(endpoint: Endpoint, first: int, count: int, threads: int, due_ms: int,
+             start: multiprocessing.Event) -> None:
+    """Schedule ids ``burst-<first>`` .. ``burst-<first + count - 1>``, all due at ``due_ms``."""
+    batches = [[Message("burst", BODY, deliver_at_ms=due_ms, id=f"burst-{k}")
+                for k in range(at, min(at + BATCH, first + count))]
+               for at in range(first, first + count, BATCH)]
+    with _client(endpoint, 120) as client:
+        client.cluster_info()
+        start.wait()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(client.schedule_many, batches))
+
+
+def _consume(endpoint: Endpoint, topic: str, received: multiprocessing.Value,
+             stop: multiprocessing.Event, results: multiprocessing.Queue) -> None:
+    """Receive and ack ``topic``; report each receipt's id number (or due time, for the steady
+    topic), arrival time and flag."""
+    numbers, arrivals, flags = array("q"), array("d"), array("b")
+    with _client(endpoint, 120) as client:
+        consumer = client.consume(topic, prefetch=2_000, name=f"burst-{topic}")
+        threading.Thread(target=lambda: (stop.wait(), consumer.close(0.5)), daemon=True).start()
+        for message in consumer:
+            arrivals.append(time.time_ns() / 1e6)
+            numbers.append(int(message.id.rsplit("-", 1)[1]) if topic == "burst"
+                           else message.deliver_at_ms)
+            flags.append(message.possible_duplicate)
+            message.ack()
+            with received.get_lock():
+                received.value += 1
+    results.put((numbers.tobytes(), arrivals.tobytes(), flags.tobytes()))
+
+
+def _unpack(raw: tuple[bytes, bytes, bytes]) -> tuple[array, array, array]:
+    numbers, arrivals, flags = array("q"), array("d"), array("b")
+    numbers.frombytes(raw[0])
+    arrivals.frombytes(raw[1])
+    flags.frombytes(raw[2])
+    return numbers, arrivals, flags
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError(f"no VmHWM for {pid}")
+
+
+def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, consumers: int,
+          steady_rate: int) -> dict:
+    context = multiprocessing.get_context("spawn")
+    endpoint = _endpoint(cluster)
+    received, steady_received = context.Value("q", 0), context.Value("q", 0)
+    stop, results, steady_results = context.Event(), context.Queue(), context.Queue()
+    readers = [context.Process(target=_consume, args=(endpoint, "burst", received, stop,
+                                                      results)) for _ in range(consumers)]
+    steady_reader = context.Process(target=_consume, args=(endpoint, "steady", steady_received,
+                                                           stop, steady_results))
+    for process in [*readers, steady_reader]:
+        process.start()
+    wait_for(lambda: {t.topic: t.consumers for t in cluster.leader().info().topics}
+             == {"burst": consumers, "steady": 1}, 60, "the consumers to subscribe")
+    start = context.Event()
+    due_ms = now_ms() + int((5 + messages / SCHEDULE_RATE_GUESS) * 1000)
+    share = -(-messages // producers)
+    writers = [context.Process(target=_produce, args=(
+        endpoint, p * share, min(share, messages - p * share), threads, due_ms, start))
+        for p in range(producers)]
+    for process in writers:
+        process.start()
+    time.sleep(3)  # the producers build their batches and connect; the clock starts below
+    steady_done = threading.Event()
+    steady = threading.Thread(target=_steady, args=(endpoint, steady_rate, steady_done))
+    steady.start()
+    began = time.monotonic()
+    start.set()
+    for process in writers:
+        process.join()
+        if process.exitcode != 0:
+            raise RuntimeError(f"a producer exited with {process.exitcode}")
+    scheduled_s, scheduled_ms = time.monotonic() - began, now_ms()
+    leader = cluster.leader()
+    wait_for(lambda: now_ms() >= due_ms, max(0.0, (due_ms - now_ms()) / 1000) + 5, "T")
+    leader_cpu_s = _cpu_s(leader.pid)
+    wait_for(lambda: received.value >= messages, 600, f"{messages} burst messages to arrive",
+             poll_s=0.1)
+    leader_cpu_s = _cpu_s(leader.pid) - leader_cpu_s
+    steady_done.set()
+    steady.join()
+    peak_rss_mb = _peak_rss_mb(leader.pid)
+    stop.set()
+    seen: set[int] = set()
+    repeated = unflagged = flagged = early = 0
+    last_ms = 0.0
+    for raw in (results.get(timeout=60) for _ in readers):
+        for number, arrived_ms, flag in zip(*_unpack(raw), strict=True):
+            flagged += flag
+            early += arrived_ms < due_ms - ALLOWED_EARLY_MS
+            if number in seen:
+                repeated += 1
+                unflagged += not flag
+            else:
+                seen.add(number)
+                last_ms = max(last_ms, arrived_ms)
+    steady_numbers, steady_arrivals, _ = _unpack(steady_results.get(timeout=60))
+    lateness = sorted(arrived - due for due, arrived in zip(steady_numbers, steady_arrivals,
+                                                            strict=True)
+                      if due_ms <= due <= last_ms)
+    for process in [*readers, steady_reader]:
+        process.join(10)
+    last_after_s = (last_ms - due_ms) / 1000
+    return {"burst_messages": messages, "burst_delivered": len(seen),
+            "burst_repeated": repeated, "burst_unflagged_repeats": unflagged,
+            "burst_flagged": flagged, "burst_early": early,
+            "burst_last_after_due_s": round(last_after_s, 2),
+            "burst_delivered_per_s": round(len(seen) / max(last_after_s, 1e-3)),
+            "burst_scheduled_s": round(scheduled_s, 1),
+            "burst_scheduled_late_s": round(max(0, scheduled_ms - due_ms) / 1000, 2),
+            "leader_peak_rss_mb": peak_rss_mb, "leader_cpu_s": round(leader_cpu_s, 1),
+            **_steady_figures(lateness)}
+
+
+def _steady(endpoint: Endpoint, rate: int, done: threading.Event) -> None:
+    """``rate`` messages a second on the steady topic, each due a second after it is sent."""
+    with _client(endpoint, 60) as client:
+        sent = 0
+        began = time.monotonic()
+        while not done.is_set():
+            due_now = int((time.monotonic() - began) * rate) + 1
+            if due_now > sent:
+                client.schedule_many(Message("steady", BODY, deliver_at_ms=now_ms() + 1_000,
+                                             id=f"steady-{k}") for k in range(sent, due_now))
+                sent = due_now
+            done.wait(0.01)
+
+
+def _steady_figures(lateness: list[float]) -> dict:
+    if not lateness:
+        return {"steady_messages_during_burst": 0}
+    return {"steady_messages_during_burst": len(lateness),
+            "steady_lateness_p50_ms": round(lateness[len(lateness) // 2], 1),
+            "steady_lateness_p99_ms": round(lateness[int(len(lateness) * 0.99)], 1),
+            "steady_lateness_max_ms": round(lateness[-1], 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--producers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--consumers", type=int, default=2)
+    parser.add_argument("--steady-rate", type=int, default=100)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="tickwheel-burst-bench-") as root, \
+            LocalCluster(Path(root)) as cluster:
+        cluster.leader(30)
+        figures = burst(cluster, args.messages, args.producers, args.threads, args.consumers,
+                        args.steady_rate)
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        for key, value in figures.items():
+            print(f"{key:34} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
