@@ -1,10 +1,10 @@
-"""What the sync and asyncio clients share: messages, results, errors, leader routing, retry
-policy, and how consumer requests are merged. No I/O here."""
+"""What the sync and asyncio clients share: messages, results, errors, the keepalive, retry
+policy, and how consumer requests are merged (leader routing: `tickwheel.client.routing`).
+No I/O here."""
 
 from __future__ import annotations
 
 import enum
-import random
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,10 +16,17 @@ from tenacity import retry_if_exception, stop_after_delay, wait_random_exponenti
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 LEADER_KEY = "tickwheel-leader"
+KEEPALIVE_OPTIONS = (("grpc.keepalive_time_ms", 250), ("grpc.keepalive_timeout_ms", 500),
+                     ("grpc.http2.ping_timeout_ms", 500),
+                     ("grpc.http2.max_pings_without_data", 0))
+"""A paused or cut-off node (its TCP connections stay open) must not hold a consumer stream
+past the election that replaces it (0.5-0.8 s): a connection with calls open pings 250 ms
+after it last read anything, and breaks if the answer takes 500 ms. gRPC applies its own
+``ping_timeout_ms`` (60 s) to keepalive pings unless it is set too, and stops pinging after
+two pings without data unless ``max_pings_without_data`` is 0: without both, a stopped node
+held its consumers until it resumed. Nodes accept pings at any rate."""
 CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 64 << 20),
-                   ("grpc.max_send_message_length", 64 << 20),
-                   # A paused or cut-off node must not hold a consumer stream for minutes.
-                   ("grpc.keepalive_time_ms", 2_000), ("grpc.keepalive_timeout_ms", 2_000))
+                   ("grpc.max_send_message_length", 64 << 20), *KEEPALIVE_OPTIONS)
 DEFAULT_TARGET = "127.0.0.1:7400"
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                         grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
@@ -379,34 +386,6 @@ def merged_requests(items: Iterable[tuple[str, object]]) -> list[pb.ReceiveReque
 
 
 # -- routing ----------------------------------------------------------------------------------
-
-class Router:
-    """Which node to call: the leader, once a response has named it; else the given targets in
-    turn. A failed call moves on to the next target."""
-
-    def __init__(self, targets: str | Sequence[str]) -> None:
-        listed = [targets] if isinstance(targets, str) else list(targets)
-        self.targets = [t.strip() for item in listed for t in item.split(",") if t.strip()]
-        if not self.targets:
-            raise ValueError("no target address given")
-        self._next = random.randrange(len(self.targets))
-        self.leader: str | None = None
-
-    def choose(self) -> str:
-        return self.leader or self.targets[self._next % len(self.targets)]
-
-    def observe(self, metadata: Sequence[tuple[str, str]] | None) -> None:
-        """Remember the leader a response named."""
-        for key, value in metadata or ():
-            if key == LEADER_KEY and value:
-                self.leader = value
-
-    def failed(self, address: str) -> None:
-        if self.leader == address:
-            self.leader = None
-        else:
-            self._next += 1
-
 
 def trailers(error_or_call: object) -> Sequence[tuple[str, str]] | None:
     try:

@@ -36,7 +36,6 @@ from tickwheel.client._core import (
     Message,
     Received,
     Rescheduled,
-    Router,
     Scheduled,
     cancel_outcomes,
     merged_requests,
@@ -56,6 +55,7 @@ from tickwheel.client._core import (
 )
 from tickwheel.client.credentials import Credentials, open_channel
 from tickwheel.client.info import ClusterInfo, cluster_info
+from tickwheel.client.routing import Router
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
