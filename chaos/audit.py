@@ -23,17 +23,26 @@ the figures built on them:
 - **races**: the cancels and reschedules the runner sent just before due (``raced``), by
   outcome, and how long their answers took (``answer_ms`` p50, p99, max).
 - **failovers** (from ``leaders.jsonl``): an entry naming a leader other than the last leader
-  named before it (the run's first leader is no failover). For each: ``old_leader``,
+  named before it, or the same leader in a later term after an entry naming none (every node
+  restarted and the old leader won again); the run's first leader is no failover. For each:
+  ``old_leader``,
   ``new_leader``, ``term``, ``at_ms`` (when the runner saw the new leader); ``lost_at_ms``, the
   first entry after the last one naming the old leader, or, when that is the failover itself,
   the start of the latest fault started after that entry and no later than the failover, else
   the failover's ``at_ms``; ``no_leader_ms = at_ms - lost_at_ms``; ``first_delivery_ms``, from
   ``lost_at_ms`` to the first ``delivered`` trail event of the new leader (by node name) in the
-  failover's term or later; ``catch_up_ms``, from the new leader's first ``dispatch_started``
+  failover's term or later; ``delivery_gap_ms``, from the old leader's last ``delivered`` trail
+  event in the terms of the leadership the failover ends (from the term the runner first saw
+  it lead in, since the failover before, to before the failover's term), or ``lost_at_ms`` if
+  it has none, to that same first delivery of the new leader: how long nothing was delivered;
+  ``catch_up_ms``, from the new leader's first ``dispatch_started``
   (``takeover_ms``) in a term >= the failover's to the first delivery of that term at most
   `CAUGHT_UP_MS` after its due time; ``duplicates``, by class, received in ``[lost_at_ms, the
   next failover's lost_at_ms)``; ``fault``, the latest fault started at or before
-  ``lost_at_ms``. Both delivery figures are null when the trails have no such event.
+  ``lost_at_ms``. The delivery figures are null when the trails have no such event.
+- **per_fault**: the failovers by the fault blamed (``none`` for none): how many, how many the
+  new leader never delivered after (``undelivered``), and the nearest-rank p50, p99 and max of
+  ``no_leader_ms`` and ``delivery_gap_ms``.
 - **verdict**: ``clean`` iff nothing is lost, no duplicate is unflagged, nothing arrived early,
   nothing was delivered after a ``cancelled`` answer or contrary to a ``rescheduled`` one; else
   ``dirty``.
@@ -56,10 +65,12 @@ The summary (`audit` returns it; ``--json`` prints it)::
      "races": {cancels: {outcome: count}, reschedules: {outcome: count},
                answer_ms: {p50, p99, max}},
      "failovers": [{old_leader, new_leader, term, at_ms, lost_at_ms, no_leader_ms,
-                    first_delivery_ms, catch_up_ms,
+                    first_delivery_ms, delivery_gap_ms, catch_up_ms,
                     duplicates: {total, flagged, redelivery, unflagged}, false_alarms,
                     false_alarms_unsent,
                     fault: {fault, node} | null}],
+     "per_fault": {fault: {failovers, undelivered, no_leader_ms: {p50, p99, max},
+                           delivery_gap_ms: {p50, p99, max}}},
      "faults": [{fault, node, started_ms, ended_ms, detail}],
      "examples": {unflagged_duplicates, cancelled_but_delivered, contrary_to_reschedule,
                   delivered_early}}  # ids
@@ -93,10 +104,12 @@ from tickwheel.chaos.failovers import (
     LeaderChange,
     Leadership,
     catch_up_ms,
+    delivery_gap_ms,
     failover_index,
     find_failovers,
     first_delivery_ms,
     leaderships,
+    per_fault,
 )
 from tickwheel.chaos.run_logs import Logs, Run, load_logs, read_run
 
@@ -136,6 +149,7 @@ def summarize(logs: Logs) -> dict[str, Any]:
     late_cancels = _problem(deliveries.cancelled_but_delivered(cancels, logs.received))
     contrary = _problem(deliveries.contrary_to_reschedule(run, moves, logs.received))
     early = _problem(deliveries.delivered_early(run, logs.received))
+    failover_figures = _failover_figures(failovers, leaderships(logs.trails), receipts)
     summary: dict[str, Any] = {
         "run": dataclasses.asdict(run),
         "messages": _message_counts(messages, cancels, moves, owed, logs.received),
@@ -150,7 +164,8 @@ def summarize(logs: Logs) -> dict[str, Any]:
         "groups": _per_group(owed, receipts, first, lost),
         "idle": _idle(run, messages, logs.received),
         "races": _races(logs.cancels, logs.reschedules),
-        "failovers": _failover_figures(failovers, leaderships(logs.trails), receipts),
+        "failovers": failover_figures,
+        "per_fault": per_fault(failover_figures),
         "faults": [dataclasses.asdict(fault) for fault in faults],
         "examples": {"unflagged_duplicates": unflagged_ids,
                      "cancelled_but_delivered": late_cancels["ids"],
@@ -275,6 +290,7 @@ def _failover_figures(failovers: list[Failover], terms: list[Leadership],
              "term": failover.term, "at_ms": failover.at_ms, "lost_at_ms": failover.lost_at_ms,
              "no_leader_ms": failover.at_ms - failover.lost_at_ms,
              "first_delivery_ms": first_delivery_ms(failover, terms),
+             "delivery_gap_ms": delivery_gap_ms(failover, terms),
              "catch_up_ms": catch_up_ms(failover, terms),
              "duplicates": {key: counts[key] for key in ("total", *CLASSES)},
              "false_alarms": counts["false_alarms"],

@@ -1,20 +1,26 @@
 """Who led when, and how each change of leader went: the failover figures of the audit.
 
 A *failover* is an entry of ``leaders.jsonl`` naming a leader other than the last leader named
-before it; `find_failovers` finds them and when leadership was lost, and blames a fault;
-the new leader's trails (`leaderships`) say when it first delivered and caught up. The
+before it, or the same one in a later term after the runner saw none (every node restarted and
+the old leader won again); `find_failovers` finds them and when leadership was lost, and blames
+a fault; the trails (`leaderships`) say when the old leader last delivered and when the new
+one first delivered and caught up; `per_fault` sums them up by the fault blamed. The
 definitions are those of `tickwheel.chaos.audit`'s module docstring.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 CAUGHT_UP_MS = 100
 """A new leader has caught up once it delivers a message at most this late (its own clock)."""
+NO_FAULT = "none"
+"""`per_fault`'s key for failovers no fault is blamed for."""
 
 @dataclass(frozen=True, slots=True)
 class LeaderChange:
@@ -46,6 +52,8 @@ class Failover:
     at_ms: int
     lost_at_ms: int
     fault: Fault | None
+    old_term: int | None = None
+    """The term in which the runner first saw the old leader lead, this time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +66,7 @@ class Leadership:
     takeover_ms: int | None
     first_delivered_at_ms: int | None
     caught_up_at_ms: int | None
+    last_delivered_at_ms: int | None = None
 
 
 def find_failovers(changes: list[LeaderChange], faults: list[Fault]) -> list[Failover]:
@@ -65,16 +74,29 @@ def find_failovers(changes: list[LeaderChange], faults: list[Fault]) -> list[Fai
     fault blamed; ``faults`` in any order. See the module docstring for the rules."""
     failovers: list[Failover] = []
     named: int | None = None  # index of the latest change that named a leader
+    since: int | None = None  # index of the change that began the named leader's leadership
     for index, change in enumerate(changes):
         if change.leader is None:
             continue
-        if named is not None and change.leader != changes[named].leader:
+        if named is not None and _is_failover(changes, named, index):
             lost_at_ms = _lost_at_ms(changes, named, index, faults)
             failovers.append(Failover(
                 old_leader=changes[named].leader, new_leader=change.leader, term=change.term,
-                at_ms=change.at_ms, lost_at_ms=lost_at_ms, fault=_blamed(faults, lost_at_ms)))
+                at_ms=change.at_ms, lost_at_ms=lost_at_ms, fault=_blamed(faults, lost_at_ms),
+                old_term=None if since is None else changes[since].term))
+            since = index
         named = index
+        since = index if since is None else since
     return failovers
+
+
+def _is_failover(changes: list[LeaderChange], named: int, index: int) -> bool:
+    """Whether ``changes[index]`` ends the leadership last named at ``changes[named]``: another
+    leader, or the same one in a later term after an entry naming none."""
+    old, new = changes[named], changes[index]
+    if new.leader != old.leader:
+        return True
+    return named + 1 < index and (new.term or 0) > (old.term or 0)
 
 
 def _lost_at_ms(changes: list[LeaderChange], named: int, index: int,
@@ -102,7 +124,9 @@ def leaderships(trails: DataFrame) -> list[Leadership]:
         F.min(F.when(F.col("event") == "dispatch_started", F.col("takeover_ms")))
         .alias("takeover_ms"),
         F.min(F.when(delivered, F.col("delivered_at_ms"))).alias("first_delivered_at_ms"),
-        F.min(F.when(caught_up, F.col("delivered_at_ms"))).alias("caught_up_at_ms")).collect()
+        F.min(F.when(caught_up, F.col("delivered_at_ms"))).alias("caught_up_at_ms"),
+        F.max(F.when(delivered, F.col("delivered_at_ms"))).alias("last_delivered_at_ms")
+    ).collect()
     return [Leadership(**row.asDict()) for row in rows]
 
 
@@ -114,11 +138,34 @@ def _new_leaderships(failover: Failover, leaderships: list[Leadership]) -> list[
                   key=lambda leadership: leadership.term)
 
 
+def first_delivered_at_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
+    """The new leader's first trail delivery in the failover's term or later."""
+    return min((leadership.first_delivered_at_ms
+                for leadership in _new_leaderships(failover, leaderships)
+                if leadership.first_delivered_at_ms is not None), default=None)
+
+
 def first_delivery_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
-    delivered = [leadership.first_delivered_at_ms
-                 for leadership in _new_leaderships(failover, leaderships)
-                 if leadership.first_delivered_at_ms is not None]
-    return min(delivered) - failover.lost_at_ms if delivered else None
+    first = first_delivered_at_ms(failover, leaderships)
+    return None if first is None else first - failover.lost_at_ms
+
+
+def stopped_at_ms(failover: Failover, leaderships: list[Leadership]) -> int:
+    """When the old leader stopped delivering: its last trail delivery in the terms of the
+    leadership the failover ends (from ``old_term`` to before the failover's), else the loss."""
+    low, high = failover.old_term, failover.term
+    delivered = [leadership.last_delivered_at_ms for leadership in leaderships
+                 if leadership.node_name == failover.old_leader
+                 and leadership.last_delivered_at_ms is not None
+                 and (low is None or leadership.term >= low)
+                 and (high is None or leadership.term < high)]
+    return max(delivered, default=failover.lost_at_ms)
+
+
+def delivery_gap_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
+    """From `stopped_at_ms` to the new leader's first delivery (None if it never delivered)."""
+    first = first_delivered_at_ms(failover, leaderships)
+    return None if first is None else first - stopped_at_ms(failover, leaderships)
 
 
 def catch_up_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
@@ -139,3 +186,28 @@ def failover_index(failovers: list[Failover]) -> Column:
             inside &= received_ms < failovers[number + 1].lost_at_ms
         index = F.when(inside, number).otherwise(index)
     return index
+
+
+def per_fault(figures: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The audit's failover figures summed up by the fault blamed (`NO_FAULT` for none), in
+    order of the name: ``failovers``, ``undelivered`` (no delivery by the new leader), and
+    nearest-rank p50, p99 and max of ``no_leader_ms`` and ``delivery_gap_ms``."""
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for failover in figures:
+        fault = failover["fault"]
+        kinds.setdefault(NO_FAULT if fault is None else fault["fault"], []).append(failover)
+    return {kind: {"failovers": len(rows),
+                   "undelivered": sum(row["delivery_gap_ms"] is None for row in rows),
+                   **{name: percentiles([row[name] for row in rows if row[name] is not None])
+                      for name in ("no_leader_ms", "delivery_gap_ms")}}
+            for kind, rows in sorted(kinds.items())}
+
+
+def percentiles(values: list[int]) -> dict[str, int | None]:
+    """Nearest-rank p50 and p99 of ``values`` (the smallest value that at least that share
+    does not exceed), and the maximum; all None without values."""
+    ranked = sorted(values)
+    if not ranked:
+        return {"p50": None, "p99": None, "max": None}
+    return {"p50": ranked[math.ceil(0.5 * len(ranked)) - 1],
+            "p99": ranked[math.ceil(0.99 * len(ranked)) - 1], "max": ranked[-1]}

@@ -8,8 +8,8 @@ recomputed. Times in the report are seconds since the run started.
   below zero) against when it arrived, a dashed line at each failover (when the runner saw the
   new leader) and the fault windows shaded.
 - ``duplicates.png``: duplicate receipts per failover, stacked by class.
-- ``report.md``: the verdict, the overall figures, the per-group, race, failover and fault
-  tables, the plots, and up to `MAX_EXAMPLES` ids for each problem class.
+- ``report.md``: the verdict, the overall figures, the per-group, race, per-fault failover,
+  failover and fault tables, the plots, and up to `MAX_EXAMPLES` ids for each problem class.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ LATENESS_PNG = "lateness.png"
 DUPLICATES_PNG = "duplicates.png"
 CLASS_COLOURS = {"flagged": "tab:blue", "redelivery": "tab:orange", "unflagged": "tab:red"}
 FAILOVER_HEADER = ["#", "old -> new", "term", "fault", "lost at (s)", "no leader (ms)",
-                   "first delivery (ms)", "catch-up (ms)", "duplicates f / r / u",
-                   "false alarms (unsent)"]
+                   "first delivery (ms)", "no delivery (ms)", "catch-up (ms)",
+                   "duplicates f / r / u", "false alarms (unsent)"]
+PER_FAULT_HEADER = ["fault", "failovers", "no leader p50 / p99 / max (ms)",
+                    "no delivery p50 / p99 / max (ms)", "never delivered"]
 GROUP_HEADER = ["topic/group", "owed", "received", "lost", "duplicates f / r / u",
                 "false alarms", "lateness p99 (ms)"]
 def write_report(audit_dir: Path, summary: dict[str, Any],
@@ -58,8 +60,10 @@ def render_markdown(summary: dict[str, Any]) -> str:
              "", "## Consumer groups", "", _markdown_table(GROUP_HEADER, group_rows(summary)),
              "", "## Cancels and reschedules just before due", "", _races_markdown(summary),
              "", "## Failovers", "",
+             _markdown_table(PER_FAULT_HEADER, per_fault_rows(summary)) if summary["failovers"]
+             else "None.", "",
              _markdown_table(FAILOVER_HEADER, failover_rows(summary)) if summary["failovers"]
-             else "None.", "", "## Faults", "", _faults_markdown(summary), "",
+             else "", "", "## Faults", "", _faults_markdown(summary), "",
              f"![lateness]({LATENESS_PNG})", "", f"![duplicates per failover]({DUPLICATES_PNG})",
              "", "## Problems", ""]
     for heading, count, ids in _problems(summary):
@@ -70,7 +74,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
-    """The verdict, the overall figures and the failovers, as terminal tables."""
+    """The verdict, the overall figures, the failovers by fault and one by one, as terminal
+    tables."""
     console = console or Console()
     overall = Table("figure", "value", title=f"delivery audit: {summary['verdict']}")
     for name, value in overall_rows(summary):
@@ -81,6 +86,10 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         groups.add_row(*row)
     console.print(groups)
     if summary["failovers"]:
+        kinds = Table(*PER_FAULT_HEADER, title="failovers by fault")
+        for row in per_fault_rows(summary):
+            kinds.add_row(*row)
+        console.print(kinds)
         failovers = Table(*FAILOVER_HEADER, title="failovers")
         for row in failover_rows(summary):
             failovers.add_row(*row)
@@ -118,10 +127,18 @@ def failover_rows(summary: dict[str, Any]) -> list[list[str]]:
     return [[str(number), f"{failover['old_leader']} -> {failover['new_leader']}",
              _value(failover["term"]), _fault_name(failover["fault"]),
              _seconds(failover["lost_at_ms"], started_ms), _value(failover["no_leader_ms"]),
-             _value(failover["first_delivery_ms"]), _value(failover["catch_up_ms"]),
+             _value(failover["first_delivery_ms"]), _value(failover["delivery_gap_ms"]),
+             _value(failover["catch_up_ms"]),
              _classes(failover["duplicates"]),
              f"{failover['false_alarms']:,} ({failover['false_alarms_unsent']:,})"]
             for number, failover in enumerate(summary["failovers"], start=1)]
+
+
+def per_fault_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """One row per fault kind blamed for a failover, under `PER_FAULT_HEADER`."""
+    return [[kind, _value(figures["failovers"]), _spread(figures["no_leader_ms"]),
+             _spread(figures["delivery_gap_ms"]), _value(figures["undelivered"])]
+            for kind, figures in summary["per_fault"].items()]
 
 
 def group_rows(summary: dict[str, Any]) -> list[list[str]]:
@@ -243,6 +260,10 @@ def _run_s(at_ms: int, run: dict[str, Any]) -> float:
 
 def _seconds(at_ms: int | None, started_ms: int) -> str:
     return "-" if at_ms is None else f"{(at_ms - started_ms) / 1000:.3f}"
+
+
+def _spread(figures: dict[str, int | None]) -> str:
+    return " / ".join(_value(figures[key]) for key in ("p50", "p99", "max"))
 
 
 def _value(value: int | None) -> str:

@@ -1,11 +1,10 @@
-"""What the sync and asyncio clients share: what a client holds, messages, results, leader
-routing, retry policy, and how consumer requests are merged. No I/O here (errors:
-`tickwheel.client.errors`)."""
+"""What the sync and asyncio clients share: what a client holds, messages, results, the
+keepalive, retry policy, and how consumer requests are merged (leader routing:
+`tickwheel.client.routing`; errors: `tickwheel.client.errors`). No I/O here."""
 
 from __future__ import annotations
 
 import enum
-import random
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,13 +18,20 @@ from tenacity.wait import wait_base
 
 from tickwheel.client.credentials import Credentials
 from tickwheel.client.errors import retryable
+from tickwheel.client.routing import Router
 from tickwheel.v1 import tickwheel_pb2 as pb
 
-LEADER_KEY = "tickwheel-leader"
+KEEPALIVE_OPTIONS = (("grpc.keepalive_time_ms", 250), ("grpc.keepalive_timeout_ms", 500),
+                     ("grpc.http2.ping_timeout_ms", 500),
+                     ("grpc.http2.max_pings_without_data", 0))
+"""A paused or cut-off node (its TCP connections stay open) must not hold a consumer stream
+past the election that replaces it (0.5-0.8 s): a connection with calls open pings 250 ms
+after it last read anything, and breaks if the answer takes 500 ms. gRPC applies its own
+``ping_timeout_ms`` (60 s) to keepalive pings unless it is set too, and stops pinging after
+two pings without data unless ``max_pings_without_data`` is 0: without both, a stopped node
+held its consumers until it resumed. Nodes accept pings at any rate."""
 CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 64 << 20),
-                   ("grpc.max_send_message_length", 64 << 20),
-                   # A paused or cut-off node must not hold a consumer stream for minutes.
-                   ("grpc.keepalive_time_ms", 2_000), ("grpc.keepalive_timeout_ms", 2_000))
+                   ("grpc.max_send_message_length", 64 << 20), *KEEPALIVE_OPTIONS)
 DEFAULT_TARGET = "127.0.0.1:7400"
 
 
@@ -316,34 +322,6 @@ def merged_requests(items: Iterable[Queued]) -> list[pb.ReceiveRequest]:
 
 
 # -- routing ----------------------------------------------------------------------------------
-
-class Router:
-    """Which node to call: the leader, once a response has named it; else the given targets in
-    turn. A failed call moves on to the next target."""
-
-    def __init__(self, targets: str | Sequence[str]) -> None:
-        listed = [targets] if isinstance(targets, str) else list(targets)
-        self.targets = [t.strip() for item in listed for t in item.split(",") if t.strip()]
-        if not self.targets:
-            raise ValueError("no target address given")
-        self._next = random.randrange(len(self.targets))
-        self.leader: str | None = None
-
-    def choose(self) -> str:
-        return self.leader or self.targets[self._next % len(self.targets)]
-
-    def observe(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> None:
-        """Remember the leader a response named."""
-        for key, value in metadata or ():
-            if key == LEADER_KEY and value and isinstance(value, str):
-                self.leader = value
-
-    def failed(self, address: str) -> None:
-        if self.leader == address:
-            self.leader = None
-        else:
-            self._next += 1
-
 
 def trailers(error: grpc.RpcError) -> Iterable[tuple[str, str | bytes]] | None:
     """A failed call's trailing metadata; None from an error that is no call (or has none)."""

@@ -21,9 +21,17 @@ FORWARDED = ((FORWARDED_KEY, "1"),)
 CHANNEL_OPTIONS = (("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES),
                    ("grpc.keepalive_time_ms", 2_000), ("grpc.keepalive_timeout_ms", 2_000),
-                   # Let clients ping every 2 s (their keepalive) without being cut off.
-                   ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+                   # Let clients ping every 250 ms (their keepalive) without being cut off.
+                   ("grpc.http2.min_ping_interval_without_data_ms", 200),
                    ("grpc.http2.max_ping_strikes", 0))
+"""The listeners' options, and the base of `FORWARD_OPTIONS`."""
+FORWARD_OPTIONS = (*(option for option in CHANNEL_OPTIONS
+                     if not option[0].startswith("grpc.keepalive")),
+                   ("grpc.keepalive_time_ms", 250), ("grpc.keepalive_timeout_ms", 500),
+                   ("grpc.http2.ping_timeout_ms", 500), ("grpc.http2.max_pings_without_data", 0))
+"""A follower's channel to its leader pings as the client library does
+(``tickwheel.client``'s ``KEEPALIVE_OPTIONS``), so that a consumer stream it passes through to
+a paused leader breaks within a second, and its consumer goes to the new leader."""
 
 
 def was_forwarded(context: grpc.aio.ServicerContext) -> bool:
@@ -48,7 +56,7 @@ class Forwarder:
         channel = self._channels.get(peer_address)
         if channel is None:
             channel = self._channels[peer_address] = open_aio_channel(
-                peer_address, self._credentials, CHANNEL_OPTIONS)
+                peer_address, self._credentials, FORWARD_OPTIONS)
         return channel
 
     async def close(self) -> None:

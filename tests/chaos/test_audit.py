@@ -18,10 +18,11 @@ The dirty run (times in ms after ``T0_MS``; the run lasts 100 s, grace 5 s, so m
 - ``early-0`` arrives 6 ms early; ``edge-0`` exactly 5 ms early (allowed).
 - ``past-due-0`` was scheduled already due: judged from its ack (30 ms late);
   ``unacked-received-0`` from when it was sent (40 ms).
-- failover 1: node0 -> node1 (term 2), node0 last seen at 20,000, no leader from 30,500 (node0
-  killed at 30,000), node1 seen at 32,000. Failover 2: node1 -> node2 (term 4), node1 last seen
-  at 60,000, paused at 61,000, node2 seen at 63,000. node2's trail of an older generation holds
-  a stale term 3, which must not count.
+- failover 1: node0 -> node1 (term 2), node0 last seen at 20,000, last delivered at 29,990,
+  no leader from 30,500 (node0 killed at 30,000), node1 seen at 32,000, first delivers at
+  32,300. Failover 2: node1 -> node2 (term 4), node1 last seen at 60,000, last delivered at
+  60,900, paused at 61,000, node2 seen at 63,000, first delivers at 63,500. node2's trail of an
+  older generation holds a stale term 3, which must not count.
 
 The groups run (``run.json`` names the groups: ``orders`` -> ``a``, ``b``; ``reminders`` -> the
 default group; ``idle`` is read by nobody; one failover at 15,000):
@@ -57,7 +58,17 @@ import pytest
 from pyspark.sql import SparkSession
 
 from tickwheel.chaos.audit import audit, build_session, lateness_points, verdict
-from tickwheel.chaos.failovers import Fault, LeaderChange, find_failovers
+from tickwheel.chaos.failovers import (
+    Failover,
+    Fault,
+    LeaderChange,
+    Leadership,
+    delivery_gap_ms,
+    find_failovers,
+    first_delivery_ms,
+    per_fault,
+    percentiles,
+)
 from tickwheel.chaos.run_logs import load_logs, read_run
 
 T0_MS = 1_700_000_000_000
@@ -184,11 +195,13 @@ def dirty_run(out_dir: Path) -> Path:
         out_dir, 100_000, scheduled=plan, received=got, cancels=cancels, leaders=leaders,
         faults=[*faults, '{"fault": "ki'],
         trails__node0_0=[trail_started(node0, 1, 100),
-                           trail_delivered(node0, 1, 10_000, 10_005)],
+                           trail_delivered(node0, 1, 10_000, 10_005),
+                           trail_delivered(node0, 1, 29_990, 29_990)],
         trails__node1_0=[trail_started(node1, 2, 32_100),
                            trail_delivered(node1, 2, 29_000, 32_300),
                            trail_delivered(node1, 2, 32_000, 32_350),
-                           trail_delivered(node1, 2, 32_350, 32_400)],
+                           trail_delivered(node1, 2, 32_350, 32_400),
+                           trail_delivered(node1, 2, 60_900, 60_900)],
         trails__node2_0=[trail_started(node2, 3, 45_000),
                            trail_delivered(node2, 3, 45_000, 45_010)],
         trails__node2_1=[TORN, trail_started(node2, 4, 63_200),
@@ -339,16 +352,23 @@ def test_failover_figures(dirty: dict[str, Any]) -> None:
     assert first == {
         "old_leader": "node0", "new_leader": "node1", "term": 2, "at_ms": t(32_000),
         "lost_at_ms": t(30_500), "no_leader_ms": 1_500, "first_delivery_ms": 1_800,
-        "catch_up_ms": 300, "fault": {"fault": "kill", "node": "node0"},
+        "delivery_gap_ms": 2_310, "catch_up_ms": 300, "fault": {"fault": "kill", "node": "node0"},
         "duplicates": {"total": 2, "flagged": 1, "redelivery": 1, "unflagged": 0},
         "false_alarms": 0, "false_alarms_unsent": 0}
     assert second == {
         "old_leader": "node1", "new_leader": "node2", "term": 4, "at_ms": t(63_000),
         "lost_at_ms": t(61_000), "no_leader_ms": 2_000, "first_delivery_ms": 2_500,
-        "catch_up_ms": 500, "fault": {"fault": "pause", "node": "node1"},
+        "delivery_gap_ms": 2_600, "catch_up_ms": 500, "fault": {"fault": "pause", "node": "node1"},
         "duplicates": {"total": 3, "flagged": 1, "redelivery": 1, "unflagged": 1},
         "false_alarms": 0, "false_alarms_unsent": 0}
     assert [fault["fault"] for fault in dirty["faults"]] == ["kill", "pause", "partition"]
+    assert dirty["per_fault"] == {
+        "kill": {"failovers": 1, "undelivered": 0,
+                 "no_leader_ms": {"p50": 1_500, "p99": 1_500, "max": 1_500},
+                 "delivery_gap_ms": {"p50": 2_310, "p99": 2_310, "max": 2_310}},
+        "pause": {"failovers": 1, "undelivered": 0,
+                  "no_leader_ms": {"p50": 2_000, "p99": 2_000, "max": 2_000},
+                  "delivery_gap_ms": {"p50": 2_600, "p99": 2_600, "max": 2_600}}}
 
 
 @pytest.mark.cluster
@@ -382,6 +402,7 @@ def test_the_command_exits_by_verdict_and_writes_the_report(
             assert (dirs[name] / "audit" / file).stat().st_size > 0, file
     report = (dirs["dirty"] / "audit" / "report.md").read_text()
     assert "# Delivery audit: DIRTY" in report
+    assert "| pause | 1 | 2,000 / 2,000 / 2,000 | 2,600 / 2,600 / 2,600 | 0 |" in report
     assert "`not-pending-0`" in report
     assert "`dup-unflagged-0`" in report
 
@@ -399,8 +420,12 @@ def test_a_clean_run(finished: dict[str, tuple[int, str, str]]) -> None:
     assert (summary["idle"], summary["races"]["cancels"]) == ({}, {})
     (failover,) = summary["failovers"]
     assert (failover["lost_at_ms"], failover["no_leader_ms"]) == (t(50_000), 0)
-    assert (failover["first_delivery_ms"], failover["catch_up_ms"], failover["fault"]) == (
-        None, None, None)
+    assert (failover["first_delivery_ms"], failover["delivery_gap_ms"],
+            failover["catch_up_ms"], failover["fault"]) == (None, None, None, None)
+    assert summary["per_fault"] == {"none": {
+        "failovers": 1, "undelivered": 1,
+        "no_leader_ms": {"p50": 0, "p99": 0, "max": 0},
+        "delivery_gap_ms": {"p50": None, "p99": None, "max": None}}}
     assert failover["duplicates"] == {"total": 3, "flagged": 2, "redelivery": 1, "unflagged": 0}
 
 
@@ -457,10 +482,49 @@ def test_failovers_follow_the_named_leader() -> None:
         return LeaderChange(at_ms, leader, term)
 
     changes = [change(0, None, 0), change(100, "a", 1), change(200, "a", 2),
-               change(300, "b", 3), change(400, None, 3), change(500, "b", 4),
-               change(600, "a", 5)]
+               change(300, "b", 3), change(400, None, 0), change(450, "b", 3),
+               change(500, None, 0), change(550, "b", 5), change(600, "a", 6)]
     late = Fault("skew", None, 650, None, "+200 ms")
     failovers = find_failovers(changes, [late])
-    # a -> a (new term) and b -> none -> b are no failovers; no fault before 300 -> at_ms.
-    assert [(f.old_leader, f.new_leader, f.lost_at_ms, f.fault) for f in failovers] == [
-        ("a", "b", 300, None), ("b", "a", 600, None)]
+    # a -> a is no failover, nor b -> none -> b in the same term (the runner lost sight of
+    # it); b -> none -> b in a later term is (every node restarted, b won again). No fault
+    # before 300 -> at_ms; after a none, the none.
+    assert [(f.old_leader, f.new_leader, f.old_term, f.term, f.lost_at_ms, f.fault)
+            for f in failovers] == [("a", "b", 1, 3, 300, None), ("b", "b", 3, 5, 500, None),
+                                    ("b", "a", 5, 6, 600, None)]
+
+
+def test_the_gap_runs_from_the_old_leaders_last_delivery_in_the_ended_leadership() -> None:
+    def led(node: str, term: int, first_ms: int | None, last_ms: int | None) -> Leadership:
+        return Leadership(node, term, first_ms, first_ms, first_ms, last_ms)
+
+    # a led in terms 1 and 3 (b between), then c from term 5; a was restarted in term 2.
+    to_c = Failover("a", "c", 5, 10_000, 9_000, None, old_term=3)
+    terms = [led("a", 1, 100, 4_000), led("b", 2, 4_500, 6_000), led("a", 3, 6_500, 8_800),
+             led("c", 5, 10_200, 12_000), led("a", 7, 13_000, 14_000)]
+    assert (first_delivery_ms(to_c, terms), delivery_gap_ms(to_c, terms)) == (1_200, 1_400)
+    # a delivered nothing in its leadership: from the loss, as first_delivery_ms.
+    quiet = [terms[0], terms[1], led("a", 3, None, None), terms[3]]
+    assert delivery_gap_ms(to_c, quiet) == 1_200
+    # the new leader never delivered
+    assert delivery_gap_ms(to_c, terms[:3]) is None
+
+
+def test_failovers_are_summed_up_by_fault() -> None:
+    def figures(fault: str | None, no_leader_ms: int, gap_ms: int | None) -> dict[str, Any]:
+        return {"fault": None if fault is None else {"fault": fault, "node": "n"},
+                "no_leader_ms": no_leader_ms, "delivery_gap_ms": gap_ms}
+
+    kills = [figures("kill", 400 + i, 500 + 10 * i) for i in range(100)]
+    summary = per_fault([*kills, figures("pause", 900, 2_200), figures("pause", 800, None),
+                         figures(None, 0, 300)])
+    assert list(summary) == ["kill", "none", "pause"]
+    assert summary["kill"] == {"failovers": 100, "undelivered": 0,
+                               "no_leader_ms": {"p50": 449, "p99": 498, "max": 499},
+                               "delivery_gap_ms": {"p50": 990, "p99": 1_480, "max": 1_490}}
+    assert summary["pause"] == {"failovers": 2, "undelivered": 1,
+                                "no_leader_ms": {"p50": 800, "p99": 900, "max": 900},
+                                "delivery_gap_ms": {"p50": 2_200, "p99": 2_200, "max": 2_200}}
+    assert summary["none"]["delivery_gap_ms"] == {"p50": 300, "p99": 300, "max": 300}
+    assert per_fault([]) == {}
+    assert percentiles([]) == {"p50": None, "p99": None, "max": None}

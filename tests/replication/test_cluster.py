@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tickwheel.harness.local_cluster import AckingConsumer as ConsumerThread
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.replication import STORAGE_EXIT_CODE
 from tickwheel.replication.raft import journal_first_index
@@ -138,6 +139,29 @@ def test_a_paused_leader_stops_dispatching_and_rejoins_as_follower(
     late = [d for d in old.trail() if d["event"] == "delivered"
             and d["delivered_at_ms"] >= resumed_ms]
     assert late == []
+
+
+def test_a_consumer_of_a_paused_leader_gets_the_new_leaders_deliveries_before_it_resumes(
+        tmp_path: Path) -> None:
+    # A SIGSTOPped node keeps its TCP connections open: only the client's keepalive pings,
+    # unanswered, can tell its consumers to go to the new leader before it resumes.
+    receipts: list[tuple[int, str]] = []
+    with LocalCluster(tmp_path) as cluster:
+        old = cluster.leader()
+        with ConsumerThread(cluster, on_message=lambda message: receipts.append(
+                (now_ms(), message.node))):
+            schedule_all(cluster, messages("order", 3_000, now_ms() + 500, 10_000))
+            wait_for(lambda: len(receipts) > 50, 15, "the consumer to be receiving")
+            paused_ms = now_ms()
+            cluster.signal(old, signal.SIGSTOP)
+            try:
+                first_ms = wait_for(lambda: next((at_ms for at_ms, node in receipts
+                                                  if node != old.raft), None),
+                                    4, "a delivery from the new leader while the old one sleeps")
+            finally:
+                cluster.signal(old, signal.SIGCONT)
+    # election (0.5-0.8 s) and the keepalive (0.75 s) overlap; before, nothing came until SIGCONT
+    assert first_ms - paused_ms <= 2_000, first_ms - paused_ms
 
 
 @pytest.mark.parametrize("skew_ms", [2_000, -2_000])
