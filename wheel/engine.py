@@ -106,6 +106,12 @@ class Wheel:
         return self._window.held
 
     @property
+    def loading_second(self) -> int | None:
+        """A second too large for one take, being read over several (`WheelConfig.
+        max_load_units`): until it is whole a take hands out nothing of it or after it."""
+        return self._window.loading_second
+
+    @property
     def window_msgs(self) -> int:
         """Index units held in memory by the preload window."""
         return len(self._window)

@@ -49,7 +49,7 @@ def file_records(hours: HourSet, window: DueWindow, cursor: Cursor, stamp_ms: in
                           in zip(run_slots, local_indexes, strict=True)
                           if slot == cursor_second),
                       f"a message filed behind the cursor in second {cursor_second}")
-        if min(run_slots) < window.scan_second:
+        if min(run_slots) < window.scan_second or window.loading_second in run_slots:
             window.add_filed(run_slots, deliver_at_ms[start:end], records[start:end],
                              local_indexes, first_handle, first_offset)
     return handles

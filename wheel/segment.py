@@ -293,14 +293,6 @@ class HourSegment:
         if not files.mapped or len(files.index_map or b"") < self._flushed_units * UNIT_SIZE:
             self.map_for_reading()
 
-    def chain(self, second_of_hour: int) -> Iterator[tuple[int, ...]]:
-        """The units filed under ``second_of_hour``, newest first (the chain of seed 003)."""
-        global_index = self.heads[second_of_hour << 1]
-        while global_index >= 0:
-            fields = self.read_unit(global_index)
-            yield fields
-            global_index = fields[4]
-
     def discard(self) -> None:
         """Close without writing what is buffered: the hour is about to be deleted."""
         self._unflushed_log, self._unflushed_index = bytearray(), bytearray()

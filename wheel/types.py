@@ -91,7 +91,13 @@ class WheelConfig:
     preload_ms: int = 10_000
     """How far ahead of the dispatch clock index units are loaded into memory."""
     max_window_msgs: int = 100_000
-    """Loading stops at this many units in memory; a single second is always loaded whole."""
+    """Loading stops at this many units in memory; a single second always goes onto the queue
+    whole."""
+    max_load_units: int = 10_000
+    """Index units a take reads from a second's chain at most: a second that holds more (a
+    million messages due at once) is loaded over several takes, and goes onto the queue when
+    it is whole. Read in one go, it held the thread that also sends Raft's heartbeats for
+    seconds, long enough for an election, and every new leader loaded it again."""
     max_open_hours: int = 1_024
     """Hour segments kept open (28.9 KiB of heads each); the least recently used closes."""
     max_buffered_bytes: int = 16 * 1024 * 1024
@@ -100,7 +106,7 @@ class WheelConfig:
     """The furthest ahead of the time stamp a message may be due."""
 
     def __post_init__(self) -> None:
-        for name in ("preload_ms", "max_window_msgs", "max_open_hours", "max_buffered_bytes",
-                     "max_delay_ms"):
+        for name in ("preload_ms", "max_window_msgs", "max_load_units", "max_open_hours",
+                     "max_buffered_bytes", "max_delay_ms"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"WheelConfig.{name} must be positive, got {getattr(self, name)}")

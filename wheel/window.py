@@ -32,6 +32,18 @@ WindowEntry = tuple[int, int, int, int, int, int]
 dispatch order; the handle makes every entry unique."""
 
 
+class _Loading:
+    """A second whose chain is being read over several takes (`WheelConfig.max_load_units`):
+    the units read so far, and the next one to read (-1: the chain is done)."""
+
+    __slots__ = ("entries", "next_unit", "second")
+
+    def __init__(self, second: int, next_unit: int) -> None:
+        self.second = second
+        self.next_unit = next_unit
+        self.entries: list[WindowEntry] = []
+
+
 class DueWindow:
     """The queue of loaded units and how far the scan has gone. ``on_skip(slot, local_index)``
     hears of every position passed over because its message is cancelled."""
@@ -43,6 +55,9 @@ class DueWindow:
         self.scan_second = scan_second
         self._on_skip = on_skip
         self.queue = RunHeap[WindowEntry]()
+        self._loading: _Loading | None = None
+        self._budget = 0
+        """Units the current take may still read from chains."""
         self.corrupt_records_skipped = 0
         self.held: str | None = None
         """Why the last `take` stopped at damage it could not mend yet (None: it did not)."""
@@ -57,9 +72,16 @@ class DueWindow:
         low = (first[0] if first is not None else self.scan_second) // SECONDS_PER_HOUR
         return low, self.scan_second // SECONDS_PER_HOUR
 
+    @property
+    def loading_second(self) -> int | None:
+        """The second being loaded over several takes, if one is: until it is whole, a take
+        stops short of it (and may hand out nothing although messages are due)."""
+        return None if self._loading is None else self._loading.second
+
     def rewind(self, cursor_second: int) -> None:
         """Forget everything loaded; scan again from ``cursor_second``."""
         self.queue.clear()
+        self._loading = None
         self.scan_second = cursor_second
 
     def add_filed(self, slots: list[int], deliver_at_ms: Sequence[int],
@@ -68,10 +90,14 @@ class DueWindow:
         """Put the messages just filed in one hour that are due before the scan second onto
         the queue: the scan has passed their seconds already."""
         scan_second, push = self.scan_second, self.queue.push
+        loading = self._loading
         for i, (slot, due_ms, record) in enumerate(zip(slots, deliver_at_ms, records,
                                                        strict=True)):
             if slot < scan_second:
                 push((slot, due_ms, local_indexes[i], first_handle + i, offset, len(record)))
+            elif loading is not None and slot == loading.second:  # newer than its chain walk
+                loading.entries.append((slot, due_ms, local_indexes[i], first_handle + i,
+                                        offset, len(record)))
             offset += len(record)
 
     def take(self, now_ms: int, max_msgs: int, cursor: Cursor) -> list[DueMessage]:
@@ -81,6 +107,7 @@ class DueWindow:
         neither taken nor skipped, so no cursor passes it. A record damaged everywhere is
         skipped (and counted): no copy of it exists any more."""
         self.held = None
+        self._budget = self._config.max_load_units
         limit_second = (now_ms + self._config.preload_ms) // MS_PER_SECOND
         now_second = now_ms // MS_PER_SECOND
         queue, taken = self.queue, list[DueMessage]()
@@ -165,20 +192,26 @@ class DueWindow:
     def load_until(self, limit_second: int, enough_msgs: int, cursor: Cursor) -> None:
         """Load the chains of occupied seconds up to ``limit_second``, one hour at a time,
         until the queue holds ``enough_msgs`` units (at most ``max_window_msgs``): the queue
-        stays small, and so do its operations, however large the backlog."""
+        stays small, and so do its operations, however large the backlog. Stops where the
+        take's ``max_load_units`` run out (a second too large for one take)."""
         enough_msgs = min(enough_msgs, self._config.max_window_msgs)
+        if self._loading is not None and self._loading.second < self.scan_second:
+            self._loading = None  # the cursor passed it
         while self.scan_second <= limit_second and len(self.queue) < enough_msgs:
             second = self._hours.next_occupied_second(self.scan_second)
             if second is None or second > limit_second:
                 self.scan_second = limit_second + 1
                 return
-            self._load_hour(second, limit_second, enough_msgs, cursor)
+            if not self._load_hour(second, limit_second, enough_msgs, cursor):
+                return
 
     def _load_hour(self, first_second: int, limit_second: int, enough_msgs: int,
-                   cursor: Cursor) -> None:
+                   cursor: Cursor) -> bool:
         """Load the occupied seconds of ``first_second``'s hour from it up to ``limit_second``,
         second by second until the queue holds ``enough_msgs``, or in one index scan when the
-        span holds most of the hour's units and fits under ``max_window_msgs``."""
+        span holds most of the hour's units and fits under ``max_window_msgs`` and what is
+        left of the take's ``max_load_units``. False when
+        this take's ``max_load_units`` ran out in the middle of a second."""
         hour = first_second // SECONDS_PER_HOUR
         segment = self._hours.existing(hour)
         self._hours.map_for_reading(segment)
@@ -186,37 +219,57 @@ class DueWindow:
         base_second = hour * SECONDS_PER_HOUR
         span_units = segment.units_between(first_second - base_second,
                                            last_second - base_second)
-        if 2 * span_units >= segment.units and (
+        if 2 * span_units >= segment.units and span_units <= self._budget and (
                 len(self.queue) + span_units <= self._config.max_window_msgs):
+            self._budget -= span_units
             self._load_span(segment, first_second, last_second, cursor)
             self.scan_second = last_second + 1
-            return
+            return True
         bits = segment.occupied >> (first_second - base_second)
         bits &= (1 << (last_second - first_second + 1)) - 1
         second = first_second
         while bits and len(self.queue) < enough_msgs:
             skip = (bits & -bits).bit_length() - 1
             second += skip
-            self._load_second(segment, second, cursor)
+            if not self._load_second(segment, second, cursor):
+                self.scan_second = second
+                return False
             bits >>= skip + 1
             second += 1
             self.scan_second = second
         if not bits:
             self.scan_second = last_second + 1
+        return True
 
-    def _load_second(self, segment: HourSegment, slot: int, cursor: Cursor) -> None:
+    def _load_second(self, segment: HourSegment, slot: int, cursor: Cursor) -> bool:
+        """Read ``slot``'s chain (newest first), at most this take's budget of it, and put the
+        second onto the queue once it is read whole; False while it is not."""
+        loading = self._loading
+        if loading is None or loading.second != slot:
+            loading = self._loading = _Loading(
+                slot, segment.heads[(slot % SECONDS_PER_HOUR) << 1])
         done_below = cursor.local_index if slot == cursor.second else 0
         tombstones = segment.tombstones
         base = segment.hour << GLOBAL_INDEX_BITS
-        push = self.queue.push
-        for offset, size, local_index, global_index, _, deliver_at_ms, _, _ in segment.chain(
-                slot % SECONDS_PER_HOUR):
+        entries, unit, budget = loading.entries, loading.next_unit, self._budget
+        while unit >= 0 and budget:
+            offset, size, local_index, global_index, unit, deliver_at_ms, _, _ = (
+                segment.read_unit(unit))
+            budget -= 1
             if local_index < done_below:
-                break
-            if global_index not in tombstones:
-                push((slot, deliver_at_ms, local_index, base | global_index, offset, size))
+                unit = -1
+            elif global_index not in tombstones:
+                entries.append((slot, deliver_at_ms, local_index, base | global_index, offset,
+                                size))
             else:
                 self._on_skip(slot, local_index)
+        self._budget = budget
+        loading.next_unit = unit
+        if unit >= 0:
+            return False
+        self._loading = None
+        self.queue.extend(entries)
+        return True
 
     def _load_span(self, segment: HourSegment, first_second: int, last_second: int,
                    cursor: Cursor) -> None:

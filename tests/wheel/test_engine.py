@@ -372,3 +372,51 @@ def test_walking_ahead_in_steps_changes_no_count_the_cursor_takes(tmp_path: Path
             wheel.advance_cursor(cursor)
     walked.close()
     direct.close()
+
+
+def take_through_loading(wheel: Wheel, now_ms: int) -> tuple[list, int]:
+    """Every due message, taking again while a second is still being loaded; and how many
+    takes found nothing to hand out because of that."""
+    taken, empty = [], 0
+    while True:
+        batch = wheel.take_due(now_ms, 1_000)
+        taken += batch
+        if not batch:
+            if wheel.loading_second is None:
+                return taken, empty
+            empty += 1
+
+
+def test_a_second_larger_than_a_take_may_read_is_loaded_over_several_and_goes_out_in_order(
+        tmp_path: Path) -> None:
+    """A million messages due in one second were read in one take, on the Raft thread: for
+    seconds no heartbeat went out, a follower won an election, and every new leader read the
+    second again. A take reads at most max_load_units of a second's chain; the second goes
+    onto the queue, in dispatch order, once it is whole."""
+    config = WheelConfig(max_load_units=100)
+    with Wheel.open(tmp_path, config) as wheel:
+        dues = [NOW_MS + 5_000 + (i * 7_919) % 1_000 for i in range(1_050)]  # one second
+        wheel.schedule([msg(f"m{i}", due) for i, due in enumerate(dues)], NOW_MS)
+        taken, empty = take_through_loading(wheel, NOW_MS + 6_000)
+    assert empty == 10  # 1,050 units read 100 a take: ten takes read and hand out nothing
+    assert sorted(m.id for m in taken) == sorted(f"m{i}" for i in range(1_050))
+    assert [(m.deliver_at_ms, m.local_index) for m in taken] == sorted(
+        (m.deliver_at_ms, m.local_index) for m in taken)
+
+
+def test_what_is_filed_or_cancelled_in_a_second_while_it_loads_is_not_lost_nor_sent(
+        tmp_path: Path) -> None:
+    config = WheelConfig(max_load_units=100)
+    with Wheel.open(tmp_path, config) as wheel:
+        handles = wheel.schedule([msg(f"m{i}", NOW_MS + 5_500) for i in range(500)], NOW_MS)
+        assert wheel.take_due(NOW_MS + 6_000, 1_000) == []  # 100 of 500 units read
+        assert wheel.loading_second == (NOW_MS + 5_500) // 1_000
+        wheel.schedule([msg("late", NOW_MS + 5_100)], NOW_MS)  # ahead of the chain's walk
+        wheel.cancel(handles[0])  # not read yet (the chain goes newest first)
+        wheel.cancel(handles[499])  # read already
+        taken, _ = take_through_loading(wheel, NOW_MS + 6_000)
+        assert taken[0].id == "late"
+        assert sorted(m.id for m in taken) == sorted(["late", *(f"m{i}" for i in range(1, 499))])
+        wheel.rewind()  # a new leader's pass from the cursor (not moved): all again, once
+        again, _ = take_through_loading(wheel, NOW_MS + 6_000)
+        assert sorted(m.id for m in again) == sorted(m.id for m in taken)
