@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import grpc
 
@@ -261,7 +262,7 @@ class LocalCluster:
         return Client([node.grpc_address for node in self.nodes],
                       credentials=self.credentials(principal), **options)
 
-    def __enter__(self) -> LocalCluster:
+    def __enter__(self) -> Self:
         for node in self.nodes:
             self.start(node)
         return self
