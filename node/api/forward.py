@@ -12,6 +12,7 @@ import grpc
 
 from tickwheel.client.credentials import Credentials, open_aio_channel
 from tickwheel.node.delivery.batches import GRPC_MESSAGE_BYTES
+from tickwheel.node.security.identity import CallMetadata
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
 FORWARDED_KEY = "tickwheel-forwarded"
@@ -26,7 +27,7 @@ CHANNEL_OPTIONS = (("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES),
                    ("grpc.http2.max_ping_strikes", 0))
 
 
-def was_forwarded(context: grpc.aio.ServicerContext) -> bool:
+def was_forwarded(context: CallMetadata) -> bool:
     return any(key == FORWARDED_KEY for key, _ in context.invocation_metadata() or ())
 
 
@@ -37,10 +38,10 @@ class Forwarder:
         self._credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    def stub(self, peer_address: str) -> pb_grpc.TickwheelStub:
+    def stub(self, peer_address: str) -> pb_grpc.TickwheelAsyncStub:
         return pb_grpc.TickwheelStub(self._channel(peer_address))
 
-    def peer_stub(self, peer_address: str) -> pb_grpc.PeerStub:
+    def peer_stub(self, peer_address: str) -> pb_grpc.PeerAsyncStub:
         """The member's `Peer` service, on the same channel."""
         return pb_grpc.PeerStub(self._channel(peer_address))
 
