@@ -93,7 +93,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from tickwheel.chaos import deliveries, report
@@ -198,20 +198,27 @@ def lateness_points(logs: Logs, max_points: int = 100_000) -> list[tuple[int, in
 def _message_counts(messages: DataFrame, cancels: DataFrame, moves: DataFrame, owed: DataFrame,
                     received: DataFrame) -> dict[str, int]:
     """The ``messages`` figures, in one Spark job."""
-    row = (messages.agg(F.count("*").alias("scheduled"), F.count_if("acked").alias("acked"))
-           .crossJoin(cancels.agg(F.count("cancelled_ms").alias("cancelled")))
-           .crossJoin(moves.agg(F.count("moved_ms").alias("rescheduled")))
-           .crossJoin(owed.agg(F.count("*").alias("owed")))
-           .crossJoin(received.agg(F.count_distinct(*DELIVERY).alias("received_unique"),
-                                   F.count("*").alias("receipts")))
-           .first())
-    return row.asDict()
+    counts = (messages.agg(F.count("*").alias("scheduled"), F.count_if("acked").alias("acked"))
+              .crossJoin(cancels.agg(F.count("cancelled_ms").alias("cancelled")))
+              .crossJoin(moves.agg(F.count("moved_ms").alias("rescheduled")))
+              .crossJoin(owed.agg(F.count("*").alias("owed")))
+              .crossJoin(received.agg(F.count_distinct(*DELIVERY).alias("received_unique"),
+                                      F.count("*").alias("receipts"))))
+    return _only_row(counts).asDict()
 
 
 def _problem(ids: DataFrame) -> dict[str, Any]:
     """``{"count": rows, "ids": the first MAX_IDS distinct ids, sorted}``."""
-    row = ids.agg(F.count("*").alias("count"), _first_ids(F.col("id")).alias("ids")).first()
+    row = _only_row(ids.agg(F.count("*").alias("count"), _first_ids(F.col("id")).alias("ids")))
     return {"count": row["count"], "ids": row["ids"]}
+
+
+def _only_row(aggregate: DataFrame) -> Row:
+    """The row of an aggregate over the whole frame: Spark gives one even without input."""
+    row = aggregate.first()
+    if row is None:
+        raise RuntimeError("an aggregate over a whole frame came back without a row")
+    return row
 
 
 def _first_ids(ids: Column) -> Column:
@@ -222,19 +229,19 @@ def _first_ids(ids: Column) -> Column:
 def _duplicate_counts(duplicates: DataFrame) -> tuple[dict[str, int], list[str]]:
     """The ``duplicates`` figures, and example ids of unflagged duplicates."""
     unflagged = F.col("class") == CLASSES[2]
-    row = duplicates.agg(F.count("*").alias("total"),
-                         *(F.count_if(F.col("class") == name).alias(name) for name in CLASSES),
-                         F.count_if("after_ack").alias("after_ack"),
-                         _first_ids(F.when(unflagged, F.col("id"))).alias("unflagged_ids")
-                         ).first().asDict()
+    row = _only_row(duplicates.agg(
+        F.count("*").alias("total"),
+        *(F.count_if(F.col("class") == name).alias(name) for name in CLASSES),
+        F.count_if("after_ack").alias("after_ack"),
+        _first_ids(F.when(unflagged, F.col("id"))).alias("unflagged_ids"))).asDict()
     unflagged_ids = row.pop("unflagged_ids")
     return row, unflagged_ids
 
 
 def _lateness_percentiles(rows: DataFrame, column: str = "lateness_ms") -> dict[str, int | None]:
     """Exact nearest-rank p50 and p99 of ``column``, and its maximum (all None without rows)."""
-    row = rows.agg(F.percentile_approx(column, [0.5, 0.99], PERCENTILE_ACCURACY)
-                   .alias("percentiles"), F.max(column).alias("max")).first()
+    row = _only_row(rows.agg(F.percentile_approx(column, [0.5, 0.99], PERCENTILE_ACCURACY)
+                             .alias("percentiles"), F.max(column).alias("max")))
     p50, p99 = row.percentiles or (None, None)
     return {"p50": p50, "p99": p99, "max": row.max}
 

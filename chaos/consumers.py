@@ -10,7 +10,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from tickwheel.chaos.workload import Endpoint, EventLog, now_ms
+from tickwheel.chaos.events import EventLog, ReceivedEvent
+from tickwheel.chaos.workload import Endpoint, now_ms
 from tickwheel.client import Consumer, Received, TickwheelClientError
 
 log = logging.getLogger("tickwheel.chaos")
@@ -51,7 +52,7 @@ class ConsumerWorker(threading.Thread):
     receives."""
 
     def __init__(self, cluster: Endpoint, topic: str, group: str, behaviour: Behaviour,
-                 seed: int, names: dict[str, str], received: EventLog,
+                 seed: int, names: dict[str, str], received: EventLog[ReceivedEvent],
                  stop: threading.Event) -> None:
         super().__init__(name=f"consumer-{topic}-{group or 'default'}-{behaviour.name}",
                          daemon=True)

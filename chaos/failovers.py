@@ -73,19 +73,19 @@ def find_failovers(changes: list[LeaderChange], faults: list[Fault]) -> list[Fai
     """The failovers in ``changes`` (in time order), each with when leadership was lost and the
     fault blamed; ``faults`` in any order. See the module docstring for the rules."""
     failovers: list[Failover] = []
-    named: int | None = None  # index of the latest change that named a leader
+    named: tuple[int, str] | None = None  # the latest change that named a leader, and whom
     since: int | None = None  # index of the change that began the named leader's leadership
     for index, change in enumerate(changes):
         if change.leader is None:
             continue
-        if named is not None and _is_failover(changes, named, index):
-            lost_at_ms = _lost_at_ms(changes, named, index, faults)
+        if named is not None and _is_failover(changes, named[0], index):
+            lost_at_ms = _lost_at_ms(changes, named[0], index, faults)
             failovers.append(Failover(
-                old_leader=changes[named].leader, new_leader=change.leader, term=change.term,
+                old_leader=named[1], new_leader=change.leader, term=change.term,
                 at_ms=change.at_ms, lost_at_ms=lost_at_ms, fault=_blamed(faults, lost_at_ms),
                 old_term=None if since is None else changes[since].term))
             since = index
-        named = index
+        named = (index, change.leader)
         since = index if since is None else since
     return failovers
 
@@ -169,11 +169,12 @@ def delivery_gap_ms(failover: Failover, leaderships: list[Leadership]) -> int | 
 
 
 def catch_up_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
-    started = [leadership for leadership in _new_leaderships(failover, leaderships)
-               if leadership.takeover_ms is not None]
-    if not started or started[0].caught_up_at_ms is None:
-        return None
-    return started[0].caught_up_at_ms - started[0].takeover_ms
+    for leadership in _new_leaderships(failover, leaderships):
+        if leadership.takeover_ms is not None:  # the first new leadership that started
+            if leadership.caught_up_at_ms is None:
+                return None
+            return leadership.caught_up_at_ms - leadership.takeover_ms
+    return None
 
 
 def failover_index(failovers: list[Failover]) -> Column:

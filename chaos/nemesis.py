@@ -32,14 +32,15 @@ import random
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tickwheel.chaos import storage
 from tickwheel.chaos.cluster import ChaosCluster
+from tickwheel.chaos.events import EventLog, FaultEvent
 from tickwheel.chaos.proxy import PARTITION_MODES
-from tickwheel.chaos.workload import EventLog, now_ms
+from tickwheel.chaos.workload import now_ms
 from tickwheel.harness.local_cluster import LocalNode
 from tickwheel.node import DEFAULT_RESERVE_BYTES
 from tickwheel.replication import STORAGE_EXIT_CODE
@@ -83,7 +84,7 @@ class Nemesis(threading.Thread):
     fault in progress. ``skews_ms`` is the clock offset each node was last started with."""
 
     def __init__(self, cluster: ChaosCluster, config: NemesisConfig, seed: int,
-                 faults_log: EventLog, stop: threading.Event) -> None:
+                 faults_log: EventLog[FaultEvent], stop: threading.Event) -> None:
         super().__init__(name="nemesis", daemon=True)
         self._cluster = cluster
         self._config = config
@@ -112,7 +113,7 @@ class Nemesis(threading.Thread):
             self.error = error
             log.exception("event=nemesis_failed")
 
-    def _plan(self) -> object:
+    def _plan(self) -> Iterator[str]:
         first = list(self._config.faults)
         self._random.shuffle(first)
         yield from first

@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import threading
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 
 log = logging.getLogger("tickwheel.chaos.proxy")
@@ -65,7 +67,7 @@ class RaftMesh:
         if len(proxy_ports) != links:
             raise ValueError(f"{len(node_ports)} nodes need {links} proxy ports")
         self.node_ports = ports[links:]
-        self._links = {}
+        self._links: dict[tuple[int, int], _Link] = {}
         pairs = itertools.combinations(range(len(self.node_ports)), 2)
         for port, (low, high) in zip(ports[:links], pairs, strict=True):
             self._links[(high, low)] = _Link(high, low, port, self.node_ports[low])
@@ -116,20 +118,22 @@ class RaftMesh:
 
     # -- on the loop ------------------------------------------------------------------------
 
-    def _run(self, coroutine: object) -> None:
+    def _run(self, coroutine: Coroutine[object, object, None]) -> None:
         asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(10)
 
     async def _start_all(self) -> None:
         for link in self._links.values():
             link.server = await asyncio.start_server(
-                lambda r, w, link=link: self._accept(link, r, w), "127.0.0.1", link.port)
+                functools.partial(self._accept, link), "127.0.0.1", link.port)
 
     async def _stop_all(self) -> None:
+        servers = [link.server for link in self._links.values() if link.server is not None]
+        for server in servers:
+            server.close()
         for link in self._links.values():
-            link.server.close()
             self._drop(link)
-        for link in self._links.values():
-            await link.server.wait_closed()
+        for server in servers:
+            await server.wait_closed()
 
     async def _set_blocked(self, node: int | None, *, blocked: bool,
                            blackhole: bool = False) -> None:

@@ -13,7 +13,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tickwheel.chaos.workload import GROUPS, Endpoint, EventLog, now_ms
+from tickwheel.chaos.events import CancelEvent, EventLog, RescheduleEvent
+from tickwheel.chaos.workload import GROUPS, Accepted, Endpoint, now_ms
 from tickwheel.client import Client, TickwheelClientError
 
 log = logging.getLogger("tickwheel.chaos")
@@ -24,8 +25,9 @@ class Canceller(threading.Thread):
     ``min_ahead_ms`` later (so a cancel is not a race with delivery), and hands a
     ``race_fraction`` of the consumed topics' messages to the `Racer`."""
 
-    def __init__(self, cluster: Endpoint, fraction: float, seed: int, cancels: EventLog,
-                 accepted: deque, stop: threading.Event, racer: Racer | None = None,
+    def __init__(self, cluster: Endpoint, fraction: float, seed: int,
+                 cancels: EventLog[CancelEvent], accepted: deque[Accepted],
+                 stop: threading.Event, racer: Racer | None = None,
                  race_fraction: float = 0.0, min_ahead_ms: int = 5_000) -> None:
         super().__init__(name="canceller", daemon=True)
         self._client = cluster.client(timeout_s=15, attempt_timeout_s=3)
@@ -66,7 +68,8 @@ def timed(call: Callable[[], list[str]], count: int, what: str) -> tuple[int, in
     return sent_ms, now_ms(), outcomes
 
 
-def write_cancels(client: Client, chosen: list[tuple[str, int, int]], cancels: EventLog, *,
+def write_cancels(client: Client, chosen: list[tuple[str, int, int]],
+                  cancels: EventLog[CancelEvent], *,
                   raced: bool) -> None:
     """Cancel ``(id, handle, due_ms)``s in one call and log each answer."""
     handles = [handle for _, handle, _ in chosen]
@@ -99,8 +102,9 @@ class Racer(threading.Thread):
     Every message whose moment has come goes out in one call per kind (singly or in batches,
     as they fall), each answer logged with when it was sent and returned."""
 
-    def __init__(self, cluster: Endpoint, seed: int, cancels: EventLog, reschedules: EventLog,
-                 stop: threading.Event, race: Race = Race()) -> None:
+    def __init__(self, cluster: Endpoint, seed: int, cancels: EventLog[CancelEvent],
+                 reschedules: EventLog[RescheduleEvent], stop: threading.Event,
+                 race: Race = Race()) -> None:
         super().__init__(name="racer", daemon=True)
         self._client = cluster.client(timeout_s=15, attempt_timeout_s=3)
         self._random = random.Random(seed)

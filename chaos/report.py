@@ -255,7 +255,8 @@ def _fault_name(fault: dict[str, Any] | None) -> str:
 
 def _run_s(at_ms: int, run: dict[str, Any]) -> float:
     """Seconds since the run started, for a plot's x axis."""
-    return (at_ms - run["started_ms"]) / 1000
+    started_ms: int = run["started_ms"]
+    return (at_ms - started_ms) / 1000
 
 
 def _seconds(at_ms: int | None, started_ms: int) -> str:

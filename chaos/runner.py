@@ -15,21 +15,33 @@ import shutil
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol, TypedDict
 
 from rich.console import Console
 from rich.progress import Progress
 
 from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.consumers import SUBSCRIPTIONS, ConsumerWorker
+from tickwheel.chaos.events import (
+    CancelEvent,
+    Event,
+    EventLog,
+    FaultEvent,
+    LeaderEvent,
+    ReceivedEvent,
+    RescheduleEvent,
+    ScheduledEvent,
+)
 from tickwheel.chaos.nemesis import Nemesis, NemesisConfig
 from tickwheel.chaos.races import Canceller, Race, Racer
 from tickwheel.chaos.workload import (
     GROUPS,
     IDLE_TOPIC,
+    Accepted,
     Endpoint,
-    EventLog,
     LeaderMonitor,
     Mix,
     Producer,
@@ -91,21 +103,21 @@ class _Expected:
         self._cancelled: set[str] = set()
         self._received: set[tuple[str, str]] = set()
 
-    def scheduled(self, event: dict) -> None:
+    def scheduled(self, event: ScheduledEvent) -> None:
         if event["acked"]:
             with self._lock:
                 self._groups[event["id"]] = groups = GROUPS.get(event["topic"], ())
                 for group in groups:
                     self._due[(event["id"], group)] = event["deliver_at_ms"]
 
-    def cancelled(self, event: dict) -> None:
+    def cancelled(self, event: CancelEvent) -> None:
         """Cancelled, maybe cancelled, or (``handed_out``) cancelled for the groups that had
         not had it: owed to no group that has not received it yet."""
         if event["outcome"] != "not_pending":
             with self._lock:
                 self._cancelled.add(event["id"])
 
-    def rescheduled(self, event: dict) -> None:
+    def rescheduled(self, event: RescheduleEvent) -> None:
         """A moved message is owed at its new time; one whose move may or may not have
         happened, at the later of the two."""
         if event["outcome"] in ("rescheduled", "unknown"):
@@ -116,7 +128,7 @@ class _Expected:
                     self._due[key] = (moved_ms if event["outcome"] == "rescheduled"
                                       else max(self._due[key], moved_ms))
 
-    def received(self, event: dict) -> None:
+    def received(self, event: ReceivedEvent) -> None:
         with self._lock:
             self._received.add((event["id"], event.get("group") or ""))
 
@@ -127,30 +139,93 @@ class _Expected:
                        and key[0] not in self._cancelled)
 
 
-class _TappedLog(EventLog):
+class _TappedLog(EventLog[Event]):
     """An `EventLog` that also shows each event to ``tap``."""
 
-    def __init__(self, path: Path, tap: object) -> None:
+    def __init__(self, path: Path, tap: Callable[[Event], None]) -> None:
         super().__init__(path)
         self._tap = tap
 
-    def write(self, event: dict) -> None:
+    def write(self, event: Event) -> None:
         super().write(event)
         self._tap(event)
 
 
-def run(config: RunConfig, console: Console | None = None) -> dict:
+class _File(Protocol):
+    """What the runner asks of every event log, whatever its events."""
+
+    lines: int
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Logs:
+    """The run's event logs (the files named after the fields)."""
+
+    scheduled: EventLog[ScheduledEvent]
+    cancels: EventLog[CancelEvent]
+    reschedules: EventLog[RescheduleEvent]
+    received: EventLog[ReceivedEvent]
+    leaders: EventLog[LeaderEvent]
+    faults: EventLog[FaultEvent]
+
+    @classmethod
+    def open(cls, out: Path, expected: _Expected) -> _Logs:
+        return cls(scheduled=_TappedLog(out / "scheduled.jsonl", expected.scheduled),
+                   cancels=_TappedLog(out / "cancels.jsonl", expected.cancelled),
+                   reschedules=_TappedLog(out / "reschedules.jsonl", expected.rescheduled),
+                   received=_TappedLog(out / "received.jsonl", expected.received),
+                   leaders=EventLog(out / "leaders.jsonl"),
+                   faults=EventLog(out / "faults.jsonl"))
+
+    def files(self) -> dict[str, _File]:
+        return {"scheduled": self.scheduled, "cancels": self.cancels,
+                "reschedules": self.reschedules, "received": self.received,
+                "leaders": self.leaders, "faults": self.faults}
+
+
+class Summary(TypedDict):
+    """What a run did: ``run.json``'s ``summary``."""
+
+    inflicted: list[str]
+    max_skew_ms: int
+    leader_changes: int
+    consumer_crashes: int
+    lines: dict[str, int]
+
+
+class NodeRecord(TypedDict):
+    name: str
+    raft: str
+    grpc: str
+
+
+class RunRecord(TypedDict):
+    """What ``run.json`` holds (the audit's docstring says what each field means)."""
+
+    started_ms: int
+    ended_ms: int
+    drained_due_ms: int
+    seed: int
+    nodes: list[NodeRecord]
+    faults: list[str]
+    grace_ms: int
+    max_skew_ms: int
+    groups: dict[str, tuple[str, ...]]
+    idle_topics: list[str]
+    allowed_early_ms: int
+    config: dict[str, object]
+    summary: Summary
+
+
+def run(config: RunConfig, console: Console | None = None) -> RunRecord:
     """Run one scenario; returns what ``run.json`` holds."""
     console = console or Console(stderr=True)
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
     expected = _Expected()
-    logs = {"scheduled": _TappedLog(out / "scheduled.jsonl", expected.scheduled),
-            "cancels": _TappedLog(out / "cancels.jsonl", expected.cancelled),
-            "reschedules": _TappedLog(out / "reschedules.jsonl", expected.rescheduled),
-            "received": _TappedLog(out / "received.jsonl", expected.received),
-            "leaders": EventLog(out / "leaders.jsonl"),
-            "faults": EventLog(out / "faults.jsonl")}
+    logs = _Logs.open(out, expected)
     started_ms = now_ms()
     try:
         disk_size = DISK_SIZE if "disk-full" in config.nemesis.faults else None
@@ -160,49 +235,51 @@ def run(config: RunConfig, console: Console | None = None) -> dict:
         with ChaosCluster(out / "cluster", config.nodes, out / "trails", node_args,
                           disk_size=disk_size,
                           power_cuts="power-cut" in config.nemesis.faults) as cluster:
-            summary = _scenario(config, cluster, logs, expected, console)
-            nodes = [{"name": cluster.name(n), "raft": n.raft, "grpc": n.grpc_address}
+            ended_ms, drained_due_ms, summary = _scenario(config, cluster, logs, expected,
+                                                          console)
+            nodes = [NodeRecord(name=cluster.name(n), raft=n.raft, grpc=n.grpc_address)
                      for n in cluster.nodes]
     finally:
-        for event_log in logs.values():
+        for event_log in logs.files().values():
             event_log.close()
     if not config.keep_data:
         shutil.rmtree(out / "cluster", ignore_errors=True)
-    record = {"started_ms": started_ms, "ended_ms": summary.pop("ended_ms"),
-              "drained_due_ms": summary.pop("drained_due_ms"),
-              "seed": config.seed, "nodes": nodes, "faults": list(config.nemesis.faults),
-              "grace_ms": config.grace_ms, "max_skew_ms": summary["max_skew_ms"],
-              "groups": GROUPS, "idle_topics": [IDLE_TOPIC],
-              "allowed_early_ms": ALLOWED_EARLY_MS,
-              "config": {key: value for key, value in asdict(config).items() if key != "out"}
-              | {"out": str(out)}, "summary": summary}
+    record = RunRecord(
+        started_ms=started_ms, ended_ms=ended_ms, drained_due_ms=drained_due_ms,
+        seed=config.seed, nodes=nodes, faults=list(config.nemesis.faults),
+        grace_ms=config.grace_ms, max_skew_ms=summary["max_skew_ms"],
+        groups=GROUPS, idle_topics=[IDLE_TOPIC], allowed_early_ms=ALLOWED_EARLY_MS,
+        config={key: value for key, value in asdict(config).items() if key != "out"}
+        | {"out": str(out)}, summary=summary)
     (out / "run.json").write_text(json.dumps(record, indent=2, default=str))
     return record
 
 
-def _scenario(config: RunConfig, cluster: ChaosCluster, logs: dict[str, EventLog],
-              expected: _Expected, console: Console) -> dict:
+def _scenario(config: RunConfig, cluster: ChaosCluster, logs: _Logs, expected: _Expected,
+              console: Console) -> tuple[int, int, Summary]:
+    """``(ended_ms, drained_due_ms, summary)``: when the run ended, the due time it drained
+    to, and what it did."""
     targets = Endpoint([node.grpc_address for node in cluster.nodes], cluster.credentials())
     cluster.leader(30)
     stop_all, stop_producing = threading.Event(), threading.Event()
     monitor = LeaderMonitor({cluster.name(n): n.grpc_address for n in cluster.nodes},
-                            targets.credentials, logs["leaders"], stop_all)
+                            targets.credentials, logs.leaders, stop_all)
     consumers = [ConsumerWorker(targets, topic, group, behaviour, config.seed * 1_000 + i,
-                                cluster.names, logs["received"], stop_all)
+                                cluster.names, logs.received, stop_all)
                  for i, (topic, group, behaviour) in enumerate(SUBSCRIPTIONS)]
     for thread in (monitor, *consumers):
         thread.start()
     streams = sum(not behaviour.unary for _, _, behaviour in SUBSCRIPTIONS)
     wait_for(lambda: _subscribed(cluster) >= streams, 30, "every consumer to subscribe")
-    accepted: deque = deque()
+    accepted: deque[Accepted] = deque()
     producers = [Producer(i, targets, config.rate / config.producers, config.mix,
-                          config.seed * 100 + i, logs["scheduled"], accepted, stop_producing)
+                          config.seed * 100 + i, logs.scheduled, accepted, stop_producing)
                  for i in range(config.producers)]
-    racer = Racer(targets, config.seed * 10 + 8, logs["cancels"], logs["reschedules"],
+    racer = Racer(targets, config.seed * 10 + 8, logs.cancels, logs.reschedules,
                   stop_producing, config.race)
     canceller = Canceller(targets, config.cancel_fraction, config.seed * 10 + 7,
-                          logs["cancels"], accepted, stop_producing, racer, config.race_fraction)
-    nemesis = Nemesis(cluster, config.nemesis, config.seed, logs["faults"], stop_producing)
+                          logs.cancels, accepted, stop_producing, racer, config.race_fraction)
+    nemesis = Nemesis(cluster, config.nemesis, config.seed, logs.faults, stop_producing)
     production = [*producers, canceller, racer, nemesis]
     for thread in production:
         thread.start()
@@ -223,10 +300,10 @@ def _scenario(config: RunConfig, cluster: ChaosCluster, logs: dict[str, EventLog
         consumer.close()
     for thread in (monitor, *consumers):
         thread.join(30)
-    return {"ended_ms": now_ms(), "drained_due_ms": produced_ms, "inflicted": nemesis.inflicted,
-            "max_skew_ms": nemesis.max_skew_ms, "leader_changes": monitor.changes,
-            "consumer_crashes": sum(c.crashes for c in consumers),
-            "lines": {name: event_log.lines for name, event_log in logs.items()}}
+    return now_ms(), produced_ms, Summary(
+        inflicted=nemesis.inflicted, max_skew_ms=nemesis.max_skew_ms,
+        leader_changes=monitor.changes, consumer_crashes=sum(c.crashes for c in consumers),
+        lines={name: event_log.lines for name, event_log in logs.files().items()})
 
 
 def _subscribed(cluster: ChaosCluster) -> int:
@@ -234,7 +311,7 @@ def _subscribed(cluster: ChaosCluster) -> int:
     return 0 if info is None else sum(topic.consumers for topic in info.topics)
 
 
-def _watch(config: RunConfig, logs: dict[str, EventLog], monitor: LeaderMonitor,
+def _watch(config: RunConfig, logs: _Logs, monitor: LeaderMonitor,
            console: Console) -> None:
     """Show progress until the production time is up."""
     began = time.monotonic()
@@ -242,7 +319,7 @@ def _watch(config: RunConfig, logs: dict[str, EventLog], monitor: LeaderMonitor,
         task = progress.add_task("chaos", total=config.duration_s)
         while (elapsed := time.monotonic() - began) < config.duration_s:
             progress.update(task, completed=elapsed, description=(
-                f"scheduled {logs['scheduled'].lines} received {logs['received'].lines} "
-                f"faults {logs['faults'].lines} leader {monitor.current[0]}"))
+                f"scheduled {logs.scheduled.lines} received {logs.received.lines} "
+                f"faults {logs.faults.lines} leader {monitor.current[0]}"))
             time.sleep(min(0.5, config.duration_s - elapsed))
         progress.update(task, completed=config.duration_s)

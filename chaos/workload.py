@@ -7,25 +7,23 @@ them a few milliseconds before they are due (`tickwheel.chaos.races`); consumers
 of one topic and the default group of another receive and acknowledge (some slowly, some
 "crashing" before the acknowledgement, one receiving without a stream:
 `tickwheel.chaos.consumers`); a monitor polls `ClusterInfo` and notes every leader change. Each
-writes JSON lines (`EventLog`) whose fields the audit (`tickwheel.chaos.audit`) documents. Every
-random choice comes from a `random.Random` seeded from the run's seed, so a run's workload is
-reproducible (its timing, on a shared machine, is not).
+writes JSON lines (`tickwheel.chaos.events`) whose fields the audit (`tickwheel.chaos.audit`)
+documents. Every random choice comes from a `random.Random` seeded from the run's seed, so a
+run's workload is reproducible (its timing, on a shared machine, is not).
 
 Times are Unix milliseconds on the runner's real clock: the clock the audit judges by.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TextIO
 
+from tickwheel.chaos.events import EventLog, LeaderEvent, ScheduledEvent
 from tickwheel.client import (
     Client,
     Credentials,
@@ -45,6 +43,10 @@ TOPIC_WEIGHTS = {"orders": 0.45, "reminders": 0.45, IDLE_TOPIC: 0.10}
 BODY = b"c" * 100
 DAY_MS = 86_400_000
 
+Accepted = tuple[str, str, int, int]
+"""A message the cluster acknowledged: ``(id, topic, handle, deliver_at_ms)``; the producers
+append them, the canceller takes them."""
+
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -60,28 +62,6 @@ class Endpoint:
     def client(self, timeout_s: float, attempt_timeout_s: float) -> Client:
         return Client(self.targets, timeout_s=timeout_s, attempt_timeout_s=attempt_timeout_s,
                       credentials=self.credentials)
-
-
-class EventLog:
-    """One JSON-lines file, written by many threads; every line is flushed at once, so a
-    runner killed mid-run leaves complete lines behind."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115 (owned)
-        self._lock = threading.Lock()
-        self.lines = 0
-
-    def write(self, event: dict) -> None:
-        line = json.dumps(event, separators=(",", ":")) + "\n"
-        with self._lock:
-            self._file.write(line)
-            self._file.flush()
-            self.lines += 1
-
-    def close(self) -> None:
-        with self._lock:
-            self._file.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +85,8 @@ class Producer(threading.Thread):
     client's retries, and the outcome is unknown)."""
 
     def __init__(self, index: int, cluster: Endpoint, rate: float, mix: Mix, seed: int,
-                 scheduled: EventLog, accepted: deque, stop: threading.Event,
-                 tick_s: float = 0.05) -> None:
+                 scheduled: EventLog[ScheduledEvent], accepted: deque[Accepted],
+                 stop: threading.Event, tick_s: float = 0.05) -> None:
         super().__init__(name=f"producer-{index}", daemon=True)
         self._index = index
         self._client = cluster.client(timeout_s=15, attempt_timeout_s=3)
@@ -135,15 +115,17 @@ class Producer(threading.Thread):
                 self._halt.wait(self._tick_s)
         self._client.close()
 
-    def _batch(self, count: int) -> list[tuple[Message, str]]:
-        batch: list[tuple[Message, str]] = []
+    def _batch(self, count: int) -> list[tuple[Message, str, int]]:
+        """``count`` messages to send, each with its kind (`_pick`) and due time."""
+        batch: list[tuple[Message, str, int]] = []
         while len(batch) < count:
             topic = self._random.choices(self._topics, self._weights)[0]
             kind, due_ms, size = self._pick(now_ms())
             for _ in range(min(size, count - len(batch)) if kind == "burst" else 1):
                 self._sequence += 1
                 message_id = f"p{self._index}-{self._sequence}"
-                batch.append((Message(topic, BODY, deliver_at_ms=due_ms, id=message_id), kind))
+                message = Message(topic, BODY, deliver_at_ms=due_ms, id=message_id)
+                batch.append((message, kind, due_ms))
         return batch
 
     def _pick(self, sent_ms: int) -> tuple[str, int, int]:
@@ -157,32 +139,33 @@ class Producer(threading.Thread):
             return "far", sent_ms + self._random.randrange(DAY_MS, 30 * DAY_MS), 1
         return "near", sent_ms + self._random.randrange(mix.near_max_ms), 1
 
-    def _send(self, batch: list[tuple[Message, str]]) -> None:
+    def _send(self, batch: list[tuple[Message, str, int]]) -> None:
         sent_ms = now_ms()
         try:
-            results = self._client.schedule_many(message for message, _ in batch)
+            results = self._client.schedule_many(message for message, _, _ in batch)
         except TickwheelClientError as error:
             log.warning("event=schedule_failed producer=%d messages=%d error=%s", self._index,
                         len(batch), error)
             results = None
         acked_ms = now_ms() if results is not None else None
-        for position, (message, kind) in enumerate(batch):
+        for position, (message, kind, due_ms) in enumerate(batch):
             handle = results[position].handle if results is not None else None
             self._scheduled.write({
                 "id": message.id, "topic": message.topic,
-                "deliver_at_ms": message.deliver_at_ms, "sent_ms": sent_ms,
+                "deliver_at_ms": due_ms, "sent_ms": sent_ms,
                 "acked": results is not None, "acked_ms": acked_ms, "handle": handle,
                 "kind": kind})
             if handle is not None:
-                self._accepted.append((message.id, message.topic, handle, message.deliver_at_ms))
+                self._accepted.append((message.id, message.topic, handle, due_ms))
 
 
 class LeaderMonitor(threading.Thread):
     """Polls every node's `ClusterInfo` every ``poll_s`` and writes a line whenever the
     leader it sees changes: the node that says it leads, in the highest term heard."""
 
-    def __init__(self, nodes: dict[str, str], credentials: Credentials, leaders: EventLog,
-                 stop: threading.Event, poll_s: float = 0.1) -> None:
+    def __init__(self, nodes: dict[str, str], credentials: Credentials,
+                 leaders: EventLog[LeaderEvent], stop: threading.Event,
+                 poll_s: float = 0.1) -> None:
         super().__init__(name="leader-monitor", daemon=True)
         self._nodes = nodes
         self._client = Client(list(nodes.values()), timeout_s=1, attempt_timeout_s=0.3,

@@ -26,6 +26,7 @@ It does not run in ``make test`` at its size; a test runs it with a few thousand
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import multiprocessing
 import sys
@@ -34,6 +35,9 @@ import threading
 import time
 from array import array
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.queues import Queue
+from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 from tickwheel.client import Message
@@ -50,7 +54,7 @@ BATCH = 500
 
 
 def _produce(endpoint: Endpoint, first: int, count: int, threads: int, rate: float,
-             due_ms: int, start: multiprocessing.Event) -> None:
+             due_ms: int, start: Event) -> None:
     """Schedule ids ``burst-<first>`` .. ``burst-<first + count - 1>``, all due at ``due_ms``,
     at ``rate`` messages a second."""
     batches = [[Message("burst", BODY, deliver_at_ms=due_ms, id=f"burst-{k}")
@@ -68,14 +72,22 @@ def _produce(endpoint: Endpoint, first: int, count: int, threads: int, rate: flo
             list(pool.map(send, enumerate(batches)))
 
 
-def _consume(endpoint: Endpoint, topic: str, received: multiprocessing.Value,
-             stop: multiprocessing.Event, results: multiprocessing.Queue) -> None:
+Receipts = tuple[bytes, bytes, bytes]
+"""A consumer's receipts: id numbers (or due times), arrival times and flags, packed."""
+
+
+def _consume(endpoint: Endpoint, topic: str, received: Synchronized[int], stop: Event,
+             results: Queue[Receipts]) -> None:
     """Receive and ack ``topic``; report each receipt's id number (or due time, for the steady
     topic), arrival time and flag."""
     numbers, arrivals, flags = array("q"), array("d"), array("b")
     with _client(endpoint, 120) as client:
         consumer = client.consume(topic, prefetch=2_000, name=f"burst-{topic}")
-        threading.Thread(target=lambda: (stop.wait(), consumer.close(0.5)), daemon=True).start()
+
+        def close_when_stopped() -> None:
+            stop.wait()
+            consumer.close(0.5)
+        threading.Thread(target=close_when_stopped, daemon=True).start()
         for message in consumer:
             arrivals.append(time.time_ns() / 1e6)
             numbers.append(int(message.id.rsplit("-", 1)[1]) if topic == "burst"
@@ -87,7 +99,7 @@ def _consume(endpoint: Endpoint, topic: str, received: multiprocessing.Value,
     results.put((numbers.tobytes(), arrivals.tobytes(), flags.tobytes()))
 
 
-def _unpack(raw: tuple[bytes, bytes, bytes]) -> tuple[array, array, array]:
+def _unpack(raw: Receipts) -> tuple[array[int], array[float], array[int]]:
     numbers, arrivals, flags = array("q"), array("d"), array("b")
     numbers.frombytes(raw[0])
     arrivals.frombytes(raw[1])
@@ -103,19 +115,25 @@ def _peak_rss_mb(pid: int) -> float:
 
 
 def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, consumers: int,
-          steady_rate: int, schedule_rate: int) -> dict:
+          steady_rate: int, schedule_rate: int) -> dict[str, float]:
     context = multiprocessing.get_context("spawn")
     endpoint = _endpoint(cluster)
-    received, steady_received = context.Value("q", 0), context.Value("q", 0)
-    stop, results, steady_results = context.Event(), context.Queue(), context.Queue()
+    received: Synchronized[int] = context.Value(ctypes.c_longlong, 0)
+    steady_received: Synchronized[int] = context.Value(ctypes.c_longlong, 0)
+    stop = context.Event()
+    results: Queue[Receipts] = context.Queue()
+    steady_results: Queue[Receipts] = context.Queue()
     readers = [context.Process(target=_consume, args=(endpoint, "burst", received, stop,
                                                       results)) for _ in range(consumers)]
     steady_reader = context.Process(target=_consume, args=(endpoint, "steady", steady_received,
                                                            stop, steady_results))
     for process in [*readers, steady_reader]:
         process.start()
-    wait_for(lambda: {t.topic: t.consumers for t in cluster.leader().info().topics}
-             == {"burst": consumers, "steady": 1}, 60, "the consumers to subscribe")
+    def subscribed() -> bool:
+        info = cluster.leader().info()
+        return info is not None and {t.topic: t.consumers for t in info.topics} == {
+            "burst": consumers, "steady": 1}
+    wait_for(subscribed, 60, "the consumers to subscribe")
     start = context.Event()
     due_ms = now_ms() + int((5 + 1.2 * messages / schedule_rate) * 1000)
     share = -(-messages // producers)
@@ -146,10 +164,31 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
     steady.join()
     peak_rss_mb = _peak_rss_mb(leader.pid)
     stop.set()
+    tally = _tally([results.get(timeout=60) for _ in readers], due_ms)
+    last_ms = tally.pop("last_ms")
+    steady_numbers, steady_arrivals, _ = _unpack(steady_results.get(timeout=60))
+    lateness = sorted(arrived - due for due, arrived in zip(steady_numbers, steady_arrivals,
+                                                            strict=True)
+                      if due_ms <= due <= last_ms)
+    for process in [*readers, steady_reader]:
+        process.join(10)
+    last_after_s = (last_ms - due_ms) / 1000
+    return {"burst_messages": messages, **tally,
+            "burst_last_after_due_s": round(last_after_s, 2),
+            "burst_delivered_per_s": round(tally["burst_delivered"] / max(last_after_s, 1e-3)),
+            "burst_scheduled_s": round(scheduled_s, 1),
+            "burst_scheduled_late_s": round(max(0, scheduled_ms - due_ms) / 1000, 2),
+            "leader_peak_rss_mb": peak_rss_mb, "leader_cpu_s": round(leader_cpu_s, 1),
+            **_steady_figures(lateness)}
+
+
+def _tally(receipts: list[Receipts], due_ms: int) -> dict[str, float]:
+    """What the burst's consumers received: first receipts, repeats (flagged or not), early
+    ones, and the last first receipt's time (``last_ms``)."""
     seen: set[int] = set()
     repeated = unflagged = flagged = early = 0
     last_ms = 0.0
-    for raw in (results.get(timeout=60) for _ in readers):
+    for raw in receipts:
         for number, arrived_ms, flag in zip(*_unpack(raw), strict=True):
             flagged += flag
             early += arrived_ms < due_ms - ALLOWED_EARLY_MS
@@ -159,22 +198,9 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
             else:
                 seen.add(number)
                 last_ms = max(last_ms, arrived_ms)
-    steady_numbers, steady_arrivals, _ = _unpack(steady_results.get(timeout=60))
-    lateness = sorted(arrived - due for due, arrived in zip(steady_numbers, steady_arrivals,
-                                                            strict=True)
-                      if due_ms <= due <= last_ms)
-    for process in [*readers, steady_reader]:
-        process.join(10)
-    last_after_s = (last_ms - due_ms) / 1000
-    return {"burst_messages": messages, "burst_delivered": len(seen),
-            "burst_repeated": repeated, "burst_unflagged_repeats": unflagged,
-            "burst_flagged": flagged, "burst_early": early,
-            "burst_last_after_due_s": round(last_after_s, 2),
-            "burst_delivered_per_s": round(len(seen) / max(last_after_s, 1e-3)),
-            "burst_scheduled_s": round(scheduled_s, 1),
-            "burst_scheduled_late_s": round(max(0, scheduled_ms - due_ms) / 1000, 2),
-            "leader_peak_rss_mb": peak_rss_mb, "leader_cpu_s": round(leader_cpu_s, 1),
-            **_steady_figures(lateness)}
+    return {"burst_delivered": len(seen), "burst_repeated": repeated,
+            "burst_unflagged_repeats": unflagged, "burst_flagged": flagged,
+            "burst_early": early, "last_ms": last_ms}
 
 
 def _steady(endpoint: Endpoint, rate: int, done: threading.Event) -> None:
@@ -191,7 +217,7 @@ def _steady(endpoint: Endpoint, rate: int, done: threading.Event) -> None:
             done.wait(0.01)
 
 
-def _steady_figures(lateness: list[float]) -> dict:
+def _steady_figures(lateness: list[float]) -> dict[str, float]:
     if not lateness:
         return {"steady_messages_during_burst": 0}
     return {"steady_messages_during_burst": len(lateness),

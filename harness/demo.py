@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tickwheel.client import Client, Message, Received
-from tickwheel.harness.local_cluster import LocalCluster
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode
 
 console = Console(highlight=False)
 
@@ -69,7 +69,7 @@ def _run(cluster: LocalCluster, client: Client, leader: object, count: int,
     return got
 
 
-def _kill(cluster: LocalCluster, leader: object) -> None:
+def _kill(cluster: LocalCluster, leader: LocalNode) -> None:
     console.print(f"[red bold]SIGKILL leader {leader.raft} (pid {leader.pid})[/red bold]")
     cluster.signal(leader, signal.SIGKILL)
 

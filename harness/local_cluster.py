@@ -21,20 +21,22 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self, TypeVar
 
 import grpc
 
-from tickwheel.client import Client, Credentials, Received
+from tickwheel.client import Client, Credentials
 from tickwheel.client.credentials import open_channel
 from tickwheel.node import (
     ADMIN_GRANTS,
+    Delivered,
     DevCredentials,
     Grants,
+    TrailEvent,
     make_dev_credentials,
     rocketmq_secret_key,
     trail_files,
@@ -93,10 +95,13 @@ def free_ports(count: int) -> list[int]:
     raise OSError(f"fewer than {count} free ports in {usable.start}-{usable.stop - 1}")
 
 
-def wait_for(condition: Callable[[], object], timeout_s: float, what: str,
-             poll_s: float = 0.02) -> object:
-    """Poll ``condition`` until it returns something truthy; raise TimeoutError naming
-    ``what`` after ``timeout_s``."""
+Found = TypeVar("Found")
+
+
+def wait_for(condition: Callable[[], Found | None], timeout_s: float, what: str,
+             poll_s: float = 0.02) -> Found:
+    """Poll ``condition`` until it returns something truthy, and return that; raise
+    TimeoutError naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
         result = condition()
@@ -142,7 +147,7 @@ class LocalNode:
     credentials: Credentials = field(repr=False)
     """How tests and tools reach it: as the cluster's admin."""
     metrics_address: str | None = None
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     clock_skew_ms: int = 0
     build: Path | None = None
     """The build the node runs: a folder put first on its ``PYTHONPATH`` (an unpacked wheel of
@@ -161,8 +166,15 @@ class LocalNode:
         return pb_grpc.TickwheelStub(self._channel)
 
     @property
+    def started(self) -> subprocess.Popen[bytes]:
+        """The process the node last ran as; raise if it was never started."""
+        if self.process is None:
+            raise RuntimeError(f"node {self.raft} was never started")
+        return self.process
+
+    @property
     def pid(self) -> int:
-        return self.process.pid
+        return self.started.pid
 
     def info(self, timeout_s: float = 1.0) -> pb.ClusterInfoResponse | None:
         try:
@@ -170,7 +182,7 @@ class LocalNode:
         except grpc.RpcError:
             return None
 
-    def trail(self) -> list[dict]:
+    def trail(self) -> list[TrailEvent]:
         """The events of this node's delivery trail, its rotated file's first."""
         lines = [line for path in trail_files(self.data)
                  for line in path.read_text().splitlines()]
@@ -222,7 +234,7 @@ class LocalCluster:
                 root / "security", principals={**ADMIN_GRANTS, **(principals or {})},
                 client_certificates=client_certificates, rocketmq=rocketmq)
             self.grpc_args = self.security.node_flags(client_certificates)
-        self.raft_args = (("--insecure-raft",) if insecure_raft
+        self.raft_args: tuple[str, ...] = (("--insecure-raft",) if insecure_raft
                           else ("--raft-secret-file", str(ensure_secret(root / "raft.secret"))))
         self.extra_args = tuple(extra_args)
         """Flags for every node besides the addresses and ``raft_args`` and ``grpc_args``
@@ -261,7 +273,7 @@ class LocalCluster:
         return Client([node.grpc_address for node in self.nodes],
                       credentials=self.credentials(principal), **options)
 
-    def __enter__(self) -> LocalCluster:
+    def __enter__(self) -> Self:
         for node in self.nodes:
             self.start(node)
         return self
@@ -299,18 +311,19 @@ class LocalCluster:
     def signal(self, node: LocalNode, signum: int) -> None:
         os.kill(node.pid, signum)
         if signum == signal.SIGKILL:
-            node.process.wait()
+            node.started.wait()
 
     def stop(self, node: LocalNode, timeout_s: float = 10.0) -> None:
         if not node.alive():
             return
         os.kill(node.pid, signal.SIGCONT)
-        node.process.terminate()
+        process = node.started
+        process.terminate()
         try:
-            node.process.wait(timeout_s)
+            process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            node.process.kill()
-            node.process.wait()
+            process.kill()
+            process.wait()
 
     def stop_all(self) -> None:
         for node in self.nodes:
@@ -362,7 +375,7 @@ class LocalCluster:
                 if time.monotonic() > deadline:
                     raise
 
-    def deliveries(self) -> list[dict]:
+    def deliveries(self) -> list[Delivered]:
         return [event for node in self.nodes for event in node.trail()
                 if event["event"] == "delivered"]
 
@@ -373,34 +386,3 @@ def _check_running(nodes: list[LocalNode]) -> None:
         if node.process is not None and node.process.poll() not in (None, -9):
             tail = node.log_path.read_text()[-2_000:]
             raise RuntimeError(f"node {node.raft} exited with {node.process.returncode}:\n{tail}")
-
-
-class AckingConsumer:
-    """A client-library consumer of ``topic`` in a thread that acknowledges everything it
-    receives, following the leader across failovers; ``on_message`` (called in that thread)
-    sees each message first. A context manager; `close` ends the stream and the thread."""
-
-    def __init__(self, cluster: LocalCluster, topic: str = "orders", *, prefetch: int = 1_000,
-                 on_message: Callable[[Received], None] | None = None) -> None:
-        self._client = cluster.client(timeout_s=60)
-        self._consumer = self._client.consume(topic, prefetch=prefetch, name=f"acking-{topic}")
-        self._on_message = on_message
-        self._thread = threading.Thread(target=self._run, name=f"consumer-{topic}", daemon=True)
-        self._thread.start()
-
-    def __enter__(self) -> AckingConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._consumer.close(timeout_s=0.5)
-        self._thread.join(10)
-        self._client.close()
-
-    def _run(self) -> None:
-        for message in self._consumer:
-            if self._on_message is not None:
-                self._on_message(message)
-            message.ack()

@@ -41,6 +41,7 @@ A 3-node cluster of real processes on 127.0.0.1, 100-byte bodies. Figures:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import multiprocessing
 import os
@@ -50,9 +51,14 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.queues import Queue
+from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import TypedDict
 
 from tickwheel.client import Client, Credentials, Message
+from tickwheel.harness import rocketmq_consumer
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
 
 BODY = b"x" * 100
@@ -67,8 +73,8 @@ MAX_REQUEST_MSGS = 5_000
 """The lateness producer's largest request: after a stall it catches up in several, each
 under the node's ``max_batch_msgs`` (10,000)."""
 
-
-ROCKETMQ_GROUP = "bench-rocketmq"
+Figures = dict[str, float | str]
+"""Figures by name (a few are words: how the run was secured, why a part was not run)."""
 
 
 def now_ms() -> int:
@@ -96,7 +102,7 @@ def _client(endpoint: Endpoint, timeout_s: float) -> Client:
 # -- schedule throughput ----------------------------------------------------------------------
 
 def _produce(endpoint: Endpoint, prefix: str, requests: int, batch: int, threads: int,
-             due_ms: int, start: multiprocessing.Event) -> None:
+             due_ms: int, start: Event) -> None:
     """One producer process: ``threads`` threads sharing ``requests`` batches."""
     batches = [[Message("bench", BODY, deliver_at_ms=due_ms + (r * batch + i) % HOUR_MS,
                         id=f"{prefix}-{r}-{i}") for i in range(batch)] for r in range(requests)]
@@ -148,14 +154,18 @@ def schedule_single(cluster: LocalCluster, seconds: float, threads: int) -> floa
 
 # -- lateness at a due rate -------------------------------------------------------------------
 
-def _consume(endpoint: Endpoint, topic: str, received: multiprocessing.Value,
-             stop: multiprocessing.Event, results: multiprocessing.Queue) -> None:
+def _consume(endpoint: Endpoint, topic: str, received: Synchronized[int], stop: Event,
+             results: Queue[tuple[list[float], float]]) -> None:
     """One consumer process: receive and ack, noting each message's lateness on receipt."""
     lateness: list[float] = []
     last_arrival_ms = 0.0
     with _client(endpoint, 120) as client:
         consumer = client.consume(topic, prefetch=2_000, name=f"bench-{topic}")
-        threading.Thread(target=lambda: (stop.wait(), consumer.close(0.5)), daemon=True).start()
+
+        def close_when_stopped() -> None:
+            stop.wait()
+            consumer.close(0.5)
+        threading.Thread(target=close_when_stopped, daemon=True).start()
         for message in consumer:
             last_arrival_ms = time.time_ns() / 1e6
             lateness.append(last_arrival_ms - message.deliver_at_ms)
@@ -165,83 +175,27 @@ def _consume(endpoint: Endpoint, topic: str, received: multiprocessing.Value,
     results.put((lateness, last_arrival_ms))
 
 
-RocketMQEndpoint = tuple[str, str, str, str]
-"""A RocketMQ listener's address, the cluster's CA file, an AccessKey and its SecretKey."""
-
-
-def _rocketmq_endpoint(cluster: LocalCluster) -> RocketMQEndpoint:
-    leader = cluster.leader()
-    assert cluster.security is not None and leader.rocketmq_address is not None
-    return (leader.rocketmq_address, str(cluster.security.ca_file), "admin",
-            cluster.rocketmq_secret_key("admin"))
-
-
-def _consume_rocketmq(endpoint: RocketMQEndpoint, topic: str, received: multiprocessing.Value,
-                      warmed: multiprocessing.Value, stop: multiprocessing.Event,
-                      results: multiprocessing.Queue) -> None:
-    """One process of RocketMQ 5's official Python client: a PushConsumer of `ROCKETMQ_GROUP`
-    on ``topic`` and its warm-up topic, noting each message's lateness (due time from the
-    body) as its listener is called; the client acks on return. It is imported here, in a
-    process of its own: its protos clash with the node's copy in one process."""
-    import os  # noqa: PLC0415
-    os.environ["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = endpoint[1]
-    from rocketmq import (  # noqa: PLC0415
-        ClientConfiguration,
-        ConsumeResult,
-        Credentials,
-        FilterExpression,
-        MessageListener,
-        PushConsumer,
-    )
-    lateness: list[float] = []
-    lock = threading.Lock()
-
-    class Listener(MessageListener):
-        def consume(self, message: object) -> object:
-            arrived_ms = time.time_ns() / 1e6
-            if message.topic != topic:
-                with warmed.get_lock():
-                    warmed.value += 1
-                return ConsumeResult.SUCCESS
-            due_ms = int(message.body.split(b":", 1)[0])
-            with lock:
-                lateness.append(arrived_ms - due_ms)
-            with received.get_lock():
-                received.value += 1
-            return ConsumeResult.SUCCESS
-
-    configuration = ClientConfiguration(endpoint[0], Credentials(endpoint[2], endpoint[3]),
-                                        request_timeout=10)
-    consumer = PushConsumer(configuration, ROCKETMQ_GROUP, Listener(),
-                            {topic: FilterExpression("*"),
-                             f"{topic}-warmup": FilterExpression("*")}, tls_enable=True)
-    consumer.startup()
-    stop.wait()
-    consumer.shutdown()
-    with lock:
-        results.put(lateness)
-
-
 def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int,
-                rocketmq_consumers: int = 0) -> dict:
+                rocketmq_consumers: int = 0) -> dict[str, float]:
     """The native consumers' lateness at ``rate`` due messages per second, and with
     ``rocketmq_consumers`` the RocketMQ group's (``rocketmq_p50`` and so on) in the same run."""
     context = multiprocessing.get_context("spawn")
     topic = f"due-{rate}"
-    received, stop, results = context.Value("q", 0), context.Event(), context.Queue()
+    received, stop = context.Value(ctypes.c_longlong, 0), context.Event()
+    results: Queue[tuple[list[float], float]] = context.Queue()
     processes = [context.Process(target=_consume, args=(_endpoint(cluster), topic, received,
                                                          stop, results))
                  for _ in range(consumers)]
-    rocketmq_received, warmed = context.Value("q", 0), context.Value("q", 0)
-    rocketmq_results = context.Queue()
-    rocketmq_endpoint = _rocketmq_endpoint(cluster) if rocketmq_consumers else None
-    rocketmq_processes = [context.Process(target=_consume_rocketmq, args=(
+    rocketmq_received = context.Value(ctypes.c_longlong, 0)
+    warmed = context.Value(ctypes.c_longlong, 0)
+    rocketmq_results: Queue[list[float]] = context.Queue()
+    rocketmq_endpoint = rocketmq_consumer.endpoint(cluster) if rocketmq_consumers else None
+    rocketmq_processes = [context.Process(target=rocketmq_consumer.consume, args=(
         rocketmq_endpoint, topic, rocketmq_received, warmed, stop, rocketmq_results))
         for _ in range(rocketmq_consumers)]
     for process in processes + rocketmq_processes:
         process.start()
-    wait_for(lambda: sum(t.consumers for t in cluster.leader().info().topics
-                         if t.topic == topic) == consumers, 30, "the consumers to subscribe")
+    wait_for(lambda: _subscribed(cluster, topic) == consumers, 30, "the consumers to subscribe")
     if rocketmq_consumers:
         _warm_up(cluster, f"{topic}-warmup", warmed, rocketmq_consumers)
     total = int(rate * seconds)
@@ -249,7 +203,8 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
     leader_pid = cluster.leader().pid
     pids = [node.pid for node in cluster.nodes]
     started_cpu_s = {pid: _cpu_s(pid) for pid in pids}
-    client_pids = [process.pid for process in processes + rocketmq_processes]
+    client_pids = [pid for process in processes + rocketmq_processes
+                   if (pid := process.pid) is not None]  # every one: all are started
     clients_cpu_s = time.process_time() + sum(map(_cpu_s, client_pids))
     with _client(_endpoint(cluster), 60) as client:
         began = time.monotonic()
@@ -293,13 +248,19 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
     return figures
 
 
+def _subscribed(cluster: LocalCluster, topic: str) -> int:
+    """The consumers of ``topic`` the leader counts (0 while it does not answer)."""
+    info = cluster.leader().info()
+    return 0 if info is None else sum(t.consumers for t in info.topics if t.topic == topic)
+
+
 def _cpu_s(pid: int) -> float:
     """The CPU time a process has used so far, user and system (Linux's /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _warm_up(cluster: LocalCluster, topic: str, warmed: multiprocessing.Value,
+def _warm_up(cluster: LocalCluster, topic: str, warmed: Synchronized[int],
              consumers: int) -> None:
     """Send messages due now to ``topic`` until the RocketMQ consumers have taken ``consumers``
     of them: their long polls are running before the clock starts (competing in one group,
@@ -314,7 +275,7 @@ def _warm_up(cluster: LocalCluster, topic: str, warmed: multiprocessing.Value,
             time.sleep(0.2)
 
 
-def _percentiles(prefix: str, lateness: list[float]) -> dict:
+def _percentiles(prefix: str, lateness: list[float]) -> dict[str, float]:
     return {f"{prefix}p50": round(statistics.median(lateness), 2),
             f"{prefix}p99": round(lateness[int(0.99 * (len(lateness) - 1))], 2),
             f"{prefix}max": round(lateness[-1], 2), f"{prefix}messages": len(lateness)}
@@ -346,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--insecure-grpc", action="store_true",
                         help="gRPC in plaintext without tokens, to measure what TLS costs")
     args = parser.parse_args(argv)
-    figures: dict = {"raft_links": "insecure" if args.insecure_raft else "secret",
+    figures: Figures = {"raft_links": "insecure" if args.insecure_raft else "secret",
                      "grpc": "plaintext" if args.insecure_grpc else "tls+token"}
     with tempfile.TemporaryDirectory(prefix="tickwheel-node-bench-") as root:
         if args.only in (None, "schedule"):
@@ -363,7 +324,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _secured(args: argparse.Namespace) -> dict:
+class _Security(TypedDict):
+    """How a benchmark's cluster is secured: `LocalCluster`'s flags of the same names."""
+
+    insecure_raft: bool
+    insecure_grpc: bool
+
+
+def _secured(args: argparse.Namespace) -> _Security:
     return {"insecure_raft": args.insecure_raft, "insecure_grpc": args.insecure_grpc}
 
 
@@ -371,7 +339,7 @@ def _due_s(args: argparse.Namespace) -> float:
     return 2.0 if args.quick else 10.0
 
 
-def _schedule_phase(root: Path, args: argparse.Namespace) -> dict:
+def _schedule_phase(root: Path, args: argparse.Namespace) -> Figures:
     with LocalCluster(root, **_secured(args)) as cluster:
         cluster.leader(30)
         return {"grpc_schedule_msgs_per_s": round(schedule_batched(
@@ -381,8 +349,8 @@ def _schedule_phase(root: Path, args: argparse.Namespace) -> dict:
                     cluster, 2.0 if args.quick else 10.0, args.single_threads))}
 
 
-def _lateness_phase(root: Path, args: argparse.Namespace) -> dict:
-    figures: dict = {}
+def _lateness_phase(root: Path, args: argparse.Namespace) -> Figures:
+    figures: Figures = {}
     rocketmq_rates = {int(r) for r in args.rocketmq_rates.split(",") if r}
     if rocketmq_rates and (args.insecure_raft or args.insecure_grpc):
         rocketmq_rates = set()
@@ -403,7 +371,7 @@ def _lateness_phase(root: Path, args: argparse.Namespace) -> dict:
     return figures
 
 
-def _capacity_phase(root: Path, args: argparse.Namespace) -> dict:
+def _capacity_phase(root: Path, args: argparse.Namespace) -> Figures:
     """A lateness run offered ``--capacity-rate``: what the cluster delivers a second when it
     is the bottleneck, and the CPU a message costs at that load."""
     with LocalCluster(root, **_secured(args)) as cluster:

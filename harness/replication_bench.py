@@ -27,16 +27,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tickwheel.harness.local_cluster import (
-    AckingConsumer,
-    LocalCluster,
-    LocalNode,
-    wait_for,
-)
+from tickwheel.harness.acking_consumer import AckingConsumer
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 BODY = b"x" * 100
 HOUR_MS = 3_600_000
+
+Figure = float | str | list[float] | None
+"""A figure of the report (None: not measured)."""
 
 
 def now_ms() -> int:
@@ -63,7 +62,10 @@ def saturated(cluster: LocalCluster, total: int, clients: int, batch: int) -> fl
 
 def settled(cluster: LocalCluster) -> None:
     """Wait until every node has applied everything the leader committed."""
-    commit = cluster.leader().info().commit_index
+    info = cluster.leader().info()
+    if info is None:
+        raise RuntimeError("the leader did not answer ClusterInfo")
+    commit = info.commit_index
     wait_for(lambda: all((i := n.info()) and i.last_applied >= commit for n in cluster.nodes),
              120, "every node to apply the load")
 
@@ -91,15 +93,16 @@ def commit_latency(cluster: LocalCluster, seconds: float) -> tuple[float, float]
 
 
 def failover(cluster: LocalCluster, kills: int) -> list[float]:
-    times = []
+    times: list[float] = []
     for kill in range(kills):
         leader = cluster.leader(30)
         first_due = now_ms() + 1_000
         cluster.schedule([pb.Message(id=f"fo{kill}-{i}", topic="bench", body=BODY,
                                      deliver_at_ms=first_due + 10 * i) for i in range(1_000)])
-        wait_for(lambda leader=leader, kill=kill: any(
-            e.get("id", "").startswith(f"fo{kill}-") for e in leader.trail()), 10,
-            "the leader to deliver")
+        def delivered(leader: LocalNode = leader, prefix: str = f"fo{kill}-") -> bool:
+            return any(e["event"] == "delivered" and e["id"].startswith(prefix)
+                       for e in leader.trail())
+        wait_for(delivered, 10, "the leader to deliver")
         killed_ms = now_ms()
         cluster.signal(leader, signal.SIGKILL)
         survivors = [n for n in cluster.nodes if n is not leader]
@@ -119,10 +122,13 @@ def failover(cluster: LocalCluster, kills: int) -> list[float]:
 
 def rss_mb(node: LocalNode) -> float:
     status = Path(f"/proc/{node.pid}/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+    found = re.search(r"VmRSS:\s+(\d+)", status)
+    if found is None:
+        raise RuntimeError(f"no VmRSS in /proc/{node.pid}/status")
+    return int(found.group(1)) / 1024
 
 
-def pending_figures(cluster: LocalCluster, pending: int, clients: int) -> dict:
+def pending_figures(cluster: LocalCluster, pending: int, clients: int) -> dict[str, Figure]:
     saturated(cluster, pending, clients, 1_000)
     settled(cluster)
     leader = cluster.leader()
@@ -149,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     pending = 20_000 if args.quick else args.pending
     with tempfile.TemporaryDirectory(prefix="tickwheel-bench-") as root:
         with LocalCluster(Path(root) / "rates", insecure_raft=args.insecure_raft) as cluster:
-            figures = {"schedule_msgs_per_s": round(saturated(cluster, saturated_total,
-                                                              args.clients, args.batch))}
+            schedule_msgs_per_s = saturated(cluster, saturated_total, args.clients, args.batch)
+            figures: dict[str, Figure] = {"schedule_msgs_per_s": round(schedule_msgs_per_s)}
             p50, p99 = commit_latency(cluster, latency_s)
             figures |= {"commit_p50_ms": round(p50, 2), "commit_p99_ms": round(p99, 2)}
             with AckingConsumer(cluster, "bench"):

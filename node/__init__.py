@@ -17,7 +17,7 @@ here, never a module inside; `tests/test_layout.py` checks it):
 - `main` and `console`: the node's commands, and the terminal they print to, which
   `tickwheel.cli` extends with ``cluster up`` and prints to alike;
 - `trail_files`: the files of a node's delivery trail, oldest first, which the harness reads
-  and the chaos runner collects for the audit;
+  and the chaos runner collects for the audit; `TrailEvent` and `Delivered`: their lines;
 - `DEFAULT_RESERVE_BYTES` and `free_bytes`: the disk reserve a node keeps and how it measures
   free space, so that the chaos runner's full disk is full as the node sees it;
 - `make_dev_credentials`, `DevCredentials`, `Grants`, `ADMIN_GRANTS`: the development
@@ -39,6 +39,7 @@ loads none of it, since ``tickwheel serve`` imports the server when it runs
 
 from tickwheel.node.cli.commands import main
 from tickwheel.node.cli.terminal import console
+from tickwheel.node.delivery.trail import Delivered, TrailEvent
 from tickwheel.node.delivery.trail import files as trail_files
 from tickwheel.node.ops.clock_step import CLOCK_OFFSET_FILE, write_clock_offset
 from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES, free_bytes
@@ -51,8 +52,10 @@ __all__ = [
     "ADMIN_GRANTS",
     "CLOCK_OFFSET_FILE",
     "DEFAULT_RESERVE_BYTES",
+    "Delivered",
     "DevCredentials",
     "Grants",
+    "TrailEvent",
     "console",
     "free_bytes",
     "main",

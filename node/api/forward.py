@@ -12,6 +12,7 @@ import grpc
 
 from tickwheel.client.credentials import Credentials, open_aio_channel
 from tickwheel.node.delivery.batches import GRPC_MESSAGE_BYTES
+from tickwheel.node.security.identity import CallMetadata
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
 FORWARDED_KEY = "tickwheel-forwarded"
@@ -34,7 +35,7 @@ FORWARD_OPTIONS = (*(option for option in CHANNEL_OPTIONS
 a paused leader breaks within a second, and its consumer goes to the new leader."""
 
 
-def was_forwarded(context: grpc.aio.ServicerContext) -> bool:
+def was_forwarded(context: CallMetadata) -> bool:
     return any(key == FORWARDED_KEY for key, _ in context.invocation_metadata() or ())
 
 
@@ -45,10 +46,10 @@ class Forwarder:
         self._credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    def stub(self, peer_address: str) -> pb_grpc.TickwheelStub:
+    def stub(self, peer_address: str) -> pb_grpc.TickwheelAsyncStub:
         return pb_grpc.TickwheelStub(self._channel(peer_address))
 
-    def peer_stub(self, peer_address: str) -> pb_grpc.PeerStub:
+    def peer_stub(self, peer_address: str) -> pb_grpc.PeerAsyncStub:
         """The member's `Peer` service, on the same channel."""
         return pb_grpc.PeerStub(self._channel(peer_address))
 

@@ -73,8 +73,9 @@ def main(argv: list[str] | None = None, more: AddCommands | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.command == "serve" else logging.WARNING,
                         stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    handler: Callable[[argparse.Namespace], int] = args.handler
     try:
-        return args.handler(args)
+        return handler(args)
     except TickwheelClientError as error:
         console.print(f"[red]error[/red] {error}")
         return 1

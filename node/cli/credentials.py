@@ -35,7 +35,7 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(commands: argparse._SubParsersAction) -> None:
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``certs``, ``token`` and ``rocketmq-key``: what a node and its clients prove
     themselves with."""
     certs = commands.add_parser(

@@ -18,7 +18,7 @@ import logging
 import os
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, TextIO
+from typing import TYPE_CHECKING, Final, Literal, TextIO, TypedDict
 
 from tickwheel.wheel import Cursor
 
@@ -29,6 +29,42 @@ log = logging.getLogger("tickwheel.node")
 
 DEFAULT_TRAIL_MAX_BYTES: Final = 256 << 20
 TRAIL_FILE: Final = "deliveries.jsonl"
+
+
+class DispatchStarted(TypedDict):
+    """A ``dispatch_started`` line: ``node`` began dispatching in ``term`` from ``cursor``
+    (``[second, local_index]``)."""
+
+    event: Literal["dispatch_started"]
+    node: str
+    term: int
+    epoch: int
+    cursor: list[int]
+    takeover_ms: int
+
+
+class Delivered(TypedDict):
+    """A ``delivered`` line: one attempt of one message sent to a consumer of ``group``
+    (``position`` is ``[slot_second, local_index]``, ``lease`` the lease's number)."""
+
+    event: Literal["delivered"]
+    node: str
+    term: int
+    group: str
+    epoch: int
+    id: str
+    topic: str
+    handle: int
+    deliver_at_ms: int
+    delivered_at_ms: int
+    position: list[int]
+    lease: int
+    possible_duplicate: bool
+    attempt: int
+
+
+TrailEvent = DispatchStarted | Delivered
+"""A line of the trail, told apart by its ``event``."""
 
 
 def files(data: Path) -> list[Path]:
@@ -58,8 +94,8 @@ class DeliveryTrail:
             self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (owned)
 
     def dispatch_started(self, term: int, epoch: int, cursor: Cursor, takeover_ms: int) -> None:
-        self._write([{"event": "dispatch_started", "node": self._node, "term": term,
-                      "epoch": epoch, "cursor": list(cursor), "takeover_ms": takeover_ms}])
+        self._write([DispatchStarted(event="dispatch_started", node=self._node, term=term,
+                                     epoch=epoch, cursor=list(cursor), takeover_ms=takeover_ms)])
 
     def delivered(self, batch: list[Sent], group: str, term: int, delivered_at_ms: int) -> None:
         if self._file is None:
@@ -86,7 +122,7 @@ class DeliveryTrail:
         if self._file is not None:
             self._file.close()
 
-    def _write(self, events: list[dict]) -> None:
+    def _write(self, events: list[TrailEvent]) -> None:
         if self._file is None:
             return
         self._file.write("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))

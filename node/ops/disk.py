@@ -131,12 +131,12 @@ class DiskWatch:
                      space.free_bytes, space.reserve_bytes)
 
 
-async def poll_peers(watch: DiskWatch, stubs: Mapping[str, Callable[[], pb_grpc.PeerStub]],
+async def poll_peers(watch: DiskWatch, stubs: Mapping[str, Callable[[], pb_grpc.PeerAsyncStub]],
                      metadata: tuple[tuple[str, str], ...]) -> None:
     """Ask every other member for its space every `POLL_S`, for ever (cancel to stop).
     ``stubs`` maps each member's Raft address to how to reach its peer listener."""
 
-    async def ask(member: str, stub: Callable[[], pb_grpc.PeerStub]) -> None:
+    async def ask(member: str, stub: Callable[[], pb_grpc.PeerAsyncStub]) -> None:
         try:
             answer = await stub().DiskSpace(pb.DiskSpaceRequest(), timeout=POLL_TIMEOUT_S,
                                             metadata=metadata)

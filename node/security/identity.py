@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 from cryptography import x509
@@ -42,7 +43,16 @@ def peer_token(secret: bytes) -> str:
     return hmac.new(secret, _PEER_TOKEN_LABEL, hashlib.sha256).hexdigest()
 
 
-def metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
+class CallMetadata(Protocol):
+    """What telling who calls needs of a call's context: any `grpc.aio.ServicerContext`,
+    whatever its request and response types."""
+
+    def invocation_metadata(self) -> grpc.aio.Metadata | None: ...
+
+    def auth_context(self) -> Mapping[str, Iterable[bytes]]: ...
+
+
+def metadata_value(context: CallMetadata, key: str) -> str | None:
     for name, value in context.invocation_metadata() or ():
         if name == key:
             return value if isinstance(value, str) else value.decode(errors="replace")
@@ -56,7 +66,7 @@ class ClientCallers:
     def __init__(self, access: AccessFile | None) -> None:
         self._access = access
 
-    def principal(self, context: grpc.aio.ServicerContext) -> Principal:
+    def principal(self, context: CallMetadata) -> Principal:
         if self._access is None:
             return ANYONE
         access = self._access.current
@@ -83,7 +93,7 @@ class PeerCallers:
         self._tokens = tuple(peer_token(secret) for secret in secrets)
         self._access = access
 
-    def member(self, context: grpc.aio.ServicerContext) -> None:
+    def member(self, context: CallMetadata) -> None:
         """Raise `Unauthenticated` unless a member calls."""
         if not self._tokens:
             return
@@ -91,7 +101,7 @@ class PeerCallers:
         if not any(hmac.compare_digest(shown, token.encode()) for token in self._tokens):
             raise Unauthenticated("the peer listener serves members of this cluster only")
 
-    def principal(self, context: grpc.aio.ServicerContext) -> Principal:
+    def principal(self, context: CallMetadata) -> Principal:
         """The principal a member forwards a call for."""
         self.member(context)
         if self._access is None:
@@ -127,8 +137,11 @@ class ServerCertificates:
         self._initial = self._load()
 
     def credentials(self) -> grpc.ServerCredentials:
-        return grpc.dynamic_ssl_server_credentials(self._initial, self._fetch,
-                                                   require_client_authentication=self._mutual)
+        # gRPC keeps the current pair when the fetcher returns None (its documented contract);
+        # types-grpcio's signature forbids None.
+        return grpc.dynamic_ssl_server_credentials(
+            self._initial, self._fetch,  # type: ignore[arg-type]
+            require_client_authentication=self._mutual)
 
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
         stamp = self._stat()

@@ -20,7 +20,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nodetests import now_ms, topic
 
 from tickwheel.chaos.storage import empty, fill
-from tickwheel.harness.local_cluster import AckingConsumer, LocalCluster, LocalNode, wait_for
+from tickwheel.harness.acking_consumer import AckingConsumer
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 pytestmark = pytest.mark.cluster

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tickwheel.client import Message
-from tickwheel.harness.local_cluster import AckingConsumer, LocalCluster, wait_for
+from tickwheel.harness.acking_consumer import AckingConsumer
+from tickwheel.harness.local_cluster import LocalCluster, wait_for
 from tickwheel.node.delivery.sent import Sent
 from tickwheel.node.delivery.trail import DeliveryTrail, files
 from tickwheel.replication.commands import LeaseRef

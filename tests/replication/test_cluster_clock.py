@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tickwheel.client import Message, Received
-from tickwheel.harness.local_cluster import AckingConsumer, LocalCluster, LocalNode, wait_for
+from tickwheel.harness.acking_consumer import AckingConsumer
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.node import write_clock_offset
 
 pytestmark = pytest.mark.cluster

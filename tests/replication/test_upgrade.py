@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from tickwheel.client import CancelOutcome, Client, Message
+from tickwheel.harness.acking_consumer import AckingConsumer
 from tickwheel.harness.local_cluster import (
-    AckingConsumer,
     LocalCluster,
     LocalNode,
     wait_for,

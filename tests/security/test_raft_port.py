@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from tickwheel.harness.acking_consumer import AckingConsumer
 from tickwheel.harness.local_cluster import (
-    AckingConsumer,
     LocalCluster,
     free_ports,
     wait_for,
