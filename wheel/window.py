@@ -33,15 +33,16 @@ dispatch order; the handle makes every entry unique."""
 
 
 class _Loading:
-    """A second whose chain is being read over several takes (`WheelConfig.max_load_units`):
-    the units read so far, and the next one to read (-1: the chain is done)."""
+    """A second whose chain is being read over several takes (`WheelConfig.max_load_units`),
+    and the next unit to read (-1: the chain is done). What is read goes onto the queue at
+    once (a push a unit, spread over the takes), but nothing of the second, or after it, is
+    taken before it is whole: its order is dispatch order only then."""
 
-    __slots__ = ("entries", "next_unit", "second")
+    __slots__ = ("next_unit", "second")
 
     def __init__(self, second: int, next_unit: int) -> None:
         self.second = second
         self.next_unit = next_unit
-        self.entries: list[WindowEntry] = []
 
 
 class DueWindow:
@@ -93,11 +94,8 @@ class DueWindow:
         loading = self._loading
         for i, (slot, due_ms, record) in enumerate(zip(slots, deliver_at_ms, records,
                                                        strict=True)):
-            if slot < scan_second:
+            if slot < scan_second or (loading is not None and slot == loading.second):
                 push((slot, due_ms, local_indexes[i], first_handle + i, offset, len(record)))
-            elif loading is not None and slot == loading.second:  # newer than its chain walk
-                loading.entries.append((slot, due_ms, local_indexes[i], first_handle + i,
-                                        offset, len(record)))
             offset += len(record)
 
     def take(self, now_ms: int, max_msgs: int, cursor: Cursor) -> list[DueMessage]:
@@ -115,8 +113,8 @@ class DueWindow:
         segment: HourSegment | None = None
         segment_hour = -1
         while len(taken) < max_msgs:
-            if not queue:
-                if self.scan_second > limit_second:
+            if not queue or self._loading is not None:
+                if not queue and self.scan_second > limit_second:
                     break
                 try:
                     self.load_until(limit_second, max_msgs - len(taken), cursor)
@@ -131,7 +129,8 @@ class DueWindow:
                     break
             entry = queue.pop()
             slot, deliver_at_ms, local_index, handle, offset, size = entry
-            if deliver_at_ms > now_ms or slot > now_second:
+            if deliver_at_ms > now_ms or slot > now_second or (
+                    self._loading is not None and slot >= self._loading.second):
                 queue.unpop(entry)
                 break
             if (slot, local_index) < cursor:
@@ -169,6 +168,10 @@ class DueWindow:
         """When the next message is due (see `Wheel.next_due_ms`)."""
         self.drop_stale_top(cursor)
         first = self.queue.first()
+        if self._loading is not None:  # what is not read yet may be due at its start
+            start_ms = self._loading.second * MS_PER_SECOND
+            return start_ms if first is None else min(start_ms, max(first[1], first[0]
+                                                                    * MS_PER_SECOND))
         if first is not None:
             slot, deliver_at_ms = first[:2]
             return max(deliver_at_ms, slot * MS_PER_SECOND)
@@ -195,8 +198,16 @@ class DueWindow:
         stays small, and so do its operations, however large the backlog. Stops where the
         take's ``max_load_units`` run out (a second too large for one take)."""
         enough_msgs = min(enough_msgs, self._config.max_window_msgs)
-        if self._loading is not None and self._loading.second < self.scan_second:
-            self._loading = None  # the cursor passed it
+        loading = self._loading
+        if loading is not None:
+            if loading.second < self.scan_second:
+                self._loading = None  # the cursor passed it
+            else:
+                segment = self._hours.existing(loading.second // SECONDS_PER_HOUR)
+                self._hours.map_for_reading(segment)
+                if not self._load_second(segment, loading.second, cursor):
+                    return
+                self.scan_second = loading.second + 1
         while self.scan_second <= limit_second and len(self.queue) < enough_msgs:
             second = self._hours.next_occupied_second(self.scan_second)
             if second is None or second > limit_second:
@@ -242,8 +253,8 @@ class DueWindow:
         return True
 
     def _load_second(self, segment: HourSegment, slot: int, cursor: Cursor) -> bool:
-        """Read ``slot``'s chain (newest first), at most this take's budget of it, and put the
-        second onto the queue once it is read whole; False while it is not."""
+        """Read ``slot``'s chain (newest first) onto the queue, at most this take's budget of
+        it; False while the second is not whole (`_Loading`)."""
         loading = self._loading
         if loading is None or loading.second != slot:
             loading = self._loading = _Loading(
@@ -251,7 +262,7 @@ class DueWindow:
         done_below = cursor.local_index if slot == cursor.second else 0
         tombstones = segment.tombstones
         base = segment.hour << GLOBAL_INDEX_BITS
-        entries, unit, budget = loading.entries, loading.next_unit, self._budget
+        push, unit, budget = self.queue.push, loading.next_unit, self._budget
         while unit >= 0 and budget:
             offset, size, local_index, global_index, unit, deliver_at_ms, _, _ = (
                 segment.read_unit(unit))
@@ -259,8 +270,7 @@ class DueWindow:
             if local_index < done_below:
                 unit = -1
             elif global_index not in tombstones:
-                entries.append((slot, deliver_at_ms, local_index, base | global_index, offset,
-                                size))
+                push((slot, deliver_at_ms, local_index, base | global_index, offset, size))
             else:
                 self._on_skip(slot, local_index)
         self._budget = budget
@@ -268,7 +278,6 @@ class DueWindow:
         if unit >= 0:
             return False
         self._loading = None
-        self.queue.extend(entries)
         return True
 
     def _load_span(self, segment: HourSegment, first_second: int, last_second: int,

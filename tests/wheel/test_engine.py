@@ -411,6 +411,7 @@ def test_what_is_filed_or_cancelled_in_a_second_while_it_loads_is_not_lost_nor_s
         handles = wheel.schedule([msg(f"m{i}", NOW_MS + 5_500) for i in range(500)], NOW_MS)
         assert wheel.take_due(NOW_MS + 6_000, 1_000) == []  # 100 of 500 units read
         assert wheel.loading_second == (NOW_MS + 5_500) // 1_000
+        assert wheel.next_due_ms() == NOW_MS + 5_000  # what is not read yet may be due then
         wheel.schedule([msg("late", NOW_MS + 5_100)], NOW_MS)  # ahead of the chain's walk
         wheel.cancel(handles[0])  # not read yet (the chain goes newest first)
         wheel.cancel(handles[499])  # read already
