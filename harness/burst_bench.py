@@ -8,7 +8,9 @@ topic gets ``--steady-rate`` messages a second, each due a second after it is se
 consumer of its own: how the burst delays everybody else. Figures:
 
 - ``burst_delivered``, ``burst_repeated`` (receipts of an id already received),
-  ``burst_unflagged_repeats`` (of those, not flagged ``possible_duplicate``: a broken promise),
+  ``burst_retried`` (of those, retries: ``attempt`` above 1, their visibility timeout ran
+  out before their ack was applied), ``burst_unflagged_repeats`` (of those, neither a retry
+  nor flagged ``possible_duplicate``: a broken promise),
   ``burst_flagged``, ``burst_early`` (received more than ``ALLOWED_EARLY_MS`` before T by the
   consumers' clock, which is the machine's);
 - ``burst_last_after_due_s``: the last first receipt after T; ``burst_delivered_per_s`` over
@@ -29,6 +31,7 @@ import argparse
 import ctypes
 import json
 import multiprocessing
+import multiprocessing.sharedctypes
 import sys
 import tempfile
 import threading
@@ -72,14 +75,19 @@ def _produce(endpoint: Endpoint, first: int, count: int, threads: int, rate: flo
             list(pool.map(send, enumerate(batches)))
 
 
+POSSIBLE_DUPLICATE, RETRY = 1, 2
+"""A receipt's flags: ``possible_duplicate``, and ``attempt > 1`` (a retry: its lease ran out,
+here its visibility timeout, so it comes back as the retry ladder says)."""
 Receipts = tuple[bytes, bytes, bytes]
 """A consumer's receipts: id numbers (or due times), arrival times and flags, packed."""
 
 
-def _consume(endpoint: Endpoint, topic: str, received: Synchronized[int], stop: Event,
+def _consume(endpoint: Endpoint, topic: str, received: Synchronized[int],
+             seen: ctypes.Array[ctypes.c_bool] | None, stop: Event,
              results: Queue[Receipts]) -> None:
     """Receive and ack ``topic``; report each receipt's id number (or due time, for the steady
-    topic), arrival time and flag."""
+    topic), arrival time and flags (`POSSIBLE_DUPLICATE`, `RETRY`). ``received`` counts the
+    ids received for the first time by any consumer (``seen``, shared), or every receipt."""
     numbers, arrivals, flags = array("q"), array("d"), array("b")
     with _client(endpoint, 120) as client:
         consumer = client.consume(topic, prefetch=2_000, name=f"burst-{topic}")
@@ -90,12 +98,17 @@ def _consume(endpoint: Endpoint, topic: str, received: Synchronized[int], stop: 
         threading.Thread(target=close_when_stopped, daemon=True).start()
         for message in consumer:
             arrivals.append(time.time_ns() / 1e6)
-            numbers.append(int(message.id.rsplit("-", 1)[1]) if topic == "burst"
-                           else message.deliver_at_ms)
-            flags.append(message.possible_duplicate)
+            number = (int(message.id.rsplit("-", 1)[1]) if seen is not None
+                      else message.deliver_at_ms)
+            numbers.append(number)
+            flags.append(POSSIBLE_DUPLICATE * message.possible_duplicate
+                         + RETRY * (message.attempt > 1))
             message.ack()
             with received.get_lock():
-                received.value += 1
+                if seen is None or not seen[number]:
+                    received.value += 1
+                if seen is not None:
+                    seen[number] = True
     results.put((numbers.tobytes(), arrivals.tobytes(), flags.tobytes()))
 
 
@@ -123,10 +136,11 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
     stop = context.Event()
     results: Queue[Receipts] = context.Queue()
     steady_results: Queue[Receipts] = context.Queue()
-    readers = [context.Process(target=_consume, args=(endpoint, "burst", received, stop,
+    seen = multiprocessing.sharedctypes.RawArray(ctypes.c_bool, messages)
+    readers = [context.Process(target=_consume, args=(endpoint, "burst", received, seen, stop,
                                                       results)) for _ in range(consumers)]
     steady_reader = context.Process(target=_consume, args=(endpoint, "steady", steady_received,
-                                                           stop, steady_results))
+                                                           None, stop, steady_results))
     for process in [*readers, steady_reader]:
         process.start()
     def subscribed() -> bool:
@@ -183,24 +197,25 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
 
 
 def _tally(receipts: list[Receipts], due_ms: int) -> dict[str, float]:
-    """What the burst's consumers received: first receipts, repeats (flagged or not), early
-    ones, and the last first receipt's time (``last_ms``)."""
+    """What the burst's consumers received: first receipts, repeats (flagged, retries, or
+    neither: a broken promise), early ones, and the last first receipt's time (``last_ms``)."""
     seen: set[int] = set()
-    repeated = unflagged = flagged = early = 0
+    repeated = retried = unflagged = flagged = early = 0
     last_ms = 0.0
     for raw in receipts:
         for number, arrived_ms, flag in zip(*_unpack(raw), strict=True):
-            flagged += flag
+            flagged += bool(flag & POSSIBLE_DUPLICATE)
             early += arrived_ms < due_ms - ALLOWED_EARLY_MS
             if number in seen:
                 repeated += 1
+                retried += bool(flag & RETRY)
                 unflagged += not flag
             else:
                 seen.add(number)
                 last_ms = max(last_ms, arrived_ms)
     return {"burst_delivered": len(seen), "burst_repeated": repeated,
-            "burst_unflagged_repeats": unflagged, "burst_flagged": flagged,
-            "burst_early": early, "last_ms": last_ms}
+            "burst_retried": retried, "burst_unflagged_repeats": unflagged,
+            "burst_flagged": flagged, "burst_early": early, "last_ms": last_ms}
 
 
 def _steady(endpoint: Endpoint, rate: int, done: threading.Event) -> None:
