@@ -202,17 +202,19 @@ def _tally(receipts: list[Receipts], due_ms: int) -> dict[str, float]:
     seen: set[int] = set()
     repeated = retried = unflagged = flagged = early = 0
     last_ms = 0.0
-    for raw in receipts:
-        for number, arrived_ms, flag in zip(*_unpack(raw), strict=True):
-            flagged += bool(flag & POSSIBLE_DUPLICATE)
-            early += arrived_ms < due_ms - ALLOWED_EARLY_MS
-            if number in seen:
-                repeated += 1
-                retried += bool(flag & RETRY)
-                unflagged += not flag
-            else:
-                seen.add(number)
-                last_ms = max(last_ms, arrived_ms)
+    # in the order they arrived, whichever consumer: a repeat is a receipt after the first
+    for arrived_ms, number, flag in sorted(
+            (arrived_ms, number, flag) for raw in receipts
+            for number, arrived_ms, flag in zip(*_unpack(raw), strict=True)):
+        flagged += bool(flag & POSSIBLE_DUPLICATE)
+        early += arrived_ms < due_ms - ALLOWED_EARLY_MS
+        if number in seen:
+            repeated += 1
+            retried += bool(flag & RETRY)
+            unflagged += not flag
+        else:
+            seen.add(number)
+            last_ms = max(last_ms, arrived_ms)
     return {"burst_delivered": len(seen), "burst_repeated": repeated,
             "burst_retried": retried, "burst_unflagged_repeats": unflagged,
             "burst_flagged": flagged, "burst_early": early, "last_ms": last_ms}
