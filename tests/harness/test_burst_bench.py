@@ -2,6 +2,7 @@
 every figure it promises reported."""
 
 import json
+from array import array
 
 import pytest
 
@@ -17,3 +18,20 @@ def test_a_small_burst_is_delivered_once_and_on_time(capsys: pytest.CaptureFixtu
     assert figures["burst_unflagged_repeats"] == 0 and figures["burst_early"] == 0
     assert figures["burst_last_after_due_s"] >= 0 and figures["leader_peak_rss_mb"] > 0
     assert figures["steady_messages_during_burst"] >= 0
+
+
+def test_receipts_are_judged_in_the_order_they_arrived_whichever_consumer_had_them() -> None:
+    """A message delivered to one consumer, then (flagged) to the other after a failover: the
+    flagged one is the repeat, though it comes first in the list of the consumer that read
+    it."""
+    def receipts(*rows: tuple[int, float, int]) -> burst_bench.Receipts:
+        return (array("q", [r[0] for r in rows]).tobytes(),
+                array("d", [r[1] for r in rows]).tobytes(),
+                array("b", [r[2] for r in rows]).tobytes())
+    flagged, retry = burst_bench.POSSIBLE_DUPLICATE, burst_bench.RETRY
+    tally = burst_bench._tally([receipts((7, 1_020.0, flagged), (8, 1_030.0, retry)),
+                                receipts((7, 1_010.0, 0), (8, 1_005.0, 0), (9, 999.0, 0))],
+                               due_ms=1_000)
+    assert tally == {"burst_delivered": 3, "burst_repeated": 2, "burst_retried": 1,
+                     "burst_unflagged_repeats": 0, "burst_flagged": 1, "burst_early": 0,
+                     "last_ms": 1_010.0}
