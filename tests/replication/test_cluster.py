@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tickwheel.harness.local_cluster import AckingConsumer as ConsumerThread
+from tickwheel.harness.acking_consumer import AckingConsumer as ConsumerThread
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
 from tickwheel.replication import STORAGE_EXIT_CODE
 from tickwheel.replication.raft import journal_first_index
