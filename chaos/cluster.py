@@ -14,8 +14,8 @@ from pathlib import Path
 from tickwheel.chaos import storage
 from tickwheel.chaos.proxy import RaftMesh
 from tickwheel.chaos.storage import MountFailed, PowerCut, mount_disk, unmount_disk
-from tickwheel.harness.local_cluster import LocalCluster, LocalNode, free_ports, wait_for
-from tickwheel.node import CLOCK_OFFSET_FILE, trail_files, write_clock_offset
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode, free_ports
+from tickwheel.node import trail_files
 from tickwheel.replication.raft import SyncLedger
 
 
@@ -72,23 +72,6 @@ class ChaosCluster(LocalCluster):
         for folder in self._mounted:
             unmount_disk(folder)
         self._mounted.clear()
-
-    def step_clock(self, node: LocalNode, offset_ms: int, timeout_s: float) -> None:
-        """Set a running node's clock to ``offset_ms`` from the machine's, without a restart,
-        and wait until it says so in its log; then remove the request, so that the node's
-        next start takes the offset it is started with."""
-        start = node.log_path.stat().st_size
-        write_clock_offset(node.data, offset_ms)
-        said = f"event=clock_stepped offset_ms={offset_ms} ".encode()
-
-        def obeyed() -> bool:
-            with open(node.log_path, "rb") as log:
-                log.seek(start)
-                return said in log.read()
-        try:
-            wait_for(obeyed, timeout_s, f"{self.name(node)} to step its clock", poll_s=0.05)
-        finally:
-            (node.data / CLOCK_OFFSET_FILE).unlink(missing_ok=True)
 
     def members_of(self, node: LocalNode) -> list[tuple[str, str, str]]:
         seen = self.mesh.members_of(self.nodes.index(node))

@@ -177,12 +177,12 @@ class Nemesis(threading.Thread):
         self._one_clock_off(leader)
         step_ms = self._random.choice((-1, 1)) * self._random.randint(
             min(1_000, self._config.max_skew_ms), self._config.max_skew_ms)
-        self._cluster.step_clock(leader, step_ms, STEP_TIMEOUT_S)
+        leader.step_clock(step_ms, STEP_TIMEOUT_S)
         self.max_skew_ms = max(self.max_skew_ms, abs(step_ms))
         try:
             time.sleep(self._config.clock_step_s)
         finally:
-            self._cluster.step_clock(leader, leader.clock_skew_ms, STEP_TIMEOUT_S)
+            leader.step_clock(leader.clock_skew_ms, STEP_TIMEOUT_S)
         return leader, (f"clock stepped to {step_ms:+d} ms for {self._config.clock_step_s} s, "
                         f"then back to {leader.clock_skew_ms:+d} ms")
 
@@ -195,7 +195,7 @@ class Nemesis(threading.Thread):
             if other is node or other.clock_skew_ms == 0:
                 continue
             if other.alive():
-                self._cluster.step_clock(other, 0, STEP_TIMEOUT_S)
+                other.step_clock(0, STEP_TIMEOUT_S)
             other.clock_skew_ms = 0
 
     def _restart_all(self) -> tuple[None, str]:

@@ -33,6 +33,7 @@ from tickwheel.client import Client, Credentials
 from tickwheel.client.credentials import open_channel
 from tickwheel.node import (
     ADMIN_GRANTS,
+    CLOCK_OFFSET_FILE,
     Delivered,
     DevCredentials,
     Grants,
@@ -40,6 +41,7 @@ from tickwheel.node import (
     make_dev_credentials,
     rocketmq_secret_key,
     trail_files,
+    write_clock_offset,
 )
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
@@ -190,6 +192,24 @@ class LocalNode:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def step_clock(self, offset_ms: int, timeout_s: float) -> None:
+        """Set this running node's clock to ``offset_ms`` from the machine's without a restart
+        (it runs with ``--fault-injection``), and wait until its log says so; then remove the
+        request, so that its next start takes the offset it is started with."""
+        start = self.log_path.stat().st_size
+        write_clock_offset(self.data, offset_ms)
+        said = f"event=clock_stepped offset_ms={offset_ms} ".encode()
+
+        def obeyed() -> bool:
+            with open(self.log_path, "rb") as log:
+                log.seek(start)
+                return said in log.read()
+        try:
+            wait_for(obeyed, timeout_s, f"{self.raft} to step its clock to {offset_ms} ms",
+                     poll_s=0.05)
+        finally:
+            (self.data / CLOCK_OFFSET_FILE).unlink(missing_ok=True)
 
 
 class LocalCluster:

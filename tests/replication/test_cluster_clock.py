@@ -3,7 +3,7 @@ behind, while it runs and messages come due; by the test's clock (the machine's,
 time here) nothing arrives before its due time and nothing more than a second after it.
 
 The nodes run with ``--fault-injection`` and obey a clock step written to their data folder
-(`tickwheel.node.write_clock_offset`), as the chaos harness's ``clock-step`` fault does."""
+(`LocalNode.step_clock`), as the chaos runner's ``clock-step`` fault does."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ import pytest
 
 from tickwheel.client import Message, Received
 from tickwheel.harness.acking_consumer import AckingConsumer
-from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
-from tickwheel.node import write_clock_offset
+from tickwheel.harness.local_cluster import LocalCluster, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -46,19 +45,6 @@ class Receipts:
             return set(self.first)
 
 
-def step_clock(node: LocalNode, offset_ms: int) -> None:
-    """Step the running node's clock and wait until it says it did."""
-    start = node.log_path.stat().st_size
-    write_clock_offset(node.data, offset_ms)
-    said = f"event=clock_stepped offset_ms={offset_ms} ".encode()
-
-    def obeyed() -> bool:
-        with open(node.log_path, "rb") as log:
-            log.seek(start)
-            return said in log.read()
-    wait_for(obeyed, 10, f"the leader's clock stepped to {offset_ms} ms")
-
-
 def schedule_phase(cluster: LocalCluster, name: str) -> dict[str, tuple[int, int]]:
     """Messages due 1-3 s from now by absolute time, and some by ``delay_ms`` (their due
     time the leader's); returns id -> (sent_ms, acked_ms) of the ``delay_ms`` ones."""
@@ -83,7 +69,7 @@ def test_a_leader_whose_clock_steps_5_s_either_way_delivers_on_time_by_the_true_
         leader = cluster.leader()
         with AckingConsumer(cluster, on_message=receipts):
             for offset_ms in (STEP_MS, -STEP_MS):
-                step_clock(leader, offset_ms)
+                leader.step_clock(offset_ms, 10)
                 phase = schedule_phase(cluster, f"at{offset_ms:+d}")
                 delayed |= phase
                 wanted = {f"at{offset_ms:+d}-at-{i}" for i in range(200)} | phase.keys()
