@@ -45,7 +45,17 @@ from pathlib import Path
 
 from tickwheel.client import Message
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
-from tickwheel.harness.node_bench import BODY, Endpoint, _client, _cpu_s, _endpoint, now_ms
+from tickwheel.harness.node_bench import (
+    BODY,
+    Endpoint,
+    _client,
+    _consumer_until,
+    _cpu_s,
+    _endpoint,
+    _percentiles,
+    _subscribed,
+    now_ms,
+)
 
 ALLOWED_EARLY_MS = 2
 """As the chaos audit: the consumers and the nodes read the same clock in whole ms."""
@@ -90,13 +100,7 @@ def _consume(endpoint: Endpoint, topic: str, received: Synchronized[int],
     ids received for the first time by any consumer (``seen``, shared), or every receipt."""
     numbers, arrivals, flags = array("q"), array("d"), array("b")
     with _client(endpoint, 120) as client:
-        consumer = client.consume(topic, prefetch=2_000, name=f"burst-{topic}")
-
-        def close_when_stopped() -> None:
-            stop.wait()
-            consumer.close(0.5)
-        threading.Thread(target=close_when_stopped, daemon=True).start()
-        for message in consumer:
+        for message in _consumer_until(client, topic, f"burst-{topic}", stop):
             arrivals.append(time.time_ns() / 1e6)
             number = (int(message.id.rsplit("-", 1)[1]) if seen is not None
                       else message.deliver_at_ms)
@@ -143,11 +147,8 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
                                                            None, stop, steady_results))
     for process in [*readers, steady_reader]:
         process.start()
-    def subscribed() -> bool:
-        info = cluster.leader().info()
-        return info is not None and {t.topic: t.consumers for t in info.topics} == {
-            "burst": consumers, "steady": 1}
-    wait_for(subscribed, 60, "the consumers to subscribe")
+    wait_for(lambda: (_subscribed(cluster, "burst"), _subscribed(cluster, "steady"))
+             == (consumers, 1), 60, "the consumers to subscribe")
     start = context.Event()
     due_ms = now_ms() + int((5 + 1.2 * messages / schedule_rate) * 1000)
     share = -(-messages // producers)
@@ -237,10 +238,9 @@ def _steady(endpoint: Endpoint, rate: int, done: threading.Event) -> None:
 def _steady_figures(lateness: list[float]) -> dict[str, float]:
     if not lateness:
         return {"steady_messages_during_burst": 0}
+    figures = _percentiles("", lateness)
     return {"steady_messages_during_burst": len(lateness),
-            "steady_lateness_p50_ms": round(lateness[len(lateness) // 2], 1),
-            "steady_lateness_p99_ms": round(lateness[int(len(lateness) * 0.99)], 1),
-            "steady_lateness_max_ms": round(lateness[-1], 1)}
+            **{f"steady_lateness_{key}_ms": figures[key] for key in ("p50", "p99", "max")}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,7 +57,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import TypedDict
 
-from tickwheel.client import Client, Credentials, Message
+from tickwheel.client import Client, Consumer, Credentials, Message
 from tickwheel.harness import rocketmq_consumer
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
 
@@ -154,18 +154,25 @@ def schedule_single(cluster: LocalCluster, seconds: float, threads: int) -> floa
 
 # -- lateness at a due rate -------------------------------------------------------------------
 
+def _consumer_until(client: Client, topic: str, name: str, stop: Event) -> Consumer:
+    """A consumer of ``topic`` (prefetch 2,000) that closes once ``stop`` is set, ending its
+    iteration."""
+    consumer = client.consume(topic, prefetch=2_000, name=name)
+
+    def close_when_stopped() -> None:
+        stop.wait()
+        consumer.close(0.5)
+    threading.Thread(target=close_when_stopped, daemon=True).start()
+    return consumer
+
+
 def _consume(endpoint: Endpoint, topic: str, received: Synchronized[int], stop: Event,
              results: Queue[tuple[list[float], float]]) -> None:
     """One consumer process: receive and ack, noting each message's lateness on receipt."""
     lateness: list[float] = []
     last_arrival_ms = 0.0
     with _client(endpoint, 120) as client:
-        consumer = client.consume(topic, prefetch=2_000, name=f"bench-{topic}")
-
-        def close_when_stopped() -> None:
-            stop.wait()
-            consumer.close(0.5)
-        threading.Thread(target=close_when_stopped, daemon=True).start()
+        consumer = _consumer_until(client, topic, f"bench-{topic}", stop)
         for message in consumer:
             last_arrival_ms = time.time_ns() / 1e6
             lateness.append(last_arrival_ms - message.deliver_at_ms)
