@@ -221,8 +221,8 @@ class DueWindow:
         """Load the occupied seconds of ``first_second``'s hour from it up to ``limit_second``,
         second by second until the queue holds ``enough_msgs``, or in one index scan when the
         span holds most of the hour's units and fits under ``max_window_msgs`` and what is
-        left of the take's ``max_load_units``. False when
-        this take's ``max_load_units`` ran out in the middle of a second."""
+        left of the take's ``max_load_units``. False when that budget ran out in the middle
+        of a second."""
         hour = first_second // SECONDS_PER_HOUR
         segment = self._hours.existing(hour)
         self._hours.map_for_reading(segment)
