@@ -24,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
 def _cluster_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cluster = commands.add_parser("cluster", help="a local multi-process cluster")
     up = cluster.add_subparsers(dest="action", required=True).add_parser("up")
-    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--nodes", type=int, default=3, help="replicas of each shard")
+    up.add_argument("--shards", type=int, default=1,
+                    help="independent Raft groups, each of --nodes replicas (docs/shards.md)")
     up.add_argument("--data", type=Path, default=Path("data/cluster"))
     up.add_argument("--base-port", type=int, default=7400,
                     help="gRPC on BASE+i, Raft on BASE+100+i, peers on BASE+200+i, metrics "
@@ -44,10 +46,10 @@ def _cluster_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     cluster = LocalCluster(args.data.resolve(), args.nodes, base_port=args.base_port,
                            metrics=True, insecure_grpc=args.insecure_grpc,
-                           rocketmq=args.rocketmq)
+                           rocketmq=args.rocketmq, shards=args.shards)
     try:
         with cluster:
-            _show(cluster, cluster.leader(timeout_s=30))
+            _show(cluster, cluster.leaders(timeout_s=30))
             while all(node.alive() for node in cluster.nodes):
                 time.sleep(0.5)
             console.print("[red]a node exited; stopping the cluster[/red]")
@@ -57,14 +59,18 @@ def _cluster_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(cluster: LocalCluster, leader: LocalNode) -> None:
-    table = Table(title=f"tickwheel: {len(cluster.nodes)}-node cluster (Ctrl-C stops it)")
+def _show(cluster: LocalCluster, leaders: list[LocalNode]) -> None:
+    shards = len(cluster.shards)
+    title = f"tickwheel: {len(cluster.nodes)}-node cluster" + (
+        f", {shards} shards of {cluster.size}" if shards > 1 else "")
+    table = Table(title=f"{title} (Ctrl-C stops it)")
     rocketmq = cluster.nodes[0].rocketmq_address is not None
-    for column in ("node", "gRPC", *(("RocketMQ",) if rocketmq else ()), "Raft", "metrics",
-                   "pid", "log"):
+    for column in ("node", *(("shard",) if shards > 1 else ()), "gRPC",
+                   *(("RocketMQ",) if rocketmq else ()), "Raft", "metrics", "pid", "log"):
         table.add_column(column)
     for i, node in enumerate(cluster.nodes):
-        table.add_row(f"{i}{' (leader)' if node is leader else ''}", node.grpc_address,
+        table.add_row(f"{i}{' (leader)' if node in leaders else ''}",
+                      *((str(node.shard),) if shards > 1 else ()), node.grpc_address,
                       *((node.rocketmq_address or "-",) if rocketmq else ()),
                       node.raft, node.metrics_address or "-", str(node.pid), str(node.log_path))
     console.print(table)

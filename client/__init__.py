@@ -11,6 +11,10 @@ when you give none). Errors: `InvalidArgument` (``.field`` names what to fix), `
 Both dial TLS with `Credentials` (a CA, a bearer token, a client certificate); without them,
 `Credentials.from_env` reads ``TICKWHEEL_CA_FILE``, ``TICKWHEEL_TOKEN_FILE`` and the like.
 
+In a cluster of several shards (docs/shards.md) both read the shard map once, send each
+message to its shard (by ``routing_key``, or the id), each handle and receipt to the shard
+that gave it out, and consume from every shard at once.
+
 Every answer is the library's own type, never a generated protobuf message: `cluster_info`
 answers a `ClusterInfo` (with its `Member`, `TopicDue`, `TopicPending` and `GroupInfo`).
 """
@@ -23,7 +27,9 @@ from tickwheel.client._core import (
     RescheduleOutcome,
     Scheduled,
 )
-from tickwheel.client.aio import AsyncClient, AsyncConsumer
+from tickwheel.client.aio import AsyncClient
+from tickwheel.client.aio_consumers import AsyncConsumer
+from tickwheel.client.consumers import Consumer
 from tickwheel.client.credentials import Credentials
 from tickwheel.client.errors import (
     InvalidArgument,
@@ -34,7 +40,7 @@ from tickwheel.client.errors import (
     Unavailable,
 )
 from tickwheel.client.info import ClusterInfo, GroupInfo, Member, TopicDue, TopicPending
-from tickwheel.client.sync import Client, Consumer
+from tickwheel.client.sync import Client
 
 __all__ = [
     "AsyncClient",

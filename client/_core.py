@@ -18,7 +18,7 @@ from tenacity.wait import wait_base
 
 from tickwheel.client.credentials import Credentials
 from tickwheel.client.errors import retryable
-from tickwheel.client.routing import Router
+from tickwheel.client.routing import ShardRouters
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 KEEPALIVE_OPTIONS = (("grpc.keepalive_time_ms", 250), ("grpc.keepalive_timeout_ms", 500),
@@ -106,7 +106,9 @@ def retry_policy(timeout_s: float) -> RetryPolicy:
 class Message:
     """A message to schedule: give exactly one of ``deliver_at_ms``, ``delay_ms`` and
     ``delay_level`` (RocketMQ's level: 1 is the first delay of the node's table). Without an
-    ``id`` one is generated here, so retries stay idempotent."""
+    ``id`` one is generated here, so retries stay idempotent. In a cluster of several shards
+    the id places the message, or ``routing_key`` when given: messages of one key share a
+    shard."""
 
     topic: str
     body: bytes | str
@@ -115,6 +117,7 @@ class Message:
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     properties: Mapping[str, str] = field(default_factory=dict)
     delay_level: int | None = None
+    routing_key: str = ""
 
     def to_pb(self) -> pb.Message:
         return self.fill_pb(pb.Message())
@@ -132,6 +135,8 @@ class Message:
             message.delay_ms = self.delay_ms
         if self.delay_level is not None:
             message.delay_level = self.delay_level
+        if self.routing_key:
+            message.routing_key = self.routing_key
         return message
 
 
@@ -337,12 +342,12 @@ ChannelT = TypeVar("ChannelT", grpc.Channel, grpc.aio.Channel)
 
 
 class ClientBase(Generic[ChannelT]):
-    """What `Client` and `AsyncClient` hold alike: where to call (a `Router`), with what
-    `Credentials`, for how long, and a channel per node address."""
+    """What `Client` and `AsyncClient` hold alike: where to call (a `Router` per shard), with
+    what `Credentials`, for how long, and a channel per node address."""
 
     def __init__(self, targets: str | Sequence[str], *, timeout_s: float,
                  attempt_timeout_s: float, credentials: Credentials | None) -> None:
-        self._router = Router(targets)
+        self._shards = ShardRouters(targets)
         self._credentials = Credentials.from_env() if credentials is None else credentials
         self._timeout_s = timeout_s
         self._attempt_timeout_s = attempt_timeout_s
@@ -350,9 +355,38 @@ class ClientBase(Generic[ChannelT]):
 
     @property
     def leader(self) -> str | None:
-        """The leader's gRPC address, once a response has named it."""
-        return self._router.leader
+        """The leader's gRPC address (shard 0's, in a cluster of several shards), once a
+        response has named it."""
+        return self._shards.routers[0].leader
+
+    def _learn(self, info: pb.ClusterInfoResponse) -> ShardRouters:
+        """Take the shard map of a ``ClusterInfo`` answer."""
+        self._shards.learn([(shard.grpc_addresses, shard.leader_grpc) for shard in info.shards])
+        return self._shards
 
 
 class Reconnect(Exception):
     """A consumer stream broke in a way a new stream may fix."""
+
+
+RECEIVE_SLICE_MS = 500
+"""How long one shard is waited on in a `receive` of a cluster of several shards, at most."""
+
+
+def receive_slices(shards: int, turn: int, wait_ms: int) -> list[tuple[int, int]]:
+    """Which shard to ask, and how long to wait there, in turn, for a ``receive`` without a
+    stream: every shard at once, starting at shard ``turn`` (so that calls in a row start at
+    each in turn), without waiting; then in turn again, waiting a slice of at most
+    `RECEIVE_SLICE_MS` at each, until ``wait_ms`` is spent. One shard: itself, ``wait_ms``."""
+    if shards == 1:
+        return [(0, wait_ms)]
+    order = [(turn + offset) % shards for offset in range(shards)]
+    slices = [(shard, 0) for shard in order]
+    slice_ms = min(RECEIVE_SLICE_MS, max(1, wait_ms // shards))
+    left_ms, position = wait_ms, 0
+    while left_ms > 0:
+        waited = min(slice_ms, left_ms)
+        slices.append((order[position % shards], waited))
+        left_ms -= waited
+        position += 1
+    return slices

@@ -17,30 +17,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Literal, TypeVar
 
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception_type
+from tenacity import AsyncRetrying
 
 from tickwheel.client._core import (
-    ACK_LINGER_S,
     CHANNEL_OPTIONS,
     DEFAULT_TARGET,
-    RECONNECT_WAIT,
     CancelOutcome,
     ClientBase,
-    Credits,
     Message,
-    Queued,
     Received,
-    Reconnect,
     Rescheduled,
     Scheduled,
     cancel_outcomes,
-    merged_requests,
     receive_request,
+    receive_slices,
     received,
     reschedule_request,
     reschedule_results,
@@ -49,11 +43,12 @@ from tickwheel.client._core import (
     scheduled,
     settle_request,
     subscribe_request,
-    urgent,
 )
+from tickwheel.client.aio_consumers import AsyncConsumer
 from tickwheel.client.credentials import Credentials, open_aio_channel
 from tickwheel.client.errors import retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
+from tickwheel.client.routing import ShardRouters, merge, split
 from tickwheel.client.rpcs import (
     ACK_MESSAGES,
     CANCEL,
@@ -73,12 +68,12 @@ from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
 log = logging.getLogger("tickwheel.client")
 
-_Stream = grpc.aio.StreamStreamCall[pb.ReceiveRequest, pb.ReceiveResponse]
-"""The consumer's stream: subscription, credits and acks out; messages in."""
+Answer = TypeVar("Answer")
 
 
 class AsyncClient(ClientBase[grpc.aio.Channel]):
-    """See `tickwheel.client.Client`; create and use it on one event loop."""
+    """See `tickwheel.client.Client`; create and use it on one event loop. The parts of a
+    request for several shards are sent at once."""
 
     def __init__(self, targets: str | Sequence[str] = DEFAULT_TARGET, *,
                  timeout_s: float = 30.0, attempt_timeout_s: float = 10.0,
@@ -86,6 +81,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         super().__init__(targets, timeout_s=timeout_s, attempt_timeout_s=attempt_timeout_s,
                          credentials=credentials)
         self._settling: set[asyncio.Task[list[bool]]] = set()
+        self._receive_turn = 0
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -102,15 +98,24 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
 
     async def schedule(self, topic: str, body: bytes | str, *, deliver_at_ms: int | None = None,
                        delay_ms: int | None = None, delay_level: int | None = None,
-                       id: str | None = None,
-                       properties: Mapping[str, str] | None = None) -> Scheduled:
+                       id: str | None = None, properties: Mapping[str, str] | None = None,
+                       routing_key: str = "") -> Scheduled:
         message = Message(topic, body, deliver_at_ms, delay_ms, properties=properties or {},
-                          delay_level=delay_level, **({"id": id} if id else {}))
+                          delay_level=delay_level, routing_key=routing_key,
+                          **({"id": id} if id else {}))
         return (await self.schedule_many([message]))[0]
 
     async def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
-        request = schedule_request(messages)
-        return scheduled(await self._call(SCHEDULE, request))
+        shards = await self.shards()
+        if shards.count == 1:
+            return scheduled(await self._call(SCHEDULE, schedule_request(messages)))
+        batch = list(messages)
+
+        async def part(shard: int, positions: list[int]) -> list[Scheduled]:
+            return scheduled(await self._call(
+                SCHEDULE, schedule_request(batch[p] for p in positions), shard=shard))
+        return await self._per_shard(
+            [shards.shard_of_message(m.routing_key, m.id) for m in batch], part)
 
     async def cancel(self, handle: int) -> bool:
         return (await self.cancel_many([handle]))[0]
@@ -119,29 +124,53 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         return [outcome.cancelled for outcome in await self.cancel_outcomes(handles)]
 
     async def cancel_outcomes(self, handles: Sequence[int]) -> list[CancelOutcome]:
-        return cancel_outcomes(await self._call(CANCEL, pb.CancelRequest(handles=handles)))
+        async def part(shard: int, positions: list[int]) -> list[CancelOutcome]:
+            return cancel_outcomes(await self._call(
+                CANCEL, pb.CancelRequest(handles=[handles[p] for p in positions]),
+                shard=shard))
+        shards = await self.shards()
+        return await self._per_shard(list(map(shards.shard_of_handle, handles)), part)
 
     async def reschedule(self, handles: Sequence[int], *, deliver_at_ms: int | None = None,
                          delay_ms: int | None = None) -> list[Rescheduled]:
         """See `tickwheel.client.Client.reschedule`."""
-        return reschedule_results(await self._call(
-            RESCHEDULE, reschedule_request(handles, deliver_at_ms, delay_ms)))
+        reschedule_request([], deliver_at_ms, delay_ms)  # checks the times before any call
+
+        async def part(shard: int, positions: list[int]) -> list[Rescheduled]:
+            return reschedule_results(await self._call(RESCHEDULE, reschedule_request(
+                [handles[p] for p in positions], deliver_at_ms, delay_ms), shard=shard))
+        shards = await self.shards()
+        return await self._per_shard(list(map(shards.shard_of_handle, handles)), part)
 
     async def cluster_info(self) -> ClusterInfo:
         return cluster_info(await self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
 
+    async def shards(self) -> ShardRouters:
+        """See `tickwheel.client.Client.shards`."""
+        shards = self._shards
+        if not shards.known:
+            shards = self._learn(await self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
+        return shards
+
     def consume(self, topic: str, *, prefetch: int = 64, visibility_timeout_ms: int = 0,
                 name: str = "", group: str = "") -> AsyncConsumer:
-        return AsyncConsumer(self, topic, prefetch, visibility_timeout_ms, name, group)
+        return AsyncConsumer(self, subscribe_request(topic, prefetch, visibility_timeout_ms,
+                                                     name, group), prefetch)
 
     async def receive(self, topic: str, *, consumer: str, group: str = "",
                       max_messages: int = 16, invisible_duration_ms: int = 0,
                       wait_ms: int = 5_000) -> list[Received]:
         """See `tickwheel.client.Client.receive`. ``ack()`` and ``nack()`` of what it returns
         settle in the background (`close` waits for them); await `ack_receipts` to know."""
-        response = await self._call(RECEIVE_MESSAGES, receive_request(
-            topic, consumer, group, max_messages, invisible_duration_ms, wait_ms),
-            timeout_s=wait_ms / 1000 + self._attempt_timeout_s)
+        count = (await self.shards()).count
+        self._receive_turn += 1
+        response = pb.ReceiveResponse()
+        for shard, slice_ms in receive_slices(count, self._receive_turn, wait_ms):
+            response = await self._call(RECEIVE_MESSAGES, receive_request(
+                topic, consumer, group, max_messages, invisible_duration_ms, slice_ms),
+                timeout_s=slice_ms / 1000 + self._attempt_timeout_s, shard=shard)
+            if response.messages:
+                break
 
         def settle(kind: Literal["ack", "nack"], receipt: str) -> None:
             task = asyncio.ensure_future(
@@ -158,25 +187,51 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
 
     async def ack_receipts(self, topic: str, group: str, receipts: Sequence[str]
                            ) -> list[bool]:
-        return list((await self._call(ACK_MESSAGES,
-                                      settle_request(topic, group, receipts))).settled)
+        return await self._settle(ACK_MESSAGES, topic, group, receipts, 0)
 
     async def change_invisible_duration(self, topic: str, group: str, receipts: Sequence[str],
                                         invisible_duration_ms: int) -> list[bool]:
-        return list((await self._call(CHANGE_INVISIBLE_DURATION, settle_request(
-            topic, group, receipts, invisible_duration_ms))).settled)
+        return await self._settle(CHANGE_INVISIBLE_DURATION, topic, group, receipts,
+                                  invisible_duration_ms)
 
     async def create_group(self, topic: str, group: str) -> bool:
         """See `tickwheel.client.Client.create_group`."""
         request = pb.GroupRequest(topic=topic, group=group)
-        return bool((await self._call(CREATE_GROUP, request)).existed)
+        count = (await self.shards()).count
+        answers = await asyncio.gather(*(self._call(CREATE_GROUP, request, shard=shard)
+                                         for shard in range(count)))
+        return all(answer.existed for answer in answers)
 
     async def delete_group(self, topic: str, group: str) -> bool:
         """See `tickwheel.client.Client.delete_group`."""
         request = pb.GroupRequest(topic=topic, group=group)
-        return bool((await self._call(DELETE_GROUP, request)).existed)
+        count = (await self.shards()).count
+        answers = await asyncio.gather(*(self._call(DELETE_GROUP, request, shard=shard)
+                                         for shard in range(count)))
+        return any(answer.existed for answer in answers)
 
     # -- plumbing -------------------------------------------------------------------------
+
+    async def _settle(self, rpc: Unary[pb.SettleRequest, pb.SettleResponse], topic: str,
+                      group: str, receipts: Sequence[str], invisible_duration_ms: int
+                      ) -> list[bool]:
+        async def part(shard: int, positions: list[int]) -> list[bool]:
+            return list((await self._call(rpc, settle_request(
+                topic, group, [receipts[p] for p in positions], invisible_duration_ms),
+                shard=shard)).settled)
+        shards = await self.shards()
+        return await self._per_shard(list(map(shards.shard_of_receipt, receipts)), part)
+
+    async def _per_shard(self, shards: list[int],
+                         call: Callable[[int, list[int]], Awaitable[list[Answer]]]
+                         ) -> list[Answer]:
+        """See `tickwheel.client.Client._per_shard`; the parts are sent at once."""
+        parts = split(shards)
+        if len(parts) <= 1:
+            return await call(next(iter(parts), 0), list(range(len(shards))))
+        answers = await asyncio.gather(*(call(shard, positions)
+                                         for shard, positions in parts.items()))
+        return merge(len(shards), zip(parts.values(), answers, strict=True))
 
     def _stub(self, address: str) -> pb_grpc.TickwheelAsyncStub:
         channel = self._channels.get(address)
@@ -186,167 +241,34 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         return pb_grpc.TickwheelStub(channel)
 
     async def _call(self, rpc: Unary[RequestT, ResponseT], request: RequestT,
-                    timeout_s: float | None = None) -> ResponseT:
+                    timeout_s: float | None = None, shard: int = 0) -> ResponseT:
         async def attempt() -> ResponseT:  # a coroutine function: tenacity awaits its calls
-            return await self._attempt(rpc, request, timeout_s)
+            return await self._attempt(rpc, request, timeout_s, shard)
         try:
             return await AsyncRetrying(**retry_policy(self._timeout_s))(attempt)
         except grpc.RpcError as error:
             raise translate(error) from None
 
-    async def _learn_leader(self) -> None:
+    async def _learn_leader(self, shard: int) -> None:
         """Ask a node who leads, once, before a stream opens while no answer has named the
         leader: a stream opened on a follower is proxied, a hop and the follower's CPU for every
         message. Best effort: if no node answers, the stream opens where the router says."""
         with contextlib.suppress(grpc.RpcError):
-            await self._attempt(CLUSTER_INFO, pb.ClusterInfoRequest())
+            await self._attempt(CLUSTER_INFO, pb.ClusterInfoRequest(), shard=shard)
 
     async def _attempt(self, rpc: Unary[RequestT, ResponseT], request: RequestT,
-                       timeout_s: float | None = None) -> ResponseT:
-        address = self._router.choose()
+                       timeout_s: float | None = None, shard: int = 0) -> ResponseT:
+        router = self._shards.routers[shard]
+        address = router.choose()
         method: grpc.aio.UnaryUnaryMultiCallable[RequestT, ResponseT] = getattr(
             self._stub(address), rpc.name)
         call = method(request, timeout=timeout_s or self._attempt_timeout_s)
         try:
             response = await call
         except grpc.aio.AioRpcError as error:
-            self._router.observe(error.trailing_metadata())
+            router.observe(error.trailing_metadata())
             if retryable(error):
-                self._router.failed(address)
+                router.failed(address)
             raise
-        self._router.observe(await call.trailing_metadata())
+        router.observe(await call.trailing_metadata())
         return response
-
-
-class AsyncConsumer:
-    """An async iterator of `Received` messages; reconnects like `tickwheel.client.Consumer`."""
-
-    def __init__(self, client: AsyncClient, topic: str, prefetch: int,
-                 visibility_timeout_ms: int, name: str, group: str = "") -> None:
-        self._client = client
-        self._subscribe = subscribe_request(topic, prefetch, visibility_timeout_ms, name, group)
-        self._buffer: deque[Received] = deque()
-        self._credits = Credits(prefetch)
-        self._pending: list[Queued | None] = []
-        self._wakeup = asyncio.Event()
-        self._flush = asyncio.Event()
-        """Something queued goes at once (`urgent`), and takes the acks waiting with it."""
-        self._call: _Stream | None = None
-        self._writer: asyncio.Task[None] | None = None
-        self._closed = False
-
-    async def __aenter__(self) -> AsyncConsumer:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def __aiter__(self) -> AsyncConsumer:
-        return self
-
-    async def __anext__(self) -> Received:
-        if self._buffer and self._call is not None and self._call.done():
-            # As in the sync consumer: what a finished stream sent can no longer be
-            # acknowledged, and the new leader sends it again, flagged.
-            log.info("event=consumer_dropped_buffered messages=%d target=%s",
-                     len(self._buffer), self._address)
-            self._buffer.clear()
-            self._drop_stream()
-        while not self._buffer:
-            if self._closed:
-                raise StopAsyncIteration
-            await self._receive()
-        if credits := self._credits.handed_out():
-            self._queue(("credit", credits))
-        return self._buffer.popleft()
-
-    async def close(self, timeout_s: float = 2.0) -> None:
-        """Send what is queued (acks), end the stream, and wait up to ``timeout_s`` for the
-        node to close it; messages still on their way are redelivered to other consumers."""
-        self._closed = True
-        call = self._call
-        if call is not None:
-            self._queue(None)
-            try:
-                await asyncio.wait_for(call.wait_for_connection(), timeout_s)
-                await asyncio.wait_for(call.code(), timeout_s)
-            except (TimeoutError, grpc.RpcError):
-                pass
-        self._drop_stream()
-
-    def _send(self, kind: Literal["ack", "nack"], receipt: str) -> None:
-        self._queue((kind, receipt))
-
-    def _queue(self, item: Queued | None) -> None:
-        self._pending.append(item)
-        self._wakeup.set()
-        if urgent(item):
-            self._flush.set()
-
-    def _drop_stream(self) -> None:
-        if self._writer is not None:
-            self._writer.cancel()
-        if self._call is not None:
-            self._call.cancel()
-        self._call = self._writer = None
-
-    async def _receive(self) -> None:
-        async for attempt in AsyncRetrying(retry=retry_if_exception_type(Reconnect),
-                                           wait=RECONNECT_WAIT, reraise=True):
-            with attempt:
-                if self._closed:
-                    return
-                call = self._call
-                if call is None:
-                    if self._client._router.leader is None:
-                        await self._client._learn_leader()
-                    call = self._connect()
-                await self._read_one(call)
-
-    def _connect(self) -> _Stream:
-        self._address = self._client._router.choose()
-        self._call = call = self._client._stub(self._address).Receive()
-        self._pending.clear()
-        self._credits.reset()
-        self._writer = asyncio.create_task(self._write(call))
-        return call
-
-    async def _write(self, call: _Stream) -> None:
-        """Send the subscription, then credits and acks as they queue up. A broken stream
-        ends this; the reader notices and reconnects."""
-        try:
-            await call.write(self._subscribe)
-            while True:
-                await self._wakeup.wait()
-                if not self._flush.is_set():  # acks wait up to ACK_LINGER_S for company
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._flush.wait(), ACK_LINGER_S)
-                self._wakeup.clear()
-                self._flush.clear()
-                items, self._pending = self._pending, []
-                for request in merged_requests(i for i in items if i is not None):
-                    await call.write(request)
-                if None in items:
-                    await call.done_writing()
-                    return
-        except (grpc.RpcError, asyncio.InvalidStateError):
-            return
-
-    async def _read_one(self, call: _Stream) -> None:
-        try:
-            response = await call.read()
-        except grpc.aio.AioRpcError as error:
-            self._drop_stream()
-            if self._closed:
-                return
-            if not retryable(error):
-                raise translate(error) from None
-            self._client._router.observe(error.trailing_metadata())
-            self._client._router.failed(self._address)
-            log.info("event=consumer_reconnect target=%s code=%s", self._address,
-                     error.code().name)
-            raise Reconnect from error
-        if not isinstance(response, pb.ReceiveResponse):  # grpc.aio.EOF: the node ended it
-            self._drop_stream()
-            raise Reconnect
-        self._buffer.extend(received(response, self._send))

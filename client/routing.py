@@ -1,11 +1,15 @@
 """Which node a client calls: the leader once an answer named it, else the targets in turn,
-passing over a node that just failed."""
+passing over a node that just failed; in a cluster of several shards, a router per shard, and
+which shard each message, handle and receipt goes to."""
 
 from __future__ import annotations
 
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+from tickwheel.client.shards import handle_shard, receipt_shard, shard_of
 
 LEADER_KEY = "tickwheel-leader"
 """The trailing metadata key of a node's answer that names the leader's gRPC address."""
@@ -59,3 +63,65 @@ class Router:
     def _cooling(self, address: str) -> bool:
         failed_s = self._failed_s.get(address)
         return failed_s is not None and self._clock_s() - failed_s < FAILED_COOLDOWN_S
+
+
+class ShardRouters:
+    """A `Router` per shard of the cluster. Until the shard map is read (`learn`, from a
+    ``ClusterInfo`` answer) there is one, over the targets the client was given; a cluster of
+    one shard keeps it."""
+
+    def __init__(self, targets: str | Sequence[str],
+                 clock_s: Callable[[], float] = time.monotonic) -> None:
+        self._clock_s = clock_s
+        self.routers = [Router(targets, clock_s)]
+        self.known = False
+        """Whether the map was read."""
+
+    @property
+    def count(self) -> int:
+        return len(self.routers)
+
+    def learn(self, shards: Sequence[tuple[Sequence[str], str]]) -> None:
+        """Take the map: per shard, its members' gRPC addresses and its leader's ("" if the
+        answering node did not know it); none: the cluster is one shard."""
+        if shards:
+            routers = []
+            for members, leader in shards:
+                router = Router(members, self._clock_s)
+                router.leader = leader or None
+                routers.append(router)
+            self.routers = routers
+        self.known = True
+
+    def shard_of_message(self, routing_key: str, message_id: str) -> int:
+        return shard_of(routing_key or message_id, self.count)
+
+    def shard_of_handle(self, handle: int) -> int:
+        """A handle's shard, or 0 for a number of no shard here (shard 0 then refuses it)."""
+        shard = handle_shard(handle)
+        return shard if shard < self.count else 0
+
+    def shard_of_receipt(self, receipt: str) -> int:
+        shard = receipt_shard(receipt)
+        return shard if shard < self.count else 0
+
+
+def split(shards: Iterable[int]) -> dict[int, list[int]]:
+    """The positions of a request's items by the shard of each (in ``shards``' order)."""
+    positions: dict[int, list[int]] = {}
+    for position, shard in enumerate(shards):
+        positions.setdefault(shard, []).append(position)
+    return positions
+
+
+Item = TypeVar("Item")
+
+
+def merge(count: int, parts: Iterable[tuple[list[int], list[Item]]]) -> list[Item]:
+    """The answers of each shard's part of a request (its positions, its answers) back in
+    the request's order."""
+    merged: list[Item | None] = [None] * count
+    for positions, answers in parts:
+        for position, answer in zip(positions, answers, strict=True):
+            merged[position] = answer
+    return [answer for answer in merged if answer is not None]

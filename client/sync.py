@@ -17,33 +17,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import threading
-import time
-from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import grpc
-from tenacity import Retrying, retry_if_exception_type
+from tenacity import Retrying
 
 from tickwheel.client._core import (
-    ACK_LINGER_S,
     CHANNEL_OPTIONS,
     DEFAULT_TARGET,
-    RECONNECT_WAIT,
     CancelOutcome,
     ClientBase,
-    Credits,
     Message,
-    Queued,
     Received,
-    Reconnect,
     Rescheduled,
     Scheduled,
     cancel_outcomes,
-    merged_requests,
     receive_request,
+    receive_slices,
     received,
     reschedule_request,
     reschedule_results,
@@ -53,11 +45,12 @@ from tickwheel.client._core import (
     settle_request,
     subscribe_request,
     trailers,
-    urgent,
 )
+from tickwheel.client.consumers import Consumer
 from tickwheel.client.credentials import Credentials, open_channel
 from tickwheel.client.errors import retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
+from tickwheel.client.routing import ShardRouters, merge, split
 from tickwheel.client.rpcs import (
     ACK_MESSAGES,
     CANCEL,
@@ -80,12 +73,18 @@ if TYPE_CHECKING:
     from grpc import _CallIterator
 
 log = logging.getLogger("tickwheel.client")
+Answer = TypeVar("Answer")
 
 
 class Client(ClientBase[grpc.Channel]):
     """Talks to a tickwheel cluster through any of ``targets`` (``host:port``, or a
     comma-separated list), and to the leader once it knows it. Every call is retried with
-    jittered back-off on ``UNAVAILABLE`` and leader changes for up to ``timeout_s``."""
+    jittered back-off on ``UNAVAILABLE`` and leader changes for up to ``timeout_s``.
+
+    In a cluster of several shards it reads the shard map from the first node that answers,
+    sends each message to its shard's leader (a request of messages of several shards is split
+    and answered in its order), each handle and receipt to the shard that gave it out, and
+    consumes from every shard at once."""
 
     def __init__(self, targets: str | Sequence[str] = DEFAULT_TARGET, *,
                  timeout_s: float = 30.0, attempt_timeout_s: float = 10.0,
@@ -93,6 +92,7 @@ class Client(ClientBase[grpc.Channel]):
         super().__init__(targets, timeout_s=timeout_s, attempt_timeout_s=attempt_timeout_s,
                          credentials=credentials)
         self._lock = threading.Lock()
+        self._receive_turn = 0
 
     def __enter__(self) -> Client:
         return self
@@ -108,18 +108,25 @@ class Client(ClientBase[grpc.Channel]):
 
     def schedule(self, topic: str, body: bytes | str, *, deliver_at_ms: int | None = None,
                  delay_ms: int | None = None, delay_level: int | None = None,
-                 id: str | None = None,
-                 properties: Mapping[str, str] | None = None) -> Scheduled:
+                 id: str | None = None, properties: Mapping[str, str] | None = None,
+                 routing_key: str = "") -> Scheduled:
         """Schedule one message; give exactly one of ``deliver_at_ms``, ``delay_ms`` and
         ``delay_level``."""
         message = Message(topic, body, deliver_at_ms, delay_ms, properties=properties or {},
-                          delay_level=delay_level, **({"id": id} if id else {}))
+                          delay_level=delay_level, routing_key=routing_key,
+                          **({"id": id} if id else {}))
         return self.schedule_many([message])[0]
 
     def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
-        """Schedule a batch in one request (one Raft entry, usually)."""
-        request = schedule_request(messages)
-        return scheduled(self._call(SCHEDULE, request))
+        """Schedule a batch in one request (one Raft entry, usually) per shard."""
+        shards = self.shards()
+        if shards.count == 1:
+            return scheduled(self._call(SCHEDULE, schedule_request(messages)))
+        batch = list(messages)
+        return self._per_shard(
+            [shards.shard_of_message(m.routing_key, m.id) for m in batch],
+            lambda shard, positions: scheduled(self._call(
+                SCHEDULE, schedule_request(batch[p] for p in positions), shard=shard)))
 
     def cancel(self, handle: int) -> bool:
         """Whether the message is cancelled (by this call or an earlier one): it will not be
@@ -131,14 +138,22 @@ class Client(ClientBase[grpc.Channel]):
 
     def cancel_outcomes(self, handles: Sequence[int]) -> list[CancelOutcome]:
         """Per handle, what the cancel did, telling a first cancel from a repeated one."""
-        return cancel_outcomes(self._call(CANCEL, pb.CancelRequest(handles=handles)))
+        return self._per_shard(
+            list(map(self.shards().shard_of_handle, handles)),
+            lambda shard, positions: cancel_outcomes(self._call(
+                CANCEL, pb.CancelRequest(handles=[handles[p] for p in positions]),
+                shard=shard)))
 
     def reschedule(self, handles: Sequence[int], *, deliver_at_ms: int | None = None,
                    delay_ms: int | None = None) -> list[Rescheduled]:
         """Move pending messages to ``deliver_at_ms``, or ``delay_ms`` from now on the leader's
         clock (0: now); per handle, what that did. The handles stay valid. Safe to repeat."""
-        return reschedule_results(self._call(
-            RESCHEDULE, reschedule_request(handles, deliver_at_ms, delay_ms)))
+        reschedule_request([], deliver_at_ms, delay_ms)  # checks the times before any call
+        return self._per_shard(
+            list(map(self.shards().shard_of_handle, handles)),
+            lambda shard, positions: reschedule_results(self._call(
+                RESCHEDULE, reschedule_request([handles[p] for p in positions],
+                                               deliver_at_ms, delay_ms), shard=shard)))
 
     def cluster_info(self, target: str | None = None) -> ClusterInfo:
         """What one node (``target``, else any) says about the cluster."""
@@ -150,12 +165,21 @@ class Client(ClientBase[grpc.Channel]):
         except grpc.RpcError as error:
             raise translate(error) from None
 
+    def shards(self) -> ShardRouters:
+        """The cluster's shards, read from the first node that answers (once)."""
+        shards = self._shards
+        if not shards.known:
+            shards = self._learn(self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
+        return shards
+
     def consume(self, topic: str, *, prefetch: int = 64, visibility_timeout_ms: int = 0,
                 name: str = "", group: str = "") -> Consumer:
         """Iterate over the due messages of ``topic`` as a consumer of ``group`` (created if
         new; "" is the topic's default group), competing with the group's other consumers:
-        every group gets every message. ``prefetch`` messages may be on their way at once."""
-        return Consumer(self, topic, prefetch, visibility_timeout_ms, name, group)
+        every group gets every message. ``prefetch`` messages may be on their way at once
+        (from each shard)."""
+        return Consumer(self, subscribe_request(topic, prefetch, visibility_timeout_ms, name,
+                                                group), prefetch)
 
     def receive(self, topic: str, *, consumer: str, group: str = "", max_messages: int = 16,
                 invisible_duration_ms: int = 0, wait_ms: int = 5_000) -> list[Received]:
@@ -163,10 +187,17 @@ class Client(ClientBase[grpc.Channel]):
         ``wait_ms`` for the first. Each stays leased to you until acked (`Received.ack`, or
         `ack_receipts` from anywhere) or until ``invisible_duration_ms`` (0: the node's
         default) passes; then it comes back as a retry. Calls naming one ``consumer`` share
-        it."""
-        response = self._call(RECEIVE_MESSAGES, receive_request(
-            topic, consumer, group, max_messages, invisible_duration_ms, wait_ms),
-            timeout_s=wait_ms / 1000 + self._attempt_timeout_s)
+        it. With several shards, each call starts at the next shard and asks each in turn,
+        waiting a slice of ``wait_ms`` at each (`receive_slices`)."""
+        count = self.shards().count
+        self._receive_turn += 1
+        response = pb.ReceiveResponse()
+        for shard, slice_ms in receive_slices(count, self._receive_turn, wait_ms):
+            response = self._call(RECEIVE_MESSAGES, receive_request(
+                topic, consumer, group, max_messages, invisible_duration_ms, slice_ms),
+                timeout_s=slice_ms / 1000 + self._attempt_timeout_s, shard=shard)
+            if response.messages:
+                break
 
         def settle(kind: Literal["ack", "nack"], receipt: str) -> None:
             if kind == "ack":
@@ -177,27 +208,49 @@ class Client(ClientBase[grpc.Channel]):
 
     def ack_receipts(self, topic: str, group: str, receipts: Sequence[str]) -> list[bool]:
         """Per receipt, whether it acked a current lease of the group."""
-        return list(self._call(ACK_MESSAGES, settle_request(topic, group, receipts)).settled)
+        return self._settle(ACK_MESSAGES, topic, group, receipts, 0)
 
     def change_invisible_duration(self, topic: str, group: str, receipts: Sequence[str],
                                   invisible_duration_ms: int) -> list[bool]:
         """Move the leases' deadlines to ``invisible_duration_ms`` from now (0: retry now);
         per receipt, whether it named a current lease of the group."""
-        return list(self._call(CHANGE_INVISIBLE_DURATION, settle_request(
-            topic, group, receipts, invisible_duration_ms)).settled)
+        return self._settle(CHANGE_INVISIBLE_DURATION, topic, group, receipts,
+                            invisible_duration_ms)
 
     def create_group(self, topic: str, group: str) -> bool:
-        """Create a consumer group (messages coming due from now on wait for it); whether it
-        existed already."""
+        """Create a consumer group (messages coming due from now on wait for it), on every
+        shard; whether it existed already (on every shard)."""
         request = pb.GroupRequest(topic=topic, group=group)
-        return bool(self._call(CREATE_GROUP, request).existed)
+        return all([self._call(CREATE_GROUP, request, shard=shard).existed
+                    for shard in range(self.shards().count)])
 
     def delete_group(self, topic: str, group: str) -> bool:
-        """Delete a consumer group and what waits in it; whether it existed."""
+        """Delete a consumer group and what waits in it, on every shard; whether it existed
+        (on any)."""
         request = pb.GroupRequest(topic=topic, group=group)
-        return bool(self._call(DELETE_GROUP, request).existed)
+        return any([self._call(DELETE_GROUP, request, shard=shard).existed
+                    for shard in range(self.shards().count)])
 
     # -- plumbing -------------------------------------------------------------------------
+
+    def _settle(self, rpc: Unary[pb.SettleRequest, pb.SettleResponse], topic: str,
+                group: str, receipts: Sequence[str], invisible_duration_ms: int) -> list[bool]:
+        return self._per_shard(
+            list(map(self.shards().shard_of_receipt, receipts)),
+            lambda shard, positions: list(self._call(rpc, settle_request(
+                topic, group, [receipts[p] for p in positions], invisible_duration_ms),
+                shard=shard).settled))
+
+    def _per_shard(self, shards: list[int],
+                   call: Callable[[int, list[int]], list[Answer]]) -> list[Answer]:
+        """``call(shard, positions)`` for each shard's part of a request whose items go to
+        ``shards``, the answers merged in the request's order. A request of one shard (or of
+        none: the node answers what is wrong with it) is one call."""
+        parts = split(shards)
+        if len(parts) <= 1:
+            return call(next(iter(parts), 0), list(range(len(shards))))
+        return merge(len(shards), ((positions, call(shard, positions))
+                                   for shard, positions in parts.items()))
 
     def _stub(self, address: str) -> pb_grpc.TickwheelStub:
         with self._lock:
@@ -208,180 +261,48 @@ class Client(ClientBase[grpc.Channel]):
         return pb_grpc.TickwheelStub(channel)
 
     def _call(self, rpc: Unary[RequestT, ResponseT], request: RequestT,
-              timeout_s: float | None = None) -> ResponseT:
+              timeout_s: float | None = None, shard: int = 0) -> ResponseT:
         try:
             return Retrying(**retry_policy(self._timeout_s))(
-                lambda: self._attempt(rpc, request, timeout_s))
+                lambda: self._attempt(rpc, request, timeout_s, shard))
         except grpc.RpcError as error:
             raise translate(error) from None
 
     def _attempt(self, rpc: Unary[RequestT, ResponseT], request: RequestT,
-                 timeout_s: float | None = None) -> ResponseT:
-        address = self._router.choose()
+                 timeout_s: float | None = None, shard: int = 0) -> ResponseT:
+        router = self._shards.routers[shard]
+        address = router.choose()
         method: grpc.UnaryUnaryMultiCallable[RequestT, ResponseT] = getattr(
             self._stub(address), rpc.name)
         try:
             response, call = method.with_call(request,
                                               timeout=timeout_s or self._attempt_timeout_s)
         except grpc.RpcError as error:
-            self._router.observe(trailers(error))
+            router.observe(trailers(error))
             if retryable(error):
-                self._router.failed(address)
+                router.failed(address)
                 log.debug("event=retry method=%s target=%s code=%s", rpc.name, address,
                           error.code().name)
             raise
-        self._router.observe(call.trailing_metadata())
+        router.observe(call.trailing_metadata())
         return response
 
-    def _open_stream(self, requests: Iterator[pb.ReceiveRequest]
+    def _open_stream(self, requests: Iterator[pb.ReceiveRequest], shard: int
                      ) -> tuple[str, _CallIterator[pb.ReceiveResponse]]:
-        if self._router.leader is None:
-            self._learn_leader()
-        address = self._router.choose()
+        router = self._shards.routers[shard]
+        if router.leader is None:
+            self._learn_leader(shard)
+        address = router.choose()
         return address, self._stub(address).Receive(requests)
 
-    def _learn_leader(self) -> None:
+    def _learn_leader(self, shard: int) -> None:
         """Ask a node who leads, once, before a stream opens while no answer has named the
         leader: a stream opened on a follower is proxied, a hop and the follower's CPU for every
         message. Best effort: if no node answers, the stream opens where the router says."""
         with contextlib.suppress(grpc.RpcError):
-            self._attempt(CLUSTER_INFO, pb.ClusterInfoRequest())
+            self._attempt(CLUSTER_INFO, pb.ClusterInfoRequest(), shard=shard)
 
-    def _route_failed(self, address: str, error: grpc.RpcError) -> None:
-        self._router.observe(trailers(error))
-        self._router.failed(address)
-
-
-class Consumer:
-    """An iterator of `Received` messages from one topic. Reconnects (to the leader, with
-    back-off) whenever the stream breaks, for as long as it is iterated; messages in flight on
-    a broken stream come back from the new leader, flagged ``possible_duplicate``."""
-
-    def __init__(self, client: Client, topic: str, prefetch: int, visibility_timeout_ms: int,
-                 name: str, group: str = "") -> None:
-        self._client = client
-        self._subscribe = subscribe_request(topic, prefetch, visibility_timeout_ms, name, group)
-        self._credits = Credits(prefetch)
-        self._buffer: deque[Received] = deque()
-        self._requests: queue.Queue[Queued | None] = queue.Queue()
-        self._stream: _CallIterator[pb.ReceiveResponse] | None = None
-        self._read_lock = threading.Lock()
-        self._closed = False
-
-    def __enter__(self) -> Consumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __iter__(self) -> Consumer:
-        return self
-
-    def __next__(self) -> Received:
-        stream = self._stream
-        if self._buffer and stream is not None and not stream.is_active():
-            self._drop_buffered()
-        while not self._buffer:
-            if self._closed:
-                raise StopIteration
-            self._receive()
-        message = self._buffer.popleft()
-        if credits := self._credits.handed_out():
-            self._requests.put(("credit", credits))
-        return message
-
-    def _drop_buffered(self) -> None:
-        """The stream ended (its leader stepped down or died) while messages it sent wait
-        here: they can no longer be acknowledged, and the new leader sends them again
-        (flagged), so handing these out too would make an unflagged duplicate."""
-        log.info("event=consumer_dropped_buffered messages=%d target=%s", len(self._buffer),
-                 self._address)
-        self._buffer.clear()
-        with self._read_lock:
-            self._stream = None
-
-    def close(self, timeout_s: float = 2.0) -> None:
-        """Send what is queued (acks), end the stream, and wait up to ``timeout_s`` for the
-        node to close it; messages still on their way are redelivered to other consumers.
-        Safe to call from another thread while one iterates."""
-        self._closed = True
-        self._requests.put(None)
-        stream = self._stream
-        if stream is None:
-            return
-        deadline = threading.Timer(timeout_s, stream.cancel)
-        deadline.start()
-        try:
-            # One reader at a time: a thread blocked in next() sees the end (or the cancel)
-            # first; then whatever is left is drained here.
-            with self._read_lock:
-                self._stream = None
-                for _ in stream:
-                    pass
-        except grpc.RpcError:
-            pass
-        finally:
-            deadline.cancel()
-
-    def _send(self, kind: Literal["ack", "nack"], receipt: str) -> None:
-        self._requests.put((kind, receipt))
-
-    def _receive(self) -> None:
-        """Wait for the next batch, (re)connecting as needed."""
-        for attempt in Retrying(retry=retry_if_exception_type(Reconnect),
-                                wait=RECONNECT_WAIT, reraise=True):
-            with attempt, self._read_lock:
-                if self._closed:
-                    return
-                self._read_one(self._stream or self._connect())
-
-    def _connect(self) -> _CallIterator[pb.ReceiveResponse]:
-        self._requests.put(None)  # ends the request generator of the previous stream
-        self._requests = queue.Queue()
-        self._credits.reset()
-        if self._closed:  # closed from another thread since the check: end the new stream too
-            self._requests.put(None)
-        self._address, self._stream = self._client._open_stream(self._outgoing(self._requests))
-        return self._stream
-
-    def _read_one(self, stream: _CallIterator[pb.ReceiveResponse]) -> None:
-        try:
-            response = next(stream)
-        except StopIteration:
-            self._stream = None
-            raise Reconnect from None
-        except grpc.RpcError as error:
-            self._stream = None
-            if self._closed:
-                return
-            if not retryable(error):
-                raise translate(error) from None
-            self._client._route_failed(self._address, error)
-            log.info("event=consumer_reconnect target=%s code=%s", self._address,
-                     error.code().name)
-            raise Reconnect from error
-        self._buffer.extend(received(response, self._send))
-
-    def _outgoing(self, requests: queue.Queue[Queued | None]) -> Iterator[pb.ReceiveRequest]:
-        yield self._subscribe
-        while True:
-            item = requests.get()
-            if item is None:
-                return
-            items: list[Queued | None] = [item]
-            # Acks wait up to ACK_LINGER_S for company; a credit batch or the end takes them.
-            linger_until = time.monotonic() + ACK_LINGER_S
-            while not urgent(items[-1]):
-                try:
-                    items.append(requests.get(timeout=max(0.0, linger_until
-                                                          - time.monotonic())))
-                except queue.Empty:
-                    break
-            while items[-1] is not None:
-                try:
-                    items.append(requests.get_nowait())
-                except queue.Empty:
-                    break
-            yield from merged_requests(i for i in items if i is not None)
-            if items[-1] is None:
-                return
+    def _route_failed(self, address: str, error: grpc.RpcError, shard: int) -> None:
+        router = self._shards.routers[shard]
+        router.observe(trailers(error))
+        router.failed(address)

@@ -45,6 +45,11 @@ class UnknownHandle(ClientError):
     """A cancel named a handle that no scheduling returned."""
 
 
+class WrongShard(ClientError):
+    """A message, handle or receipt of another shard was sent to this one: the caller's shard
+    map is not the cluster's (gRPC ``FAILED_PRECONDITION``; read the map again)."""
+
+
 class PermissionDenied(ClientError):
     """The caller is authenticated but its grants do not cover this action on this topic (or
     group); ``field`` names the part of the request refused."""

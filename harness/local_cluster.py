@@ -159,6 +159,8 @@ class LocalNode:
     (what `tickwheel.chaos.storage.power_cut` keeps)."""
     rocketmq_address: str | None = None
     """Where it serves RocketMQ's client protocol, if it does."""
+    shard: int = 0
+    """The shard whose Raft group it is a member of."""
     _channel: grpc.Channel | None = field(default=None, repr=False)
 
     @property
@@ -213,11 +215,14 @@ class LocalNode:
 
 
 class LocalCluster:
-    """``size`` nodes under ``root``; a context manager that stops every process it started.
+    """``size`` nodes under ``root`` for each of ``shards`` shards (Raft groups); a context
+    manager that stops every process it started. Node ``i`` of shard ``k`` is
+    ``nodes[k * size + i]``; its data is ``node{i}`` for shard 0, ``shard{k}-node{i}`` for
+    another.
 
-    Ports are free ones picked at random, or with ``base_port``: gRPC on ``base_port + i``, Raft
-    on ``base_port + 100 + i``, the peer listener on ``base_port + 200 + i``, and (with
-    ``metrics``) Prometheus on ``base_port + 2000 + i``.
+    Ports are free ones picked at random, or with ``base_port``: gRPC on ``base_port + j``, Raft
+    on ``base_port + 100 + j``, the peer listener on ``base_port + 200 + j``, and (with
+    ``metrics``) Prometheus on ``base_port + 2000 + j``, for the ``j``-th node of all.
 
     Principals beyond ``admin`` (every permission): ``principals`` maps names to grants
     (`tickwheel.node.security.dev_credentials`); ``client_certificates`` gives each a
@@ -233,7 +238,9 @@ class LocalCluster:
                  insecure_raft: bool = False, insecure_grpc: bool = False,
                  principals: dict[str, Grants] | None = None,
                  client_certificates: bool = False, power_cuts: bool = False,
-                 rocketmq: bool = False) -> None:
+                 rocketmq: bool = False, shards: int = 1) -> None:
+        self.size = size
+        size *= shards
         if base_port is None:
             ports = free_ports(5 * size)
             grpc_ports, raft_ports, peer_ports, metrics_ports, rocketmq_ports = (
@@ -260,14 +267,20 @@ class LocalCluster:
         """Flags for every node besides the addresses and ``raft_args`` and ``grpc_args``
         (how Raft links and gRPC are secured)."""
         admin = self.credentials()
+
+        def name(i: int) -> str:
+            shard, member = divmod(i, self.size)
+            return f"node{member}" if shard == 0 else f"shard{shard}-node{member}"
         self.nodes = [LocalNode(f"127.0.0.1:{raft_ports[i]}", f"127.0.0.1:{grpc_ports[i]}",
-                                f"127.0.0.1:{peer_ports[i]}", root / f"node{i}",
-                                root / f"node{i}.log", admin,
+                                f"127.0.0.1:{peer_ports[i]}", root / name(i),
+                                root / f"{name(i)}.log", admin,
                                 f"127.0.0.1:{metrics_ports[i]}" if metrics else None,
                                 sync_ledger=root / f"node{i}.synced" if power_cuts else None,
                                 rocketmq_address=(f"127.0.0.1:{rocketmq_ports[i]}" if rocketmq
-                                                  else None))
+                                                  else None), shard=i // self.size)
                       for i in range(size)]
+        self.shards = [self.nodes[k * self.size:(k + 1) * self.size] for k in range(shards)]
+        """The nodes of each shard."""
 
     def credentials(self, principal: str = "admin") -> Credentials:
         """How to call the nodes as ``principal`` (its token, and its certificate when the
@@ -314,6 +327,10 @@ class LocalCluster:
             command += ["--fsync", "--sync-ledger", str(node.sync_ledger)]
         if node.rocketmq_address is not None:
             command += ["--rocketmq-listen", node.rocketmq_address]
+        if len(self.shards) > 1:
+            command += ["--shard", str(node.shard)]
+            command += [arg for other in self.nodes if other.shard != node.shard
+                        for arg in ("--shard-member", f"{other.shard}={other.grpc_address}")]
         node.data.mkdir(parents=True, exist_ok=True)
         env = None
         if node.build is not None:
@@ -324,9 +341,9 @@ class LocalCluster:
                                             env=env)
 
     def members_of(self, node: LocalNode) -> list[tuple[str, str, str]]:
-        """``(raft, grpc, peer)`` of every member as ``node`` is told them (the same for every
-        node here; the chaos runner puts proxies in between)."""
-        return [(n.raft, n.grpc_address, n.peer_address) for n in self.nodes]
+        """``(raft, grpc, peer)`` of every member of ``node``'s shard as ``node`` is told them
+        (the same for every node here; the chaos runner puts proxies in between)."""
+        return [(n.raft, n.grpc_address, n.peer_address) for n in self.shards[node.shard]]
 
     def signal(self, node: LocalNode, signum: int) -> None:
         os.kill(node.pid, signum)
@@ -356,12 +373,13 @@ class LocalCluster:
     def running(self) -> Iterator[LocalNode]:
         return (node for node in self.nodes if node.alive())
 
-    def leader(self, timeout_s: float = 15.0, among: list[LocalNode] | None = None
-               ) -> LocalNode:
+    def leader(self, timeout_s: float = 15.0, among: list[LocalNode] | None = None,
+               shard: int = 0) -> LocalNode:
         """The node that says it leads and dispatches, and that every other running node
-        (of ``among``) follows. ``timeout_s`` counts from when each of them that runs answers
-        (within `STARTING_S`): a node still starting is not a slow election."""
-        candidates = among or list(self.running())
+        (of ``among``, else of ``shard``) follows. ``timeout_s`` counts from when each of them
+        that runs answers (within `STARTING_S`): a node still starting is not a slow
+        election."""
+        candidates = among or [node for node in self.running() if node.shard == shard]
 
         def answering() -> bool:
             _check_running(candidates)
@@ -379,6 +397,10 @@ class LocalCluster:
             return None
         wait_for(answering, STARTING_S, "every running node to answer")
         return wait_for(find, timeout_s, "a leader that every running node follows")
+
+    def leaders(self, timeout_s: float = 15.0) -> list[LocalNode]:
+        """Every shard's leader (`leader`), in shard order."""
+        return [self.leader(timeout_s, shard=shard) for shard in range(len(self.shards))]
 
     def schedule(self, messages: list[pb.Message], timeout_s: float = 20.0
                  ) -> pb.ScheduleResponse:

@@ -18,4 +18,7 @@ class ReplicaConfig:
     """The leader proposes the cursor this often, when it moved."""
     max_queued_msgs: int = 200_000
     """Schedule requests waiting for an entry; beyond it `schedule` raises `Overloaded`."""
+    shard: int = 0
+    """The shard this replica's group is, in a cluster of several (0 in a cluster of one): the
+    handles and receipts it gives out name it (`tickwheel.replication.handle_cipher`)."""
     idle_tick_ms: int = 50

@@ -47,22 +47,34 @@ _MAX_KEPT_BYTES: Final = 64 << 20
 """Bounds of the bodies a leader keeps of messages readied and not granted yet."""
 
 
-def encode_receipt(lease: LeaseRef) -> str:
-    """A receipt: the lease, with its random nonce (unguessable: 64 bits)."""
-    return encode_receipts([lease])[0]
+def encode_receipt(lease: LeaseRef, shard: int = 0) -> str:
+    """A receipt: the lease, with its random nonce (unguessable: 64 bits); on a shard other
+    than 0, after the prefix ``<shard>.`` (clients send acks to the shard a receipt names)."""
+    return encode_receipts([lease], shard)[0]
 
 
-def encode_receipts(leases: Sequence[LeaseRef]) -> list[str]:
+def encode_receipts(leases: Sequence[LeaseRef], shard: int = 0) -> list[str]:
     """`encode_receipt` of each lease, with one base64 call for the batch: a packed lease is
     24 bytes, a multiple of 3, so its receipt is the same 32 characters alone or in a row."""
     encoded = base64.urlsafe_b64encode(b"".join(_RECEIPT.pack(*lease) for lease in leases))
     text = encoded.decode()
-    return [text[start:start + _RECEIPT_CHARS] for start in range(0, len(text), _RECEIPT_CHARS)]
+    receipts = [text[start:start + _RECEIPT_CHARS]
+                for start in range(0, len(text), _RECEIPT_CHARS)]
+    return [f"{shard}.{receipt}" for receipt in receipts] if shard else receipts
 
 
-def decode_receipt(receipt: str, field_name: str) -> LeaseRef:
-    """The lease a receipt names; `InvalidMessage` naming ``field_name`` if it is no
-    receipt at all."""
+def decode_receipt(receipt: str, field_name: str, shard: int = 0) -> LeaseRef:
+    """The lease a receipt of ``shard`` names; `InvalidMessage` naming ``field_name`` if it
+    is no receipt at all, or another shard's."""
+    prefix, dot, rest = receipt.partition(".")
+    if dot:
+        if prefix != str(shard) or not shard:
+            raise InvalidMessage(field_name, f"is a receipt of shard {prefix[:8]!r}, not of "
+                                 f"this shard ({shard}): ack it there")
+        receipt = rest
+    elif shard:
+        raise InvalidMessage(field_name, f"is a receipt of shard 0, not of this shard "
+                             f"({shard}): ack it there")
     try:
         raw = base64.urlsafe_b64decode(receipt.encode("ascii"))
     except (binascii.Error, UnicodeEncodeError, ValueError):

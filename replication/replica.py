@@ -234,8 +234,13 @@ class Replica:
             raise Retryable("the cluster has no handle key yet (no leader yet); retry")
         cipher = self._cipher
         if cipher is None or cipher[0] != key:
-            cipher = self._cipher = (key, HandleCipher(key))
+            cipher = self._cipher = (key, HandleCipher(key, self._config.shard))
         return cipher[1]
+
+    @property
+    def shard(self) -> int:
+        """The shard this replica's group is (0 in a cluster of one shard)."""
+        return self._config.shard
 
     def groups(self) -> Groups:
         """The replicated consumer groups (read `Groups.summary` from other threads)."""

@@ -15,6 +15,7 @@ from tickwheel.common.errors import InvalidMessage, PermissionDenied, Retryable
 from tickwheel.node.api import validation
 from tickwheel.node.api.commits import WRITE_TIMEOUT_S, applied, committed
 from tickwheel.node.api.context import NodeContext
+from tickwheel.node.api.placement import refused_handle
 from tickwheel.node.delivery.sent import Sent
 from tickwheel.node.security.access import Action, Principal
 from tickwheel.replication import Accepted, HandleCipher, MoveOutcome
@@ -71,6 +72,7 @@ class LeaderCalls:
                     checked_topic = message.topic
         checked = validation.new_messages(request.messages, node.clock.now_ms(), node.limits,
                                           node.retry.levels)
+        node.shards.place(request.messages, checked.messages)
         node.disk.check()
         results = await committed(node.replica.schedule(checked.messages))
         node.metrics.scheduled.inc(sum(1 for r in results if not r.duplicate))
@@ -98,7 +100,8 @@ class LeaderCalls:
         for index, handle in enumerate(self._node.replica.handle_cipher().decode(
                 request.handles)):
             if handle is None:
-                raise InvalidMessage(f"handles[{index}]", "is not a handle this cluster issued")
+                raise refused_handle(f"handles[{index}]", request.handles[index],
+                                     self._node.replica.shard)
             handles.append(handle)
         results = await committed(self._node.replica.cancel(
             handles, may(principal, Action.CANCEL)))
@@ -114,8 +117,8 @@ class LeaderCalls:
         cipher = node.replica.handle_cipher()
         for index, handle in enumerate(cipher.decode([move.handle for move in request.moves])):
             if handle is None:
-                raise InvalidMessage(f"moves[{index}].handle",
-                                     "is not a handle this cluster issued")
+                raise refused_handle(f"moves[{index}].handle", request.moves[index].handle,
+                                     node.replica.shard)
             moves.append((handle, times[index]))
         node.disk.check()  # a move files the message again
         results = await committed(node.replica.reschedule(moves, may(principal, Action.CANCEL)))

@@ -8,6 +8,7 @@ from tickwheel.common.clock import Clock
 from tickwheel.node.api import validation
 from tickwheel.node.api.admission import Admission
 from tickwheel.node.api.forward import Forwarder
+from tickwheel.node.api.placement import ShardMap
 from tickwheel.node.api.unary import UnaryConsumers
 from tickwheel.node.delivery.courier import Courier
 from tickwheel.node.delivery.levels import RetryPolicy
@@ -39,6 +40,8 @@ class NodeContext:
     """Every member's free space: new messages wait while one is below its reserve."""
     admission: Admission
     """Calls and request bytes held now, over every listener (`tickwheel.node.api.admission`)."""
+    shards: ShardMap
+    """Every shard's members, and this node's shard (`tickwheel.node.api.placement`)."""
 
     def leader_grpc(self, raft_address: str | None) -> str | None:
         return None if raft_address is None else self.members.get(raft_address)

@@ -38,7 +38,19 @@ def cluster_info(node: NodeContext, principal: Principal = ANYONE) -> pb.Cluster
                 for g in status.groups if sees(g.topic)],
         pending=[pb.TopicPending(topic=topic, pending=count)
                  for topic, count in sorted(status.pending.items()) if sees(topic)],
-        pending_untracked=status.pending_untracked)
+        pending_untracked=status.pending_untracked, shard=node.shards.shard,
+        shards=shard_infos(node, node.leader_grpc(status.leader) or ""))
+
+
+def shard_infos(node: NodeContext, leader_grpc: str) -> list[pb.Shard]:
+    """Every shard, in a cluster of more than one: its members, and the leader of this
+    node's own (the clients find the others' from the members they ask)."""
+    shards = node.shards
+    if shards.count == 1:
+        return []
+    return [pb.Shard(shard=index, grpc_addresses=members,
+                     leader_grpc=leader_grpc if index == shards.shard else "")
+            for index, members in enumerate(shards.members)]
 
 
 def cursor_lag_ms(status: ReplicaStatus, now_ms: int) -> int:

@@ -31,6 +31,7 @@ from tickwheel.common.errors import (
     Retryable,
     TickwheelError,
     Unauthenticated,
+    WrongShard,
     invariant,
 )
 from tickwheel.node.api import validation
@@ -52,6 +53,7 @@ from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 _STATUS: list[tuple[type[TickwheelError], grpc.StatusCode]] = [
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (WrongShard, grpc.StatusCode.FAILED_PRECONDITION),
     (ClientError, grpc.StatusCode.INVALID_ARGUMENT),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Retryable, grpc.StatusCode.UNAVAILABLE),

@@ -75,7 +75,8 @@ class UnaryConsumers:
         """Ack (``invisible_ms`` None) or move the deadline of each receipt's lease to
         ``invisible_ms`` from now; per receipt, whether it named a current lease of this
         group. Another group's receipt, or one never granted, changes nothing."""
-        leases: list[LeaseRef | None] = [decode_receipt(r, f"receipts[{i}]")
+        shard = self._replica.shard
+        leases: list[LeaseRef | None] = [decode_receipt(r, f"receipts[{i}]", shard)
                                          for i, r in enumerate(receipts)]
         groups = self._replica.groups()
         for index, lease in enumerate(leases):

@@ -19,6 +19,11 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--raft-listen", help="where to bind Raft (default: --raft-address)")
     serve.add_argument("--member", dest="members", action="append",
                        metavar="RAFT_ADDRESS=GRPC_ADDRESS=PEER_ADDRESS")
+    serve.add_argument("--shard", type=int,
+                       help="the shard this node's Raft group is (default 0; docs/shards.md)")
+    serve.add_argument("--shard-member", dest="shard_members", action="append",
+                       metavar="SHARD=GRPC_ADDRESS",
+                       help="a member of another shard (repeat for each)")
     serve.add_argument("--grpc-listen")
     serve.add_argument("--rocketmq-listen",
                        help="HOST:PORT to serve RocketMQ 5's client protocol at (off unless "

@@ -193,7 +193,8 @@ class Courier:
         """Ack the leases of these receipts; returns how many were sent for the replica to
         check. A receipt of another group, or no receipt at all, is refused here; one never
         granted is refused when the ack is applied. Either way it changes nothing."""
-        leases = self.receipts.own_leases(consumer, receipts, self._replica.groups())
+        leases = self.receipts.own_leases(consumer, receipts, self._replica.groups(),
+                                          self._replica.shard)
         if not leases:
             return 0
         try:
@@ -274,7 +275,8 @@ class Courier:
             self._loop.call_later((send_ms - now_ms) / 1000, self._send_all, early)
         batches: dict[int, list[Sent]] = {}
         orphaned = []
-        receipts = encode_receipts([delivery.lease for delivery in deliveries])
+        receipts = encode_receipts([delivery.lease for delivery in deliveries],
+                                   self._replica.shard)
         for delivery, receipt in zip(deliveries, receipts, strict=True):
             consumer = self._consumers.get(delivery.consumer)
             if consumer is None or consumer.closed is not None:
@@ -324,7 +326,7 @@ class Courier:
         they are released with it."""
         if not expired or expired[0].epoch != self._epoch:
             return
-        receipts = encode_receipts([item.lease for item in expired])
+        receipts = encode_receipts([item.lease for item in expired], self._replica.shard)
         stalled = self._stalled(expired, receipts)
         retries, at_once = [], []
         for item, receipt in zip(expired, receipts, strict=True):

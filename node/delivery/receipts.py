@@ -25,8 +25,8 @@ class Receipts:
         self.refused = 0
         """Receipts refused since the node started."""
 
-    def own_leases(self, consumer: Session, receipts: list[str], groups: Groups
-                   ) -> list[LeaseRef]:
+    def own_leases(self, consumer: Session, receipts: list[str], groups: Groups,
+                   shard: int) -> list[LeaseRef]:
         """The leases of these receipts, less those of another group (refused here). A
         receipt of a group that is gone goes on: its lease ended with the group, and the
         replica answers it as it answers any stale receipt."""
@@ -37,7 +37,7 @@ class Receipts:
                 leases.append(sent.delivery.lease)
                 continue
             try:
-                lease = decode_receipt(receipt, f"ack.receipts[{index}]")
+                lease = decode_receipt(receipt, f"ack.receipts[{index}]", shard)
             except TickwheelError:
                 lease = None
             group = groups.by_id(lease.group_id) if lease is not None else None

@@ -17,6 +17,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from tickwheel.client.shards import receipt_shard
 from tickwheel.common.errors import Retryable, TickwheelError
 from tickwheel.node.api.context import NodeContext
 from tickwheel.node.api.server import LeaderRefused, TickwheelService
@@ -168,8 +169,10 @@ def _consumer_name(client_id: str, context: Context) -> str:
 
 
 def is_receipt(receipt: str) -> bool:
+    """Whether ``receipt`` is one a node gives out, of any shard (the node it is sent to
+    refuses another shard's)."""
     try:
-        decode_receipt(receipt, "receipt_handle")
+        decode_receipt(receipt, "receipt_handle", receipt_shard(receipt))
     except TickwheelError:
         return False
     return True

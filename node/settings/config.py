@@ -38,6 +38,7 @@ from pydantic_settings import (
 )
 
 from tickwheel.node.api.admission import AdmissionLimits
+from tickwheel.node.api.placement import ShardMap
 from tickwheel.node.api.validation import Limits
 from tickwheel.node.delivery.courier import CourierConfig
 from tickwheel.node.delivery.levels import RetryPolicy, parse_levels
@@ -54,6 +55,7 @@ from tickwheel.node.settings.config_fields import (
     SecurityFields,
     StorageFields,
 )
+from tickwheel.node.settings.shards import ShardFields, shard_map
 from tickwheel.replication import DispatchConfig, ReplicaConfig, StateConfig
 from tickwheel.replication.raft import RaftConfig
 from tickwheel.wheel import DAY_MS, WheelConfig
@@ -76,8 +78,8 @@ def _address(value: str) -> str:
     return value
 
 
-class NodeSettings(AddressFields, SecurityFields, StorageFields, LimitFields, DeliveryFields,
-                   PodFields, BaseSettings):
+class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, LimitFields,
+                   DeliveryFields, PodFields, BaseSettings):
     """Everything a node can be told; the fields, by group, are in
     `tickwheel.node.settings.config_fields`. Field names are the flag names
     (``--max-body-bytes``)."""
@@ -88,7 +90,7 @@ class NodeSettings(AddressFields, SecurityFields, StorageFields, LimitFields, De
     _secrets: tuple[bytes, ...] = PrivateAttr(default=())
     _access: AccessFile | None = PrivateAttr(default=None)
 
-    @field_validator("members", mode="before")
+    @field_validator("members", "shard_members", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         return [part.strip() for part in value.split(",") if part.strip()] if isinstance(
@@ -177,6 +179,7 @@ class NodeSettings(AddressFields, SecurityFields, StorageFields, LimitFields, De
             raise ValueError(f"raft_address {self.raft_address} is not among members")
         if self.max_delay_ms > 3660 * DAY_MS:
             raise ValueError("max_delay_ms beyond ten years")
+        self.shard_map()  # raises what is wrong with shard and shard_members
         if self.sync_ledger is not None and not self.fsync:
             raise ValueError("sync_ledger notes what fsync made durable: it needs fsync")
         one_message_bytes = (self.max_body_bytes + self.max_properties_bytes
@@ -303,6 +306,10 @@ class NodeSettings(AddressFields, SecurityFields, StorageFields, LimitFields, De
         return {parts[0]: parts[2] for parts in map(_member_parts, self.members)
                 if len(parts) == 3}
 
+    def shard_map(self) -> ShardMap:
+        """Every shard's members (`tickwheel.node.settings.shards`)."""
+        return shard_map(self.shard, self.shard_members, list(self.member_map().values()))
+
     def listen(self) -> str:
         return self.grpc_listen or self.member_map()[self.raft_address]
 
@@ -345,7 +352,7 @@ class NodeSettings(AddressFields, SecurityFields, StorageFields, LimitFields, De
             state=StateConfig(wheel=WheelConfig(max_delay_ms=self.max_delay_ms),
                               max_ready_msgs=self.max_ready_msgs, max_groups=self.max_groups,
                               max_moved_msgs=self.max_moved_msgs),
-            max_queued_msgs=self.max_queued_msgs)
+            max_queued_msgs=self.max_queued_msgs, shard=self.shard)
 
     @classmethod
     def settings_customise_sources(

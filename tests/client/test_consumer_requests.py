@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from itertools import islice
 
-from tickwheel.client import AsyncConsumer, Consumer
-from tickwheel.client._core import ACK_LINGER_S, Credits
+from tickwheel.client._core import ACK_LINGER_S, Credits, subscribe_request
+from tickwheel.client.aio_consumers import AsyncShardStream
+from tickwheel.client.consumers import ShardStream
+
+SUBSCRIBE = subscribe_request("orders", 64, 0, "c1")
 
 
 def test_credits_go_back_a_batch_at_a_time_and_the_node_keeps_most_of_the_prefetch() -> None:
@@ -24,17 +26,17 @@ def test_credits_go_back_a_batch_at_a_time_and_the_node_keeps_most_of_the_prefet
 
 
 def test_a_consumer_that_empties_its_buffer_does_not_send_a_credit_for_each_batch() -> None:
-    consumer = Consumer(None, "orders", 64, 0, "c1")  # type: ignore[arg-type]
+    consumer = ShardStream(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
     consumer._buffer.extend(["m1", "m2", "m3"])  # type: ignore[list-item]
-    assert list(islice(consumer, 3)) == ["m1", "m2", "m3"]
+    assert [next(consumer) for _ in range(3)] == ["m1", "m2", "m3"]
     assert consumer._requests.empty()  # 3 of a batch of 8: nothing owed yet
     consumer._buffer.extend(["m4", "m5", "m6", "m7", "m8"])  # type: ignore[list-item]
-    list(islice(consumer, 5))
+    [next(consumer) for _ in range(5)]
     assert consumer._requests.get_nowait() == ("credit", 8)
 
 
 def test_acks_and_a_due_credit_leave_in_one_flush_and_the_end_sends_what_waits() -> None:
-    consumer = Consumer(None, "orders", 64, 0, "c1")  # type: ignore[arg-type]
+    consumer = ShardStream(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
     requests: queue.Queue = queue.Queue()
     for item in [("ack", "r1"), ("ack", "r2"), ("credit", 8), ("ack", "r3"), None]:
         requests.put(item)
@@ -46,7 +48,7 @@ def test_acks_and_a_due_credit_leave_in_one_flush_and_the_end_sends_what_waits()
 
 def test_the_async_consumer_credits_in_batches_and_lets_acks_wait() -> None:
     async def run() -> None:
-        consumer = AsyncConsumer(None, "orders", 64, 0, "c1")  # type: ignore[arg-type]
+        consumer = AsyncShardStream(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
         consumer._buffer.extend(["m1", "m2", "m3"])  # type: ignore[list-item]
         for _ in range(3):
             await anext(consumer)

@@ -26,6 +26,8 @@ class LosingReplica:
     thread the leadership ends (the commit's answer reaches the loop first, the end right
     after, both before the awaiting coroutine runs again)."""
 
+    shard = 0
+
     def __init__(self) -> None:
         self.courier: Courier | None = None
         self.leading = True
@@ -76,6 +78,8 @@ def test_a_consumer_whose_group_commits_as_leadership_ends_is_sent_to_the_next_l
 
 class RecordingReplica:
     """Leads, commits every group at once, and records what the courier asks of it."""
+
+    shard = 0
 
     def __init__(self) -> None:
         self.retried: list[object] = []
@@ -186,6 +190,8 @@ def test_retry_copies_go_to_raft_a_window_of_bodies_at_a_time() -> None:
 
 class LeadingReplica:
     """Leads, holds its lease, creates every group at once, and records send reports."""
+
+    shard = 0
 
     def __init__(self) -> None:
         self.reports: list[tuple[int, int]] = []

@@ -1,0 +1,300 @@
+"""The blocking client's consumer: a stream per shard, merged.
+
+A cluster of one shard is read through one stream, in the iterating thread. With several, a
+thread per shard reads its shard's stream (one response at a time, and only once what the
+last one brought has been taken), and the iterator takes from the shards in turn, so that
+every shard's messages flow and none waits behind another's.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import grpc
+from tenacity import Retrying, retry_if_exception_type
+
+from tickwheel.client._core import (
+    ACK_LINGER_S,
+    RECONNECT_WAIT,
+    Credits,
+    Queued,
+    Received,
+    Reconnect,
+    merged_requests,
+    received,
+    urgent,
+)
+from tickwheel.client.errors import retryable, translate
+from tickwheel.client.routing import ShardRouters
+from tickwheel.v1 import tickwheel_pb2 as pb
+
+if TYPE_CHECKING:
+    # What a stream-stream call returns, as grpc's type stubs name it (no class at run time).
+    from grpc import _CallIterator
+
+log = logging.getLogger("tickwheel.client")
+
+
+class StreamClient(Protocol):
+    """What a consumer asks of `tickwheel.client.Client`."""
+
+    def shards(self) -> ShardRouters: ...
+
+    def _open_stream(self, requests: Iterator[pb.ReceiveRequest], shard: int
+                     ) -> tuple[str, _CallIterator[pb.ReceiveResponse]]: ...
+
+    def _route_failed(self, address: str, error: grpc.RpcError, shard: int) -> None: ...
+
+
+class Consumer:
+    """An iterator of `Received` messages of one topic, from every shard of the cluster.
+    Reconnects to each shard's leader whenever its stream breaks, for as long as it is
+    iterated; messages in flight on a broken stream come back from the new leader, flagged
+    ``possible_duplicate``. ``close`` it (or use it as a context manager) when done."""
+
+    def __init__(self, client: StreamClient, subscribe: pb.ReceiveRequest,
+                 prefetch: int) -> None:
+        self._client = client
+        self._subscribe = subscribe
+        self._prefetch = prefetch
+        self._streams: list[ShardStream] | None = None
+        self._ready = threading.Condition()
+        self._readers: list[threading.Thread] = []
+        self._turn = 0
+        self._failure: BaseException | None = None
+        self._closed = False
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Consumer:
+        return self
+
+    def __next__(self) -> Received:
+        streams = self._streams if self._streams is not None else self._open()
+        if len(streams) == 1:
+            return next(streams[0])
+        while True:
+            with self._ready:
+                stream = self._waiting(streams)
+                while stream is None:
+                    if self._failure is not None:
+                        raise self._failure
+                    if self._closed:
+                        raise StopIteration
+                    self._ready.wait()
+                    stream = self._waiting(streams)
+            message = stream.take()
+            with self._ready:
+                self._ready.notify_all()  # its reader may read on once it is emptied
+            if message is not None:
+                return message
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Send what is queued (acks), end the streams, and wait up to ``timeout_s`` for the
+        nodes to close them; messages still on their way are redelivered to other consumers.
+        Safe to call from another thread while one iterates."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+        for stream in self._streams or ():
+            stream.close(timeout_s)
+        for reader in self._readers:
+            reader.join(timeout_s)
+
+    def _open(self) -> list[ShardStream]:
+        count = self._client.shards().count
+        streams = [ShardStream(self._client, self._subscribe, self._prefetch, shard)
+                   for shard in range(count)]
+        if count > 1:
+            self._readers = [threading.Thread(target=self._read, args=(stream,), daemon=True,
+                                              name=f"tickwheel-consumer-shard-{shard}")
+                             for shard, stream in enumerate(streams)]
+        self._streams = streams
+        if self._closed:  # closed from another thread meanwhile
+            for stream in streams:
+                stream.close(0)
+        for reader in self._readers:
+            reader.start()
+        return streams
+
+    def _waiting(self, streams: list[ShardStream]) -> ShardStream | None:
+        """The next shard in turn with messages waiting."""
+        for offset in range(len(streams)):
+            stream = streams[(self._turn + offset) % len(streams)]
+            if stream.waiting:
+                self._turn += offset + 1
+                return stream
+        return None
+
+    def _read(self, stream: ShardStream) -> None:
+        """A shard's reader: receive a batch once the last one was taken, until closed."""
+        try:
+            while True:
+                with self._ready:
+                    while stream.waiting and not self._closed:
+                        self._ready.wait()
+                    if self._closed:
+                        return
+                stream.receive()
+                with self._ready:
+                    self._ready.notify_all()
+        except BaseException as error:  # the iterator raises it
+            with self._ready:
+                self._failure = error
+                self._ready.notify_all()
+
+
+class ShardStream:
+    """The messages of one topic from one shard: a stream to its leader. Reconnects (to the
+    leader, with back-off) whenever the stream breaks, for as long as it is iterated; messages
+    in flight on a broken stream come back from the new leader, flagged
+    ``possible_duplicate``."""
+
+    def __init__(self, client: StreamClient, subscribe: pb.ReceiveRequest, prefetch: int,
+                 shard: int = 0) -> None:
+        self._client = client
+        self._shard = shard
+        self._subscribe = subscribe
+        self._credits = Credits(prefetch)
+        self._buffer: deque[Received] = deque()
+        self._requests: queue.Queue[Queued | None] = queue.Queue()
+        self._stream: _CallIterator[pb.ReceiveResponse] | None = None
+        self._read_lock = threading.Lock()
+        self._closed = False
+
+    def __next__(self) -> Received:
+        while True:
+            message = self.take()
+            if message is not None:
+                return message
+            if self._closed:
+                raise StopIteration
+            self._receive()
+
+    def take(self) -> Received | None:
+        """The next message received, if one waits (None if not), and its credit."""
+        stream = self._stream
+        if self._buffer and stream is not None and not stream.is_active():
+            self._drop_buffered()
+        if not self._buffer:
+            return None
+        message = self._buffer.popleft()
+        if credits := self._credits.handed_out():
+            self._requests.put(("credit", credits))
+        return message
+
+    @property
+    def waiting(self) -> bool:
+        """Whether received messages wait to be taken."""
+        return bool(self._buffer)
+
+    def _drop_buffered(self) -> None:
+        """The stream ended (its leader stepped down or died) while messages it sent wait
+        here: they can no longer be acknowledged, and the new leader sends them again
+        (flagged), so handing these out too would make an unflagged duplicate."""
+        log.info("event=consumer_dropped_buffered messages=%d target=%s", len(self._buffer),
+                 self._address)
+        self._buffer.clear()
+        with self._read_lock:
+            self._stream = None
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Send what is queued (acks), end the stream, and wait up to ``timeout_s`` for the
+        node to close it; messages still on their way are redelivered to other consumers.
+        Safe to call from another thread while one iterates."""
+        self._closed = True
+        self._requests.put(None)
+        stream = self._stream
+        if stream is None:
+            return
+        deadline = threading.Timer(timeout_s, stream.cancel)
+        deadline.start()
+        try:
+            # One reader at a time: a thread blocked in next() sees the end (or the cancel)
+            # first; then whatever is left is drained here.
+            with self._read_lock:
+                self._stream = None
+                for _ in stream:
+                    pass
+        except grpc.RpcError:
+            pass
+        finally:
+            deadline.cancel()
+
+    def _send(self, kind: Literal["ack", "nack"], receipt: str) -> None:
+        self._requests.put((kind, receipt))
+
+    def receive(self) -> None:
+        """Wait for the next batch, (re)connecting as needed."""
+        self._receive()
+
+    def _receive(self) -> None:
+        """Wait for the next batch, (re)connecting as needed."""
+        for attempt in Retrying(retry=retry_if_exception_type(Reconnect),
+                                wait=RECONNECT_WAIT, reraise=True):
+            with attempt, self._read_lock:
+                if self._closed:
+                    return
+                self._read_one(self._stream or self._connect())
+
+    def _connect(self) -> _CallIterator[pb.ReceiveResponse]:
+        self._requests.put(None)  # ends the request generator of the previous stream
+        self._requests = queue.Queue()
+        self._credits.reset()
+        if self._closed:  # closed from another thread since the check: end the new stream too
+            self._requests.put(None)
+        self._address, self._stream = self._client._open_stream(self._outgoing(self._requests),
+                                                                self._shard)
+        return self._stream
+
+    def _read_one(self, stream: _CallIterator[pb.ReceiveResponse]) -> None:
+        try:
+            response = next(stream)
+        except StopIteration:
+            self._stream = None
+            raise Reconnect from None
+        except grpc.RpcError as error:
+            self._stream = None
+            if self._closed:
+                return
+            if not retryable(error):
+                raise translate(error) from None
+            self._client._route_failed(self._address, error, self._shard)
+            log.info("event=consumer_reconnect target=%s code=%s", self._address,
+                     error.code().name)
+            raise Reconnect from error
+        self._buffer.extend(received(response, self._send))
+
+    def _outgoing(self, requests: queue.Queue[Queued | None]) -> Iterator[pb.ReceiveRequest]:
+        yield self._subscribe
+        while True:
+            item = requests.get()
+            if item is None:
+                return
+            items: list[Queued | None] = [item]
+            # Acks wait up to ACK_LINGER_S for company; a credit batch or the end takes them.
+            linger_until = time.monotonic() + ACK_LINGER_S
+            while not urgent(items[-1]):
+                try:
+                    items.append(requests.get(timeout=max(0.0, linger_until
+                                                          - time.monotonic())))
+                except queue.Empty:
+                    break
+            while items[-1] is not None:
+                try:
+                    items.append(requests.get_nowait())
+                except queue.Empty:
+                    break
+            yield from merged_requests(i for i in items if i is not None)
+            if items[-1] is None:
+                return

@@ -1,0 +1,62 @@
+"""A node's place in a cluster of several shards: which shard it serves, and every shard's
+members (docs/shards.md).
+
+Each shard is an independent Raft group; a node serves one replica of one shard. Its own
+shard's members are ``members``; the others' are ``shard_member`` entries, ``SHARD=GRPC`` (the
+gRPC address of one member of shard SHARD), so that every node serves the whole map in
+``ClusterInfo`` and clients route a message to its shard without asking anyone else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+from pydantic_settings import NoDecode
+
+from tickwheel.client.shards import MAX_SHARDS
+from tickwheel.node.api.placement import ShardMap
+
+
+class ShardFields(BaseModel):
+    """Which shard a node serves, and where the other shards are."""
+
+    shard: int = 0
+    """The shard this node's Raft group is: 0 to the number of shards less one. Every member
+    of a group has the same one."""
+    shard_members: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """``SHARD=GRPC`` for every member of every other shard (its gRPC address); empty: the
+    cluster is this node's shard alone. Entries of this node's own shard may be given too
+    (they must then be its members' gRPC addresses), so every node can be given one list."""
+
+
+def shard_map(shard: int, entries: Sequence[str], own_grpc: Sequence[str]) -> ShardMap:
+    """The map from ``shard_members`` entries and the own shard's members' gRPC addresses
+    (``own_grpc``); `ValueError` saying what is wrong with them."""
+    if not 0 <= shard < MAX_SHARDS:
+        raise ValueError(f"shard {shard} is not 0 to {MAX_SHARDS - 1}")
+    listed: dict[int, list[str]] = {}
+    for entry in entries:
+        index, sep, address = entry.partition("=")
+        if not sep or not index.strip().isdigit() or not address.strip():
+            raise ValueError(f"shard_members entry {entry!r} is not SHARD=GRPC_ADDRESS")
+        listed.setdefault(int(index), []).append(address.strip())
+    if shard in listed and sorted(listed[shard]) != sorted(own_grpc):
+        raise ValueError(f"shard_members lists {sorted(listed[shard])} for this node's shard "
+                         f"{shard}, whose members' gRPC addresses are {sorted(own_grpc)}")
+    listed[shard] = list(own_grpc)
+    count = max(listed) + 1
+    if count > MAX_SHARDS:
+        raise ValueError(f"shard_members names shard {count - 1}: at most {MAX_SHARDS} shards")
+    missing = [index for index in range(count) if index not in listed]
+    if missing:
+        raise ValueError(f"shard_members names shard {count - 1} but no member of shard "
+                         f"{missing[0]}: shards are numbered from 0 without gaps")
+    seen: dict[str, int] = {}
+    for index in range(count):
+        for address in listed[index]:
+            if seen.setdefault(address, index) != index:
+                raise ValueError(f"{address} is listed in shards {seen[address]} and {index}: "
+                                 "a node serves one shard")
+    return ShardMap(shard, tuple(tuple(listed[index]) for index in range(count)))

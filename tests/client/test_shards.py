@@ -1,0 +1,129 @@
+"""The placement rules clients and nodes share (`tickwheel.client.shards`), the shard a handle and
+a receipt carry, and how a node's settings name the shards. No process starts here."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tickwheel.client._core import receive_slices
+from tickwheel.client.routing import ShardRouters, merge, split
+from tickwheel.client.shards import (
+    MAX_SHARDS,
+    handle_shard,
+    jump_hash,
+    key_hash,
+    receipt_shard,
+    shard_of,
+)
+from tickwheel.common.errors import InvalidMessage
+from tickwheel.node.settings.config import NodeSettings
+from tickwheel.node.settings.shards import shard_map
+from tickwheel.replication import HandleCipher, LeaseRef, decode_receipt, encode_receipts
+from tickwheel.replication.handle_cipher import SHARD_FLAG_BIT as CIPHER_FLAG_BIT
+from tickwheel.replication.handle_cipher import SHARD_SHIFT as CIPHER_SHIFT
+
+
+def test_an_id_lands_on_the_same_shard_in_every_process_and_release() -> None:
+    # Pinned: a change here would send the retries of messages already scheduled in a
+    # running cluster to another shard, past the idempotency window of the first.
+    assert key_hash("order-42") == 0xF3C9061A76B5AE94
+    assert [shard_of(f"order-{n}", 4) for n in range(12)] == [3, 1, 3, 0, 1, 3, 3, 1, 1, 0, 0, 3]
+    assert [shard_of(f"order-{n}", 2) for n in range(12)] == [1, 1, 1, 0, 1, 1, 0, 1, 1, 0, 0, 0]
+    assert shard_of("anything", 1) == 0
+
+
+def test_ids_spread_evenly_over_the_shards() -> None:
+    counts = Counter(shard_of(os.urandom(8).hex(), 4) for _ in range(20_000))
+    assert set(counts) == {0, 1, 2, 3}
+    assert all(4_600 <= count <= 5_400 for count in counts.values()), counts
+
+
+@given(st.integers(min_value=0, max_value=(1 << 64) - 1), st.integers(1, 64))
+def test_growing_the_shards_moves_a_key_only_to_a_new_shard(key: int, shards: int) -> None:
+    before, after = jump_hash(key, shards), jump_hash(key, shards + 1)
+    assert 0 <= before < shards
+    assert after in (before, shards)
+
+
+def test_a_handle_names_its_shard_and_shard_0_keeps_the_handles_of_one_shard() -> None:
+    key = bytes(range(16))
+    wheel_handles = [(490_000 << 32) | n for n in range(0, 5_000, 7)]
+    single = HandleCipher(key)
+    assert HandleCipher(key, 0).encode(wheel_handles) == single.encode(wheel_handles)
+    assert all(0 <= h < 1 << 62 and handle_shard(h) == 0 for h in single.encode(wheel_handles))
+    for shard in (1, 7, MAX_SHARDS - 1):
+        cipher = HandleCipher(key, shard)
+        handles = cipher.encode(wheel_handles)
+        assert all(0 < h < 1 << 63 and handle_shard(h) == shard for h in handles)
+        assert cipher.decode(handles) == wheel_handles
+        assert len(set(handles)) == len(handles)
+        # another shard's cipher (with the same key, even) takes none of them
+        assert HandleCipher(key, shard - 1).decode(handles) == [None] * len(handles)
+        assert cipher.decode(single.encode(wheel_handles)) == [None] * len(handles)
+    assert (CIPHER_FLAG_BIT, CIPHER_SHIFT) == (62, 54)  # the layout handle_shard reads
+    assert handle_shard(-1) == 0 and handle_shard(-(1 << 62)) == 0
+
+
+def test_a_receipt_names_its_shard_and_another_shard_refuses_it() -> None:
+    lease = LeaseRef(3, 42, 1, 0xDEADBEEF)
+    plain, = encode_receipts([lease])
+    sharded, = encode_receipts([lease], 5)
+    assert "." not in plain and receipt_shard(plain) == 0
+    assert sharded == f"5.{plain}" and receipt_shard(sharded) == 5
+    assert decode_receipt(plain, "r") == decode_receipt(sharded, "r", 5) == lease
+    with pytest.raises(InvalidMessage, match="shard '5'"):
+        decode_receipt(sharded, "ack.receipts[0]", 4)
+    with pytest.raises(InvalidMessage, match="shard 0"):
+        decode_receipt(plain, "ack.receipts[0]", 5)
+    with pytest.raises(InvalidMessage, match="shard '5'"):
+        decode_receipt(sharded, "ack.receipts[0]", 0)
+    assert receipt_shard("999.x") == 0 and receipt_shard("x.y") == 0
+
+
+def test_a_client_sends_each_item_to_its_shard_and_merges_the_answers_in_order() -> None:
+    routers = ShardRouters("a:1")
+    assert routers.count == 1 and not routers.known
+    routers.learn([(["a:1", "b:1"], "b:1"), (["c:1", "d:1"], "")])
+    assert routers.count == 2 and routers.known
+    assert routers.routers[0].choose() == "b:1" and routers.routers[1].leader is None
+    assert routers.shard_of_handle(1 << 62 | 9 << 54) == 0  # no shard 9 here: shard 0 refuses
+    parts = split([1, 0, 1, 1, 0])
+    assert parts == {1: [0, 2, 3], 0: [1, 4]}
+    assert merge(5, [(parts[0], ["b", "e"]), (parts[1], ["a", "c", "d"])]) == list("abcde")
+    one = ShardRouters("a:1")
+    one.learn([])  # a cluster of one shard keeps the router of the given targets
+    assert one.count == 1 and one.routers[0].targets == ["a:1"]
+
+
+def test_a_receive_asks_every_shard_at_once_then_waits_a_slice_at_each_in_turn() -> None:
+    assert receive_slices(1, 5, 3_000) == [(0, 3_000)]
+    slices = receive_slices(2, 1, 1_600)
+    assert slices[:2] == [(1, 0), (0, 0)]
+    assert slices[2:] == [(1, 500), (0, 500), (1, 500), (0, 100)]
+    assert receive_slices(3, 0, 0) == [(0, 0), (1, 0), (2, 0)]
+
+
+def test_a_nodes_shard_settings_are_checked() -> None:
+    own = ["10.0.0.1:7400", "10.0.0.2:7400"]
+    assert shard_map(0, [], own).members == (tuple(own),)
+    both = shard_map(1, ["0=10.0.1.1:7400", "1=10.0.0.2:7400", "1=10.0.0.1:7400"], own)
+    assert both.members == (("10.0.1.1:7400",), tuple(own)) and both.shard == 1
+    for shard, entries, problem in [
+            (1, [], "no member of shard 0"),
+            (0, ["2=10.0.2.1:7400"], "no member of shard 1"),
+            (0, ["1=10.0.0.1:7400"], "listed in shards 0 and 1"),
+            (0, ["0=10.0.9.9:7400"], "for this node's shard 0"),
+            (0, ["one=10.0.1.1:7400"], "is not SHARD=GRPC_ADDRESS"),
+            (MAX_SHARDS, [], "is not 0 to")]:
+        with pytest.raises(ValueError, match=problem):
+            shard_map(shard, entries, own)
+    settings = NodeSettings(shard=1, shard_members="0=127.0.0.1:7401,0=127.0.0.1:7402",
+                            grpc_listen="127.0.0.1:7400", insecure_grpc=True)
+    assert settings.shard_map().count == 2 and settings.replica_config().shard == 1
+    with pytest.raises(ValueError, match="no member of shard 0"):
+        NodeSettings(shard=1, insecure_grpc=True)
