@@ -59,6 +59,17 @@ class GroupInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class Shard:
+    """A shard of the cluster (an independent Raft group), as the answering node knows it."""
+
+    shard: int
+    grpc_addresses: tuple[str, ...]
+    """Its members' client addresses."""
+    leader_grpc: str
+    """Its leader's gRPC address, if the answering node knows it ("" if not)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterInfo:
     """The cluster as one node sees it."""
 
@@ -83,6 +94,10 @@ class ClusterInfo:
     topics: tuple[TopicDue, ...]
     pending: tuple[TopicPending, ...]
     groups: tuple[GroupInfo, ...]
+    shard: int = 0
+    """The shard the answering node serves."""
+    shards: tuple[Shard, ...] = ()
+    """Every shard, in order; empty in a cluster of one shard."""
 
 
 _Part = TypeVar("_Part", "Member", "TopicDue", "TopicPending", "GroupInfo")
@@ -94,10 +109,12 @@ def _plain(kind: type[_Part], message: Any) -> _Part:
 
 
 def cluster_info(response: pb.ClusterInfoResponse) -> ClusterInfo:
-    nested = {"members", "topics", "pending", "groups"}
+    nested = {"members", "topics", "pending", "groups", "shards"}
     scalars = {field.name: getattr(response, field.name) for field in fields(ClusterInfo)
                if field.name not in nested}
     return ClusterInfo(members=tuple(_plain(Member, m) for m in response.members),
                        topics=tuple(_plain(TopicDue, t) for t in response.topics),
                        pending=tuple(_plain(TopicPending, p) for p in response.pending),
-                       groups=tuple(_plain(GroupInfo, g) for g in response.groups), **scalars)
+                       groups=tuple(_plain(GroupInfo, g) for g in response.groups),
+                       shards=tuple(Shard(s.shard, tuple(s.grpc_addresses), s.leader_grpc)
+                                    for s in response.shards), **scalars)

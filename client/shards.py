@@ -12,7 +12,9 @@ starts with ``k.``; one of shard 0 has no prefix.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 from typing import Final
 
 MAX_SHARDS: Final = 256
@@ -61,3 +63,12 @@ def receipt_shard(receipt: str) -> int:
         return 0
     shard = int(prefix)
     return shard if shard < MAX_SHARDS else 0
+
+
+@functools.lru_cache(maxsize=MAX_SHARDS)
+def shard_key(shard: int, shards: int) -> str:
+    """A routing key that places a message on ``shard`` of ``shards``: the first of
+    ``shard-<shard>-<n>`` that hashes there (what the RocketMQ listener gives the messages sent
+    to a queue, which is a shard)."""
+    return next(key for n in itertools.count()
+                if shard_of(key := f"shard-{shard}-{n}", shards) == shard)

@@ -68,7 +68,7 @@ Not what the kubelet probes (a node out of space still delivers): for alerts and
 async def serve(settings: NodeSettings) -> None:
     members = settings.member_map()
     own_clock = SystemClock(settings.clock_skew_ms)
-    metrics = Metrics(settings.max_topic_labels)
+    metrics = Metrics(settings.max_topic_labels, settings.shard)
     trail = DeliveryTrail(settings.data / TRAIL_FILE, settings.raft_address,
                           settings.trail_max_bytes)
     retry = settings.retry_policy()
@@ -109,12 +109,12 @@ async def serve(settings: NodeSettings) -> None:
         log.warning("event=fault_injection_on this node obeys faults written into %s (a clock "
                     "step): for testing only, never in production", settings.data)
     log.info("event=node_started raft=%s grpc=%s peer=%s rocketmq=%s health=%s metrics=%s "
-             "data=%s members=%d tls=%s client_certs=%s principals=%s clock_skew_ms=%d "
-             "fault_injection=%s",
+             "data=%s members=%d shard=%d shards=%d tls=%s client_certs=%s principals=%s "
+             "clock_skew_ms=%d fault_injection=%s",
              settings.raft_address, settings.listen(), settings.listen_peers() or "-",
              settings.rocketmq_listen or "-", settings.health_listen or "-",
-             settings.metrics_listen or "-",
-             settings.data, len(members), secure, settings.tls_client_certs,
+             settings.metrics_listen or "-", settings.data, len(members), settings.shard,
+             settings.shard_map().count, secure, settings.tls_client_certs,
              len(access.current) if access else "-", settings.clock_skew_ms,
              settings.fault_injection)
     stop = asyncio.Event()

@@ -24,6 +24,7 @@ token: ``--ca-file``, ``--token-file`` (or ``--cert-file`` and ``--key-file``), 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -193,30 +194,49 @@ def _reschedule(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    """The cluster as tables: its members, messages and groups; per shard, with several."""
     with _client(args) as client:
         info = client.cluster_info()
-        table = Table(title=f"term {info.term}, leader {info.leader_grpc or 'unknown'}")
-        for column in ("member (gRPC)", "Raft", "role", "term", "applied", "lag", "cursor"):
-            table.add_column(column)
-        for member in info.members:
-            try:
-                seen = client.cluster_info(member.grpc_address)
-            except TickwheelClientError:
-                table.add_row(member.grpc_address, member.raft_address, "[red]down[/red]",
-                              "", "", "", "")
+        if not info.shards:
+            _shard_status(client, info, "")
+            return 0
+        for shard in info.shards:
+            view = None
+            for address in shard.grpc_addresses:
+                with contextlib.suppress(TickwheelClientError):
+                    view = client.cluster_info(address)
+                    break
+            if view is None:
+                console.print(f"[red]shard {shard.shard}: no member answers[/red] "
+                              f"({', '.join(shard.grpc_addresses)})")
                 continue
-            table.add_row(member.grpc_address, member.raft_address, seen.role,
-                          str(seen.term), str(seen.last_applied), str(member.lag_entries),
-                          f"{_iso(seen.cursor_second * 1000)} #{seen.cursor_local_index}")
-        console.print(table)
-        leader = client.cluster_info(info.leader_grpc) if info.leader_grpc else info
-        if leader.topics or leader.pending or leader.pending_untracked:
-            console.print(_topics_table(leader))
-        if leader.groups:
-            console.print(_groups_table(leader))
-        console.print(f"cursor lag: {leader.cursor_lag_ms} ms; handed to groups past the "
-                      f"cursor: {leader.readied_past_cursor}")
+            _shard_status(client, view, f"shard {shard.shard} of {len(info.shards)}: ")
     return 0
+
+
+def _shard_status(client: Client, info: ClusterInfo, title: str) -> None:
+    """One Raft group's tables, from ``info`` (a member's answer)."""
+    table = Table(title=f"{title}term {info.term}, leader {info.leader_grpc or 'unknown'}")
+    for column in ("member (gRPC)", "Raft", "role", "term", "applied", "lag", "cursor"):
+        table.add_column(column)
+    for member in info.members:
+        try:
+            seen = client.cluster_info(member.grpc_address)
+        except TickwheelClientError:
+            table.add_row(member.grpc_address, member.raft_address, "[red]down[/red]",
+                          "", "", "", "")
+            continue
+        table.add_row(member.grpc_address, member.raft_address, seen.role,
+                      str(seen.term), str(seen.last_applied), str(member.lag_entries),
+                      f"{_iso(seen.cursor_second * 1000)} #{seen.cursor_local_index}")
+    console.print(table)
+    leader = client.cluster_info(info.leader_grpc) if info.leader_grpc else info
+    if leader.topics or leader.pending or leader.pending_untracked:
+        console.print(_topics_table(leader))
+    if leader.groups:
+        console.print(_groups_table(leader))
+    console.print(f"cursor lag: {leader.cursor_lag_ms} ms; handed to groups past the "
+                  f"cursor: {leader.readied_past_cursor}")
 
 
 def _groups_table(info: ClusterInfo) -> Table:

@@ -86,10 +86,12 @@ class TopicLabels:
 class Metrics:
     """Every metric a node exports, in its own registry."""
 
-    def __init__(self, max_topic_labels: int = 1_000) -> None:
+    def __init__(self, max_topic_labels: int = 1_000, shard: int = 0) -> None:
         self.topic = TopicLabels(max_topic_labels)
         """Use ``metrics.delivered.labels(metrics.topic(name))``: the bounded label."""
         self.registry = CollectorRegistry()
+        self.registry.set_target_info({"shard": str(shard)})
+        """``target_info{shard="K"} 1``: join on it to label any series by shard."""
         r = self.registry
         self.scheduled = Counter("tickwheel_scheduled_messages", "Messages newly scheduled "
                                  "(retried ids not counted again).", registry=r)

@@ -20,6 +20,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from tickwheel.client.shards import shard_key
 from tickwheel.common.errors import invariant
 from tickwheel.node.api.admission import CALLER
 from tickwheel.node.api.context import NodeContext
@@ -123,6 +124,10 @@ class MessagingService:
         max_delay_ms = self._node.limits.max_delay_ms
         messages = [convert.to_tickwheel(m, f"messages[{i}]", now_ms, max_delay_ms)
                     for i, m in enumerate(request.messages)]
+        shards = self._node.shards
+        if shards.count > 1:  # the queue a RocketMQ client sends to is this node's shard
+            for message in messages:
+                message.routing_key = shard_key(shards.shard, shards.count)
         response = await self._calls.perform(context, "Schedule",
                                        pb.ScheduleRequest(messages=messages), principal)
         entries = [svc.SendResultEntry(status=OK, message_id=result.id,

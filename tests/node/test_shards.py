@@ -5,16 +5,20 @@ shard's messages, and one shard's leader killed while the other shard goes on de
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
-from tickwheel.client import CancelOutcome, Client, Message, Received
+from tickwheel.client import CancelOutcome, Client, Message, Received, RescheduleOutcome
 from tickwheel.client.shards import handle_shard, receipt_shard, shard_of
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -26,7 +30,8 @@ SHARDS = 2
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path_factory.mktemp("shards"), 3, shards=SHARDS) as started:
+    with LocalCluster(tmp_path_factory.mktemp("shards"), 3, shards=SHARDS,
+                      metrics=True) as started:
         started.leaders(timeout_s=60)  # six fresh processes, while another worker runs
         yield started
 
@@ -48,11 +53,29 @@ def test_every_node_serves_the_map_of_every_shard(cluster: LocalCluster) -> None
         assert own.leader_grpc == cluster.leader(shard=node.shard).grpc_address
 
 
+def test_status_shows_every_shard_and_metrics_name_the_shard(cluster: LocalCluster) -> None:
+    assert cluster.security is not None
+    target = cluster.nodes[-1].grpc_address  # any node: it knows the others
+    status = subprocess.run(
+        [sys.executable, "-m", "tickwheel.node", "status", "--target", target],
+        check=False, capture_output=True, text=True, timeout=60,
+        env={**os.environ, **cluster.security.environment(), "COLUMNS": "200"})
+    assert status.returncode == 0, status.stdout + status.stderr
+    for shard in range(SHARDS):
+        assert f"shard {shard} of {SHARDS}: term" in status.stdout
+        assert f"leader {cluster.leader(shard=shard).grpc_address}" in status.stdout
+    for node in cluster.nodes:
+        assert node.metrics_address is not None
+        with urllib.request.urlopen(f"http://{node.metrics_address}/metrics",
+                                    timeout=10) as page:
+            assert f'target_info{{shard="{node.shard}"}} 1.0' in page.read().decode()
+
+
 def test_each_message_lives_on_the_shard_of_its_id_and_one_consumer_gets_them_all(
         cluster: LocalCluster, client: Client) -> None:
     topic = f"spread-{uuid.uuid4().hex[:8]}"
-    due_ms = int(time.time() * 1000) + 500
-    messages = [Message(topic, f"body-{n}", deliver_at_ms=due_ms, id=f"{topic}-{n}")
+    far_ms = int(time.time() * 1000) + 3_600_000  # due once counted, by a reschedule
+    messages = [Message(topic, f"body-{n}", deliver_at_ms=far_ms, id=f"{topic}-{n}")
                 for n in range(200)]
     results = client.schedule_many(messages)
     assert [r.id for r in results] == [m.id for m in messages]  # answered in the request's order
@@ -67,6 +90,8 @@ def test_each_message_lives_on_the_shard_of_its_id_and_one_consumer_gets_them_al
     again = client.schedule_many(messages)
     assert all(r.duplicate for r in again)
     assert [r.handle for r in again] == [r.handle for r in results]
+    assert {m.outcome for m in client.reschedule([r.handle for r in results], delay_ms=0)} == {
+        RescheduleOutcome.RESCHEDULED}
 
     got: dict[str, Received] = {}
     with client.consume(topic, prefetch=32) as consumer:
