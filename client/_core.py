@@ -17,7 +17,7 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from tickwheel.client.credentials import Credentials
-from tickwheel.client.errors import retryable
+from tickwheel.client.errors import TickwheelClientError, retryable
 from tickwheel.client.routing import ShardRouters
 from tickwheel.v1 import tickwheel_pb2 as pb
 
@@ -362,6 +362,15 @@ class ClientBase(Generic[ChannelT]):
     def _learn(self, info: pb.ClusterInfoResponse) -> ShardRouters:
         """Take the shard map of a ``ClusterInfo`` answer."""
         self._shards.learn([(shard.grpc_addresses, shard.leader_grpc) for shard in info.shards])
+        return self._shards
+
+    def _unmapped(self, error: TickwheelClientError) -> ShardRouters:
+        """The map when ``ClusterInfo`` failed: a server that does not implement it (a stand-in,
+        a gateway that passes some methods) is taken as one shard; any other failure is
+        raised."""
+        if error.code != grpc.StatusCode.UNIMPLEMENTED:
+            raise error
+        self._shards.learn([])
         return self._shards
 
 

@@ -46,7 +46,7 @@ from tickwheel.client._core import (
 )
 from tickwheel.client.aio_consumers import AsyncConsumer
 from tickwheel.client.credentials import Credentials, open_aio_channel
-from tickwheel.client.errors import retryable, translate
+from tickwheel.client.errors import TickwheelClientError, retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
 from tickwheel.client.routing import ShardRouters, merge, split
 from tickwheel.client.rpcs import (
@@ -149,7 +149,10 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         """See `tickwheel.client.Client.shards`."""
         shards = self._shards
         if not shards.known:
-            shards = self._learn(await self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
+            try:
+                shards = self._learn(await self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
+            except TickwheelClientError as error:
+                shards = self._unmapped(error)
         return shards
 
     def consume(self, topic: str, *, prefetch: int = 64, visibility_timeout_ms: int = 0,

@@ -48,7 +48,7 @@ from tickwheel.client._core import (
 )
 from tickwheel.client.consumers import Consumer
 from tickwheel.client.credentials import Credentials, open_channel
-from tickwheel.client.errors import retryable, translate
+from tickwheel.client.errors import TickwheelClientError, retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
 from tickwheel.client.routing import ShardRouters, merge, split
 from tickwheel.client.rpcs import (
@@ -169,7 +169,10 @@ class Client(ClientBase[grpc.Channel]):
         """The cluster's shards, read from the first node that answers (once)."""
         shards = self._shards
         if not shards.known:
-            shards = self._learn(self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
+            try:
+                shards = self._learn(self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
+            except TickwheelClientError as error:
+                shards = self._unmapped(error)
         return shards
 
     def consume(self, topic: str, *, prefetch: int = 64, visibility_timeout_ms: int = 0,

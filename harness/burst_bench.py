@@ -44,15 +44,14 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 
 from tickwheel.client import Message
+from tickwheel.harness.bench_figures import cpu_s, percentiles
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
 from tickwheel.harness.node_bench import (
     BODY,
     Endpoint,
     _client,
     _consumer_until,
-    _cpu_s,
     _endpoint,
-    _percentiles,
     _subscribed,
     now_ms,
 )
@@ -171,10 +170,10 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
     scheduled_s, scheduled_ms = time.monotonic() - began, now_ms()
     leader = cluster.leader()
     wait_for(lambda: now_ms() >= due_ms, max(0.0, (due_ms - now_ms()) / 1000) + 5, "T")
-    leader_cpu_s = _cpu_s(leader.pid)
+    leader_cpu_s = cpu_s(leader.pid)
     wait_for(lambda: received.value >= messages, 600, f"{messages} burst messages to arrive",
              poll_s=0.1)
-    leader_cpu_s = _cpu_s(leader.pid) - leader_cpu_s
+    leader_cpu_s = cpu_s(leader.pid) - leader_cpu_s
     steady_done.set()
     steady.join()
     peak_rss_mb = _peak_rss_mb(leader.pid)
@@ -238,7 +237,7 @@ def _steady(endpoint: Endpoint, rate: int, done: threading.Event) -> None:
 def _steady_figures(lateness: list[float]) -> dict[str, float]:
     if not lateness:
         return {"steady_messages_during_burst": 0}
-    figures = _percentiles("", lateness)
+    figures = percentiles("", lateness)
     return {"steady_messages_during_burst": len(lateness),
             **{f"steady_lateness_{key}_ms": figures[key] for key in ("p50", "p99", "max")}}
 

@@ -27,6 +27,10 @@ A 3-node cluster of real processes on 127.0.0.1, 100-byte bodies. Figures:
   bottleneck; with the CPU figures above at that load (``..._at_capacity``), the only ones
   that measure work per message rather than the cost of being awake (below saturation, a
   figure per message is mostly the fixed cost of a second divided by the rate).
+- With ``--shards S``: S Raft groups of three nodes each, the clients spread over them (their
+  ids hash to the shards); the leader and follower figures are per message of the node's
+  shard (the leaders' mean), and ``leader_cores_min`` / ``_max`` at capacity say how busy the
+  least and the most busy shard leader were at once (docs/benchmarks.md, "Shards").
 - ``rocketmq_lateness_p50_ms`` / ``_p99_ms`` / ``_max_ms`` at each of ``--rocketmq-rates``
   (200 and 500 due messages per second): a run as above, on a fresh cluster, with a second
   consumer group beside the native one: ``--rocketmq-consumers`` processes of RocketMQ 5's
@@ -44,12 +48,11 @@ import argparse
 import ctypes
 import json
 import multiprocessing
-import os
-import statistics
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.queues import Queue
 from multiprocessing.sharedctypes import Synchronized
@@ -58,7 +61,9 @@ from pathlib import Path
 from typing import TypedDict
 
 from tickwheel.client import Client, Consumer, Credentials, Message
+from tickwheel.client.shards import shard_of
 from tickwheel.harness import rocketmq_consumer
+from tickwheel.harness.bench_figures import CPU_FIGURES, cpu_figures, cpu_s, percentiles
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
 
 BODY = b"x" * 100
@@ -207,12 +212,12 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
         _warm_up(cluster, f"{topic}-warmup", warmed, rocketmq_consumers)
     total = int(rate * seconds)
     tick_s = 0.01
-    leader_pid = cluster.leader().pid
+    leaders = cluster.leaders()
     pids = [node.pid for node in cluster.nodes]
-    started_cpu_s = {pid: _cpu_s(pid) for pid in pids}
+    started_cpu_s = {pid: cpu_s(pid) for pid in pids}
     client_pids = [pid for process in processes + rocketmq_processes
                    if (pid := process.pid) is not None]  # every one: all are started
-    clients_cpu_s = time.process_time() + sum(map(_cpu_s, client_pids))
+    clients_cpu_s = time.process_time() + sum(map(cpu_s, client_pids))
     with _client(_endpoint(cluster), 60) as client:
         began = time.monotonic()
         first_due_ms = now_ms() + int(LEAD_S * 1000)
@@ -234,21 +239,19 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
     if rocketmq_consumers:
         wait_for(lambda: rocketmq_received.value >= total, 60,
                  f"{total} messages to reach the RocketMQ group", poll_s=0.1)
-    used_cpu_s = {pid: _cpu_s(pid) - started for pid, started in started_cpu_s.items()}
-    clients_cpu_s = time.process_time() + sum(map(_cpu_s, client_pids)) - clients_cpu_s
+    used_cpu_s = {pid: cpu_s(pid) - started for pid, started in started_cpu_s.items()}
+    clients_cpu_s = time.process_time() + sum(map(cpu_s, client_pids)) - clients_cpu_s
+    elapsed_s = time.monotonic() - began
     stop.set()
     arrivals = [results.get(timeout=30) for _ in processes]
     lateness = sorted(value for values, _ in arrivals for value in values)
     last_arrival_ms = max(last for _, last in arrivals)
-    figures = {**_percentiles("", lateness), "producer_behind_s": round(max(0.0, behind_s), 3),
+    figures = {**percentiles("", lateness), "producer_behind_s": round(max(0.0, behind_s), 3),
                "delivered_per_s": round(total / ((last_arrival_ms - first_due_ms) / 1000)),
-               "leader_cpu_us_per_msg": round(1e6 * used_cpu_s[leader_pid] / total, 1),
-               "follower_cpu_us_per_msg": round(1e6 * max(
-                   cpu_s for pid, cpu_s in used_cpu_s.items() if pid != leader_pid) / total, 1),
-               "cluster_cpu_us_per_msg": round(1e6 * sum(used_cpu_s.values()) / total, 1),
-               "clients_cpu_us_per_msg": round(1e6 * clients_cpu_s / total, 1)}
+               **cpu_figures(cluster.shards, leaders, used_cpu_s, clients_cpu_s,
+                             _per_shard(topic, total, len(cluster.shards)), elapsed_s)}
     if rocketmq_consumers:
-        figures |= _percentiles("rocketmq_", sorted(
+        figures |= percentiles("rocketmq_", sorted(
             value for _ in rocketmq_processes for value in rocketmq_results.get(timeout=60)))
     for process in processes + rocketmq_processes:
         process.join(10)
@@ -256,15 +259,17 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
 
 
 def _subscribed(cluster: LocalCluster, topic: str) -> int:
-    """The consumers of ``topic`` the leader counts (0 while it does not answer)."""
-    info = cluster.leader().info()
-    return 0 if info is None else sum(t.consumers for t in info.topics if t.topic == topic)
+    """The consumers of ``topic`` every shard's leader counts, the fewest (0 while one does
+    not answer)."""
+    infos = [leader.info() for leader in cluster.leaders()]
+    return min(0 if info is None else sum(t.consumers for t in info.topics if t.topic == topic)
+               for info in infos)
 
 
-def _cpu_s(pid: int) -> float:
-    """The CPU time a process has used so far, user and system (Linux's /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _per_shard(topic: str, total: int, shards: int) -> list[int]:
+    """How many of the lateness run's messages (ids ``topic-k``) each shard holds."""
+    counts = Counter(shard_of(f"{topic}-{k}", shards) for k in range(total))
+    return [counts[shard] for shard in range(shards)]
 
 
 def _warm_up(cluster: LocalCluster, topic: str, warmed: Synchronized[int],
@@ -280,16 +285,6 @@ def _warm_up(cluster: LocalCluster, topic: str, warmed: Synchronized[int],
                                    f"{consumers} warm-up messages in 60 s")
             client.schedule(topic, b"warm-up", deliver_at_ms=now_ms())
             time.sleep(0.2)
-
-
-def _percentiles(prefix: str, lateness: list[float]) -> dict[str, float]:
-    return {f"{prefix}p50": round(statistics.median(lateness), 2),
-            f"{prefix}p99": round(lateness[int(0.99 * (len(lateness) - 1))], 2),
-            f"{prefix}max": round(lateness[-1], 2), f"{prefix}messages": len(lateness)}
-
-
-CPU_FIGURES = ("leader_cpu_us_per_msg", "follower_cpu_us_per_msg", "cluster_cpu_us_per_msg",
-               "clients_cpu_us_per_msg")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,13 +304,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity-rate", type=int, default=CAPACITY_RATE,
                         help="due messages a second offered to measure capacity (0: none)")
     parser.add_argument("--only", choices=PHASES, help="run one phase (figures keep their keys)")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="Raft groups of three nodes each (docs/shards.md)")
     parser.add_argument("--insecure-raft", action="store_true",
                         help="Raft links in the clear, to measure what their encryption costs")
     parser.add_argument("--insecure-grpc", action="store_true",
                         help="gRPC in plaintext without tokens, to measure what TLS costs")
     args = parser.parse_args(argv)
     figures: Figures = {"raft_links": "insecure" if args.insecure_raft else "secret",
-                     "grpc": "plaintext" if args.insecure_grpc else "tls+token"}
+                     "grpc": "plaintext" if args.insecure_grpc else "tls+token",
+                     "shards": args.shards}
     with tempfile.TemporaryDirectory(prefix="tickwheel-node-bench-") as root:
         if args.only in (None, "schedule"):
             figures |= _schedule_phase(Path(root) / "schedule", args)
@@ -331,15 +329,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class _Security(TypedDict):
-    """How a benchmark's cluster is secured: `LocalCluster`'s flags of the same names."""
+class _Shape(TypedDict):
+    """How a benchmark's cluster is secured and sharded: `LocalCluster`'s flags of the same
+    names."""
 
     insecure_raft: bool
     insecure_grpc: bool
+    shards: int
 
 
-def _secured(args: argparse.Namespace) -> _Security:
-    return {"insecure_raft": args.insecure_raft, "insecure_grpc": args.insecure_grpc}
+def _secured(args: argparse.Namespace) -> _Shape:
+    return {"insecure_raft": args.insecure_raft, "insecure_grpc": args.insecure_grpc,
+            "shards": args.shards}
 
 
 def _due_s(args: argparse.Namespace) -> float:
@@ -348,7 +349,7 @@ def _due_s(args: argparse.Namespace) -> float:
 
 def _schedule_phase(root: Path, args: argparse.Namespace) -> Figures:
     with LocalCluster(root, **_secured(args)) as cluster:
-        cluster.leader(30)
+        cluster.leaders(30)
         return {"grpc_schedule_msgs_per_s": round(schedule_batched(
                     cluster, 40_000 if args.quick else 400_000, args.producers, args.threads,
                     args.batch)),
@@ -367,7 +368,7 @@ def _lateness_phase(root: Path, args: argparse.Namespace) -> Figures:
         # A fresh cluster per rate: nothing left over from the previous load.
         with LocalCluster(root / f"due{rate}", rocketmq=bool(beside),
                           **_secured(args)) as cluster:
-            cluster.leader(30)
+            cluster.leaders(30)
             run = lateness_at(cluster, rate, _due_s(args), args.consumers, beside)
         for prefix in ("", "rocketmq_") if beside else ("",):
             for key in ("p50", "p99", "max"):
@@ -382,11 +383,13 @@ def _capacity_phase(root: Path, args: argparse.Namespace) -> Figures:
     """A lateness run offered ``--capacity-rate``: what the cluster delivers a second when it
     is the bottleneck, and the CPU a message costs at that load."""
     with LocalCluster(root, **_secured(args)) as cluster:
-        cluster.leader(30)
+        cluster.leaders(30)
         run = lateness_at(cluster, args.capacity_rate, _due_s(args), args.consumers)
     return {"capacity_offered_per_s": args.capacity_rate,
             "capacity_delivered_per_s": run["delivered_per_s"],
             "producer_behind_s_at_capacity": run["producer_behind_s"],
+            "leader_cores_min_at_capacity": run["leader_cores_min"],
+            "leader_cores_max_at_capacity": run["leader_cores_max"],
             **{f"{key}_at_capacity": run[key] for key in CPU_FIGURES}}
 
 

@@ -145,7 +145,8 @@ def test_the_demo_kills_the_leader_and_every_message_still_arrives(tmp_path: Pat
                           env={**os.environ, "COLUMNS": "200"})
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "SIGKILL leader" in demo.stdout
-    assert "every message arrived" in demo.stdout
+    assert "every one of the 30 messages arrived" in demo.stdout
+    assert "shard 1 leader:" in demo.stdout and "shard 1  from" in demo.stdout
     assert len(re.findall(r"demo-\d+ +late", demo.stdout)) >= 30
 
 
