@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import doctest
 import os
+import re
 import secrets as secrets_module
 import signal
 import socket
@@ -114,6 +115,72 @@ def test_impossible_places_are_configuration_errors(bad_pod: StatefulSetPod,
         addresses(bad_pod)
 
 
+# -- the other shards -------------------------------------------------------------------------
+
+def shard_pod(name: str = "tickwheel-s1-2", shard: int = 1, shards: int = 3,
+              **knobs: object) -> StatefulSetPod:
+    return pod(name, shard=shard, shards=shards, **knobs)
+
+
+def test_a_pod_of_a_shard_derives_every_member_of_the_other_shards() -> None:
+    found = addresses(shard_pod("tickwheel-s1-2"))
+    assert found.raft_address == f"tickwheel-s1-2.{PEERS}:7500"
+    assert [member.split("=")[1] for member in found.members] == [
+        f"tickwheel-s1-{i}.{PEERS}:7400" for i in range(3)]
+    assert found.shard_members == [f"{shard}=tickwheel-s{shard}-{i}.{PEERS}:7400"
+                                   for shard in (0, 2) for i in range(3)]
+
+
+def test_one_shard_derives_no_other_and_needs_no_shard_name() -> None:
+    assert addresses(pod("tickwheel-1", shard=0, shards=1)).shard_members == []
+    assert addresses(pod("tickwheel-1")).shard_members == []
+
+
+def test_the_template_names_each_shards_statefulset_and_hosts_may_name_the_shard() -> None:
+    found = addresses(shard_pod("tw-1-0", shard=1, shards=2,
+                                shard_statefulset_template="tw-{shard}",
+                                host_template="{pod}.shard-{shard}.{namespace}"))
+    assert found.raft_address == "tw-1-0.shard-1.prod:7500"
+    assert found.shard_members == ["0=tw-0-0.shard-0.prod:7400", "0=tw-0-1.shard-0.prod:7400",
+                                   "0=tw-0-2.shard-0.prod:7400"]
+
+
+def test_the_port_stride_counts_the_pods_of_every_shard() -> None:
+    found = addresses(shard_pod("tickwheel-s1-0", shards=2, replicas=2,
+                                host_template="127.0.0.1", raft_port=20_001, grpc_port=20_000,
+                                peer_port=20_002, port_stride=3, listen_host="127.0.0.1"))
+    # pod i of shard k is pod k * replicas + i of the cluster: shard 1's start at the third
+    assert found.members == ["127.0.0.1:20007=127.0.0.1:20006=127.0.0.1:20008",
+                             "127.0.0.1:20010=127.0.0.1:20009=127.0.0.1:20011"]
+    assert found.grpc_listen == "127.0.0.1:20006"
+    assert found.shard_members == ["0=127.0.0.1:20000", "0=127.0.0.1:20003"]
+    last = addresses(shard_pod("tickwheel-s1-0", shards=3, replicas=2, raft_port=65_530,
+                               grpc_port=60_000, peer_port=61_000, port_stride=1))
+    assert last.raft_address.endswith(":65532")  # and pod 5 of the cluster gets 65535
+
+
+@pytest.mark.parametrize(("bad_pod", "message"), [
+    (shard_pod(shard=3, shards=3), "shard 3 is not below shards 3"),
+    (shard_pod(shards=0), "shards must be 1 to 256, not 0"),
+    (shard_pod(shards=257), "shards must be 1 to 256"),
+    (shard_pod("tickwheel-s2-0"), "is of StatefulSet 'tickwheel-s2', but shard 1's is "
+                                  "'tickwheel-s1'"),
+    (shard_pod("tickwheel-1"), "does TICKWHEEL_SHARD match the StatefulSet"),
+    (shard_pod(shard_statefulset_template="tickwheel"), "gives two shards the same"),
+    (shard_pod(shard_statefulset_template="tw-{shard}-{zone}"), "the field is {shard}"),
+    (shard_pod(shard_statefulset_template="Tick_{shard}"), "'Tick_0', which is no "
+                                                          "StatefulSet name"),
+    (shard_pod(host_template="{pod}.{zone}"), "{shard}, {service}"),
+    # the last pod of the last shard (pod 5 of the cluster) would have port 65536
+    (shard_pod("tickwheel-s1-0", shards=3, replicas=2, raft_port=65_531, port_stride=1),
+     "raft_port 65531 with port_stride 1 gives port 65536 to the last pod"),
+])
+def test_impossible_shards_are_configuration_errors(bad_pod: StatefulSetPod,
+                                                    message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        addresses(bad_pod)
+
+
 # -- NodeSettings -----------------------------------------------------------------------------
 
 @pytest.fixture
@@ -175,6 +242,54 @@ def test_without_a_pod_environment_nothing_is_derived(pod_env: pytest.MonkeyPatc
         "127.0.0.1:7500", [], None)
     pod_env.setenv("TICKWHEEL_GRPC_PORT", "7401")
     with pytest.raises(ValidationError, match="grpc_port only apply to a StatefulSet pod"):
+        NodeSettings()
+
+
+def test_a_pod_of_a_shard_derives_the_whole_shard_map(pod_env: pytest.MonkeyPatch) -> None:
+    pod_env.setenv("TICKWHEEL_POD_NAME", "tickwheel-s1-0")
+    pod_env.setenv("TICKWHEEL_SHARD", "1")
+    pod_env.setenv("TICKWHEEL_SHARDS", "2")
+    settings = load(None, {})
+    assert settings.raft_address == f"tickwheel-s1-0.{PEERS}:7500"
+    shard_map = settings.shard_map()
+    assert (shard_map.shard, shard_map.count) == (1, 2)
+    assert shard_map.members == (
+        tuple(f"tickwheel-s0-{i}.{PEERS}:7400" for i in range(3)),
+        tuple(f"tickwheel-s1-{i}.{PEERS}:7400" for i in range(3)))
+    assert settings.replica_config().shard == 1
+
+
+def test_explicit_shard_members_win_over_derived_ones(pod_env: pytest.MonkeyPatch) -> None:
+    """Given by hand, the other shards need not follow the template (this pod's StatefulSet is
+    tickwheel, not tickwheel-s1), and shards checks their number."""
+    pod_env.setenv("TICKWHEEL_SHARD", "1")
+    pod_env.setenv("TICKWHEEL_SHARDS", "2")
+    pod_env.setenv("TICKWHEEL_SHARD_MEMBERS", "0=a:7400,0=b:7400")
+    assert load(None, {}).shard_map().members[0] == ("a:7400", "b:7400")
+    pod_env.setenv("TICKWHEEL_SHARDS", "3")
+    with pytest.raises(ValidationError, match=r"shards is 3, but shard 1 and shard_members "
+                                              r"make a map of 2 shards"):
+        load(None, {})
+
+
+def test_a_pod_told_its_shard_but_not_how_many_is_refused(
+        pod_env: pytest.MonkeyPatch) -> None:
+    pod_env.setenv("TICKWHEEL_POD_NAME", "tickwheel-s1-0")
+    pod_env.setenv("TICKWHEEL_SHARD", "1")
+    with pytest.raises(ValidationError, match=r"shard 1 given without shards"):
+        load(None, {})
+    pod_env.setenv("TICKWHEEL_SHARDS", "2")
+    pod_env.setenv("TICKWHEEL_SHARD", "2")
+    with pytest.raises(ValidationError, match=r"shard 2 is not below shards 2"):
+        load(None, {})
+
+
+def test_the_shard_template_is_refused_outside_a_pod(pod_env: pytest.MonkeyPatch) -> None:
+    for name in POD_ENV:
+        pod_env.delenv(name)
+    pod_env.setenv("TICKWHEEL_SHARD_STATEFULSET_TEMPLATE", "tw-{shard}")
+    with pytest.raises(ValidationError, match="shard_statefulset_template only apply to a "
+                                              "StatefulSet pod"):
         NodeSettings()
 
 
