@@ -98,7 +98,7 @@ def test_the_readmes_development_certificate_names_every_dialled_address(
 
 def test_the_cert_manager_certificate_names_every_dialled_address(tmp_path: Path) -> None:
     secret, hosts = cert_manager_hosts(NAMESPACE)
-    statefulset = yaml.safe_load((DEPLOY / "k8s/base/statefulset.yaml").read_text())
+    statefulset = yaml.safe_load((DEPLOY / "k8s/shard/statefulset.yaml").read_text())
     volumes = statefulset["spec"]["template"]["spec"]["volumes"]
     assert secret in {volume.get("secret", {}).get("secretName") for volume in volumes}
     security = dev_credentials.make(tmp_path / "issued", hosts)

@@ -440,10 +440,10 @@ def the_members(objects: list[Manifest]) -> dict[str, Any]:
     return {"podSelector": {"matchLabels": labels}}
 
 
-def test_the_network_policy_is_in_the_base_and_so_in_every_overlay(
+def test_the_network_policy_is_in_what_every_cluster_has_and_so_in_every_overlay(
         rendered: dict[str, list[Manifest]]) -> None:
-    base = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
-    assert "networkpolicy.yaml" in base["resources"]
+    common = yaml.safe_load((K8S / "common" / "kustomization.yaml").read_text())
+    assert "networkpolicy.yaml" in common["resources"]
     for name, objects in rendered.items():
         assert len(by_kind(objects).get("NetworkPolicy", [])) == 1, name
 
