@@ -3,7 +3,8 @@
 Unit tests of the derivation (`node/settings/statefulset.py`) and of how `NodeSettings` applies
 it, then three real node processes given exactly the environment the prod StatefulSet gives
 its pods (read from the rendered manifests), with the test knobs that map every pod name to
-127.0.0.1 and give each ordinal its own ports: they must form one cluster and serve.
+127.0.0.1 and give each ordinal its own ports: they must form one cluster and serve. Then a pod
+of each shard of overlays/shards, which must derive each other and serve one shard map.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import ValidationError
 
-from tickwheel.client import Client, Credentials
+from tickwheel.client import Client, Credentials, Message
 from tickwheel.client.credentials import open_channel
+from tickwheel.client.shards import handle_shard, shard_of
 from tickwheel.harness.local_cluster import free_ports, port_range, wait_for
 from tickwheel.node.security import dev_credentials
 from tickwheel.node.security.dev_credentials import DevCredentials
@@ -40,6 +42,7 @@ from . import kustomize_lite
 
 HEALTH_PORT = 7700
 PROD = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "overlays" / "prod"
+SHARDS_OVERLAY = PROD.parent / "shards"
 POD_ENV = {"TICKWHEEL_POD_NAME": "tickwheel-1", "TICKWHEEL_REPLICAS": "3",
            "TICKWHEEL_PEER_SERVICE": "tickwheel-peers", "TICKWHEEL_NAMESPACE": "prod",
            "TICKWHEEL_RAFT_SECRET": "a-secret-for-settings-tests-only"}
@@ -313,11 +316,13 @@ def _clean_environment() -> dict[str, str]:
 
 
 def _statefulset_environment(ordinal: int, namespace: str,
-                             secrets: dict[tuple[str, str], str]) -> dict[str, str]:
-    """What the rendered prod StatefulSet puts in the environment of pod ``ordinal``: its
-    ConfigMap (``envFrom``) and its ``env`` (downward API fields, Secret keys, values)."""
-    objects = kustomize_lite.render(PROD)
-    [workload] = [obj for obj in objects if obj["kind"] == "StatefulSet"]
+                             secrets: dict[tuple[str, str], str], overlay: Path = PROD,
+                             shard: int = 0) -> dict[str, str]:
+    """What the rendered StatefulSet of ``overlay`` (of its ``shard``-th, with several) puts in
+    the environment of pod ``ordinal``: its ConfigMap (``envFrom``) and its ``env`` (downward
+    API fields, Secret keys, values)."""
+    objects = kustomize_lite.render(overlay)
+    workload = [obj for obj in objects if obj["kind"] == "StatefulSet"][shard]
     [container] = workload["spec"]["template"]["spec"]["containers"]
     fields = {"metadata.name": f"{workload['metadata']['name']}-{ordinal}",
               "metadata.namespace": namespace}
@@ -467,3 +472,93 @@ def _schedule_and_consume(grpc_addresses: list[str], credentials: Credentials) -
             assert message is not None, f"nothing delivered within {FORM_TIMEOUT_S} s"
             assert (message.id, message.body) == ("deploy-1", b"hello from a pod")
             message.ack()
+
+
+def _shard_map_served(stubs: list[pb_grpc.TickwheelStub], processes: list[subprocess.Popen],
+                      logs: list[Path]) -> list[pb.ClusterInfoResponse] | None:
+    """Every node's ClusterInfo once each leads its own shard and names every shard; None
+    before."""
+    for process, log in zip(processes, logs, strict=True):
+        if process.poll() is not None:
+            raise RuntimeError(f"node exited with {process.returncode}:\n{log.read_text()}")
+    try:
+        infos = [stub.ClusterInfo(pb.ClusterInfoRequest(), timeout=1) for stub in stubs]
+    except grpc.RpcError:
+        return None
+    if any(info.role != "leader" or len(info.shards) != len(stubs) for info in infos):
+        return None
+    return infos
+
+
+@pytest.mark.cluster
+def test_a_pod_of_each_shard_with_the_statefulset_environment_serves_one_shard_map(
+        tmp_path: Path) -> None:
+    """Pod 0 of tickwheel-s0 and of tickwheel-s1, each with its StatefulSet's environment
+    from overlays/shards, one replica a shard (TICKWHEEL_REPLICAS=1: two processes, not six):
+    each derives the other, serves the same map, and a client given one of them schedules to
+    both shards and consumes from both."""
+    shards = 2
+    first_port = _consecutive_free_ports(4 * shards)
+    security = dev_credentials.make(tmp_path / "security")
+    knobs = {"TICKWHEEL_PEER_HOST_TEMPLATE": "127.0.0.1", "TICKWHEEL_LISTEN_HOST": "127.0.0.1",
+             "TICKWHEEL_GRPC_PORT": str(first_port), "TICKWHEEL_RAFT_PORT": str(first_port + 1),
+             "TICKWHEEL_PEER_PORT": str(first_port + 2), "TICKWHEEL_PORT_STRIDE": "4",
+             "TICKWHEEL_METRICS_LISTEN": "", "TICKWHEEL_REPLICAS": "1",
+             **security.node_environment()}
+    secrets = {("tickwheel-raft", "secret"): secrets_module.token_urlsafe(32)}
+    grpc_addresses = [f"127.0.0.1:{first_port + 4 * shard}" for shard in range(shards)]
+    logs = [tmp_path / f"tickwheel-s{shard}-0.log" for shard in range(shards)]
+    processes: list[subprocess.Popen] = []
+    credentials = Credentials.load(ca_file=security.ca_file,
+                                   token_file=security.token_file("admin"))
+    channels = [open_channel(address, credentials, ()) for address in grpc_addresses]
+    try:
+        for shard in range(shards):
+            env = {**_clean_environment(),
+                   **_statefulset_environment(0, "tickwheel-test", secrets, SHARDS_OVERLAY,
+                                              shard), **knobs,
+                   "TICKWHEEL_HEALTH_LISTEN": f"127.0.0.1:{first_port + 4 * shard + 3}",
+                   "TICKWHEEL_DATA": str(tmp_path / f"data-tickwheel-s{shard}-0")}
+            assert (env["TICKWHEEL_POD_NAME"], env["TICKWHEEL_SHARD"]) == (
+                f"tickwheel-s{shard}-0", str(shard))
+            assert env["TICKWHEEL_SHARDS"] == str(shards)
+            with open(logs[shard], "wb") as log:
+                processes.append(subprocess.Popen(
+                    [sys.executable, "-m", "tickwheel.node", "serve"], env=env, stdout=log,
+                    stderr=subprocess.STDOUT))
+        stubs = [pb_grpc.TickwheelStub(channel) for channel in channels]
+        infos = wait_for(lambda: _shard_map_served(stubs, processes, logs), FORM_TIMEOUT_S,
+                         "each shard led, the map served")
+        for shard, info in enumerate(infos):
+            assert info.shard == shard
+            assert [list(s.grpc_addresses) for s in info.shards] == [[a] for a in grpc_addresses]
+        _schedule_to_every_shard_and_consume(grpc_addresses[1], credentials, shards)
+    finally:
+        for channel in channels:
+            channel.close()
+        _stop(processes)
+    assert all(process.returncode == 0 for process in processes), [
+        log.read_text()[-2_000:] for log in logs]
+
+
+def _schedule_to_every_shard_and_consume(target: str, credentials: Credentials,
+                                         shards: int) -> None:
+    ids = [f"sharded-{n}" for n in range(8)]
+    assert {shard_of(message_id, shards) for message_id in ids} == set(range(shards))
+    with Client(target, timeout_s=FORM_TIMEOUT_S, credentials=credentials) as client:
+        results = client.schedule_many([Message("deploy-shards", "x", delay_ms=0, id=message_id)
+                                        for message_id in ids])
+        assert [handle_shard(r.handle) for r in results] == [shard_of(i, shards) for i in ids]
+        got: set[str] = set()
+        with client.consume("deploy-shards", prefetch=8) as consumer:
+            deadline = threading.Timer(FORM_TIMEOUT_S, consumer.close)
+            deadline.start()
+            try:
+                for message in consumer:
+                    got.add(message.id)
+                    message.ack()
+                    if got == set(ids):
+                        break
+            finally:
+                deadline.cancel()
+        assert got == set(ids), f"delivered within {FORM_TIMEOUT_S} s: {sorted(got)}"
