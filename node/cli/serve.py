@@ -24,6 +24,9 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--shard-member", dest="shard_members", action="append",
                        metavar="SHARD=GRPC_ADDRESS",
                        help="a member of another shard (repeat for each)")
+    serve.add_argument("--shards", type=int,
+                       help="how many shards the cluster has: the map must have as many (a "
+                            "StatefulSet pod derives --shard-member from it)")
     serve.add_argument("--grpc-listen")
     serve.add_argument("--rocketmq-listen",
                        help="HOST:PORT to serve RocketMQ 5's client protocol at (off unless "

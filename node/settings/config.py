@@ -21,7 +21,10 @@ In a Kubernetes StatefulSet a node is given its pod name, the replica count, the
 Service and its namespace (``TICKWHEEL_POD_NAME``, ``TICKWHEEL_REPLICAS``,
 ``TICKWHEEL_PEER_SERVICE``, ``TICKWHEEL_NAMESPACE``) and derives ``raft_address``,
 ``members``, ``raft_listen``, ``grpc_listen`` and ``peer_listen`` from them
-(`tickwheel.node.settings.statefulset`); any of those given explicitly still wins.
+(`tickwheel.node.settings.statefulset`); any of those given explicitly still wins. A pod of a
+cluster of several shards is also given its shard and their number (``TICKWHEEL_SHARD``,
+``TICKWHEEL_SHARDS``) and derives ``shard_members``, every other shard's members, unless they
+are given.
 """
 
 from __future__ import annotations
@@ -62,8 +65,9 @@ from tickwheel.wheel import DAY_MS, WheelConfig
 
 _POD_FIELDS = ("pod_name", "replicas", "peer_service", "namespace")
 _POD_KNOB_FIELDS = ("cluster_domain", "peer_host_template", "raft_port", "grpc_port",
-                    "peer_port", "port_stride", "listen_host")
-_DERIVED_FIELDS = ("raft_address", "members", "raft_listen", "grpc_listen", "peer_listen")
+                    "peer_port", "port_stride", "listen_host", "shard_statefulset_template")
+_DERIVED_FIELDS = ("raft_address", "members", "raft_listen", "grpc_listen", "peer_listen",
+                   "shard_members")
 _MESSAGE_OVERHEAD_BYTES = 64 << 10
 """Room in a request for a message's id, topic and framing besides its body and properties."""
 MIN_SECRET_BYTES = 16
@@ -161,13 +165,20 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
             missing = ", ".join(name for name in _POD_FIELDS if name not in given)
             raise ValueError(f"{', '.join(given)} given without {missing}: a StatefulSet pod "
                              f"needs all of {', '.join(_POD_FIELDS)}")
+        if self.shard and self.shards is None and "shard_members" not in self.model_fields_set:
+            raise ValueError(f"shard {self.shard} given without shards: a StatefulSet pod "
+                             "derives the other shards' members from shards "
+                             "(TICKWHEEL_SHARDS), or is given shard_members")
         derived = statefulset.addresses(statefulset.StatefulSetPod(
             pod_name=self.pod_name, replicas=self.replicas, service=self.peer_service,
             namespace=self.namespace, domain=self.cluster_domain,
             host_template=self.peer_host_template, raft_port=self.raft_port,
             grpc_port=self.grpc_port, peer_port=self.peer_port,
             port_stride=self.port_stride,
-            listen_host=self.listen_host))
+            listen_host=self.listen_host, shard=self.shard,
+            # shard_members given: nothing to derive, and the template need not fit
+            shards=None if "shard_members" in self.model_fields_set else self.shards,
+            shard_statefulset_template=self.shard_statefulset_template))
         for name in _DERIVED_FIELDS:
             if name not in self.model_fields_set:
                 setattr(self, name, getattr(derived, name))
@@ -308,7 +319,8 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
 
     def shard_map(self) -> ShardMap:
         """Every shard's members (`tickwheel.node.settings.shards`)."""
-        return shard_map(self.shard, self.shard_members, list(self.member_map().values()))
+        return shard_map(self.shard, self.shard_members, list(self.member_map().values()),
+                         self.shards)
 
     def listen(self) -> str:
         return self.grpc_listen or self.member_map()[self.raft_address]

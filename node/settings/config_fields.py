@@ -196,12 +196,17 @@ class PodFields(BaseModel):
     """The pod's namespace (downward API ``metadata.namespace``)."""
     cluster_domain: str = statefulset.CLUSTER_DOMAIN
     peer_host_template: str = statefulset.HOST_TEMPLATE
-    """How a pod name becomes a host; tests map every pod to ``127.0.0.1``."""
+    """How a pod name becomes a host (fields ``pod``, ``ordinal``, ``shard``, ``service``,
+    ``namespace``, ``domain``); tests map every pod to ``127.0.0.1``."""
     raft_port: int = statefulset.RAFT_PORT
     grpc_port: int = statefulset.GRPC_PORT
     peer_port: int = statefulset.PEER_PORT
     port_stride: int = 0
-    """Tests only: pod ``i`` uses ``raft_port + i * port_stride`` (and the same for gRPC), so
-    pods on one host do not collide."""
+    """Tests only: pod ``i`` of shard ``k`` uses ``raft_port + (k * replicas + i) *
+    port_stride`` (and the same for gRPC and the peer port), so pods on one host do not
+    collide."""
     listen_host: str = statefulset.LISTEN_HOST
     """Where a StatefulSet pod binds Raft and gRPC; tests bind ``127.0.0.1``."""
+    shard_statefulset_template: str = statefulset.SHARD_STATEFULSET_TEMPLATE
+    """With ``shards`` above 1: the StatefulSet of each shard, ``{shard}`` standing for its
+    number; every shard's has ``replicas`` pods and the headless Service ``peer_service``."""

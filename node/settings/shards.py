@@ -28,14 +28,23 @@ class ShardFields(BaseModel):
     shard_members: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """``SHARD=GRPC`` for every member of every other shard (its gRPC address); empty: the
     cluster is this node's shard alone. Entries of this node's own shard may be given too
-    (they must then be its members' gRPC addresses), so every node can be given one list."""
+    (they must then be its members' gRPC addresses), so every node can be given one list. A
+    StatefulSet pod given ``shards`` derives it (`tickwheel.node.settings.statefulset`)."""
+    shards: int | None = None
+    """How many shards the cluster has; the map (``shard`` and ``shard_members``) must have
+    as many. A StatefulSet pod derives ``shard_members`` from it, unless they are given.
+    None: whatever the map has."""
 
 
-def shard_map(shard: int, entries: Sequence[str], own_grpc: Sequence[str]) -> ShardMap:
+def shard_map(shard: int, entries: Sequence[str], own_grpc: Sequence[str],
+              shards: int | None = None) -> ShardMap:
     """The map from ``shard_members`` entries and the own shard's members' gRPC addresses
-    (``own_grpc``); `ValueError` saying what is wrong with them."""
+    (``own_grpc``), of ``shards`` shards if that is given; `ValueError` saying what is wrong
+    with them."""
     if not 0 <= shard < MAX_SHARDS:
         raise ValueError(f"shard {shard} is not 0 to {MAX_SHARDS - 1}")
+    if shards is not None and not 1 <= shards <= MAX_SHARDS:
+        raise ValueError(f"shards must be 1 to {MAX_SHARDS}, not {shards}")
     listed: dict[int, list[str]] = {}
     for entry in entries:
         index, sep, address = entry.partition("=")
@@ -59,4 +68,8 @@ def shard_map(shard: int, entries: Sequence[str], own_grpc: Sequence[str]) -> Sh
             if seen.setdefault(address, index) != index:
                 raise ValueError(f"{address} is listed in shards {seen[address]} and {index}: "
                                  "a node serves one shard")
+    if shards is not None and count != shards:
+        raise ValueError(f"shards is {shards}, but shard {shard} and shard_members make a map "
+                         f"of {count} shard{'s' if count > 1 else ''}: give every member of "
+                         f"shards 0..{shards - 1}")
     return ShardMap(shard, tuple(tuple(listed[index]) for index in range(count)))

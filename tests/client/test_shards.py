@@ -127,3 +127,17 @@ def test_a_nodes_shard_settings_are_checked() -> None:
     assert settings.shard_map().count == 2 and settings.replica_config().shard == 1
     with pytest.raises(ValueError, match="no member of shard 0"):
         NodeSettings(shard=1, insecure_grpc=True)
+
+
+def test_a_nodes_shard_count_is_checked_against_its_map() -> None:
+    own = ["10.0.0.1:7400"]
+    assert shard_map(1, ["0=10.0.1.1:7400"], own, shards=2).count == 2
+    for shard, entries, shards, problem in [
+            (0, [], 2, "shards is 2, but shard 0 and shard_members make a map of 1 shard:"),
+            (1, ["0=10.0.1.1:7400", "2=10.0.2.1:7400"], 2, "make a map of 3 shards"),
+            (0, [], 0, "shards must be 1 to 256, not 0"),
+            (0, [], MAX_SHARDS + 1, "shards must be 1 to 256")]:
+        with pytest.raises(ValueError, match=problem):
+            shard_map(shard, entries, own, shards)
+    with pytest.raises(ValueError, match="shards is 3"):
+        NodeSettings(shards=3, insecure_grpc=True)

@@ -7,11 +7,17 @@ differently:
 - ``resources``: YAML files (one or more documents) and directories holding a kustomization;
 - ``secretGenerator`` with ``literals``, only with ``generatorOptions.disableNameSuffixHash``;
 - ``patches``: inline JSON 6902 patches (``add``, ``replace``, ``remove``) on a ``target``
-  given by ``kind`` and ``name``;
-- ``replicas``: ``spec.replicas`` of the named workload.
+  given by ``kind`` and ``name``, or by ``kind`` alone (every object of that kind);
+- ``labels``: ``pairs`` with ``includeSelectors: true``, on StatefulSets and
+  PodDisruptionBudgets only: added to the objects' labels, and to every selector and template
+  of theirs that kustomize adds them to;
+- ``nameSuffix``: appended to every object's name (no name reference among the objects of
+  the kustomization it applies to needs updating: ``deploy/k8s`` has none);
+- ``replicas``: ``spec.replicas`` of the named workload, by its name after the suffix.
 
-They apply in kustomize's order: resources, generators, patches, replicas. When kubectl is on
-PATH, ``tests/deploy/test_manifests.py`` checks that both render the same objects.
+They apply in kustomize's order: resources, generators, patches, labels, the suffix,
+replicas. When kubectl is on PATH, ``tests/deploy/test_manifests.py`` checks that both render
+the same objects.
 """
 
 from __future__ import annotations
@@ -27,7 +33,21 @@ Manifest = dict[str, Any]
 KUSTOMIZATION = "kustomization.yaml"
 _SCALABLE_KINDS = ("Deployment", "ReplicaSet", "ReplicationController", "StatefulSet")
 _KNOWN_KEYS = {"apiVersion", "kind", "resources", "secretGenerator", "generatorOptions",
-               "patches", "replicas"}
+               "patches", "labels", "nameSuffix", "replicas"}
+_LABEL_SELECTORS = {
+    "StatefulSet": (("spec/selector/matchLabels", True), ("spec/template/metadata/labels", True),
+                    ("spec/volumeClaimTemplates/*/metadata/labels", True),
+                    ("spec/template/spec/affinity/*/requiredDuringSchedulingIgnoredDuringExecution"
+                     "/*/labelSelector/matchLabels", False),
+                    ("spec/template/spec/affinity/*/preferredDuringSchedulingIgnoredDuringExecution"
+                     "/*/podAffinityTerm/labelSelector/matchLabels", False),
+                    ("spec/template/spec/topologySpreadConstraints/*/labelSelector/matchLabels",
+                     False)),
+    "PodDisruptionBudget": (("spec/selector/matchLabels", False),),
+}
+"""Where ``labels`` with ``includeSelectors`` puts its pairs besides ``metadata/labels``, by
+kind (``*``: every key or item), and whether kustomize creates the maps of the path that are
+missing (it adds to an affinity term's selector only if it has ``matchLabels``)."""
 
 
 def render(directory: Path) -> list[Manifest]:
@@ -41,6 +61,10 @@ def render(directory: Path) -> list[Manifest]:
     objects += _secrets(spec)
     for patch in spec.get("patches", []):
         _apply_patch(objects, patch)
+    for labels in spec.get("labels", []):
+        _add_labels(objects, labels)
+    for obj in objects:
+        obj["metadata"]["name"] += spec.get("nameSuffix", "")
     for replicas in spec.get("replicas", []):
         _find(objects, _SCALABLE_KINDS, replicas["name"])["spec"]["replicas"] = replicas["count"]
     return objects
@@ -79,12 +103,50 @@ def _find(objects: list[Manifest], kinds: tuple[str, ...], name: str) -> Manifes
 
 
 def _apply_patch(objects: list[Manifest], patch: dict[str, Any]) -> None:
-    if set(patch) != {"target", "patch"} or set(patch["target"]) != {"kind", "name"}:
-        raise NotImplementedError(f"patch fields {sorted(patch)}: only target (kind, name) "
-                                  "and an inline JSON 6902 patch")
-    target = _find(objects, (patch["target"]["kind"],), patch["target"]["name"])
-    for operation in yaml.safe_load(patch["patch"]):
-        _apply_operation(target, operation)
+    if set(patch) != {"target", "patch"} or set(patch["target"]) not in ({"kind", "name"},
+                                                                         {"kind"}):
+        raise NotImplementedError(f"patch fields {sorted(patch)}: only target (kind, and "
+                                  "maybe name) and an inline JSON 6902 patch")
+    kind = patch["target"]["kind"]
+    if "name" in patch["target"]:
+        targets = [_find(objects, (kind,), patch["target"]["name"])]
+    else:
+        targets = [obj for obj in objects if obj["kind"] == kind]
+        if not targets:
+            raise LookupError(f"no object of kind {kind} to patch")
+    for target in targets:
+        for operation in yaml.safe_load(patch["patch"]):
+            _apply_operation(target, operation)
+
+
+def _add_labels(objects: list[Manifest], labels: dict[str, Any]) -> None:
+    if set(labels) != {"pairs", "includeSelectors"} or labels["includeSelectors"] is not True:
+        raise NotImplementedError(f"labels fields {sorted(labels)}: only pairs with "
+                                  "includeSelectors: true")
+    pairs = labels["pairs"]
+    for obj in objects:
+        if obj["kind"] not in _LABEL_SELECTORS:
+            raise NotImplementedError(f"labels on a {obj['kind']}: which of its fields "
+                                      "kustomize labels is not known here")
+        obj["metadata"].setdefault("labels", {}).update(pairs)
+        for path, create in _LABEL_SELECTORS[obj["kind"]]:
+            for labels_map in _walk(obj, path.split("/"), create):
+                labels_map.update(pairs)
+
+
+def _walk(node: Any, parts: list[str], create: bool) -> list[dict[str, Any]]:
+    """The maps at ``parts`` below ``node`` (``*``: every key or item); a missing map is made
+    if ``create`` (none that would hold items), else the path gives none."""
+    if not parts:
+        return [node] if isinstance(node, dict) else []
+    head, *rest = parts
+    if head == "*":
+        children = node.values() if isinstance(node, dict) else node if isinstance(
+            node, list) else []
+        return [found for child in children for found in _walk(child, rest, create)]
+    if isinstance(node, dict) and (head in node or (create and rest[:1] != ["*"])):
+        return _walk(node.setdefault(head, {}), rest, create)
+    return []
 
 
 def _apply_operation(document: Manifest, operation: dict[str, Any]) -> None:

@@ -26,13 +26,21 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NAMESPACE = "tickwheel"
 """The namespace the README's commands use."""
 REPLICAS = 5
+SHARDS = 3
 
 
 def dialled_names(namespace: str) -> list[str]:
-    """Every host a client, a member or an operator dials a node by."""
+    """Every host a client, a member or an operator dials a node by: with one shard (the
+    base) and with several (overlays/shards, whose clients dial every shard's pods)."""
     pod = StatefulSetPod("tickwheel-0", replicas=REPLICAS, service="tickwheel-peers",
                          namespace=namespace)
     peers = [member.split("=")[2].rsplit(":", 1)[0] for member in addresses(pod).members]
+    sharded = addresses(StatefulSetPod("tickwheel-s0-0", replicas=REPLICAS,
+                                       service="tickwheel-peers", namespace=namespace,
+                                       shard=0, shards=SHARDS))
+    peers += [member.split("=")[2].rsplit(":", 1)[0] for member in sharded.members]
+    peers += [entry.split("=")[1].rsplit(":", 1)[0] for entry in sharded.shard_members]
+    assert len(set(peers)) == REPLICAS * (SHARDS + 1)
     service = ["tickwheel", f"tickwheel.{namespace}", f"tickwheel.{namespace}.svc",
                f"tickwheel.{namespace}.svc.cluster.local"]
     return [*peers, *service, "localhost", "127.0.0.1"]
@@ -98,7 +106,7 @@ def test_the_readmes_development_certificate_names_every_dialled_address(
 
 def test_the_cert_manager_certificate_names_every_dialled_address(tmp_path: Path) -> None:
     secret, hosts = cert_manager_hosts(NAMESPACE)
-    statefulset = yaml.safe_load((DEPLOY / "k8s/base/statefulset.yaml").read_text())
+    statefulset = yaml.safe_load((DEPLOY / "k8s/shard/statefulset.yaml").read_text())
     volumes = statefulset["spec"]["template"]["spec"]["volumes"]
     assert secret in {volume.get("secret", {}).get("secretName") for volume in volumes}
     security = dev_credentials.make(tmp_path / "issued", hosts)

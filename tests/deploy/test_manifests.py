@@ -24,6 +24,12 @@ import pytest
 import yaml
 
 from tickwheel.node.settings.config import NodeSettings
+from tickwheel.node.settings.shards import shard_map
+from tickwheel.node.settings.statefulset import (
+    SHARD_STATEFULSET_TEMPLATE,
+    StatefulSetPod,
+    addresses,
+)
 
 from . import kustomize_lite
 from .kustomize_lite import Manifest
@@ -31,8 +37,12 @@ from .kustomize_lite import Manifest
 PROJECT = Path(__file__).resolve().parents[2]
 DEPLOY = PROJECT / "deploy"
 K8S = DEPLOY / "k8s"
-KUSTOMIZATIONS = {"base": 3, "overlays/dev": 1, "overlays/prod": 3}
-"""Each kustomization and the replica count it must give."""
+KUSTOMIZATIONS = {"base": 3, "overlays/dev": 1, "overlays/prod": 3, "overlays/shards": 3}
+"""Each kustomization and the replica count it must give (each shard's)."""
+SHARDED = {"overlays/shards": 2}
+"""The kustomizations of several shards, and how many each runs."""
+SHARD_LABEL = "tickwheel/shard"
+"""The label of a shard's objects and pods in overlays/shards: its number."""
 MIN_SCHEMA_VERSION = (1, 30)
 SCHEMA_VERSION = kubernetes_validate.latest_version()
 """The newest Kubernetes release whose schemas the installed ``kubernetes_validate`` ships."""
@@ -72,10 +82,27 @@ def one(objects: list[Manifest], kind: str, name: str | None = None) -> Manifest
     return found[0]
 
 
-def node_container(objects: list[Manifest]) -> Manifest:
-    containers = one(objects, "StatefulSet")["spec"]["template"]["spec"]["containers"]
+def statefulsets(objects: list[Manifest]) -> list[Manifest]:
+    """Every StatefulSet: one per shard."""
+    found = by_kind(objects).get("StatefulSet", [])
+    assert found, "no StatefulSet"
+    return found
+
+
+def node_container(statefulset: Manifest) -> Manifest:
+    containers = statefulset["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
     return containers[0]
+
+
+def pod_labels(statefulset: Manifest) -> dict[str, str]:
+    labels: dict[str, str] = statefulset["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def selects(selector: dict[str, str], statefulset: Manifest) -> bool:
+    """Whether the labels of ``selector`` pick the pods of ``statefulset``."""
+    return selector.items() <= pod_labels(statefulset).items()
 
 
 @pytest.fixture(scope="module")
@@ -119,69 +146,87 @@ def test_the_stand_in_renders_what_kubectl_kustomize_renders() -> None:
 def test_each_overlay_gives_its_replica_count_and_tells_the_pods_the_same(
         rendered: dict[str, list[Manifest]]) -> None:
     for name, replicas in KUSTOMIZATIONS.items():
-        statefulset = one(rendered[name], "StatefulSet")
         config = one(rendered[name], "ConfigMap", "tickwheel-config")["data"]
-        assert statefulset["spec"]["replicas"] == replicas, name
         assert config["TICKWHEEL_REPLICAS"] == str(replicas), name
-        # Ordinals must be 0..replicas-1: that is what the pods derive the members from.
-        assert "ordinals" not in statefulset["spec"], name
+        for statefulset in statefulsets(rendered[name]):
+            assert statefulset["spec"]["replicas"] == replicas, name
+            # Ordinals must be 0..replicas-1: that is what the pods derive the members from.
+            assert "ordinals" not in statefulset["spec"], name
 
 
 def test_the_statefulset_starts_pods_together_each_with_its_own_volume_on_its_own_machine(
         rendered: dict[str, list[Manifest]]) -> None:
+    """A shard's pods on different machines; the pods of different shards may share one (the
+    anti-affinity is the shard's: S shards of R replicas need R machines, not S * R)."""
     for name, objects in rendered.items():
-        spec = one(objects, "StatefulSet")["spec"]
-        assert spec["podManagementPolicy"] == "Parallel", name
-        claims = spec["volumeClaimTemplates"]
-        assert [claim["metadata"]["name"] for claim in claims] == ["data"], name
-        assert claims[0]["spec"]["accessModes"] == ["ReadWriteOnce"], name
-        assert {"name": "data", "mountPath": DATA_PATH} in node_container(objects)[
-            "volumeMounts"], name
-        anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
-        [term] = anti["requiredDuringSchedulingIgnoredDuringExecution"]
-        assert term["topologyKey"] == "kubernetes.io/hostname", name
-        assert term["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"], name
+        for statefulset in statefulsets(objects):
+            spec = statefulset["spec"]
+            assert spec["podManagementPolicy"] == "Parallel", name
+            claims = spec["volumeClaimTemplates"]
+            assert [claim["metadata"]["name"] for claim in claims] == ["data"], name
+            assert claims[0]["spec"]["accessModes"] == ["ReadWriteOnce"], name
+            assert {"name": "data", "mountPath": DATA_PATH} in node_container(statefulset)[
+                "volumeMounts"], name
+            anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+            [term] = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+            assert term["topologyKey"] == "kubernetes.io/hostname", name
+            assert term["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"], name
+            assert [other["metadata"]["name"] for other in statefulsets(objects)
+                    if selects(term["labelSelector"]["matchLabels"], other)] == [
+                statefulset["metadata"]["name"]], name
 
 
 def test_pods_run_as_a_non_root_user_with_bounded_resources(
         rendered: dict[str, list[Manifest]]) -> None:
     for name, objects in rendered.items():
-        pod = one(objects, "StatefulSet")["spec"]["template"]["spec"]
-        assert pod["securityContext"]["runAsNonRoot"] is True, name
-        assert pod["securityContext"]["runAsUser"] > 0, name
-        container = node_container(objects)
-        assert container["securityContext"]["allowPrivilegeEscalation"] is False, name
-        assert container["securityContext"]["capabilities"]["drop"] == ["ALL"], name
-        for kind in ("requests", "limits"):
-            assert {"cpu", "memory"} <= set(container["resources"][kind]), (name, kind)
-        # Service links would add TICKWHEEL_SERVICE_HOST etc. to the node's settings' prefix.
-        assert pod["enableServiceLinks"] is False, name
+        for statefulset in statefulsets(objects):
+            pod = statefulset["spec"]["template"]["spec"]
+            assert pod["securityContext"]["runAsNonRoot"] is True, name
+            assert pod["securityContext"]["runAsUser"] > 0, name
+            container = node_container(statefulset)
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False, name
+            assert container["securityContext"]["capabilities"]["drop"] == ["ALL"], name
+            for kind in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(container["resources"][kind]), (name, kind)
+            # Service links would add TICKWHEEL_SERVICE_HOST etc. to the settings' prefix.
+            assert pod["enableServiceLinks"] is False, name
 
 
 def test_probes_use_the_plaintext_health_port_and_liveness_is_patient(
         rendered: dict[str, list[Manifest]]) -> None:
     """A kubelet's gRPC probe cannot speak TLS: on the TLS gRPC port it would fail forever."""
     for name, objects in rendered.items():
-        container = node_container(objects)
-        readiness, liveness = container["readinessProbe"], container["livenessProbe"]
-        assert readiness["grpc"] == {"port": HEALTH_PORT}, name
-        assert liveness["grpc"] == {"port": HEALTH_PORT}, name
         config = one(objects, "ConfigMap", "tickwheel-config")["data"]
         assert config["TICKWHEEL_HEALTH_LISTEN"] == f"0.0.0.0:{HEALTH_PORT}", name
-        patience_s = liveness["failureThreshold"] * liveness["periodSeconds"]
-        assert patience_s >= 120, f"{name}: liveness gives up after {patience_s} s"
-        assert patience_s > readiness["failureThreshold"] * readiness["periodSeconds"], name
+        for statefulset in statefulsets(objects):
+            container = node_container(statefulset)
+            readiness, liveness = container["readinessProbe"], container["livenessProbe"]
+            assert readiness["grpc"] == {"port": HEALTH_PORT}, name
+            assert liveness["grpc"] == {"port": HEALTH_PORT}, name
+            patience_s = liveness["failureThreshold"] * liveness["periodSeconds"]
+            assert patience_s >= 120, f"{name}: liveness gives up after {patience_s} s"
+            assert patience_s > readiness["failureThreshold"] * readiness["periodSeconds"], name
+
+
+def budget_of(objects: list[Manifest], statefulset: Manifest) -> Manifest:
+    """The spec of the one PodDisruptionBudget over the pods of ``statefulset``, which must
+    select no other StatefulSet's."""
+    [budget] = [budget["spec"] for budget in by_kind(objects)["PodDisruptionBudget"]
+                if selects(budget["spec"]["selector"]["matchLabels"], statefulset)]
+    assert [other for other in statefulsets(objects)
+            if selects(budget["selector"]["matchLabels"], other)] == [statefulset]
+    return budget
 
 
 def test_the_disruption_budget_keeps_a_majority_up(rendered: dict[str, list[Manifest]]) -> None:
+    """One budget per shard (each is a Raft group of its own), over its pods alone."""
     for name, replicas in KUSTOMIZATIONS.items():
-        budget = one(rendered[name], "PodDisruptionBudget")["spec"]
-        pod_labels = one(rendered[name], "StatefulSet")["spec"]["template"]["metadata"]["labels"]
-        assert budget["selector"]["matchLabels"].items() <= pod_labels.items(), name
-        assert "minAvailable" not in budget, name
-        assert budget["maxUnavailable"] == 1, name
-        if replicas >= 3:
-            assert replicas - budget["maxUnavailable"] >= replicas // 2 + 1, name
+        for statefulset in statefulsets(rendered[name]):
+            budget = budget_of(rendered[name], statefulset)
+            assert "minAvailable" not in budget, name
+            assert budget["maxUnavailable"] == 1, name
+            if replicas >= 3:
+                assert replicas - budget["maxUnavailable"] >= replicas // 2 + 1, name
 
 
 @pytest.mark.cluster
@@ -204,65 +249,190 @@ def test_the_five_node_recipe_of_the_readme_renders_a_consistent_cluster(
 
 def test_peers_find_each_other_before_they_are_ready_and_clients_reach_ready_nodes(
         rendered: dict[str, list[Manifest]]) -> None:
+    """One headless Service names the pods of every shard (so one certificate name covers
+    them all), and the client Service reaches every shard's pods."""
     for name, objects in rendered.items():
-        statefulset = one(objects, "StatefulSet")
-        pod_labels = statefulset["spec"]["template"]["metadata"]["labels"]
         config = one(objects, "ConfigMap", "tickwheel-config")["data"]
-        peers = one(objects, "Service", statefulset["spec"]["serviceName"])["spec"]
-        assert config["TICKWHEEL_PEER_SERVICE"] == statefulset["spec"]["serviceName"], name
-        assert peers["clusterIP"] == "None" and peers["publishNotReadyAddresses"] is True, name
-        assert peers["selector"] == pod_labels, name
-        assert {port["port"] for port in peers["ports"]} == {RAFT_PORT, PEER_PORT}, name
         client = one(objects, "Service", "tickwheel")
-        assert client["spec"]["selector"] == pod_labels, name
         # clients only (gRPC and RocketMQ's protocol): no peer port (members only), no metrics
         assert [port["port"] for port in client["spec"]["ports"]] == [GRPC_PORT,
                                                                        ROCKETMQ_PORT], name
         assert config["TICKWHEEL_ROCKETMQ_LISTEN"] == f"0.0.0.0:{ROCKETMQ_PORT}", name
-        annotations = statefulset["spec"]["template"]["metadata"]["annotations"]
-        assert annotations["prometheus.io/scrape"] == "true", name
-        assert annotations["prometheus.io/port"] == str(METRICS_PORT), name
         assert config["TICKWHEEL_METRICS_LISTEN"] == f"0.0.0.0:{METRICS_PORT}", name
+        for statefulset in statefulsets(objects):
+            peers = one(objects, "Service", statefulset["spec"]["serviceName"])["spec"]
+            assert config["TICKWHEEL_PEER_SERVICE"] == statefulset["spec"]["serviceName"], name
+            assert peers["clusterIP"] == "None" and peers["publishNotReadyAddresses"], name
+            assert selects(peers["selector"], statefulset), name
+            assert {port["port"] for port in peers["ports"]} == {RAFT_PORT, PEER_PORT}, name
+            assert selects(client["spec"]["selector"], statefulset), name
+            annotations = statefulset["spec"]["template"]["metadata"]["annotations"]
+            assert annotations["prometheus.io/scrape"] == "true", name
+            assert annotations["prometheus.io/port"] == str(METRICS_PORT), name
 
 
 def test_settings_come_from_the_configmap_and_the_raft_secret_from_a_secret(
         rendered: dict[str, list[Manifest]]) -> None:
     settings = {f"TICKWHEEL_{name.upper()}" for name in NodeSettings.model_fields}
+    """Every shard's pods read the one ConfigMap and the one Raft secret."""
     for name, objects in rendered.items():
-        container = node_container(objects)
-        assert container["envFrom"] == [{"configMapRef": {"name": "tickwheel-config"}}], name
         config = one(objects, "ConfigMap", "tickwheel-config")["data"]
-        env = {variable["name"]: variable for variable in container["env"]}
-        assert set(config) | set(env) <= settings, f"{name}: not node settings"
-        assert env["TICKWHEEL_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == (
-            "metadata.name")
-        assert env["TICKWHEEL_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == (
-            "metadata.namespace")
-        secret_ref = env["TICKWHEEL_RAFT_SECRET"]["valueFrom"]["secretKeyRef"]
-        assert (secret_ref["name"], secret_ref["key"]) == RAFT_SECRET, name
         assert "TICKWHEEL_RAFT_SECRET" not in config, name
         assert "Secret" not in by_kind(objects), f"{name} must not ship a Secret"
+        for statefulset in statefulsets(objects):
+            container = node_container(statefulset)
+            assert container["envFrom"] == [{"configMapRef": {"name": "tickwheel-config"}}], (
+                name)
+            env = {variable["name"]: variable for variable in container["env"]}
+            assert set(config) | set(env) <= settings, f"{name}: not node settings"
+            assert env["TICKWHEEL_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+                "metadata.name")
+            assert env["TICKWHEEL_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+                "metadata.namespace")
+            secret_ref = env["TICKWHEEL_RAFT_SECRET"]["valueFrom"]["secretKeyRef"]
+            assert (secret_ref["name"], secret_ref["key"]) == RAFT_SECRET, name
 
 
 def test_tls_and_the_access_file_come_from_secrets_mounted_where_the_configmap_points(
         rendered: dict[str, list[Manifest]]) -> None:
+    """The same TLS Secret and access file on every shard's pods."""
+    expected = {"TICKWHEEL_TLS_CERT_FILE": (TLS_SECRET, "tls.crt"),
+                "TICKWHEEL_TLS_KEY_FILE": (TLS_SECRET, "tls.key"),
+                "TICKWHEEL_TLS_CA_FILE": (TLS_SECRET, "ca.crt"),
+                "TICKWHEEL_ACCESS_FILE": (ACCESS_SECRET, "access.toml")}
     for name, objects in rendered.items():
         config = one(objects, "ConfigMap", "tickwheel-config")["data"]
         assert "TICKWHEEL_INSECURE_GRPC" not in config, name
-        pod = one(objects, "StatefulSet")["spec"]["template"]["spec"]
-        secrets = {volume["name"]: volume["secret"] for volume in pod["volumes"]
-                   if "secret" in volume}
-        mounts = {mount["mountPath"]: mount for mount in node_container(objects)["volumeMounts"]}
-        expected = {"TICKWHEEL_TLS_CERT_FILE": (TLS_SECRET, "tls.crt"),
-                    "TICKWHEEL_TLS_KEY_FILE": (TLS_SECRET, "tls.key"),
-                    "TICKWHEEL_TLS_CA_FILE": (TLS_SECRET, "ca.crt"),
-                    "TICKWHEEL_ACCESS_FILE": (ACCESS_SECRET, "access.toml")}
-        for variable, (secret_name, key) in expected.items():
-            path = Path(config[variable])
-            assert path.name == key, (name, variable)
-            mount = mounts[str(path.parent)]  # the folder: an updated Secret reaches the pod
-            assert "subPath" not in mount and mount["readOnly"] is True, (name, variable)
-            assert secrets[mount["name"]]["secretName"] == secret_name, (name, variable)
+        for statefulset in statefulsets(objects):
+            pod = statefulset["spec"]["template"]["spec"]
+            secrets = {volume["name"]: volume["secret"] for volume in pod["volumes"]
+                       if "secret" in volume}
+            mounts = {mount["mountPath"]: mount
+                      for mount in node_container(statefulset)["volumeMounts"]}
+            for variable, (secret_name, key) in expected.items():
+                path = Path(config[variable])
+                assert path.name == key, (name, variable)
+                mount = mounts[str(path.parent)]  # the folder: an updated Secret reaches it
+                assert "subPath" not in mount and mount["readOnly"] is True, (name, variable)
+                assert secrets[mount["name"]]["secretName"] == secret_name, (name, variable)
+
+
+# -- several shards ---------------------------------------------------------------------------
+
+HOSTNAME = "kubernetes.io/hostname"
+
+
+def shard_statefulsets(objects: list[Manifest]) -> tuple[list[Manifest], str]:
+    """Each shard's StatefulSet in shard order, by the names the pods derive them by (the
+    ConfigMap's template), and the template."""
+    config = one(objects, "ConfigMap", "tickwheel-config")["data"]
+    template = config.get("TICKWHEEL_SHARD_STATEFULSET_TEMPLATE", SHARD_STATEFULSET_TEMPLATE)
+    named = {statefulset["metadata"]["name"]: statefulset for statefulset in statefulsets(objects)}
+    names = [template.format(shard=shard) for shard in range(int(config["TICKWHEEL_SHARDS"]))]
+    assert sorted(named) == sorted(names), "a StatefulSet per shard, named by the template"
+    return [named[name] for name in names], template
+
+
+def without_shard(statefulset: Manifest) -> Manifest:
+    """``statefulset`` less what makes it a shard's: its name, the shard label wherever it is,
+    and TICKWHEEL_SHARD."""
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: strip(value) for key, value in node.items() if key != SHARD_LABEL}
+        if isinstance(node, list):
+            return [strip(item) for item in node
+                    if not (isinstance(item, dict) and item.get("name") == "TICKWHEEL_SHARD")]
+        return node
+
+    stripped: Manifest = strip(statefulset)
+    del stripped["metadata"]["name"]
+    return stripped
+
+
+def check_shards(objects: list[Manifest], shards: int, where: str) -> None:
+    """What a cluster of ``shards`` shards rests on, beyond the facts every kustomization is
+    checked for above (each StatefulSet's own disruption budget, anti-affinity, Secrets)."""
+    config = one(objects, "ConfigMap", "tickwheel-config")["data"]
+    assert config["TICKWHEEL_SHARDS"] == str(shards), where
+    ordered, template = shard_statefulsets(objects)
+    for shard, statefulset in enumerate(ordered):
+        env = {variable["name"]: variable for variable in node_container(statefulset)["env"]}
+        assert env["TICKWHEEL_SHARD"] == {"name": "TICKWHEEL_SHARD", "value": str(shard)}, where
+        assert statefulset["metadata"]["labels"][SHARD_LABEL] == str(shard), where
+        assert statefulset["spec"]["selector"]["matchLabels"][SHARD_LABEL] == str(shard), where
+        assert pod_labels(statefulset)[SHARD_LABEL] == str(shard), where
+        # every shard the same pods, Secrets, probes and settings: only the shard differs
+        assert without_shard(statefulset) == without_shard(ordered[0]), (where, shard)
+        # pods of other shards prefer other machines: the leaders can spread
+        preferred = statefulset["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"]
+        assert any(term["podAffinityTerm"]["topologyKey"] == HOSTNAME and all(
+            selects(term["podAffinityTerm"]["labelSelector"]["matchLabels"], other)
+            for other in ordered) for term in preferred), where
+    # a volume of its own for every pod of every shard: PVC <claim>-<statefulset>-<ordinal>
+    volumes = [f"{claim['metadata']['name']}-{statefulset['metadata']['name']}-{ordinal}"
+               for statefulset in ordered for claim in statefulset["spec"]["volumeClaimTemplates"]
+               for ordinal in range(statefulset["spec"]["replicas"])]
+    assert len(set(volumes)) == len(volumes) == shards * int(config["TICKWHEEL_REPLICAS"]), where
+    check_every_pod_derives_one_map(objects, ordered, template, where)
+
+
+def check_every_pod_derives_one_map(objects: list[Manifest], ordered: list[Manifest],
+                                    template: str, where: str) -> None:
+    """Each pod of each shard, from what its StatefulSet and the ConfigMap tell it, derives
+    the same shard map, in which shard k is the pods of StatefulSet k."""
+    config = one(objects, "ConfigMap", "tickwheel-config")["data"]
+    replicas, service = int(config["TICKWHEEL_REPLICAS"]), config["TICKWHEEL_PEER_SERVICE"]
+    expected = tuple(tuple(f"{statefulset['metadata']['name']}-{ordinal}.{service}.ns.svc."
+                           f"{config['TICKWHEEL_CLUSTER_DOMAIN']}:{GRPC_PORT}"
+                           for ordinal in range(replicas)) for statefulset in ordered)
+    for shard, statefulset in enumerate(ordered):
+        for ordinal in range(replicas):
+            found = addresses(StatefulSetPod(
+                f"{statefulset['metadata']['name']}-{ordinal}", replicas=replicas,
+                service=service, namespace="ns", domain=config["TICKWHEEL_CLUSTER_DOMAIN"],
+                shard=shard, shards=len(ordered), shard_statefulset_template=template))
+            own = [member.split("=")[1] for member in found.members]
+            derived = shard_map(shard, found.shard_members, own, len(ordered))
+            assert derived.members == expected, (where, shard, ordinal)
+
+
+def test_each_shard_is_a_statefulset_of_its_own_told_its_shard_and_alike_but_for_it(
+        rendered: dict[str, list[Manifest]]) -> None:
+    for name, shards in SHARDED.items():
+        check_shards(rendered[name], shards, name)
+    for name in set(KUSTOMIZATIONS) - set(SHARDED):  # one shard: nothing of the kind
+        config = one(rendered[name], "ConfigMap", "tickwheel-config")["data"]
+        assert "TICKWHEEL_SHARDS" not in config, name
+        [statefulset] = statefulsets(rendered[name])
+        assert statefulset["metadata"]["name"] == "tickwheel", name
+        assert "TICKWHEEL_SHARD" not in {variable["name"]
+                                         for variable in node_container(statefulset)["env"]}
+
+
+def test_the_readmes_recipe_adds_a_third_shard(tmp_path: Path) -> None:
+    """deploy/README.md, "Adding a shard": a copy of the last shard's folder with the next
+    number, the folder in resources and replicas, and TICKWHEEL_SHARDS one more."""
+    shards = K8S / "overlays" / "shards"
+    overlay, new_shard = tmp_path / "shards", tmp_path / "shards" / "shard-2"
+    new_shard.mkdir(parents=True)
+    last = (shards / "shard-1" / "kustomization.yaml").read_text()
+    copied = yaml.safe_load(re.sub(r"\b1\b", "2", last.replace("-s1", "-s2")))
+    copied["resources"] = [os.path.relpath(K8S / "shard", new_shard)]
+    (new_shard / "kustomization.yaml").write_text(yaml.safe_dump(copied))
+    top = yaml.safe_load((shards / "kustomization.yaml").read_text())
+    top["resources"] = [os.path.relpath(shards / resource, overlay)
+                        for resource in top["resources"]] + ["shard-2"]
+    top["replicas"].append({"name": "tickwheel-s2", "count": 3})
+    grown = top["patches"][0]["patch"].replace('TICKWHEEL_SHARDS\n  value: "2"',
+                                               'TICKWHEEL_SHARDS\n  value: "3"')
+    assert grown != top["patches"][0]["patch"]
+    top["patches"][0]["patch"] = grown
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(top))
+    objects = kustomize_lite.render(overlay)
+    check_shards(objects, 3, "three shards")
+    for statefulset in statefulsets(objects):
+        assert budget_of(objects, statefulset)["maxUnavailable"] == 1
 
 
 # -- the image --------------------------------------------------------------------------------
@@ -337,9 +507,11 @@ def test_the_node_runs_tickwheel_serve_as_the_pods_user_on_the_pods_volume(
     assert exec_form(runtime.last("ENTRYPOINT")) == ["tickwheel", "serve"]
     assert exec_form(runtime.last("VOLUME")) == [DATA_PATH]
     assert f"TICKWHEEL_DATA={DATA_PATH}" in " ".join(runtime.all("ENV"))
-    pod = one(rendered["overlays/prod"], "StatefulSet")["spec"]["template"]["spec"]
-    assert pod["securityContext"]["runAsUser"] == int(user)
-    assert pod["securityContext"]["runAsGroup"] == int(group)
+    for objects in rendered.values():
+        for statefulset in statefulsets(objects):
+            pod = statefulset["spec"]["template"]["spec"]
+            assert pod["securityContext"]["runAsUser"] == int(user)
+            assert pod["securityContext"]["runAsGroup"] == int(group)
 
 
 def test_the_image_exposes_every_port_the_pods_declare(
@@ -347,8 +519,9 @@ def test_the_image_exposes_every_port_the_pods_declare(
     _, stages, _ = image
     exposed = {int(port) for line in stages["runtime"].all("EXPOSE") for port in line.split()}
     for name, objects in rendered.items():
-        declared = {port["containerPort"] for port in node_container(objects)["ports"]}
-        assert declared == exposed, name
+        for statefulset in statefulsets(objects):
+            declared = {port["containerPort"] for port in node_container(statefulset)["ports"]}
+            assert declared == exposed, name
 
 
 def test_java_is_only_in_the_audit_image_and_the_audit_job_runs_spark_on_it(
@@ -435,15 +608,17 @@ def allowed_peers(rules: list[Manifest], port: int, protocol: str = "TCP") -> li
 
 
 def the_members(objects: list[Manifest]) -> dict[str, Any]:
-    """The peer that stands for the pods of the StatefulSet (in the policy's namespace)."""
-    labels = one(objects, "StatefulSet")["spec"]["selector"]["matchLabels"]
-    return {"podSelector": {"matchLabels": labels}}
+    """The peer that stands for the pods of every StatefulSet (in the policy's namespace): the
+    labels their selectors share (with several shards, all but the shard's)."""
+    shared = set.intersection(*(set(statefulset["spec"]["selector"]["matchLabels"].items())
+                                for statefulset in statefulsets(objects)))
+    return {"podSelector": {"matchLabels": dict(shared)}}
 
 
-def test_the_network_policy_is_in_the_base_and_so_in_every_overlay(
+def test_the_network_policy_is_in_what_every_cluster_has_and_so_in_every_overlay(
         rendered: dict[str, list[Manifest]]) -> None:
-    base = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
-    assert "networkpolicy.yaml" in base["resources"]
+    common = yaml.safe_load((K8S / "common" / "kustomization.yaml").read_text())
+    assert "networkpolicy.yaml" in common["resources"]
     for name, objects in rendered.items():
         assert len(by_kind(objects).get("NetworkPolicy", [])) == 1, name
 
@@ -452,11 +627,11 @@ def test_the_network_policy_selects_every_pod_of_the_statefulset_both_ways(
         rendered: dict[str, list[Manifest]]) -> None:
     for name, objects in rendered.items():
         policy = one(objects, "NetworkPolicy")["spec"]
-        statefulset = one(objects, "StatefulSet")["spec"]
         assert set(policy["podSelector"]) == {"matchLabels"}, name
         selector = policy["podSelector"]["matchLabels"]
-        assert selector == statefulset["selector"]["matchLabels"], name
-        assert selector.items() <= statefulset["template"]["metadata"]["labels"].items(), name
+        assert {"podSelector": {"matchLabels": selector}} == the_members(objects), name
+        for statefulset in statefulsets(objects):
+            assert selects(selector, statefulset), name
         assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"], name
 
 
@@ -485,9 +660,10 @@ def test_every_port_the_pods_declare_is_let_in_but_the_plaintext_health_port(
     pod needs the health port, so none is let in."""
     for name, objects in rendered.items():
         ingress = one(objects, "NetworkPolicy")["spec"]["ingress"]
-        declared = {port["containerPort"] for port in node_container(objects)["ports"]}
-        assert HEALTH_PORT in declared, name
-        for port in node_container(objects)["ports"]:
+        ports = [port for statefulset in statefulsets(objects)
+                 for port in node_container(statefulset)["ports"]]
+        assert HEALTH_PORT in {port["containerPort"] for port in ports}, name
+        for port in ports:
             allowed = allowed_peers(ingress, port["containerPort"], port.get("protocol", "TCP"))
             if port["containerPort"] == HEALTH_PORT:
                 assert allowed == [], f"{name}: the health port is open to {allowed}"
