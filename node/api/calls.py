@@ -23,6 +23,21 @@ from tickwheel.wheel import CancelResult
 
 Handler = Callable[[Any, Principal], Awaitable[Message]]
 
+_CANCEL_OUTCOMES = {
+    CancelResult.CANCELLED: pb.CANCEL_OUTCOME_CANCELLED,
+    CancelResult.ALREADY_CANCELLED: pb.CANCEL_OUTCOME_ALREADY_CANCELLED,
+    CancelResult.NOT_PENDING: pb.CANCEL_OUTCOME_NOT_PENDING,
+    CancelResult.HANDED_OUT: pb.CANCEL_OUTCOME_HANDED_OUT,
+}
+"""What a cancel did, as the proto's enum says it (the same numbers, one by one)."""
+_MOVE_OUTCOMES = {
+    MoveOutcome.RESCHEDULED: pb.RESCHEDULE_OUTCOME_RESCHEDULED,
+    MoveOutcome.CANCELLED: pb.RESCHEDULE_OUTCOME_CANCELLED,
+    MoveOutcome.NOT_PENDING: pb.RESCHEDULE_OUTCOME_NOT_PENDING,
+    MoveOutcome.HANDED_OUT: pb.RESCHEDULE_OUTCOME_HANDED_OUT,
+}
+"""What a move did, as the proto's enum says it."""
+
 
 class LeaderCalls:
     def __init__(self, node: NodeContext) -> None:
@@ -104,7 +119,7 @@ class LeaderCalls:
             handles, may(principal, Action.CANCEL)))
         self._node.metrics.cancelled.inc(results.count(CancelResult.CANCELLED))
         return pb.CancelResponse(cancelled=[outcome.cancelled for outcome in results],
-                                 outcomes=[int(outcome) for outcome in results])
+                                 outcomes=[_CANCEL_OUTCOMES[outcome] for outcome in results])
 
     async def reschedule(self, request: pb.RescheduleRequest,
                                principal: Principal) -> pb.RescheduleResponse:
@@ -121,7 +136,7 @@ class LeaderCalls:
         results = await committed(node.replica.reschedule(moves, may(principal, Action.CANCEL)))
         node.metrics.rescheduled.inc(sum(r.outcome is MoveOutcome.RESCHEDULED for r in results))
         return pb.RescheduleResponse(results=[
-            pb.RescheduleResult(outcome=int(r.outcome), deliver_at_ms=r.deliver_at_ms)
+            pb.RescheduleResult(outcome=_MOVE_OUTCOMES[r.outcome], deliver_at_ms=r.deliver_at_ms)
             for r in results])
 
     async def receive(self, request: pb.ReceiveMessagesRequest,
