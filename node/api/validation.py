@@ -131,12 +131,11 @@ def _new_message(message: pb.Message, index: int, now_ms: int, limits: Limits,
     if len(body) > limits.max_body_bytes:
         raise InvalidMessage(f"messages[{index}].body", f"is {len(body)} bytes, at most "
                              f"{limits.max_body_bytes}")
-    properties = message.properties
-    if properties:
-        _check_properties(properties, f"messages[{index}].properties", limits)
-        properties = dict(properties)
-    else:
-        properties = _NO_PROPERTIES
+    given = message.properties
+    properties: Mapping[str, str] = _NO_PROPERTIES
+    if given:
+        _check_properties(given, f"messages[{index}].properties", limits)
+        properties = dict(given)
     deliver_at_ms, clamped_level = _deliver_at_ms(message, index, now_ms, limits, levels)
     return NewMessage(message_id, topic, body, deliver_at_ms, properties), clamped_level
 
@@ -194,7 +193,7 @@ def move_times(moves: Sequence[pb.Move], now_ms: int, limits: Limits) -> list[in
     return times
 
 
-def _check_properties(properties: dict[str, str], field: str, limits: Limits) -> None:
+def _check_properties(properties: Mapping[str, str], field: str, limits: Limits) -> None:
     if len(properties) > limits.max_properties:
         raise InvalidMessage(field, f"has {len(properties)} entries, at most "
                              f"{limits.max_properties}")
