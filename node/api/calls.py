@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from tickwheel.common.errors import InvalidMessage, PermissionDenied, Retryable
+from tickwheel.common.errors import InvalidMessage, InvariantViolation, PermissionDenied, Retryable
 from tickwheel.node.api import validation
 from tickwheel.node.api.commits import WRITE_TIMEOUT_S, applied, committed
 from tickwheel.node.api.context import NodeContext
@@ -22,6 +22,7 @@ from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.wheel import CancelResult
 
 Handler = Callable[[Any, Principal], Awaitable[Message]]
+ResponseT = TypeVar("ResponseT", bound=Message)
 
 _CANCEL_OUTCOMES = {
     CancelResult.CANCELLED: pb.CANCEL_OUTCOME_CANCELLED,
@@ -164,6 +165,14 @@ class LeaderCalls:
         return pb.SettleResponse(settled=await self._node.unary.settle(
             request.topic, request.group, list(request.receipts),
             request.invisible_duration_ms))
+
+
+def answer_of(method: str, response: Message, answer: type[ResponseT]) -> ResponseT:
+    """``response`` as the ``answer`` unary ``method`` gives: a `Handler`, and a call forwarded
+    by name, say only that they answer a message."""
+    if not isinstance(response, answer):
+        raise InvariantViolation(f"{method} answered a {type(response).__name__}")
+    return response
 
 
 def require(principal: Principal, action: Action, topic: str, field: str,

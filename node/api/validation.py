@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
+
+from google.protobuf.message import DecodeError, Message
 
 from tickwheel.common.errors import InvalidMessage
 from tickwheel.node.delivery.levels import DLQ_PREFIX, DelayLevels, is_dead_letter_topic
@@ -31,6 +33,7 @@ MAX_RECEIVE_WAIT_MS = 30_000
 RESERVED_PROPERTY_PREFIX = "%"
 """Property keys the node uses itself (a retry copy's group); users' keys cannot start so."""
 _WHEN_FIELDS = ("deliver_at_ms", "delay_ms", "delay_level")
+_RequestT = TypeVar("_RequestT", bound=Message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,3 +277,14 @@ def check_credits(credits: int, held: int, limits: Limits, field: str = "credit.
     if held + credits > limits.max_credits:
         raise InvalidMessage(field, f"would give the consumer {held + credits} credits, at "
                              f"most {limits.max_credits}")
+
+
+def decoder(message_class: type[_RequestT]) -> Callable[[bytes], _RequestT]:
+    """``message_class.FromString``, refusing bytes that do not parse (a string that is not
+    UTF-8, a truncated field) as `InvalidMessage` naming ``request``."""
+    def decode(data: bytes) -> _RequestT:
+        try:
+            return message_class.FromString(data)
+        except DecodeError as error:
+            raise InvalidMessage("request", f"could not be decoded: {error}") from None
+    return decode
