@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from tickwheel.common.errors import invariant
+from tickwheel.common.errors import InvariantViolation
 from tickwheel.node.api.admission import MEMBERS, Authenticate, Gate
 from tickwheel.node.api.context import NodeContext
 from tickwheel.node.api.forward import CHANNEL_OPTIONS
@@ -31,6 +31,7 @@ from tickwheel.node.rocketmq.signature import Signatures
 from tickwheel.node.security.access import Principal
 from tickwheel.node.security.identity import (
     PRINCIPAL_KEY,
+    CallMetadata,
     ClientCallers,
     PeerCallers,
     metadata_value,
@@ -56,12 +57,16 @@ class PeerService(pb_grpc.PeerServicer):
         self._disk = disk
 
     async def DiskSpace(self, request: pb.DiskSpaceRequest,
-                        context: grpc.aio.ServicerContext) -> pb.DiskSpaceResponse:
+                        context: grpc.aio.ServicerContext[pb.DiskSpaceRequest,
+                                                          pb.DiskSpaceResponse]
+                        ) -> pb.DiskSpaceResponse:
         own = self._disk.own()
         return pb.DiskSpaceResponse(free_bytes=own.free_bytes, reserve_bytes=own.reserve_bytes)
 
     async def ReadStateFile(self, request: pb.ReadStateFileRequest,
-                            context: grpc.aio.ServicerContext) -> AsyncIterator[pb.FileChunk]:
+                            context: grpc.aio.ServicerContext[pb.ReadStateFileRequest,
+                                                              pb.FileChunk]
+                            ) -> AsyncIterator[pb.FileChunk]:
         offset, end = request.offset, request.offset + request.size
         while offset < end:
             try:
@@ -99,7 +104,7 @@ class ConnectionLimits:
 def peer_caller(callers: PeerCallers) -> Authenticate:
     """Who calls the peer listener: a member (`MEMBERS`), or the principal a member forwards
     a call for."""
-    def authenticate(context: grpc.aio.ServicerContext) -> Principal:
+    def authenticate(context: CallMetadata) -> Principal:
         if metadata_value(context, PRINCIPAL_KEY) is None:
             callers.member(context)
             return MEMBERS
@@ -109,7 +114,7 @@ def peer_caller(callers: PeerCallers) -> Authenticate:
 
 def rocketmq_caller(signatures: Signatures) -> Authenticate:
     """Who signed a call to the RocketMQ listener."""
-    def authenticate(context: grpc.aio.ServicerContext) -> Principal:
+    def authenticate(context: CallMetadata) -> Principal:
         return signatures.principal({key: value for key, value
                                      in context.invocation_metadata() or ()
                                      if isinstance(value, str)})
@@ -162,7 +167,8 @@ async def start_server(node: NodeContext, listeners: Listeners
         _bind(peer, listeners.peer, listeners.peer_credentials, "the peer listener")
         servers.append(peer)
     if listeners.rocketmq is not None:
-        invariant(listeners.signatures is not None, "the RocketMQ listener checks signatures")
+        if listeners.signatures is None:
+            raise InvariantViolation("the RocketMQ listener checks signatures")
         rocketmq = _server(node, listeners, rocketmq_caller(listeners.signatures),
                            ROCKETMQ_KEEPALIVE)
         add_messaging_service(MessagingService(node, TickwheelService(node),

@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2
 
 from tickwheel.client import Credentials
 from tickwheel.common.clock import SystemClock
-from tickwheel.common.errors import StorageIncomplete, StorageLocked, invariant
+from tickwheel.common.errors import InvariantViolation, StorageIncomplete, StorageLocked
 from tickwheel.node.api.admission import Admission
 from tickwheel.node.api.context import NodeContext
 from tickwheel.node.api.forward import Forwarder
@@ -148,17 +148,16 @@ async def serve(settings: NodeSettings) -> None:
 def _listeners(settings: NodeSettings) -> Listeners:
     client_credentials = peer_credentials = rocketmq_credentials = None
     if not settings.insecure_grpc:
-        invariant(settings.tls_cert_file is not None and settings.tls_key_file is not None,
-                  "TLS settings were checked")
+        cert_file, key_file = settings.tls_cert_file, settings.tls_key_file
+        if cert_file is None or key_file is None:
+            raise InvariantViolation("TLS settings were checked")
         client_credentials = ServerCertificates(
-            settings.tls_cert_file, settings.tls_key_file,
+            cert_file, key_file,
             settings.tls_ca_file if settings.tls_client_certs else None).credentials()
-        peer_credentials = ServerCertificates(settings.tls_cert_file, settings.tls_key_file,
-                                              None).credentials()
+        peer_credentials = ServerCertificates(cert_file, key_file, None).credentials()
         if settings.rocketmq_listen:
             # RocketMQ's clients present no certificate: a signature names the caller
-            rocketmq_credentials = ServerCertificates(settings.tls_cert_file,
-                                                      settings.tls_key_file, None).credentials()
+            rocketmq_credentials = ServerCertificates(cert_file, key_file, None).credentials()
     return Listeners(settings.listen(), client_credentials, ClientCallers(settings.access()),
                      settings.listen_peers(), peer_credentials, settings.health_listen or None,
                      settings.rocketmq_listen or None, rocketmq_credentials,

@@ -36,12 +36,13 @@ import contextvars
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Never, Protocol
 
 import grpc
 
-from tickwheel.common.errors import Overloaded, Unauthenticated, invariant
+from tickwheel.common.errors import InvariantViolation, Overloaded, Unauthenticated, invariant
 from tickwheel.node.security.access import ANYONE, Principal
+from tickwheel.node.security.identity import CallMetadata
 
 MEMBERS = Principal("%members%", ())
 """The callers of the peer listener's own services (members, proven by the peer token)."""
@@ -49,8 +50,36 @@ MEMBERS = Principal("%members%", ())
 CALLER: contextvars.ContextVar[Principal] = contextvars.ContextVar("tickwheel_caller")
 """The principal the gate authenticated, for the handler of the call."""
 
-Authenticate = Callable[[grpc.aio.ServicerContext], Principal]
+Authenticate = Callable[[CallMetadata], Principal]
 """Who calls, from the metadata and the TLS session; raises `Unauthenticated`."""
+
+
+class CallContext(CallMetadata, Protocol):
+    """What the gate and the services use of a call's context: any
+    `grpc.aio.ServicerContext`, whatever its request and response types."""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> Never: ...
+
+    def set_trailing_metadata(self, trailing_metadata: tuple[tuple[str, str], ...]) -> None: ...
+
+    def time_remaining(self) -> float | None:
+        """None when the call has no deadline (grpc-stubs says float)."""
+
+    def peer(self) -> str: ...
+
+
+class _AioHandler(Protocol):
+    """A method's handler as grpc.aio serves it (grpc-stubs types the sync server's, whose
+    behaviours return and iterate plainly). The gate serves every method of every service: a
+    request is whatever the method's own deserializer makes of bytes, hence `Any`."""
+
+    request_streaming: bool
+    request_deserializer: Callable[[bytes], object] | None
+    response_serializer: Callable[[Any], bytes] | None
+    unary_unary: Callable[[Any, CallContext], Awaitable[object]] | None
+    unary_stream: Callable[[Any, CallContext], AsyncIterator[object]] | None
+    stream_unary: Callable[[AsyncIterator[Any], CallContext], Awaitable[object]] | None
+    stream_stream: Callable[[AsyncIterator[Any], CallContext], AsyncIterator[object]] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,72 +240,79 @@ class Gate(grpc.aio.ServerInterceptor):
         self._admission = admission
         self._authenticate = authenticate
         self._refused = refused
-        self._gated: dict[str, grpc.RpcMethodHandler] = {}
-        """Per method served: its handler behind the gate (made once)."""
+        self._gated: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        """Per method served: its handler behind the gate (made once), of any messages."""
 
     async def intercept_service(
             self, continuation: Callable[[grpc.HandlerCallDetails],
-                                         Awaitable[grpc.RpcMethodHandler | None]],
-            details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+                                         Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+            details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any] | None:
         gated = self._gated.get(details.method)
         if gated is not None:
             return gated
         handler = await continuation(details)
         if handler is None:  # no such method: grpcio answers UNIMPLEMENTED, nothing is kept
             return None
-        gated = self._streaming(handler) if handler.request_streaming else self._unary(handler)
+        served = _aio(handler)
+        gated = self._streaming(served) if served.request_streaming else self._unary(served)
         self._gated[details.method] = gated
         return gated
 
-    def _unary(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def _unary(self, handler: _AioHandler) -> grpc.RpcMethodHandler[Any, Any]:
         """Served as a request-streaming method, so that the request is read here, after the
         gate, and not by grpcio before any code of ours runs."""
         decode = handler.request_deserializer or (lambda data: data)
-        behaviour = handler.unary_unary or handler.unary_stream
         if handler.unary_unary is not None:
+            behaviour = handler.unary_unary
+
             async def unary_unary(requests: AsyncIterator[bytes],
-                                  context: grpc.aio.ServicerContext) -> Any:
+                                  context: CallContext) -> object:
                 async with self._admitted(context) as call:
                     request = await self._read(requests, context, call, decode)
                     return await behaviour(request, context)
             return grpc.stream_unary_rpc_method_handler(
                 unary_unary, response_serializer=handler.response_serializer)
+        responses = handler.unary_stream
+        if responses is None:
+            raise InvariantViolation("a unary method serves a response or a stream of them")
 
         async def unary_stream(requests: AsyncIterator[bytes],
-                               context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                               context: CallContext) -> AsyncIterator[object]:
             async with self._admitted(context) as call:
                 request = await self._read(requests, context, call, decode)
-                async for response in behaviour(request, context):
+                async for response in responses(request, context):
                     yield response
         return grpc.stream_stream_rpc_method_handler(
             unary_stream, response_serializer=handler.response_serializer)
 
-    def _streaming(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def _streaming(self, handler: _AioHandler) -> grpc.RpcMethodHandler[Any, Any]:
         decode = handler.request_deserializer or (lambda data: data)
         if handler.stream_unary is not None:
             behaviour = handler.stream_unary
 
             async def stream_unary(requests: AsyncIterator[bytes],
-                                   context: grpc.aio.ServicerContext) -> Any:
+                                   context: CallContext) -> object:
                 async with self._admitted(context) as call:
                     return await behaviour(_counted(requests, call, decode), context)
             return grpc.stream_unary_rpc_method_handler(
                 stream_unary, response_serializer=handler.response_serializer)
         streams = handler.stream_stream
+        if streams is None:
+            raise InvariantViolation("a request-streaming method serves a response or a stream")
 
         async def stream_stream(requests: AsyncIterator[bytes],
-                                context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                                context: CallContext) -> AsyncIterator[object]:
             async with self._admitted(context) as call:
                 async for response in streams(_counted(requests, call, decode), context):
                     yield response
         return grpc.stream_stream_rpc_method_handler(
             stream_stream, response_serializer=handler.response_serializer)
 
-    def _admitted(self, context: grpc.aio.ServicerContext) -> _Admitted:
+    def _admitted(self, context: CallContext) -> _Admitted:
         return _Admitted(self, context)
 
-    async def _read(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
-                    call: _Call, decode: Callable[[bytes], Any]) -> Any:
+    async def _read(self, requests: AsyncIterator[bytes], context: CallContext,
+                    call: _Call, decode: Callable[[bytes], object]) -> object:
         admission = self._admission
         timeout_ms = admission.limits.request_read_timeout_ms
         data = None
@@ -301,8 +337,8 @@ class Gate(grpc.aio.ServerInterceptor):
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
                                f"request: could not be decoded: {error}")
 
-    async def _refuse(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode,
-                      details: str) -> None:
+    async def _refuse(self, context: CallContext, code: grpc.StatusCode,
+                      details: str) -> Never:
         self._refused(code)
         await context.abort(code, details)
 
@@ -311,7 +347,7 @@ class _Admitted:
     """``async with``: authenticate and admit a call, publish its principal, release what
     it holds at the end."""
 
-    def __init__(self, gate: Gate, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, gate: Gate, context: CallContext) -> None:
         self._gate = gate
         self._context = context
         self._call: _Call | None = None
@@ -333,7 +369,8 @@ class _Admitted:
 
     async def __aexit__(self, *exc_info: object) -> None:
         call, tokens = self._call, self._tokens
-        invariant(call is not None and tokens is not None, "entered before exit")
+        if call is None or tokens is None:
+            raise InvariantViolation("entered before exit")
         call.release(call.held)
         call.admission.leave(call.principal)
         CALL.reset(tokens[1])
@@ -341,7 +378,7 @@ class _Admitted:
 
 
 async def _counted(requests: AsyncIterator[bytes], call: _Call,
-                   decode: Callable[[bytes], Any]) -> AsyncIterator[Any]:
+                   decode: Callable[[bytes], object]) -> AsyncIterator[object]:
     """The requests of a stream, each counted from its read until the next is read."""
     last = 0
     async for data in requests:
@@ -349,3 +386,8 @@ async def _counted(requests: AsyncIterator[bytes], call: _Call,
         call.hold(len(data))
         last = len(data)
         yield decode(data)
+
+
+def _aio(handler: grpc.RpcMethodHandler[Any, Any]) -> _AioHandler:
+    """``handler`` as grpc.aio serves it (`_AioHandler` says why the stubs' type is not)."""
+    return handler  # type: ignore[return-value]  # grpc-stubs types the sync server's handlers

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from tickwheel.common.errors import InvalidMessage, PermissionDenied, Retryable
+from tickwheel.common.errors import InvalidMessage, InvariantViolation, PermissionDenied, Retryable
 from tickwheel.node.api import validation
 from tickwheel.node.api.commits import WRITE_TIMEOUT_S, applied, committed
 from tickwheel.node.api.context import NodeContext
@@ -23,6 +23,22 @@ from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.wheel import CancelResult
 
 Handler = Callable[[Any, Principal], Awaitable[Message]]
+ResponseT = TypeVar("ResponseT", bound=Message)
+
+_CANCEL_OUTCOMES = {
+    CancelResult.CANCELLED: pb.CANCEL_OUTCOME_CANCELLED,
+    CancelResult.ALREADY_CANCELLED: pb.CANCEL_OUTCOME_ALREADY_CANCELLED,
+    CancelResult.NOT_PENDING: pb.CANCEL_OUTCOME_NOT_PENDING,
+    CancelResult.HANDED_OUT: pb.CANCEL_OUTCOME_HANDED_OUT,
+}
+"""What a cancel did, as the proto's enum says it (the same numbers, one by one)."""
+_MOVE_OUTCOMES = {
+    MoveOutcome.RESCHEDULED: pb.RESCHEDULE_OUTCOME_RESCHEDULED,
+    MoveOutcome.CANCELLED: pb.RESCHEDULE_OUTCOME_CANCELLED,
+    MoveOutcome.NOT_PENDING: pb.RESCHEDULE_OUTCOME_NOT_PENDING,
+    MoveOutcome.HANDED_OUT: pb.RESCHEDULE_OUTCOME_HANDED_OUT,
+}
+"""What a move did, as the proto's enum says it."""
 
 
 class LeaderCalls:
@@ -107,7 +123,7 @@ class LeaderCalls:
             handles, may(principal, Action.CANCEL)))
         self._node.metrics.cancelled.inc(results.count(CancelResult.CANCELLED))
         return pb.CancelResponse(cancelled=[outcome.cancelled for outcome in results],
-                                 outcomes=[int(outcome) for outcome in results])
+                                 outcomes=[_CANCEL_OUTCOMES[outcome] for outcome in results])
 
     async def reschedule(self, request: pb.RescheduleRequest,
                                principal: Principal) -> pb.RescheduleResponse:
@@ -124,7 +140,7 @@ class LeaderCalls:
         results = await committed(node.replica.reschedule(moves, may(principal, Action.CANCEL)))
         node.metrics.rescheduled.inc(sum(r.outcome is MoveOutcome.RESCHEDULED for r in results))
         return pb.RescheduleResponse(results=[
-            pb.RescheduleResult(outcome=int(r.outcome), deliver_at_ms=r.deliver_at_ms)
+            pb.RescheduleResult(outcome=_MOVE_OUTCOMES[r.outcome], deliver_at_ms=r.deliver_at_ms)
             for r in results])
 
     async def receive(self, request: pb.ReceiveMessagesRequest,
@@ -152,6 +168,14 @@ class LeaderCalls:
         return pb.SettleResponse(settled=await self._node.unary.settle(
             request.topic, request.group, list(request.receipts),
             request.invisible_duration_ms))
+
+
+def answer_of(method: str, response: Message, answer: type[ResponseT]) -> ResponseT:
+    """``response`` as the ``answer`` unary ``method`` gives: a `Handler`, and a call forwarded
+    by name, say only that they answer a message."""
+    if not isinstance(response, answer):
+        raise InvariantViolation(f"{method} answered a {type(response).__name__}")
+    return response
 
 
 def require(principal: Principal, action: Action, topic: str, field: str,

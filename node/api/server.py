@@ -17,14 +17,15 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Never, TypeVar
 
 import grpc
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
 from tickwheel.common.errors import (
     ClientError,
     InvalidMessage,
+    InvariantViolation,
     NotLeader,
     Overloaded,
     PermissionDenied,
@@ -35,8 +36,8 @@ from tickwheel.common.errors import (
     invariant,
 )
 from tickwheel.node.api import validation
-from tickwheel.node.api.admission import CALLER, keep_request, release_request
-from tickwheel.node.api.calls import LeaderCalls, receive_response, require
+from tickwheel.node.api.admission import CALLER, CallContext, keep_request, release_request
+from tickwheel.node.api.calls import LeaderCalls, answer_of, receive_response, require
 from tickwheel.node.api.commits import WRITE_TIMEOUT_S
 from tickwheel.node.api.context import NodeContext
 from tickwheel.node.api.forward import (
@@ -63,6 +64,9 @@ STREAM_WINDOW = 64
 """`ScheduleStream` requests proposed and not yet answered, per stream."""
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Tickwheel"].full_name
 RequestT = TypeVar("RequestT", bound=Message)
+ResponseT = TypeVar("ResponseT", bound=Message)
+_Context = grpc.aio.ServicerContext
+"""A servicer method's context, by its request and response types."""
 
 
 class LeaderRefused(Exception):
@@ -88,18 +92,20 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         self._here = LeaderCalls(node).handlers()
 
     async def Schedule(self, request: pb.ScheduleRequest,
-                       context: grpc.aio.ServicerContext) -> pb.ScheduleResponse:
-        return await self._unary(context, "Schedule", request)
+                       context: _Context[pb.ScheduleRequest, pb.ScheduleResponse]
+                       ) -> pb.ScheduleResponse:
+        return await self._unary(context, "Schedule", request, pb.ScheduleResponse)
 
     async def ScheduleStream(self, request_iterator: AsyncIterator[pb.ScheduleRequest],
-                             context: grpc.aio.ServicerContext) -> pb.ScheduleResponse:
+                             context: _Context[pb.ScheduleRequest, pb.ScheduleResponse]
+                             ) -> pb.ScheduleResponse:
         """Each request is proposed as it arrives, up to ``STREAM_WINDOW`` of them (and at most
         ``max_request_bytes`` of them) uncommitted, so small requests on one stream share Raft
         entries as concurrent calls do; the answer lists every result in request order. An
         error fails the stream; what was committed before it stays (a retry with the same ids
         returns those results)."""
         limits = self._node.limits
-        pending: deque[tuple[asyncio.Future, int]] = deque()
+        pending: deque[tuple[asyncio.Future[pb.ScheduleResponse], int]] = deque()
         pending_bytes = 0
         results: list[pb.ScheduleResult] = []
         streamed = 0
@@ -115,7 +121,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                 keep_request(size)
                 pending_bytes += size
                 pending.append((asyncio.ensure_future(self._unary(
-                    context, "Schedule", request, principal)), size))
+                    context, "Schedule", request, pb.ScheduleResponse, principal)), size))
                 while pending and (len(pending) > STREAM_WINDOW or pending[0][0].done()
                                    or pending_bytes > limits.max_request_bytes):
                     future, size = pending.popleft()
@@ -132,27 +138,28 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         return pb.ScheduleResponse(results=results)
 
     async def Cancel(self, request: pb.CancelRequest,
-                     context: grpc.aio.ServicerContext) -> pb.CancelResponse:
-        return await self._unary(context, "Cancel", request)
+                     context: _Context[pb.CancelRequest, pb.CancelResponse]) -> pb.CancelResponse:
+        return await self._unary(context, "Cancel", request, pb.CancelResponse)
 
     async def Reschedule(self, request: pb.RescheduleRequest,
-                         context: grpc.aio.ServicerContext) -> pb.RescheduleResponse:
-        return await self._unary(context, "Reschedule", request)
+                         context: _Context[pb.RescheduleRequest, pb.RescheduleResponse]
+                         ) -> pb.RescheduleResponse:
+        return await self._unary(context, "Reschedule", request, pb.RescheduleResponse)
 
     async def ClusterInfo(self, request: pb.ClusterInfoRequest,
-                          context: grpc.aio.ServicerContext) -> pb.ClusterInfoResponse:
+                          context: _Context[pb.ClusterInfoRequest, pb.ClusterInfoResponse]
+                          ) -> pb.ClusterInfoResponse:
         info = cluster_info(self._node, await self._principal(context))
         context.set_trailing_metadata(((LEADER_KEY, info.leader_grpc),))
         return info
 
     async def Receive(self, request_iterator: AsyncIterator[pb.ReceiveRequest],
-                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReceiveResponse]:
+                      context: _Context[pb.ReceiveRequest, pb.ReceiveResponse]
+                      ) -> AsyncIterator[pb.ReceiveResponse]:
         node = self._node
         principal = await self._principal(context)
         try:
             first = await self._first_request(request_iterator)
-            if first is None or first.WhichOneof("kind") != "subscribe":
-                raise InvalidMessage("subscribe", "the first request of a stream must subscribe")
             subscribe = first.subscribe
             timeout_ms = validation.check_subscribe(
                 subscribe, node.limits, node.courier.config.default_visibility_timeout_ms)
@@ -185,38 +192,44 @@ class TickwheelService(pb_grpc.TickwheelServicer):
             node.courier.unsubscribe(consumer)
 
     async def _first_request(self, request_iterator: AsyncIterator[pb.ReceiveRequest]
-                             ) -> pb.ReceiveRequest | None:
-        """A stream's subscription, which must come within ``request_read_timeout_ms``: a
-        stream that never subscribes would hold one of its principal's slots for nothing."""
+                             ) -> pb.ReceiveRequest:
+        """A stream's subscription, which must come first, within ``request_read_timeout_ms``:
+        a stream that never subscribes would hold one of its principal's slots for nothing."""
         timeout_ms = self._node.admission.limits.request_read_timeout_ms
         try:
             async with asyncio.timeout(timeout_ms / 1000):
-                return await anext(aiter(request_iterator), None)
+                first = await anext(aiter(request_iterator), None)
         except TimeoutError:
             raise InvalidMessage("subscribe", "a stream must subscribe within "
                                  f"request_read_timeout_ms ({timeout_ms} ms)") from None
+        if first is None or first.WhichOneof("kind") != "subscribe":
+            raise InvalidMessage("subscribe", "the first request of a stream must subscribe")
+        return first
 
     async def ReceiveMessages(self, request: pb.ReceiveMessagesRequest,
-                              context: grpc.aio.ServicerContext) -> pb.ReceiveResponse:
-        return await self._unary(context, "ReceiveMessages", request)
+                              context: _Context[pb.ReceiveMessagesRequest, pb.ReceiveResponse]
+                              ) -> pb.ReceiveResponse:
+        return await self._unary(context, "ReceiveMessages", request, pb.ReceiveResponse)
 
     async def AckMessages(self, request: pb.SettleRequest,
-                          context: grpc.aio.ServicerContext) -> pb.SettleResponse:
-        return await self._unary(context, "AckMessages", request)
+                          context: _Context[pb.SettleRequest, pb.SettleResponse]
+                          ) -> pb.SettleResponse:
+        return await self._unary(context, "AckMessages", request, pb.SettleResponse)
 
     async def ChangeInvisibleDuration(self, request: pb.SettleRequest,
-                                      context: grpc.aio.ServicerContext) -> pb.SettleResponse:
-        return await self._unary(context, "ChangeInvisibleDuration", request)
+                                      context: _Context[pb.SettleRequest, pb.SettleResponse]
+                                      ) -> pb.SettleResponse:
+        return await self._unary(context, "ChangeInvisibleDuration", request, pb.SettleResponse)
 
     async def CreateGroup(self, request: pb.GroupRequest,
-                          context: grpc.aio.ServicerContext) -> pb.GroupResponse:
-        return await self._unary(context, "CreateGroup", request)
+                          context: _Context[pb.GroupRequest, pb.GroupResponse]) -> pb.GroupResponse:
+        return await self._unary(context, "CreateGroup", request, pb.GroupResponse)
 
     async def DeleteGroup(self, request: pb.GroupRequest,
-                          context: grpc.aio.ServicerContext) -> pb.GroupResponse:
-        return await self._unary(context, "DeleteGroup", request)
+                          context: _Context[pb.GroupRequest, pb.GroupResponse]) -> pb.GroupResponse:
+        return await self._unary(context, "DeleteGroup", request, pb.GroupResponse)
 
-    async def perform(self, context: grpc.aio.ServicerContext | None, method: str,
+    async def perform(self, context: CallContext | None, method: str,
                       request: Message, principal: Principal) -> Message:
         """Answer unary ``method`` (``"Schedule"``, ``"ReceiveMessages"``, ...) as ``principal``:
         here if this node leads, else forwarded once to the leader (within the deadline of the
@@ -228,13 +241,15 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         except NotLeader as error:
             return await self._forward(context, method, request, error, principal)
 
-    async def _unary(self, context: grpc.aio.ServicerContext, method: str, request: Message,
-                     principal: Principal | None = None) -> Message:
-        """`perform` for the caller's principal; errors become status codes."""
+    async def _unary(self, context: CallContext, method: str, request: Message,
+                     answer: type[ResponseT], principal: Principal | None = None) -> ResponseT:
+        """`perform` for the caller's principal, which answers ``method`` with an ``answer``;
+        errors become status codes."""
         if principal is None:
             principal = await self._principal(context)
         try:
-            response = await self.perform(context, method, request, principal)
+            response = answer_of(method, await self.perform(context, method, request, principal),
+                                 answer)
         except LeaderRefused as refused:
             self._set_leader(context)
             await context.abort(refused.code, refused.details)
@@ -243,13 +258,14 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         self._set_leader(context)
         return response
 
-    async def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
+    async def _principal(self, context: CallContext) -> Principal:
         """Who calls, as the listener's gate authenticated it."""
         principal = CALLER.get(None)
-        invariant(principal is not None, "every call passes a listener's gate")
+        if principal is None:
+            raise InvariantViolation("every call passes a listener's gate")
         return principal
 
-    async def _forward(self, context: grpc.aio.ServicerContext | None, method: str,
+    async def _forward(self, context: CallContext | None, method: str,
                        request: Message, error: NotLeader, principal: Principal) -> Message:
         leader = self._node.leader_peer(error.leader_hint)
         if leader is None or (context is not None and was_forwarded(context)):
@@ -288,7 +304,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
 
     async def _proxy_receive(self, first: pb.ReceiveRequest,
                              request_iterator: AsyncIterator[pb.ReceiveRequest],
-                             context: grpc.aio.ServicerContext, error: NotLeader,
+                             context: CallContext, error: NotLeader,
                              principal: Principal) -> AsyncIterator[pb.ReceiveResponse]:
         """A follower passes a consumer stream through to the leader, both ways."""
         leader = self._node.leader_peer(error.leader_hint)
@@ -323,12 +339,12 @@ class TickwheelService(pb_grpc.TickwheelServicer):
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _decoding(self, method: Callable[[RequestT, grpc.aio.ServicerContext], Awaitable[object]],
+    def _decoding(self, method: Callable[[RequestT, CallContext], Awaitable[object]],
                  decode: Callable[[bytes], RequestT]
-                 ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[object]]:
+                 ) -> Callable[[bytes, CallContext], Awaitable[object]]:
         """A unary ``method`` that takes the request's bytes: grpcio decodes a unary request
         before any handler runs, where nothing raised can become a status code."""
-        async def handle(data: bytes, context: grpc.aio.ServicerContext) -> object:
+        async def handle(data: bytes, context: CallContext) -> object:
             try:
                 request = decode(data)
             except TickwheelError as error:
@@ -339,27 +355,16 @@ class TickwheelService(pb_grpc.TickwheelServicer):
     def _forwarded(self, principal: Principal) -> tuple[tuple[str, str], ...]:
         return FORWARDED + self._node.peer_callers.metadata(principal)
 
-    def _set_leader(self, context: grpc.aio.ServicerContext) -> None:
+    def _set_leader(self, context: CallContext) -> None:
         leader = self._node.leader_grpc(self._node.replica.leader_hint())
         if leader:
             context.set_trailing_metadata(((LEADER_KEY, leader),))
 
-    async def _abort(self, context: grpc.aio.ServicerContext, error: TickwheelError) -> None:
+    async def _abort(self, context: CallContext, error: TickwheelError) -> Never:
         code = next(code for kind, code in _STATUS if isinstance(error, kind))
         self._node.metrics.rejected.labels(code.name).inc()
         self._set_leader(context)
         await context.abort(code, str(error))
-
-
-def _decoder(message_class: type[RequestT]) -> Callable[[bytes], RequestT]:
-    """``message_class.FromString``, refusing bytes that do not parse (a string that is not
-    UTF-8, a truncated field) as `InvalidMessage` naming ``request``."""
-    def decode(data: bytes) -> RequestT:
-        try:
-            return message_class.FromString(data)
-        except DecodeError as error:
-            raise InvalidMessage("request", f"could not be decoded: {error}") from None
-    return decode
 
 
 def add_tickwheel_service(service: TickwheelService, server: grpc.aio.Server) -> None:
@@ -372,7 +377,7 @@ def add_tickwheel_service(service: TickwheelService, server: grpc.aio.Server) ->
     handlers = {}
     for method in pb.DESCRIPTOR.services_by_name["Tickwheel"].methods:
         handler = getattr(service, method.name)
-        decode = _decoder(getattr(pb, method.input_type.name))
+        decode = validation.decoder(getattr(pb, method.input_type.name))
         encode = getattr(pb, method.output_type.name).SerializeToString
         if method.client_streaming:
             make = (grpc.stream_stream_rpc_method_handler if method.server_streaming

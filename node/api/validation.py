@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
+
+from google.protobuf.message import DecodeError, Message
 
 from tickwheel.common.errors import InvalidMessage
 from tickwheel.node.delivery.levels import DLQ_PREFIX, DelayLevels, is_dead_letter_topic
@@ -31,6 +33,7 @@ MAX_RECEIVE_WAIT_MS = 30_000
 RESERVED_PROPERTY_PREFIX = "%"
 """Property keys the node uses itself (a retry copy's group); users' keys cannot start so."""
 _WHEN_FIELDS = ("deliver_at_ms", "delay_ms", "delay_level")
+_RequestT = TypeVar("_RequestT", bound=Message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +134,11 @@ def _new_message(message: pb.Message, index: int, now_ms: int, limits: Limits,
     if len(body) > limits.max_body_bytes:
         raise InvalidMessage(f"messages[{index}].body", f"is {len(body)} bytes, at most "
                              f"{limits.max_body_bytes}")
-    properties = message.properties
-    if properties:
-        _check_properties(properties, f"messages[{index}].properties", limits)
-        properties = dict(properties)
-    else:
-        properties = _NO_PROPERTIES
+    given = message.properties
+    properties: Mapping[str, str] = _NO_PROPERTIES
+    if given:
+        _check_properties(given, f"messages[{index}].properties", limits)
+        properties = dict(given)
     deliver_at_ms, clamped_level = _deliver_at_ms(message, index, now_ms, limits, levels)
     return NewMessage(message_id, topic, body, deliver_at_ms, properties), clamped_level
 
@@ -194,7 +196,7 @@ def move_times(moves: Sequence[pb.Move], now_ms: int, limits: Limits) -> list[in
     return times
 
 
-def _check_properties(properties: dict[str, str], field: str, limits: Limits) -> None:
+def _check_properties(properties: Mapping[str, str], field: str, limits: Limits) -> None:
     if len(properties) > limits.max_properties:
         raise InvalidMessage(field, f"has {len(properties)} entries, at most "
                              f"{limits.max_properties}")
@@ -275,3 +277,14 @@ def check_credits(credits: int, held: int, limits: Limits, field: str = "credit.
     if held + credits > limits.max_credits:
         raise InvalidMessage(field, f"would give the consumer {held + credits} credits, at "
                              f"most {limits.max_credits}")
+
+
+def decoder(message_class: type[_RequestT]) -> Callable[[bytes], _RequestT]:
+    """``message_class.FromString``, refusing bytes that do not parse (a string that is not
+    UTF-8, a truncated field) as `InvalidMessage` naming ``request``."""
+    def decode(data: bytes) -> _RequestT:
+        try:
+            return message_class.FromString(data)
+        except DecodeError as error:
+            raise InvalidMessage("request", f"could not be decoded: {error}") from None
+    return decode

@@ -36,11 +36,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from tickwheel.common.errors import NotLeader, Overloaded, TickwheelError
+from tickwheel.common.errors import InvariantViolation, NotLeader, Overloaded, TickwheelError
 from tickwheel.node.delivery.batches import ENVELOPE_BYTES, GRPC_MESSAGE_BYTES, split
 from tickwheel.node.delivery.levels import RetryPolicy
 from tickwheel.node.delivery.receipts import Receipts
-from tickwheel.node.delivery.retries import Retries
+from tickwheel.node.delivery.retries import Retries, RetryItem
 from tickwheel.node.delivery.sent import Sent
 from tickwheel.node.delivery.sessions import Session
 from tickwheel.node.delivery.trail import DeliveryTrail
@@ -91,7 +91,7 @@ class Courier:
         self._clock_ms = clock_ms
         self._trail = trail
         self._metrics = metrics
-        self._replica: Replica | None = None
+        self._attached: Replica | None = None
         self._loop = asyncio.get_running_loop()
         self._consumers: dict[int, Session] = {}
         self._keys = itertools.count(1)
@@ -111,7 +111,14 @@ class Courier:
 
     def attach(self, replica: Replica) -> None:
         """The replica this courier is the sink of (it is created with the courier as its sink)."""
-        self._replica = replica
+        self._attached = replica
+
+    @property
+    def _replica(self) -> Replica:
+        """The replica, attached before any consumer or delivery comes."""
+        if self._attached is None:
+            raise InvariantViolation("the courier was used before its replica was attached")
+        return self._attached
 
     # -- from the Raft thread (a DeliverySink) --------------------------------------------
 
@@ -226,7 +233,8 @@ class Courier:
             counts[1] += summary.leased
         for consumer in self._consumers.values():
             figures.setdefault(consumer.topic, [0, 0, 0])[2] += 1
-        return [(topic, *counts) for topic, counts in sorted(figures.items())]
+        return [(topic, ready, unacked, consumers)
+                for topic, (ready, unacked, consumers) in sorted(figures.items())]
 
     def consumers_of(self, topic: str, group: str) -> int:
         return sum(1 for c in self._consumers.values() if (c.topic, c.group) == (topic, group))
@@ -246,7 +254,7 @@ class Courier:
         epoch, self._epoch = self._epoch, None
         self._stops += 1
         self._held.clear()
-        reason = NotLeader(self._replica.leader_hint() if self._replica else None)
+        reason = NotLeader(self._attached.leader_hint() if self._attached else None)
         for consumer in self._consumers.values():
             consumer.close(reason)
         self._consumers.clear()
@@ -328,7 +336,8 @@ class Courier:
             return
         receipts = encode_receipts([item.lease for item in expired], self._replica.shard)
         stalled = self._stalled(expired, receipts)
-        retries, at_once = [], []
+        retries: list[RetryItem] = []
+        at_once: list[RetryItem] = []
         for item, receipt in zip(expired, receipts, strict=True):
             if item.consumer in stalled:
                 continue

@@ -5,20 +5,25 @@ any refusal does, instead of grpcio's ``UNKNOWN`` and a logged traceback."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
+from tickwheel.node.api.admission import CallContext
 from tickwheel.node.rocketmq.convert import Refusal
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.rocketmq.v2 import service_pb2 as svc
 
-Context = grpc.aio.ServicerContext
+Context = CallContext
+"""What `MessagingService` uses of a call's context."""
 SERVICE_NAME = svc.DESCRIPTOR.services_by_name["MessagingService"].full_name
+MessageT = TypeVar("MessageT", bound=Message)
+RequestT = TypeVar("RequestT", bound=Message)
+ResponseT = TypeVar("ResponseT", bound=Message)
 
 
-def decode(message_class: type[Any], data: bytes) -> Any:
+def decode(message_class: type[MessageT], data: bytes) -> MessageT:
     try:
         return message_class.FromString(data)
     except DecodeError as error:
@@ -29,7 +34,7 @@ def add_messaging_service(service: object, server: grpc.aio.Server) -> None:
     """Bind every RPC of ``MessagingService``: requests arrive as bytes and are decoded in the
     handler (a request that does not decode answers ``BAD_REQUEST`` in its status, as any
     refusal does, instead of grpcio's ``UNKNOWN`` and a logged traceback)."""
-    handlers = {}
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}  # as grpc holds them
     for method in svc.DESCRIPTOR.services_by_name["MessagingService"].methods:
         handler = getattr(service, method.name)
         request_class = getattr(svc, method.input_type.name)
@@ -50,9 +55,10 @@ def add_messaging_service(service: object, server: grpc.aio.Server) -> None:
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
-def _unary(handler: Callable[[Any, Context], Awaitable[Any]], request_class: type[Any],
-           response_class: type[Any]) -> Callable[[bytes, Context], Awaitable[Any]]:
-    async def handle(data: bytes, context: Context) -> Any:
+def _unary(handler: Callable[[RequestT, Context], Awaitable[ResponseT]],
+           request_class: type[RequestT], response_class: type[ResponseT]
+           ) -> Callable[[bytes, Context], Awaitable[ResponseT]]:
+    async def handle(data: bytes, context: Context) -> ResponseT:
         try:
             return await handler(decode(request_class, data), context)
         except Refusal as refusal:
@@ -60,9 +66,10 @@ def _unary(handler: Callable[[Any, Context], Awaitable[Any]], request_class: typ
     return handle
 
 
-def _streaming(handler: Callable[[Any, Context], AsyncIterator[Any]], request_class: type[Any],
-               response_class: type[Any]) -> Callable[[bytes, Context], AsyncIterator[Any]]:
-    async def handle(data: bytes, context: Context) -> AsyncIterator[Any]:
+def _streaming(handler: Callable[[RequestT, Context], AsyncIterator[ResponseT]],
+               request_class: type[RequestT], response_class: type[ResponseT]
+               ) -> Callable[[bytes, Context], AsyncIterator[ResponseT]]:
+    async def handle(data: bytes, context: Context) -> AsyncIterator[ResponseT]:
         try:
             request = decode(request_class, data)
         except Refusal as refusal:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import Any
+from typing import TypeVar
 
 import grpc
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 from tenacity import (
     AsyncRetrying,
@@ -19,6 +20,7 @@ from tenacity import (
 
 from tickwheel.client.shards import receipt_shard
 from tickwheel.common.errors import Retryable, TickwheelError
+from tickwheel.node.api.calls import answer_of
 from tickwheel.node.api.context import NodeContext
 from tickwheel.node.api.server import LeaderRefused, TickwheelService
 from tickwheel.node.api.validation import CONSUMER_PATTERN, MAX_RECEIVE_WAIT_MS
@@ -38,6 +40,7 @@ LEADER_WAIT_S = 5.0
 """How long a call waits for a leader it can reach (an election takes about a second)."""
 DEADLINE_MARGIN_S = 0.5
 """A long poll ends this long before the client's deadline, so its answer arrives in time."""
+ResponseT = TypeVar("ResponseT", bound=Message)
 
 
 class NativeCalls:
@@ -48,13 +51,13 @@ class NativeCalls:
         """The leases of PushConsumers' messages, kept alive while their clients are."""
 
     async def perform(self, context: Context | None, method: str, request: Message,
-                       principal: Principal) -> Any:
-        """The native call, tried again while the cluster has no leader it can reach (until
-        `LEADER_WAIT_S`, or the call's deadline): RocketMQ's clients retry at once, without
-        back-off (the Python producer's 8 attempts are spent in milliseconds), so the wait for
-        a new leader happens here. Every call retried is idempotent or harmless again:
-        sends by message id, recalls, moves of a deadline; a lease granted to an answer that
-        was lost runs out."""
+                       principal: Principal, answer: type[ResponseT]) -> ResponseT:
+        """The native call, which answers an ``answer``, tried again while the cluster has no
+        leader it can reach (until `LEADER_WAIT_S`, or the call's deadline): RocketMQ's
+        clients retry at once, without back-off (the Python producer's 8 attempts are spent
+        in milliseconds), so the wait for a new leader happens here. Every call retried is
+        idempotent or harmless again: sends by message id, recalls, moves of a deadline; a
+        lease granted to an answer that was lost runs out."""
         remaining_s = context.time_remaining() if context is not None else None
         budget_s = LEADER_WAIT_S if remaining_s is None else min(
             LEADER_WAIT_S, remaining_s - DEADLINE_MARGIN_S)
@@ -64,7 +67,8 @@ class NativeCalls:
                     stop=stop_after_delay(max(0.0, budget_s)),
                     wait=wait_random_exponential(multiplier=0.05, max=0.5)):
                 with attempt:
-                    return await self._native.perform(context, method, request, principal)
+                    return answer_of(method, await self._native.perform(
+                        context, method, request, principal), answer)
         except (TickwheelError, LeaderRefused) as error:
             raise convert.refusal_of(error) from None
         raise AssertionError("not reached: the last attempt raises or returns")
@@ -98,7 +102,7 @@ class NativeCalls:
             response = await self.perform(context, "ReceiveMessages", pb.ReceiveMessagesRequest(
                 topic=topic, group=group, consumer=consumer,
                 max_messages=request.batch_size, invisible_duration_ms=invisible_ms,
-                wait_ms=wait_ms), principal)
+                wait_ms=wait_ms), principal, pb.ReceiveResponse)
             batch, skipped = [], []
             for message in response.messages:
                 if tags.matches(message):
@@ -126,7 +130,7 @@ class NativeCalls:
             method = "AckMessages"
             if invisible_ms is not None:
                 method, request.invisible_duration_ms = "ChangeInvisibleDuration", invisible_ms
-            response = await self.perform(context, method, request, principal)
+            response = await self.perform(context, method, request, principal, pb.SettleResponse)
             for index, ok in zip(valid, response.settled, strict=True):
                 settled[index] = ok
         return settled
@@ -137,7 +141,7 @@ class NativeCalls:
             return [False] * len(receipts)
         return await self.settle(None, principal, topic, group, receipts, invisible_ms)
 
-    def invisible_ms(self, duration: Any, field: str, least_ms: int) -> int:
+    def invisible_ms(self, duration: Duration, field: str, least_ms: int) -> int:
         invisible_ms = convert.duration_ms(duration)
         most_ms = self._node.limits.max_visibility_timeout_ms
         if not least_ms <= invisible_ms <= most_ms:

@@ -52,7 +52,7 @@ MAX_TIMESTAMP_S = 253_402_300_799
 class Refusal(Exception):
     """A request refused with a RocketMQ status ``code``."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: rmq.Code, message: str) -> None:
         super().__init__(message)
         self.code = code
 

@@ -50,7 +50,7 @@ class Renewals:
         self._clock_s = clock_s
         self._clients: dict[str, _Client] = {}
         self._held = 0
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._warned = False
 
     def seen(self, client_id: str) -> None:

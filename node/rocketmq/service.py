@@ -16,22 +16,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TypeVar
 
 from google.protobuf.message import Message
 
 from tickwheel.client.shards import shard_key
-from tickwheel.common.errors import invariant
+from tickwheel.common.errors import InvariantViolation
 from tickwheel.node.api.admission import CALLER
 from tickwheel.node.api.context import NodeContext
 from tickwheel.node.api.server import TickwheelService
 from tickwheel.node.delivery.levels import RetryPolicy
 from tickwheel.node.rocketmq import convert
-from tickwheel.node.rocketmq.binding import decode
+from tickwheel.node.rocketmq.binding import Context, decode
 from tickwheel.node.rocketmq.calls import (
     CLIENT_ID_KEY,
     DEFAULT_LONG_POLL_MS,
-    Context,
     NativeCalls,
     client_id_of,
 )
@@ -51,6 +50,7 @@ enough to ride out a leader election with the back-off below."""
 PRODUCER_BACKOFF = rmq.ExponentialBackoff(initial=convert.ms_duration(100),
                                           max=convert.ms_duration(2_000), multiplier=2.0)
 DEFAULT_BATCH = 32
+ResponseT = TypeVar("ResponseT", bound=Message)
 
 
 class MessagingService:
@@ -129,7 +129,8 @@ class MessagingService:
             for message in messages:
                 message.routing_key = shard_key(shards.shard, shards.count)
         response = await self._calls.perform(context, "Schedule",
-                                       pb.ScheduleRequest(messages=messages), principal)
+                                       pb.ScheduleRequest(messages=messages), principal,
+                                       pb.ScheduleResponse)
         entries = [svc.SendResultEntry(status=OK, message_id=result.id,
                                        recall_handle=f"{result.handle}.{result.id}")
                    for result in response.results]
@@ -146,7 +147,8 @@ class MessagingService:
             raise Refusal(rmq.Code.BAD_REQUEST, "recall_handle: is not one this cluster gave "
                                                 "out")
         response = await self._calls.perform(context, "Cancel",
-                                       pb.CancelRequest(handles=[int(handle)]), principal)
+                                       pb.CancelRequest(handles=[int(handle)]), principal,
+                                       pb.CancelResponse)
         outcome = response.outcomes[0]
         if outcome in (pb.CANCEL_OUTCOME_CANCELLED, pb.CANCEL_OUTCOME_ALREADY_CANCELLED):
             return svc.RecallMessageResponse(status=OK, message_id=message_id)
@@ -247,7 +249,8 @@ class MessagingService:
     def _caller(self, context: Context) -> Principal:
         """Who signed the call, as the listener's gate checked it (`CALLER`)."""
         principal = CALLER.get(None)
-        invariant(principal is not None, "every call passes the listener's gate")
+        if principal is None:
+            raise InvariantViolation("every call passes the listener's gate")
         self._calls.renewals.seen(metadata_value(context, CLIENT_ID_KEY) or "")
         return principal
 
@@ -280,8 +283,9 @@ class MessagingService:
             topic = convert.check_resource(entry.topic, f"{field}.topic")
             convert.TagFilter(entry.expression, f"{field}.expression")
             # the group exists from now on: what comes due is kept for it
-            await self._calls.perform(context, "CreateGroup", pb.GroupRequest(topic=topic,
-                                                                        group=group), principal)
+            await self._calls.perform(context, "CreateGroup",
+                                      pb.GroupRequest(topic=topic, group=group), principal,
+                                      pb.GroupResponse)
         subscription.fifo = False
         if not subscription.receive_batch_size:
             subscription.receive_batch_size = DEFAULT_BATCH
@@ -300,7 +304,7 @@ def _invalid_receipt(field: str) -> rmq.Status:
                               "run out, or never given)")
 
 
-def _unsupported(response_class: type[Any], what: str) -> Any:
+def _unsupported(response_class: type[ResponseT], what: str) -> ResponseT:
     return response_class(status=rmq.Status(
         code=rmq.Code.UNSUPPORTED, message=f"tickwheel does not serve {what}"))
 

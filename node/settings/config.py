@@ -154,24 +154,26 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
     @model_validator(mode="after")
     def _derive_from_statefulset(self) -> NodeSettings:
         """Fill the address settings not given from the pod's place in its StatefulSet."""
-        given = [name for name in _POD_FIELDS if getattr(self, name) is not None]
-        if not given:
+        pod_name, replicas, service = self.pod_name, self.replicas, self.peer_service
+        namespace = self.namespace
+        if pod_name is None or replicas is None or service is None or namespace is None:
+            given = [name for name in _POD_FIELDS if getattr(self, name) is not None]
+            if given:
+                missing = ", ".join(name for name in _POD_FIELDS if name not in given)
+                raise ValueError(f"{', '.join(given)} given without {missing}: a StatefulSet "
+                                 f"pod needs all of {', '.join(_POD_FIELDS)}")
             knobs = [name for name in _POD_KNOB_FIELDS if name in self.model_fields_set]
             if knobs:
                 raise ValueError(f"{', '.join(knobs)} only apply to a StatefulSet pod (with "
                                  f"{', '.join(_POD_FIELDS)})")
             return self
-        if len(given) < len(_POD_FIELDS):
-            missing = ", ".join(name for name in _POD_FIELDS if name not in given)
-            raise ValueError(f"{', '.join(given)} given without {missing}: a StatefulSet pod "
-                             f"needs all of {', '.join(_POD_FIELDS)}")
         if self.shard and self.shards is None and "shard_members" not in self.model_fields_set:
             raise ValueError(f"shard {self.shard} given without shards: a StatefulSet pod "
                              "derives the other shards' members from shards "
                              "(TICKWHEEL_SHARDS), or is given shard_members")
         derived = statefulset.addresses(statefulset.StatefulSetPod(
-            pod_name=self.pod_name, replicas=self.replicas, service=self.peer_service,
-            namespace=self.namespace, domain=self.cluster_domain,
+            pod_name=pod_name, replicas=replicas, service=service,
+            namespace=namespace, domain=self.cluster_domain,
             host_template=self.peer_host_template, raft_port=self.raft_port,
             grpc_port=self.grpc_port, peer_port=self.peer_port,
             port_stride=self.port_stride,
@@ -259,9 +261,10 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
                 raise ValueError(f"insecure_grpc with {', '.join(given) or 'tls_client_certs'}"
                                  ": drop one of them")
             return self
-        missing = [name for name in ("tls_cert_file", "tls_key_file", "access_file")
-                   if tls[name] is None]
-        if missing:
+        cert_file, key_file, access_file = self.tls_cert_file, self.tls_key_file, self.access_file
+        if cert_file is None or key_file is None or access_file is None:
+            missing = [name for name in ("tls_cert_file", "tls_key_file", "access_file")
+                       if tls[name] is None]
             raise ValueError(
                 f"gRPC is served over TLS to authenticated callers: give {', '.join(missing)} "
                 "(flags --tls-cert-file, --tls-key-file, --access-file; `tickwheel certs DIR` "
@@ -269,12 +272,11 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
                 "with every permission")
         if self.tls_client_certs and self.tls_ca_file is None:
             raise ValueError("tls_client_certs needs tls_ca_file: the CA of client certificates")
-        for name in given:
-            path = tls[name]
-            if not path.is_file():
+        for name, path in tls.items():
+            if path is not None and not path.is_file():
                 raise ValueError(f"{name} {path}: no such file")
-        check_certificate_pair(self.tls_cert_file, self.tls_key_file)
-        self._access = AccessFile(self.access_file)
+        check_certificate_pair(cert_file, key_file)
+        self._access = AccessFile(access_file)
         if self.rocketmq_listen and not self._secrets:
             raise ValueError("rocketmq_listen: RocketMQ secret keys are derived from the Raft "
                              "secret, and this node has none: give --raft-secret-file (or "
@@ -386,6 +388,8 @@ def load(config_file: Path | None, flags: dict[str, Any]) -> NodeSettings:
         return NodeSettings(**flags)
     if not config_file.is_file():
         raise FileNotFoundError(f"config file {config_file} does not exist")
-    from_file = type("NodeSettingsFromFile", (NodeSettings,), {
-        "model_config": {**NodeSettings.model_config, "toml_file": config_file}})
-    return from_file(**flags)
+
+    class NodeSettingsFromFile(NodeSettings):
+        model_config = SettingsConfigDict({**NodeSettings.model_config, "toml_file": config_file})
+
+    return NodeSettingsFromFile(**flags)
