@@ -47,10 +47,10 @@ def shard_map(shard: int, entries: Sequence[str], own_grpc: Sequence[str],
         raise ValueError(f"shards must be 1 to {MAX_SHARDS}, not {shards}")
     listed: dict[int, list[str]] = {}
     for entry in entries:
-        index, sep, address = entry.partition("=")
-        if not sep or not index.strip().isdigit() or not address.strip():
+        number, sep, address = entry.partition("=")
+        if not sep or not number.strip().isdigit() or not address.strip():
             raise ValueError(f"shard_members entry {entry!r} is not SHARD=GRPC_ADDRESS")
-        listed.setdefault(int(index), []).append(address.strip())
+        listed.setdefault(int(number), []).append(address.strip())
     if shard in listed and sorted(listed[shard]) != sorted(own_grpc):
         raise ValueError(f"shard_members lists {sorted(listed[shard])} for this node's shard "
                          f"{shard}, whose members' gRPC addresses are {sorted(own_grpc)}")
