@@ -374,6 +374,12 @@ class ClientBase(Generic[ChannelT]):
         return self._shards
 
 
+def stale_map(error: TickwheelClientError) -> bool:
+    """Whether a node refused part of a request as another shard's: the client's shard map
+    is not the cluster's (``FAILED_PRECONDITION``; docs/shards.md)."""
+    return error.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
 class Reconnect(Exception):
     """A consumer stream broke in a way a new stream may fix."""
 

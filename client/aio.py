@@ -42,13 +42,14 @@ from tickwheel.client._core import (
     schedule_request,
     scheduled,
     settle_request,
+    stale_map,
     subscribe_request,
 )
 from tickwheel.client.aio_consumers import AsyncConsumer
 from tickwheel.client.credentials import Credentials, open_aio_channel
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
-from tickwheel.client.routing import ShardRouters, merge, split
+from tickwheel.client.routing import ShardRouters, split
 from tickwheel.client.rpcs import (
     ACK_MESSAGES,
     CANCEL,
@@ -106,16 +107,13 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         return (await self.schedule_many([message]))[0]
 
     async def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
-        shards = await self.shards()
-        if shards.count == 1:
-            return scheduled(await self._call(SCHEDULE, schedule_request(messages)))
         batch = list(messages)
 
         async def part(shard: int, positions: list[int]) -> list[Scheduled]:
             return scheduled(await self._call(
                 SCHEDULE, schedule_request(batch[p] for p in positions), shard=shard))
         return await self._per_shard(
-            [shards.shard_of_message(m.routing_key, m.id) for m in batch], part)
+            lambda shards: [shards.shard_of_message(m.routing_key, m.id) for m in batch], part)
 
     async def cancel(self, handle: int) -> bool:
         return (await self.cancel_many([handle]))[0]
@@ -128,8 +126,8 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
             return cancel_outcomes(await self._call(
                 CANCEL, pb.CancelRequest(handles=[handles[p] for p in positions]),
                 shard=shard))
-        shards = await self.shards()
-        return await self._per_shard(list(map(shards.shard_of_handle, handles)), part)
+        return await self._per_shard(lambda shards: list(map(shards.shard_of_handle, handles)),
+                                     part)
 
     async def reschedule(self, handles: Sequence[int], *, deliver_at_ms: int | None = None,
                          delay_ms: int | None = None) -> list[Rescheduled]:
@@ -139,8 +137,8 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         async def part(shard: int, positions: list[int]) -> list[Rescheduled]:
             return reschedule_results(await self._call(RESCHEDULE, reschedule_request(
                 [handles[p] for p in positions], deliver_at_ms, delay_ms), shard=shard))
-        shards = await self.shards()
-        return await self._per_shard(list(map(shards.shard_of_handle, handles)), part)
+        return await self._per_shard(lambda shards: list(map(shards.shard_of_handle, handles)),
+                                     part)
 
     async def cluster_info(self) -> ClusterInfo:
         return cluster_info(await self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
@@ -222,19 +220,39 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
             return list((await self._call(rpc, settle_request(
                 topic, group, [receipts[p] for p in positions], invisible_duration_ms),
                 shard=shard)).settled)
-        shards = await self.shards()
-        return await self._per_shard(list(map(shards.shard_of_receipt, receipts)), part)
+        return await self._per_shard(
+            lambda shards: list(map(shards.shard_of_receipt, receipts)), part)
 
-    async def _per_shard(self, shards: list[int],
+    async def _per_shard(self, place: Callable[[ShardRouters], list[int]],
                          call: Callable[[int, list[int]], Awaitable[list[Answer]]]
                          ) -> list[Answer]:
         """See `tickwheel.client.Client._per_shard`; the parts are sent at once."""
-        parts = split(shards)
-        if len(parts) <= 1:
-            return await call(next(iter(parts), 0), list(range(len(shards))))
-        answers = await asyncio.gather(*(call(shard, positions)
-                                         for shard, positions in parts.items()))
-        return merge(len(shards), zip(parts.values(), answers, strict=True))
+        where = place(await self.shards())
+        if not where:  # nothing to place: the node answers what is wrong with the request
+            return await call(0, [])
+        answers: dict[int, Answer] = {}
+        todo = list(range(len(where)))
+        for attempt in range(2):
+            parts = [[todo[i] for i in positions]
+                     for positions in split(where[p] for p in todo).values()]
+            shards = [where[chosen[0]] for chosen in parts]
+            results = await asyncio.gather(*(call(shard, chosen)
+                                             for shard, chosen in zip(shards, parts, strict=True)),
+                                           return_exceptions=True)
+            stale: list[int] = []
+            for chosen, result in zip(parts, results, strict=True):
+                if isinstance(result, BaseException):
+                    if not (isinstance(result, TickwheelClientError) and stale_map(result)
+                            and not attempt):
+                        raise result
+                    stale += chosen
+                else:
+                    answers.update(zip(chosen, result, strict=True))
+            if not stale:
+                break
+            self._shards.known = False
+            todo, where = stale, place(await self.shards())
+        return [answers[p] for p in range(len(where))]
 
     def _stub(self, address: str) -> pb_grpc.TickwheelAsyncStub:
         channel = self._channels.get(address)

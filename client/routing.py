@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
 
 from tickwheel.client.shards import handle_shard, receipt_shard, shard_of
 
@@ -113,15 +112,3 @@ def split(shards: Iterable[int]) -> dict[int, list[int]]:
         positions.setdefault(shard, []).append(position)
     return positions
 
-
-Item = TypeVar("Item")
-
-
-def merge(count: int, parts: Iterable[tuple[list[int], list[Item]]]) -> list[Item]:
-    """The answers of each shard's part of a request (its positions, its answers) back in
-    the request's order."""
-    merged: list[Item | None] = [None] * count
-    for positions, answers in parts:
-        for position, answer in zip(positions, answers, strict=True):
-            merged[position] = answer
-    return [answer for answer in merged if answer is not None]

@@ -43,6 +43,7 @@ from tickwheel.client._core import (
     schedule_request,
     scheduled,
     settle_request,
+    stale_map,
     subscribe_request,
     trailers,
 )
@@ -50,7 +51,7 @@ from tickwheel.client.consumers import Consumer
 from tickwheel.client.credentials import Credentials, open_channel
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
-from tickwheel.client.routing import ShardRouters, merge, split
+from tickwheel.client.routing import ShardRouters, split
 from tickwheel.client.rpcs import (
     ACK_MESSAGES,
     CANCEL,
@@ -119,12 +120,9 @@ class Client(ClientBase[grpc.Channel]):
 
     def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
         """Schedule a batch in one request (one Raft entry, usually) per shard."""
-        shards = self.shards()
-        if shards.count == 1:
-            return scheduled(self._call(SCHEDULE, schedule_request(messages)))
         batch = list(messages)
         return self._per_shard(
-            [shards.shard_of_message(m.routing_key, m.id) for m in batch],
+            lambda shards: [shards.shard_of_message(m.routing_key, m.id) for m in batch],
             lambda shard, positions: scheduled(self._call(
                 SCHEDULE, schedule_request(batch[p] for p in positions), shard=shard)))
 
@@ -139,7 +137,7 @@ class Client(ClientBase[grpc.Channel]):
     def cancel_outcomes(self, handles: Sequence[int]) -> list[CancelOutcome]:
         """Per handle, what the cancel did, telling a first cancel from a repeated one."""
         return self._per_shard(
-            list(map(self.shards().shard_of_handle, handles)),
+            lambda shards: list(map(shards.shard_of_handle, handles)),
             lambda shard, positions: cancel_outcomes(self._call(
                 CANCEL, pb.CancelRequest(handles=[handles[p] for p in positions]),
                 shard=shard)))
@@ -150,7 +148,7 @@ class Client(ClientBase[grpc.Channel]):
         clock (0: now); per handle, what that did. The handles stay valid. Safe to repeat."""
         reschedule_request([], deliver_at_ms, delay_ms)  # checks the times before any call
         return self._per_shard(
-            list(map(self.shards().shard_of_handle, handles)),
+            lambda shards: list(map(shards.shard_of_handle, handles)),
             lambda shard, positions: reschedule_results(self._call(
                 RESCHEDULE, reschedule_request([handles[p] for p in positions],
                                                deliver_at_ms, delay_ms), shard=shard)))
@@ -239,21 +237,38 @@ class Client(ClientBase[grpc.Channel]):
     def _settle(self, rpc: Unary[pb.SettleRequest, pb.SettleResponse], topic: str,
                 group: str, receipts: Sequence[str], invisible_duration_ms: int) -> list[bool]:
         return self._per_shard(
-            list(map(self.shards().shard_of_receipt, receipts)),
+            lambda shards: list(map(shards.shard_of_receipt, receipts)),
             lambda shard, positions: list(self._call(rpc, settle_request(
                 topic, group, [receipts[p] for p in positions], invisible_duration_ms),
                 shard=shard).settled))
 
-    def _per_shard(self, shards: list[int],
+    def _per_shard(self, place: Callable[[ShardRouters], list[int]],
                    call: Callable[[int, list[int]], list[Answer]]) -> list[Answer]:
-        """``call(shard, positions)`` for each shard's part of a request whose items go to
-        ``shards``, the answers merged in the request's order. A request of one shard (or of
-        none: the node answers what is wrong with it) is one call."""
-        parts = split(shards)
-        if len(parts) <= 1:
-            return call(next(iter(parts), 0), list(range(len(shards))))
-        return merge(len(shards), ((positions, call(shard, positions))
-                                   for shard, positions in parts.items()))
+        """``call(shard, positions)`` for each shard's part of a request, whose items
+        ``place`` puts on shards by the map, the answers merged in the request's order. A part
+        a node refuses as another shard's (the map changed) is placed again by the map read
+        anew, once; the parts answered keep their answers."""
+        shards = self.shards()
+        where = place(shards)
+        if not where:  # nothing to place: the node answers what is wrong with the request
+            return call(0, [])
+        answers: dict[int, Answer] = {}
+        todo = list(range(len(where)))
+        for attempt in range(2):
+            stale: list[int] = []
+            for shard, positions in split(where[p] for p in todo).items():
+                chosen = [todo[i] for i in positions]
+                try:
+                    answers.update(zip(chosen, call(shard, chosen), strict=True))
+                except TickwheelClientError as error:
+                    if not stale_map(error) or attempt:
+                        raise
+                    stale += chosen
+            if not stale:
+                break
+            self._shards.known = False
+            todo, where = stale, place(self.shards())
+        return [answers[p] for p in range(len(where))]
 
     def _stub(self, address: str) -> pb_grpc.TickwheelStub:
         with self._lock:

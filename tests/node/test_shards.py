@@ -5,6 +5,7 @@ shard's messages, and one shard's leader killed while the other shard goes on de
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -18,7 +19,14 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from tickwheel.client import CancelOutcome, Client, Message, Received, RescheduleOutcome
+from tickwheel.client import (
+    AsyncClient,
+    CancelOutcome,
+    Client,
+    Message,
+    Received,
+    RescheduleOutcome,
+)
 from tickwheel.client.shards import handle_shard, receipt_shard, shard_of
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -198,3 +206,45 @@ def test_one_shards_leader_killed_the_other_shard_delivers_on_time_throughout(
     assert max(late_ms[0]) > max(late_ms[1])
     cluster.leader(shard=0, timeout_s=60)
 
+
+
+def test_a_client_with_a_stale_map_reads_it_again_when_a_node_refuses(
+        cluster: LocalCluster, client: Client) -> None:
+    """As after shards were added: the client thinks the cluster is shard 0 alone. The parts of
+    its requests shard 0 refuses go, once the map is read anew, to their shard."""
+    stale = cluster.client(timeout_s=30)
+    stale._shards.routers = stale._shards.routers[:1]
+    stale._shards.routers[0].targets = [n.grpc_address for n in cluster.shards[0]]
+    stale._shards.known = True
+    topic = f"stale-{uuid.uuid4().hex[:8]}"
+    far_ms = int(time.time() * 1000) + 3_600_000
+    with stale:
+        results = stale.schedule_many([Message(topic, "x", deliver_at_ms=far_ms)
+                                       for _ in range(40)])
+        assert stale.shards().count == SHARDS
+        assert not any(r.duplicate for r in results)  # the part shard 0 took is not sent again
+        assert {handle_shard(r.handle) for r in results} == {0, 1}
+    assert client.cancel_many([r.handle for r in results]) == [True] * 40
+
+
+def test_the_async_client_schedules_and_consumes_over_every_shard(cluster: LocalCluster) -> None:
+    topic = f"async-{uuid.uuid4().hex[:8]}"
+
+    async def run() -> set[str]:
+        got: set[str] = set()
+        async with AsyncClient([n.grpc_address for n in cluster.nodes], timeout_s=30,
+                               credentials=cluster.credentials()) as client:
+            now_ms = int(time.time() * 1000)
+            results = await client.schedule_many([Message(topic, "x", deliver_at_ms=now_ms)
+                                                  for _ in range(100)])
+            assert {handle_shard(r.handle) for r in results} == {0, 1}
+            async with client.consume(topic, prefetch=16) as consumer:
+                async for message in consumer:
+                    assert message.id not in got
+                    got.add(message.id)
+                    message.ack()
+                    if len(got) == len(results):
+                        break
+            assert await client.cancel_many([r.handle for r in results]) == [False] * 100
+            return got
+    assert len(asyncio.run(asyncio.wait_for(run(), 60))) == 100
