@@ -14,7 +14,8 @@ from pathlib import Path
 from tickwheel.chaos import storage
 from tickwheel.chaos.proxy import RaftMesh
 from tickwheel.chaos.storage import MountFailed, PowerCut, mount_disk, unmount_disk
-from tickwheel.harness.local_cluster import LocalCluster, LocalNode, free_ports
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode
+from tickwheel.harness.ports import free_ports
 from tickwheel.node import trail_files
 from tickwheel.replication.raft import SyncLedger
 

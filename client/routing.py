@@ -112,3 +112,25 @@ def split(shards: Iterable[int]) -> dict[int, list[int]]:
         positions.setdefault(shard, []).append(position)
     return positions
 
+
+RECEIVE_SLICE_MS = 500
+"""How long one shard is waited on in a `receive` of a cluster of several shards, at most."""
+
+
+def receive_slices(shards: int, turn: int, wait_ms: int) -> list[tuple[int, int]]:
+    """Which shard to ask, and how long to wait there, in turn, for a ``receive`` without a
+    stream: every shard at once, starting at shard ``turn`` (so that calls in a row start at
+    each in turn), without waiting; then in turn again, waiting a slice of at most
+    `RECEIVE_SLICE_MS` at each, until ``wait_ms`` is spent. One shard: itself, ``wait_ms``."""
+    if shards == 1:
+        return [(0, wait_ms)]
+    order = [(turn + offset) % shards for offset in range(shards)]
+    slices = [(shard, 0) for shard in order]
+    slice_ms = min(RECEIVE_SLICE_MS, max(1, wait_ms // shards))
+    left_ms, position = wait_ms, 0
+    while left_ms > 0:
+        waited = min(slice_ms, left_ms)
+        slices.append((order[position % shards], waited))
+        left_ms -= waited
+        position += 1
+    return slices

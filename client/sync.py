@@ -36,7 +36,6 @@ from tickwheel.client._core import (
     Scheduled,
     cancel_outcomes,
     receive_request,
-    receive_slices,
     received,
     reschedule_request,
     reschedule_results,
@@ -52,7 +51,7 @@ from tickwheel.client.consumers import Consumer
 from tickwheel.client.credentials import Credentials, open_channel
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
-from tickwheel.client.routing import ShardRouters, split
+from tickwheel.client.routing import ShardRouters, receive_slices, split
 from tickwheel.client.rpcs import (
     ACK_MESSAGES,
     CANCEL,

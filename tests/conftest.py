@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, settings
 
 from tickwheel.chaos.storage import MountFailed, mount_disk, unmount_disk
 from tickwheel.harness.acking_consumer import AckingConsumer
-from tickwheel.harness.local_cluster import PORT_RANGE_ENV, LocalCluster, port_range
+from tickwheel.harness.local_cluster import LocalCluster
+from tickwheel.harness.ports import PORT_RANGE_ENV, port_range
 from tickwheel.node.security import dev_credentials
 from tickwheel.node.security.dev_credentials import DevCredentials
 

@@ -18,13 +18,8 @@ import pytest
 from tickwheel.chaos import proxy
 from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.proxy import RaftMesh
-from tickwheel.harness.local_cluster import (
-    EPHEMERAL_PORTS,
-    LOWEST_PORT,
-    PORT_RANGE_ENV,
-    free_ports,
-    wait_for,
-)
+from tickwheel.harness.local_cluster import wait_for
+from tickwheel.harness.ports import EPHEMERAL_PORTS, LOWEST_PORT, PORT_RANGE_ENV, free_ports
 
 
 class _Echo(socketserver.BaseRequestHandler):

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tickwheel.client._core import receive_slices
-from tickwheel.client.routing import ShardRouters, split
+from tickwheel.client.routing import ShardRouters, receive_slices, split
 from tickwheel.client.shards import (
     MAX_SHARDS,
     handle_shard,

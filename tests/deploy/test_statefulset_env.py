@@ -29,7 +29,8 @@ from pydantic import ValidationError
 from tickwheel.client import Client, Credentials, Message
 from tickwheel.client.credentials import open_channel
 from tickwheel.client.shards import handle_shard, shard_of
-from tickwheel.harness.local_cluster import free_ports, port_range, wait_for
+from tickwheel.harness.local_cluster import wait_for
+from tickwheel.harness.ports import free_ports, port_range
 from tickwheel.node.security import dev_credentials
 from tickwheel.node.security.dev_credentials import DevCredentials
 from tickwheel.node.settings import statefulset

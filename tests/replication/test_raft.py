@@ -14,7 +14,8 @@ import pysyncobj.pickle
 import pysyncobj.syncobj
 import pytest
 
-from tickwheel.harness.local_cluster import free_ports, wait_for
+from tickwheel.harness.local_cluster import wait_for
+from tickwheel.harness.ports import free_ports
 from tickwheel.replication.raft import (
     PICKLE_PROTOCOL,
     InsecureCluster,

@@ -27,11 +27,8 @@ import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from tickwheel.harness.acking_consumer import AckingConsumer
-from tickwheel.harness.local_cluster import (
-    LocalCluster,
-    free_ports,
-    wait_for,
-)
+from tickwheel.harness.local_cluster import LocalCluster, wait_for
+from tickwheel.harness.ports import free_ports
 from tickwheel.node.security import dev_credentials
 from tickwheel.replication.raft import link_protocol as protocol
 from tickwheel.v1 import tickwheel_pb2 as pb
