@@ -14,9 +14,11 @@ LEADER_KEY = "tickwheel-leader"
 """The trailing metadata key of a node's answer that names the leader's gRPC address."""
 
 FAILED_COOLDOWN_S = 1.0
-"""How long a node whose call failed is passed over, unless every node failed: a paused
+"""How long a node that did not answer is passed over, unless every node failed: a paused
 leader's followers name it as leader until their election ends, and a new connection to a
-stopped process hangs in its handshake instead of failing."""
+stopped process waits in its handshake (up to the channel's connect timeout) instead of
+failing. A node that answered with a refusal (no leader yet, not the leader any more) is alive
+and is not passed over: it may know the leader on the next try."""
 
 
 class Router:
@@ -52,8 +54,11 @@ class Router:
                     and not self._cooling(value)):
                 self.leader = value
 
-    def failed(self, address: str) -> None:
-        self._failed_s[address] = self._clock_s()
+    def failed(self, address: str, answered: bool = False) -> None:
+        """A call to ``address`` failed; ``answered``: with the node's own refusal (its answer
+        carried `LEADER_KEY`), not a broken or unanswered connection, which passes it over."""
+        if not answered:
+            self._failed_s[address] = self._clock_s()
         if self.leader == address:
             self.leader = None
         else:
@@ -62,6 +67,11 @@ class Router:
     def _cooling(self, address: str) -> bool:
         failed_s = self._failed_s.get(address)
         return failed_s is not None and self._clock_s() - failed_s < FAILED_COOLDOWN_S
+
+
+def answered(metadata: Iterable[tuple[str, str | bytes]] | None) -> bool:
+    """Whether a failed call's trailers are a node's answer (they carry `LEADER_KEY`)."""
+    return any(key == LEADER_KEY for key, _ in metadata or ())
 
 
 class ShardRouters:

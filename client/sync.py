@@ -51,7 +51,7 @@ from tickwheel.client.consumers import Consumer
 from tickwheel.client.credentials import Credentials, open_channel
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
-from tickwheel.client.routing import ShardRouters, receive_slices, split
+from tickwheel.client.routing import ShardRouters, answered, receive_slices, split
 from tickwheel.client.rpcs import (
     ACK_MESSAGES,
     CANCEL,
@@ -319,9 +319,10 @@ class Client(ClientBase[grpc.Channel]):
             response, call = method.with_call(request,
                                               timeout=timeout_s or self._attempt_timeout_s)
         except grpc.RpcError as error:
-            router.observe(trailers(error))
+            metadata = trailers(error)
+            router.observe(metadata)
             if retryable(error):
-                router.failed(address)
+                router.failed(address, answered(metadata))
                 log.debug("event=retry method=%s target=%s code=%s", rpc.name, address,
                           error.code().name)
             raise
@@ -345,5 +346,6 @@ class Client(ClientBase[grpc.Channel]):
 
     def _route_failed(self, address: str, error: grpc.RpcError, shard: int) -> None:
         router = self._shards.routers[shard]
-        router.observe(trailers(error))
-        router.failed(address)
+        metadata = trailers(error)
+        router.observe(metadata)
+        router.failed(address, answered(metadata))

@@ -193,6 +193,7 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
                 log.info("event=leader_changed leader=%s term=%d role=%s", status.leader,
                          status.term, status.role)
             leader = status.leader
+            node.forwarder.leader_moved(node.leader_peer(leader))
         caught_up = status.last_applied + HEALTH_MAX_LAG_ENTRIES >= max(
             status.commit_index, status.leader_commit_index)
         now_serving = status.leader is not None and caught_up

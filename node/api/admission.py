@@ -32,6 +32,7 @@ limits only. Thread contract: everything runs on the node's event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -373,8 +374,12 @@ class _Admitted:
             raise InvariantViolation("entered before exit")
         call.release(call.held)
         call.admission.leave(call.principal)
-        CALL.reset(tokens[1])
-        CALLER.reset(tokens[0])
+        # A stream's handler (an async generator) that its caller left unfinished is closed by
+        # the event loop's finalizer, in a context of its own: nothing of this call is set
+        # there, and resetting would raise.
+        with contextlib.suppress(ValueError):
+            CALL.reset(tokens[1])
+            CALLER.reset(tokens[0])
 
 
 async def _counted(requests: AsyncIterator[bytes], call: _Call,

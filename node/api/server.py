@@ -311,7 +311,8 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         if leader is None or was_forwarded(context):
             await self._abort(context, Retryable(
                 f"no leader reachable from here yet ({error}); retry"))
-        call = self._node.forwarder.stub(leader).Receive(metadata=self._forwarded(principal))
+        forwarder = self._node.forwarder
+        call = forwarder.stub(leader).Receive(metadata=self._forwarded(principal))
         refused: list[TickwheelError] = []
 
         async def upstream() -> None:
@@ -325,15 +326,21 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                 refused.append(undecodable)
             await call.done_writing()
         pump = asyncio.create_task(upstream())
-        try:
-            async for response in call:
-                yield response
-        except grpc.aio.AioRpcError as failed:
-            self._set_leader(context)
-            await context.abort(failed.code(), failed.details() or "")
-        finally:
-            pump.cancel()
-            call.cancel()
+        with forwarder.passing(leader, call) as passage:
+            try:
+                async for response in call:
+                    yield response
+            except grpc.aio.AioRpcError as failed:
+                self._set_leader(context)
+                await context.abort(failed.code(), failed.details() or "")
+            except asyncio.CancelledError:
+                if not passage.moved:
+                    raise
+                await self._abort(context, Retryable(
+                    f"this node no longer follows {leader}; retry"))
+            finally:
+                pump.cancel()
+                call.cancel()
         if refused:
             await self._abort(context, refused[0])
 
@@ -356,9 +363,10 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         return FORWARDED + self._node.peer_callers.metadata(principal)
 
     def _set_leader(self, context: CallContext) -> None:
+        """The leader's gRPC address in the trailers, "" if unknown: a client tells by it that
+        the node answered (a refusal, not a broken connection) and need not be passed over."""
         leader = self._node.leader_grpc(self._node.replica.leader_hint())
-        if leader:
-            context.set_trailing_metadata(((LEADER_KEY, leader),))
+        context.set_trailing_metadata(((LEADER_KEY, leader or ""),))
 
     async def _abort(self, context: CallContext, error: TickwheelError) -> Never:
         code = next(code for kind, code in _STATUS if isinstance(error, kind))
