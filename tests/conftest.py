@@ -143,16 +143,34 @@ FIRST_FILES = (*BACKGROUND_FILES, "tests/chaos/test_runner.py")
 counts seconds, four minutes or so), so that it does not begin late and end last."""
 
 
+LONGEST_FILES = ("tests/replication/test_cluster.py", "tests/node/test_api.py",
+                 "tests/rocketmq/test_official_client.py", "tests/node/test_retry.py",
+                 "tests/security/test_raft_port.py", "tests/security/test_large_messages.py")
+"""Of the other files that start processes, those that take longest (30-80 s each on three
+workers): handed out before the rest, so that the last files handed out are short ones and
+the workers end at about the same time (only the time depends on this order)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On parallel workers (``--dist loadfile``: a file's tests on one worker, so that its
     module's cluster or Spark starts once), the files in the order they are handed out:
-    `FIRST_FILES`, the files that start no process, then the rest as collected."""
+    `FIRST_FILES`, the files that start no process, `LONGEST_FILES`, then the rest as
+    collected."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return
     with_processes = {_file(item) for item in items
                       if item.get_closest_marker(CLUSTER) is not None}
-    items.sort(key=lambda item: (0 if _file(item) in FIRST_FILES
-                                 else 1 if _file(item) not in with_processes else 2))
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        file = _file(item)
+        if file in FIRST_FILES:
+            return 0, 0
+        if file not in with_processes:
+            return 1, 0
+        if file in LONGEST_FILES:
+            return 2, LONGEST_FILES.index(file)
+        return 3, 0
+    items.sort(key=rank)
 
 
 class _BackgroundAsOneFile(LoadFileScheduling):
