@@ -30,12 +30,14 @@ typecheck: $(STAMP)
 
 # The tests run on parallel workers (pytest-xdist), a file's tests on one worker (so that a
 # module's cluster starts once), files handed out in the order tests/conftest.py sets; each
-# worker picks ports from a range of its own.
+# worker picks ports from a range of its own. Three on two cores: most tests wait on their
+# nodes (timers, the network), and what takes the CPU for minutes without counting seconds
+# (Spark's JVMs, the simulation) runs at a lower priority (in_background in tests/conftest.py).
 # The tests start hundreds of Python processes (nodes, the CLI, the chaos runner), and where
 # PYTHONDONTWRITEBYTECODE is set each would compile tickwheel's 120-odd modules again: a node
 # then takes 1.1 s of CPU to start instead of 0.7 s. Their bytecode is cached in build/pycache
 # instead, out of the source folders, whatever that variable says.
-WORKERS ?= 2
+WORKERS ?= 3
 PYCACHE := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache
 PYTEST  := $(PYCACHE) $(PY) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 

@@ -11,12 +11,15 @@ import json
 import multiprocessing.util
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, settings
+from xdist.scheduler import LoadFileScheduling
 
 from tickwheel.chaos.storage import MountFailed, mount_disk, unmount_disk
 from tickwheel.harness.acking_consumer import AckingConsumer
@@ -130,22 +133,59 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[PORT_RANGE_ENV] = f"{first}-{first + width - 1}"
 
 
-FIRST_FILES = ("tests/chaos/test_audit.py", "tests/replication/test_simulation.py")
-"""Handed out first to parallel workers. Four Spark JVMs start at once in the audit's tests and
-take the machine for a while: beside them runs the simulation (the longest file that starts no
-process, a minute of CPU), and no test that counts seconds (the chaos scenario, a failover)."""
+BACKGROUND_FILES = ("tests/chaos/test_audit.py", "tests/replication/test_simulation.py")
+"""The files whose long work runs in the background (`in_background`): the audit's four Spark
+JVMs, and the simulation (the longest file that starts no process, a minute of CPU or more).
+Parallel workers get them as one unit, first: one worker runs them one after the other, at a
+lower priority, in the CPU that the tests on the other workers leave idle from the start."""
+FIRST_FILES = (*BACKGROUND_FILES, "tests/chaos/test_runner.py")
+"""Handed out first: the background files, then the chaos scenario (the longest file that
+counts seconds, four minutes or so), so that it does not begin late and end last."""
+
+
+LONGEST_FILES = ("tests/replication/test_cluster.py", "tests/node/test_api.py",
+                 "tests/rocketmq/test_official_client.py", "tests/node/test_retry.py",
+                 "tests/security/test_raft_port.py", "tests/security/test_large_messages.py")
+"""Of the other files that start processes, those that take longest (30-80 s each on three
+workers): handed out before the rest, so that the last files handed out are short ones and
+the workers end at about the same time (only the time depends on this order)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On parallel workers (``--dist loadfile``: a file's tests on one worker, so that its
     module's cluster or Spark starts once), the files in the order they are handed out:
-    `FIRST_FILES`, the files that start no process, then the rest as collected."""
+    `FIRST_FILES`, the files that start no process, `LONGEST_FILES`, then the rest as
+    collected."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return
     with_processes = {_file(item) for item in items
                       if item.get_closest_marker(CLUSTER) is not None}
-    items.sort(key=lambda item: (0 if _file(item) in FIRST_FILES
-                                 else 1 if _file(item) not in with_processes else 2))
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        file = _file(item)
+        if file in FIRST_FILES:
+            return 0, 0
+        if file not in with_processes:
+            return 1, 0
+        if file in LONGEST_FILES:
+            return 2, LONGEST_FILES.index(file)
+        return 3, 0
+    items.sort(key=rank)
+
+
+class _BackgroundAsOneFile(LoadFileScheduling):
+    """``--dist loadfile``, with the `BACKGROUND_FILES` one unit of work."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        file = super()._split_scope(nodeid)
+        return BACKGROUND_FILES[0] if file in BACKGROUND_FILES else file
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadFileScheduling | None:
+    """``--dist loadfile`` (make test, make check) hands out the background files as one."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    return _BackgroundAsOneFile(config, log)
 
 
 def _file(item: pytest.Item) -> str:
@@ -172,6 +212,33 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
             report.sections.append((f"tail of {log.name}",
                                     "\n".join(lines[-LOG_TAIL_LINES:])))
     return report
+
+
+Result = TypeVar("Result")
+BACKGROUND_NICE = 10
+"""The nice value of `in_background`'s thread: against a busy task of nice 0 it gets a tenth of
+a core, and a task of nice 0 that wakes up preempts it."""
+
+
+def _lower_priority() -> None:
+    """This thread alone at `BACKGROUND_NICE`: on Linux a nice value is a thread's."""
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+
+
+@pytest.fixture(scope="session")
+def in_background(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """``in_background(function, *args, **kwargs)``: the call on a thread of this worker, its
+    result returned (its exception raised). For work that takes a core for minutes and counts
+    no seconds: the simulation, Spark's JVMs (a process starts with the priority of the thread
+    that started it). When the run has tests that start nodes (``cluster``), the thread runs at
+    a lower CPU priority: those nodes, which count seconds, get the CPU nearly as if it were
+    not there, and it takes what they leave idle. Without them (``make check``) it would only
+    give way to other people's work on the machine, so it runs as any test does."""
+    lowered = any(item.get_closest_marker(CLUSTER) is not None for item in request.session.items)
+    with ThreadPoolExecutor(1, "in-background", _lower_priority if lowered else None) as pool:
+        def call(function: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
+            return pool.submit(function, *args, **kwargs).result()
+        yield call
 
 
 @pytest.fixture

@@ -50,7 +50,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,9 @@ SENT_MS = 1_000
 ACKED_MS = 1_010
 QUICK_JVM = ("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 """Spark's JVMs here live seconds on tiny logs: the quick JIT tier alone halves their CPU."""
+pytestmark = pytest.mark.timeout(600)
+"""The JVMs run in the background (`in_background`): beside other workers' nodes they wait
+for the CPU, and the first test's setup starts four of them."""
 TORN = '{"event":"delivered","node":"127.0.0.1:41003","term":4,"epoch":'
 
 
@@ -272,10 +275,11 @@ def groups_run(out_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
+def spark(in_background: Callable[..., Any]) -> Iterator[SparkSession]:
+    """Its JVM started in the background (it counts no seconds), and so runs there."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(*QUICK_JVM)
-        session = build_session("local[2]")
+        session = in_background(build_session, "local[2]")
     yield session
     session.stop()
 
@@ -288,13 +292,14 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def commands(dirs: dict[str, Path]) -> Iterator[dict[str, subprocess.Popen[str]]]:
-    """The command on both runs, started at once so that their JVMs start while the in-process
-    tests run."""
+def commands(dirs: dict[str, Path], in_background: Callable[..., Any]
+             ) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """The command on every run, started at once so that their JVMs start while the in-process
+    tests run; in the background, as the in-process JVM."""
     env = {**os.environ, QUICK_JVM[0]: QUICK_JVM[1]}
-    runs = {name: subprocess.Popen(
-        [sys.executable, "-m", "tickwheel.chaos.audit", str(path), "--json"], env=env,
-        cwd=path.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = {name: in_background(
+        subprocess.Popen, [sys.executable, "-m", "tickwheel.chaos.audit", str(path), "--json"],
+        env=env, cwd=path.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for name, path in dirs.items()}
     yield runs
     for run in runs.values():

@@ -188,14 +188,17 @@ def test_a_skewed_new_leader_delivers_nothing_early_beyond_its_skew_and_loses_no
 
 def test_everything_pending_survives_sigkill_of_all_nodes(
         tmp_path: Path, acking_consumer: AckingConsumer) -> None:
+    """Due 10 minutes ahead, so that nothing is due before the kill however slowly a loaded
+    machine schedules; the nodes start again with their clocks that far ahead (and the
+    batch's 2 s), so that everything is due at once."""
     with LocalCluster(tmp_path) as cluster:
         acking_consumer(cluster)
-        batch = messages("order", 3_000, now_ms() + 6_000, 2_000)
+        batch = messages("order", 3_000, now_ms() + 600_000, 2_000)
         schedule_all(cluster, batch)
         for node in cluster.nodes:
             cluster.signal(node, signal.SIGKILL)
         for node in cluster.nodes:
-            cluster.start(node)
+            cluster.start(node, clock_skew_ms=600_000 + 2_000)
         cluster.leader(30)  # three processes start before they elect, as in the other restarts
         deliveries = all_delivered(cluster, {m.id for m in batch}, 30)
     assert {d["id"] for d in deliveries} == {m.id for m in batch}
