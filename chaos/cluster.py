@@ -2,7 +2,9 @@
 runner's proxies (`RaftMesh`), with the faults the nemeses need.
 
 Each node keeps its delivery trail in its data folder; before a node's data is wiped, and at
-the end of the run, the trail is copied to ``OUT/trails/<name>.<generation>.jsonl``.
+the end of the run, the trail is copied to ``OUT/trails/<name>.<generation>.jsonl``. At the end
+each node's log (every generation's, one file) is copied beside them, to ``OUT/logs/<name>.log``:
+what explains a slow failover (its elections) outlives the cluster's folder.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class ChaosCluster(LocalCluster):
         try:
             self.stop_all()
             self.collect_trails()
+            self.collect_logs()
         finally:
             self.mesh.stop()
             self._unmount()
@@ -123,6 +126,14 @@ class ChaosCluster(LocalCluster):
     def collect_trails(self) -> None:
         for node in self.nodes:
             self.collect_trail(node)
+
+    def collect_logs(self) -> None:
+        """Copy every node's log to ``logs/<name>.log`` beside the trails."""
+        logs = self.trails.parent / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for node in self.nodes:
+            if node.log_path.exists():
+                shutil.copyfile(node.log_path, logs / f"{self.name(node)}.log")
 
     def collect_trail(self, node: LocalNode) -> None:
         """Copy ``node``'s delivery trail (its rotated file first) into one file."""

@@ -177,6 +177,9 @@ def test_failovers_and_storage_faults_lose_nothing_and_flag_every_duplicate(
          "--snapshot-min-entries", "1000"], capture_output=True, text=True, timeout=500,
         check=False)
     assert runner.returncode == 0, runner.stdout + runner.stderr[-4_000:]
+    logs = sorted((out / "logs").glob("*.log"))  # the cluster's folder is gone; its logs stay
+    assert [log.name for log in logs] == ["node0.log", "node1.log", "node2.log"]
+    assert all("event=node_started" in log.read_text() for log in logs)
     # the audit counts no seconds: its JVM in the background
     audit = in_background(subprocess.run, [sys.executable, "-m", "tickwheel.chaos.audit",
                                            str(out), "--json"], env={**os.environ, **QUICK_JVM},
