@@ -268,9 +268,13 @@ class LocalCluster:
         members = [arg for addresses in self.members_of(node)
                    for arg in ("--member", "=".join(addresses))]
         command = [sys.executable, "-m", "tickwheel.node", "serve", "--raft-address", node.raft,
-                   *members, "--data", str(node.data), "--clock-skew-ms",
-                   str(node.clock_skew_ms), "--metrics-listen", node.metrics_address or "",
-                   *self.raft_args, *self.grpc_args, *self.extra_args]
+                   *members, "--data", str(node.data), "--metrics-listen",
+                   node.metrics_address or "", *self.raft_args, *self.grpc_args,
+                   *self.extra_args]
+        if node.clock_skew_ms:  # a node that runs its clock off is one started for testing
+            command += ["--clock-skew-ms", str(node.clock_skew_ms)]
+            if "--fault-injection" not in self.extra_args:
+                command.append("--fault-injection")
         if node.sync_ledger is not None:
             command += ["--fsync", "--sync-ledger", str(node.sync_ledger)]
         if node.rocketmq_address is not None:

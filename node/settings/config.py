@@ -195,6 +195,9 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
         self.shard_map()  # raises what is wrong with shard and shard_members
         if self.sync_ledger is not None and not self.fsync:
             raise ValueError("sync_ledger notes what fsync made durable: it needs fsync")
+        if self.clock_skew_ms and not self.fault_injection:
+            raise ValueError("clock_skew_ms runs the node's clock off on purpose: testing only, "
+                             "with fault_injection")
         one_message_bytes = (self.max_body_bytes + self.max_properties_bytes
                              + _MESSAGE_OVERHEAD_BYTES)
         if self.max_request_bytes < one_message_bytes:

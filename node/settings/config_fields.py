@@ -114,7 +114,7 @@ class StorageFields(BaseModel):
     one before) and a new one begun, so the two never hold more than this plus one batch;
     0 writes no trail."""
     clock_skew_ms: int = 0
-    """Fault injection only: offsets this node's clock."""
+    """Testing only: offsets this node's clock; refused without ``fault_injection``."""
     fault_injection: bool = False
     """Testing only: obey live faults the chaos harness and the tests inject through the data
     folder (a clock step: ``DATA/clock-offset-ms``, `tickwheel.node.ops.clock_step`). Off, a

@@ -204,3 +204,11 @@ def test_a_sync_ledger_without_fsync_is_refused(tls_env: pytest.MonkeyPatch,
         NodeSettings(sync_ledger=tmp_path / "synced")
     settings = NodeSettings(sync_ledger=tmp_path / "synced", fsync=True)
     assert settings.replica_config().raft.sync_ledger == tmp_path / "synced"
+
+
+def test_a_clock_skew_without_fault_injection_is_refused(tls_env: pytest.MonkeyPatch) -> None:
+    """A node whose clock runs off on purpose is a test's: a production flag left in a
+    manifest must not make a node deliver late (or its stamps wrong) unnoticed."""
+    with pytest.raises(ValidationError, match=r"clock_skew_ms .* fault_injection"):
+        NodeSettings(clock_skew_ms=2_000)
+    assert NodeSettings(clock_skew_ms=2_000, fault_injection=True).clock_skew_ms == 2_000
