@@ -20,9 +20,9 @@
 |               | (the nodes run with ``--fsync``), start them all again |
 
 The first round inflicts every chosen fault once, in a seeded random order; later ones are
-drawn at random. Before each fault the nemesis waits for a leader that every node follows, so
-each fault hits a healthy cluster, and after each it lets the cluster recover for
-``interval_s``.
+drawn at random. Before each fault the nemesis waits for a leader that every node follows and
+for every node to have applied what that leader had committed, so each fault hits a healthy
+cluster, and after each it lets the cluster recover for ``interval_s``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.events import EventLog, FaultEvent
 from tickwheel.chaos.proxy import PARTITION_MODES
 from tickwheel.chaos.workload import now_ms
-from tickwheel.harness.local_cluster import LocalNode
+from tickwheel.harness.local_cluster import LocalNode, wait_for
 from tickwheel.node import DEFAULT_RESERVE_BYTES
 from tickwheel.replication import STORAGE_EXIT_CODE
 
@@ -132,6 +132,18 @@ class Nemesis(threading.Thread):
                  ended_ms - started_ms, detail)
 
     def _leader(self) -> LocalNode:
+        """The leader every running node follows, once each of them has applied what the
+        leader had committed when found: a node still fetching a snapshot after the last fault
+        (a wiped one took 12 s) answers nothing while it installs, and a fault then would be
+        two at once (a cut-off leader and a majority that cannot answer)."""
+        leader = self._cluster.leader(self._config.leader_timeout_s)
+        info = leader.info()
+        committed = 0 if info is None else info.commit_index
+
+        def caught_up() -> bool:
+            infos = [node.info() for node in self._cluster.running()]
+            return all(info is not None and info.last_applied >= committed for info in infos)
+        wait_for(caught_up, self._config.leader_timeout_s, "every node to catch up")
         return self._cluster.leader(self._config.leader_timeout_s)
 
     def _kill(self) -> tuple[LocalNode, str]:
