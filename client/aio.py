@@ -48,7 +48,7 @@ from tickwheel.client.aio_consumers import AsyncConsumer
 from tickwheel.client.credentials import Credentials, open_aio_channel
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
-from tickwheel.client.routing import ShardRouters, answered, receive_slices, split
+from tickwheel.client.routing import ShardRouters, receive_slices, split
 from tickwheel.client.rpcs import (
     ACK_MESSAGES,
     CANCEL,
@@ -289,7 +289,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
             metadata = error.trailing_metadata()
             router.observe(metadata)
             if retryable(error):
-                router.failed(address, answered(metadata))
+                router.failed(address, metadata)
             raise
         router.observe(await call.trailing_metadata())
         return response

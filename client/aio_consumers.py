@@ -24,7 +24,7 @@ from tickwheel.client._core import (
     urgent,
 )
 from tickwheel.client.errors import retryable, translate
-from tickwheel.client.routing import ShardRouters, answered
+from tickwheel.client.routing import ShardRouters
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -272,7 +272,7 @@ class AsyncShardStream:
             router = self._client._shards.routers[self._shard]
             metadata = error.trailing_metadata()
             router.observe(metadata)
-            router.failed(self._address, answered(metadata))
+            router.failed(self._address, metadata)
             log.info("event=consumer_reconnect target=%s code=%s", self._address,
                      error.code().name)
             raise Reconnect from error

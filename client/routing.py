@@ -54,10 +54,12 @@ class Router:
                     and not self._cooling(value)):
                 self.leader = value
 
-    def failed(self, address: str, answered: bool = False) -> None:
-        """A call to ``address`` failed; ``answered``: with the node's own refusal (its answer
-        carried `LEADER_KEY`), not a broken or unanswered connection, which passes it over."""
-        if not answered:
+    def failed(self, address: str,
+               trailers: Iterable[tuple[str, str | bytes]] | None = None) -> None:
+        """A call to ``address`` failed, with these ``trailers``: a node that answered it with a
+        refusal of its own (`answered`) is not passed over; a broken or unanswered connection
+        is."""
+        if not answered(trailers):
             self._failed_s[address] = self._clock_s()
         if self.leader == address:
             self.leader = None

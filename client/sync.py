@@ -51,7 +51,7 @@ from tickwheel.client.consumers import Consumer
 from tickwheel.client.credentials import Credentials, open_channel
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
-from tickwheel.client.routing import ShardRouters, answered, receive_slices, split
+from tickwheel.client.routing import ShardRouters, receive_slices, split
 from tickwheel.client.rpcs import (
     ACK_MESSAGES,
     CANCEL,
@@ -322,7 +322,7 @@ class Client(ClientBase[grpc.Channel]):
             metadata = trailers(error)
             router.observe(metadata)
             if retryable(error):
-                router.failed(address, answered(metadata))
+                router.failed(address, metadata)
                 log.debug("event=retry method=%s target=%s code=%s", rpc.name, address,
                           error.code().name)
             raise
@@ -348,4 +348,4 @@ class Client(ClientBase[grpc.Channel]):
         router = self._shards.routers[shard]
         metadata = trailers(error)
         router.observe(metadata)
-        router.failed(address, answered(metadata))
+        router.failed(address, metadata)

@@ -39,4 +39,4 @@ def test_a_node_that_answered_a_refusal_is_not_passed_over() -> None:
     for _ in range(6):
         chosen = router.choose()
         assert chosen != "a"
-        router.failed(chosen, answered(trailers))
+        router.failed(chosen, trailers)

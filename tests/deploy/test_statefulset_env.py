@@ -377,16 +377,25 @@ def _stop(processes: list[subprocess.Popen]) -> None:
             process.wait()
 
 
-def _one_cluster(stubs: list[pb_grpc.TickwheelStub], processes: list[subprocess.Popen],
-                 logs: list[Path]) -> pb.ClusterInfoResponse | None:
-    """The leader's ClusterInfo once every node names the same leader, exactly one says it
-    leads, and each knows all the members; None before."""
+def _every_info(stubs: list[pb_grpc.TickwheelStub], processes: list[subprocess.Popen],
+                logs: list[Path]) -> list[pb.ClusterInfoResponse] | None:
+    """Every node's ClusterInfo, None while one does not answer; a node that exited raises
+    with its log."""
     for process, log in zip(processes, logs, strict=True):
         if process.poll() is not None:
             raise RuntimeError(f"node exited with {process.returncode}:\n{log.read_text()}")
     try:
-        infos = [stub.ClusterInfo(pb.ClusterInfoRequest(), timeout=1) for stub in stubs]
+        return [stub.ClusterInfo(pb.ClusterInfoRequest(), timeout=1) for stub in stubs]
     except grpc.RpcError:
+        return None
+
+
+def _one_cluster(stubs: list[pb_grpc.TickwheelStub], processes: list[subprocess.Popen],
+                 logs: list[Path]) -> pb.ClusterInfoResponse | None:
+    """The leader's ClusterInfo once every node names the same leader, exactly one says it
+    leads, and each knows all the members; None before."""
+    infos = _every_info(stubs, processes, logs)
+    if infos is None:
         return None
     leaders = [info for info in infos if info.role == "leader"]
     if len(leaders) != 1 or {info.leader for info in infos} != {leaders[0].address}:
@@ -479,14 +488,9 @@ def _shard_map_served(stubs: list[pb_grpc.TickwheelStub], processes: list[subpro
                       logs: list[Path]) -> list[pb.ClusterInfoResponse] | None:
     """Every node's ClusterInfo once each leads its own shard and names every shard; None
     before."""
-    for process, log in zip(processes, logs, strict=True):
-        if process.poll() is not None:
-            raise RuntimeError(f"node exited with {process.returncode}:\n{log.read_text()}")
-    try:
-        infos = [stub.ClusterInfo(pb.ClusterInfoRequest(), timeout=1) for stub in stubs]
-    except grpc.RpcError:
-        return None
-    if any(info.role != "leader" or len(info.shards) != len(stubs) for info in infos):
+    infos = _every_info(stubs, processes, logs)
+    if infos is None or any(info.role != "leader" or len(info.shards) != len(stubs)
+                            for info in infos):
         return None
     return infos
 

@@ -44,11 +44,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield started
 
 
-@pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
-    with cluster.client(timeout_s=30) as opened:
-        yield opened
-
 
 def test_every_node_serves_the_map_of_every_shard(cluster: LocalCluster) -> None:
     for node in cluster.nodes:
