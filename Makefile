@@ -1,5 +1,7 @@
 # Two commands for a fresh machine: `make demo` and `make test`. Both create .venv and install
 # the project (with its dev extras) from pyproject.toml; nothing needs to be installed by hand.
+# pip does not byte-compile what it installs (--no-compile): compiling every module of PySpark,
+# numpy and the rest took a third of the install, and Python compiles what is imported anyway.
 # `make check` is the inner loop: `make lint` and the tests that start no process.
 PYTHON ?= python3
 VENV   := .venv
@@ -12,7 +14,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tickwheel needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-compile -e '.[dev]'
 	@touch $@
 
 lint: $(STAMP) typecheck

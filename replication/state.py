@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -272,6 +273,7 @@ class StateMachine:
         """Make the files exactly those of ``manifest``: cut what is longer, delete what it
         does not name, fetch from a peer what is missing; then reopen."""
         self.close()
+        started_s = time.monotonic()
         fetched = restore_files(self._root, manifest.files, fetch)
         self._s.wheel, self._s.dedupe = self._open_files()
         self._s.wheel.reset_to(manifest.cursor, manifest.stamp_ms)
@@ -282,7 +284,8 @@ class StateMachine:
         self._s.moves = dict(manifest.moves)
         self._last_manifest = manifest
         log.info("event=snapshot_installed files=%d fetched_bytes=%d cursor_second=%d "
-                 "cursor_local_index=%d", len(manifest.files), fetched, *manifest.cursor)
+                 "cursor_local_index=%d duration_ms=%.1f", len(manifest.files), fetched,
+                 *manifest.cursor, (time.monotonic() - started_s) * 1000)
 
     def close(self) -> None:
         self.wheel.close()

@@ -41,6 +41,9 @@ What pysyncobj 0.3.17 does, and what this module does about it (see ``docs/repli
 - *A follower receiving a snapshot commits its own log* (``min(leader's commit, my last
   index)`` from every AppendEntries, snapshot chunks too): a deposed leader applied its own
   uncommitted entries and diverged. Snapshot chunks no longer move the commit index.
+- *A late answer sends a follower back.* An acknowledgement sets the follower's next index to
+  its own position even when the leader has sent further since: the leader sent entries again,
+  or its snapshot again and again. An acknowledgement here moves that index forward only.
 - *Nothing is fsynced.* The ``fsync`` option makes the journal ``msync`` every entry before it is
   acknowledged and makes snapshots ``fsync`` the state files they name; see the docs for what
   survives power loss with and without it.
@@ -260,9 +263,30 @@ class RaftNode:
                 leader_commit = self._hold_commit(message)
             if self._pre_vote.on_message(node, kind, message):
                 return
+        next_index = self._next_index_before_success(node, message)
         self._core._SyncObj__onMessageReceived(node, message)
         if leader_commit is not None:  # status and health still report the leader's
             self._core._SyncObj__leaderCommitIndex = leader_commit
+        if next_index is not None:
+            sent_to = self._core._SyncObj__raftNextIndex
+            sent_to[node] = max(sent_to.get(node, next_index), next_index)
+
+    def _next_index_before_success(self, node: object, message: object) -> int | None:
+        """Where this leader sends ``node`` from, before an answer that acknowledges what
+        it sent: such an answer may move that point forward, never back. pysyncobj sets it
+        to the answer's own position, and answers arrive late: the leader has already sent
+        further (it sends without waiting), or has sent its snapshot and moved past the
+        snapshot's index. Moved back below the log's start, it sent the snapshot again, once
+        per late answer, and the follower installed each, older than what it had applied
+        (the chaos runner: a wiped follower installed one snapshot 44 times in 15 s and
+        answered nothing meanwhile). Moved back within the log, it sent entries again, and
+        the follower cut applied entries to take them. A refusal (``reset``) still sets it
+        wherever the follower says."""
+        if (isinstance(message, dict) and message.get("type") == "next_node_idx"
+                and message.get("success") is True and not message.get("reset")):
+            next_index = self._core._SyncObj__raftNextIndex.get(node)
+            return next_index if type(next_index) is int else None
+        return None
 
     def _hold_commit(self, message: dict[str, Any]) -> int | None:
         """A chunk of the leader's snapshot says nothing about this follower's log, so it must

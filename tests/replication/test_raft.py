@@ -304,6 +304,78 @@ def test_a_node_killed_between_its_snapshot_and_the_journal_cut_keeps_what_it_ac
         node.close()
 
 
+def test_late_acknowledgements_send_a_follower_neither_its_entries_nor_a_snapshot_again(
+        tmp_path: Path) -> None:
+    """A leader sends without waiting for answers, and answers arrive late. pysyncobj set a
+    follower's next index to each acknowledgement's own position, back below what it had sent
+    since; below the log's start, it sent its snapshot again for every late answer (the chaos
+    runner: a wiped follower installed one snapshot 44 times in 15 s, each older than what it
+    had applied). Here one follower's acknowledgements reach the leader only after the leader
+    has taken a snapshot past all of them."""
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(3)]
+    config = RaftConfig(secrets=(b"a secret of the three of them",))
+    applied: dict[str, list[bytes]] = {address: [] for address in addresses}
+
+    def serialize(path: str, raft_tail: tuple) -> None:
+        write_snapshot(path, (0,), raft_tail, fsync=False)
+
+    nodes = [RaftNode(address, [other for other in addresses if other != address],
+                      tmp_path / address.replace(":", "_"), config,
+                      lambda command, seen=applied[address]: seen.append(command) or len(seen),
+                      (serialize, lambda path: read_snapshot(path)[1]))
+             for address in addresses]
+
+    def tick_all() -> None:
+        for node in nodes:
+            node.tick(0.002)
+
+    try:
+        wait_for(lambda: tick_all() or any(node.is_leader() for node in nodes), 10,
+                 "a leader", poll_s=0)
+        leader, late, _ = sorted(nodes, key=lambda node: not node.is_leader())  # and a prompt one
+        late_address = late._core.selfNode.address
+        received: list[dict] = []
+        handler = late._core._SyncObj__onMessageReceived
+        late._core._SyncObj__onMessageReceived = lambda peer, message: (
+            received.append(message), handler(peer, message))
+        held: list[tuple[object, dict]] = []
+        holding = True
+
+        def on_message(peer: object, message: dict) -> None:
+            if (holding and getattr(peer, "address", None) == late_address
+                    and message.get("type") == "next_node_idx" and message.get("success")):
+                held.append((peer, message))
+            else:
+                leader._on_message(peer, message)
+
+        leader._core._SyncObj__transport.setOnMessageReceivedCallback(on_message)
+        for number in range(30):
+            leader.propose(b"command %d" % number, lambda *_: None)
+            tick_all()
+        wait_for(lambda: tick_all() or len(applied[late_address]) >= 30, 10,
+                 "the late follower to apply the thirty", poll_s=0)
+        leader.compact()
+        log = leader._core._SyncObj__raftLog
+        wait_for(lambda: tick_all() or log[0][1] > 30, 10, "the leader's snapshot", poll_s=0)
+        assert held and min(message["next_node_idx"] for _, message in held) <= log[0][1]
+        holding = False
+        received.clear()
+        for number, (peer, message) in enumerate(held):  # at last, in order, under load
+            leader._on_message(peer, message)
+            leader.propose(b"late %d" % number, lambda *_: None)
+            tick_all()
+        leader.propose(b"after", lambda *_: None)
+        wait_for(lambda: tick_all() or applied[late_address][-1:] == [b"after"], 10,
+                 "the late follower to apply the next command", poll_s=0)
+        assert not [m for m in received if "serialized" in m]  # no snapshot sent again
+        again = [entry for m in received for entry in m.get("entries", ())
+                 if entry[1] <= log[0][1]]
+        assert not again  # nor entries it had acknowledged
+    finally:
+        for node in nodes:
+            node.close()
+
+
 DURABLE = RaftConfig(fsync=True, snapshot_min_entries=20)
 """``--fsync`` and a snapshot every 20 entries."""
 
