@@ -354,6 +354,13 @@ class LocalCluster:
         """Every shard's leader (`leader`), in shard order."""
         return [self.leader(timeout_s, shard=shard) for shard in range(len(self.shards))]
 
+    def placed(self, timeout_s: float = 30.0) -> list[LocalNode]:
+        """Every shard's leader, once each is the member its shard prefers: shard k's
+        (k mod size)-th (docs/shards.md), in a cluster of several shards."""
+        preferred = [members[k % self.size] for k, members in enumerate(self.shards)]
+        return wait_for(lambda: preferred if self.leaders() == preferred else None,
+                        timeout_s, "every shard to be led by the member it prefers")
+
     def schedule(self, messages: list[pb.Message], timeout_s: float = 20.0
                  ) -> pb.ScheduleResponse:
         """Schedule on whichever node leads, retrying across leader changes (safe: ids)."""

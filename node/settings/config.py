@@ -58,7 +58,7 @@ from tickwheel.node.settings.config_fields import (
     SecurityFields,
     StorageFields,
 )
-from tickwheel.node.settings.shards import ShardFields, shard_map
+from tickwheel.node.settings.shards import ShardFields, preferred_leader, shard_map
 from tickwheel.replication import DispatchConfig, ReplicaConfig, StateConfig
 from tickwheel.replication.raft import RaftConfig
 from tickwheel.wheel import DAY_MS, WheelConfig
@@ -363,7 +363,9 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
                             secrets=self.raft_secrets(),
                             insecure=self.insecure_raft,
                             bind_address=self.raft_listen,
-                            snapshot_min_entries=self.snapshot_min_entries),
+                            snapshot_min_entries=self.snapshot_min_entries,
+                            preferred_leader=preferred_leader(
+                                list(self.member_map()), self.shard, self.shard_map().count)),
             dispatch=DispatchConfig(max_inflight_msgs=self.max_inflight_msgs,
                                     max_inflight_bytes=self.max_inflight_bytes),
             state=StateConfig(wheel=WheelConfig(max_delay_ms=self.max_delay_ms),

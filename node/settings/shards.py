@@ -73,3 +73,14 @@ def shard_map(shard: int, entries: Sequence[str], own_grpc: Sequence[str],
                          f"of {count} shard{'s' if count > 1 else ''}: give every member of "
                          f"shards 0..{shards - 1}")
     return ShardMap(shard, tuple(tuple(listed[index]) for index in range(count)))
+
+
+def preferred_leader(members: Sequence[str], shard: int, shards: int) -> str | None:
+    """The member (of ``members``, Raft addresses in their given order) that leads ``shard``
+    at rest: its (shard mod members)-th, so that the leaders of shards 0, 1, 2, ... sit on
+    members 0, 1, 2, ... and, where member i of every shard runs on host i, no host leads
+    two shards while another leads none (docs/shards.md). None in a cluster of one shard:
+    whoever wins the election leads, and nothing hands over."""
+    if shards <= 1 or not members:
+        return None
+    return members[shard % len(members)]

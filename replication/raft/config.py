@@ -51,6 +51,12 @@ class RaftConfig:
     sync_ledger: Path | None = None
     """With ``fsync``: a folder where the node notes what each sync made durable, for the chaos
     harness's power cut (`tickwheel.replication.raft.durability.SyncLedger`). Testing only."""
+    preferred_leader: str | None = None
+    """The member (Raft address) that should lead when it is up and caught up: a leader that
+    is not hands over to it (`tickwheel.replication.raft.handover`). None: whoever wins."""
+    handover_after_ms: int = 3_000
+    """How long the preferred member must have been connected and caught up before its
+    leader hands over."""
     dns_cache_ms: int = 5_000
     """How long a peer's resolved address is trusted (Kubernetes pods change IP on restart)."""
     dns_fail_cache_ms: int = 1_000

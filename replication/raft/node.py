@@ -26,6 +26,9 @@ What pysyncobj 0.3.17 does, and what this module does about it (see ``docs/repli
   index from the next AppendEntries, at the latest the heartbeat (``heartbeat_ms``).
 - *Snapshots pickle the object.* A custom serializer writes only a `Manifest` (file lengths).
 - *It has no PreVote* (`tickwheel.replication.raft.prevote` adds it).
+- *It has no leader placement*: `tickwheel.replication.raft.handover` hands leadership to the
+  group's preferred member (``preferred_leader``) with pysyncobj's ``transferLeadership``,
+  proposals held meanwhile, since pysyncobj takes them into the log during a transfer.
 - *Its names leak everywhere* (private attributes, a role compared as ``== 2``, status keys
   built from peer names, ``FAIL_REASON``). `RaftNode` *contains* its ``SyncObj`` and offers the
   small typed `RaftPort`; nothing outside this package imports pysyncobj.
@@ -68,6 +71,7 @@ from tickwheel.replication.raft import link_protocol
 from tickwheel.replication.raft.clocks import PeerClocks
 from tickwheel.replication.raft.config import RaftConfig
 from tickwheel.replication.raft.durability import SyncLedger
+from tickwheel.replication.raft.handover import HandOver
 from tickwheel.replication.raft.journal import JOURNAL_FILE, AtomicJournal, MsyncJournal
 from tickwheel.replication.raft.port import OnResult, PeerClock, RaftStatus, Role
 from tickwheel.replication.raft.prevote import SHAPES, PreVote, well_formed
@@ -158,6 +162,10 @@ class RaftNode:
         self._sent_through: tuple[int, int] = (0, 0)
         """(index, term) of the last entry in the log at this leader's latest send."""
         self._core.addOnTickCallback(self._send_new_entries)
+        self._handover = HandOver(self._core, None if config.preferred_leader == self_address
+                                  else config.preferred_leader, config.handover_after_ms,
+                                  config.election_min_ms)
+        self._core.addOnTickCallback(self._handover.after_tick)
 
     # -- the port -------------------------------------------------------------------------
 
@@ -176,8 +184,10 @@ class RaftNode:
             self._notifier.notify()
 
     def propose(self, command: bytes, on_result: OnResult) -> None:
-        self._core.command(command, callback=lambda result, reason: on_result(
-            result, reason == FAIL_REASON.SUCCESS))
+        def callback(result: object, reason: int) -> None:
+            on_result(result, reason == FAIL_REASON.SUCCESS)
+        if not self._handover.propose(command, callback):  # held while handing over
+            self._core.command(command, callback=callback)
 
     def is_leader(self) -> bool:
         return bool(self._core._isLeader())

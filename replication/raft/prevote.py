@@ -8,7 +8,9 @@ the term increment) go ahead. A peer says no while it has heard from a leader wi
 ``election_min_ms``, when the asker's log is behind its own, when it voted for another in the
 asked term, and, when it asks for the same term itself with a log alike, to an asker whose id
 sorts below its own. A peer that says yes gives way: its own election waits a timeout more.
-Its messages are checked field by field before use (`SHAPES`).
+Its messages are checked field by field before use (`SHAPES`). A node its leader told to
+stand (a hand-over, `tickwheel.replication.raft.handover`) stands without a round: its peers,
+hearing from that leader, would refuse it.
 
 Without the last two rules, two followers whose timers ran out within a tick of each other (a
 follower's tick waits up to 50 ms, and a message wakes it) each granted the other's round,
@@ -76,8 +78,9 @@ class PreVote:
             self._round.won = False  # pysyncobj campaigns in this tick; the round is spent
             return
         if (core._SyncObj__raftElectionDeadline >= raft_clock_s()  # pysyncobj's clock
-                or not core._SyncObj__connectedToAnyone()):
-            return
+                or not core._SyncObj__connectedToAnyone()
+                or core._SyncObj__transferInProgress):
+            return  # not yet; or its leader handed over to it (`handover`): it stands at once
         others = core._SyncObj__otherNodes
         if not others or (time.monotonic() - self._stale_leader_heard_s
                           < 2 * self._election_min_s):

@@ -41,6 +41,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("shards"), 3, shards=SHARDS,
                       metrics=True) as started:
         started.leaders(timeout_s=60)  # six fresh processes, while another worker runs
+        started.placed()  # so that no hand-over stalls a shard in the middle of a test
         yield started
 
 
@@ -201,6 +202,20 @@ def test_one_shards_leader_killed_the_other_shard_delivers_on_time_throughout(
     assert max(late_ms[0]) > max(late_ms[1])
     cluster.leader(shard=0, timeout_s=60)
 
+
+
+def test_each_shard_is_led_by_its_own_member_and_gets_it_back_after_a_failover(
+        cluster: LocalCluster) -> None:
+    # at rest, shard k is led by its k-th member: no "host" (member index) leads two shards
+    assert cluster.placed() == [cluster.shards[0][0], cluster.shards[1][1]]
+    preferred = cluster.shards[1][1]
+    cluster.signal(preferred, signal.SIGKILL)
+    stand_in = cluster.leader(shard=1, timeout_s=30)
+    assert stand_in is not preferred
+    cluster.start(preferred)
+    # back and caught up, it is handed shard 1 again; shard 0 still has its own leader
+    assert cluster.placed(timeout_s=60) == [cluster.shards[0][0], preferred]
+    assert "event=leader_handed_over" in stand_in.log_path.read_text()
 
 
 def test_a_client_with_a_stale_map_reads_it_again_when_a_node_refuses(

@@ -376,6 +376,60 @@ def test_late_acknowledgements_send_a_follower_neither_its_entries_nor_a_snapsho
             node.close()
 
 
+def test_a_leader_hands_over_to_the_preferred_member_once_it_is_back_and_caught_up(
+        tmp_path: Path) -> None:
+    """Two members elect one of them; the preferred third starts late, catches up, and its
+    leader hands over: proposals made all along are each answered once, in the log in order
+    or failed as on any change of leader. PreVote would refuse the preferred member's round
+    (its peers hear from a leader), so it stands at once when its leader tells it to."""
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(3)]
+    preferred = addresses[2]
+    config = RaftConfig(secrets=(b"a secret of the three of them",), preferred_leader=preferred,
+                        handover_after_ms=200)
+    applied: dict[str, list[bytes]] = {address: [] for address in addresses}
+
+    def start(address: str) -> RaftNode:
+        return RaftNode(address, [other for other in addresses if other != address],
+                        tmp_path / address.replace(":", "_"), config,
+                        lambda command, seen=applied[address]: seen.append(command) or len(seen),
+                        (lambda *_: None, lambda _: ()))
+
+    nodes = [start(address) for address in addresses[:2]]
+    answers: dict[bytes, list[bool]] = {}
+
+    def tick_all() -> None:
+        for node in nodes:
+            node.tick(0.002)
+        leading = [node for node in nodes if node.is_leader()]
+        if leading:  # a proposal a turn, on whoever leads
+            command = b"c%d" % len(answers)
+            answers[command] = []
+            leading[0].propose(command, lambda _, ok, seen=answers[command]: seen.append(ok))
+
+    try:
+        first = wait_for(lambda: tick_all() or [n for n in nodes if n.is_leader()], 10,
+                         "one of the first two to lead", poll_s=0)[0]
+        term = first.term()
+        nodes.append(start(preferred))
+        wait_for(lambda: tick_all() or nodes[2].is_leader(), 15,
+                 "the preferred member to lead", poll_s=0)
+        assert nodes[2].term() == term + 1  # one election: the hand-over's
+        assert not first.is_leader()
+        stop = len(answers)
+        wait_for(lambda: tick_all() or all(answers[c] for c in list(answers)[:stop]), 10,
+                 "every proposal made until then to be answered", poll_s=0)
+        assert all(len(seen) == 1 for seen in list(answers.values())[:stop])
+        committed = [c for c in list(answers)[:stop] if answers[c] == [True]]
+        assert len(committed) > stop / 2
+        wait_for(lambda: tick_all() or set(committed) <= set(applied[preferred]), 10,
+                 "the preferred member to apply what was committed", poll_s=0)
+        order = [c for c in applied[preferred] if c in set(committed)]
+        assert order == committed  # in the order proposed, each once
+    finally:
+        for node in nodes:
+            node.close()
+
+
 DURABLE = RaftConfig(fsync=True, snapshot_min_entries=20)
 """``--fsync`` and a snapshot every 20 entries."""
 
