@@ -23,6 +23,7 @@ class Core:
         self._SyncObj__otherNodes = peers
         self._SyncObj__votedForNodeId: str | None = None
         self._SyncObj__raftElectionDeadline = 0.0
+        self._SyncObj__transferInProgress = False
         self.outbox: list[tuple[Node, dict[str, Any]]] = []
         self._SyncObj__transport = self
 

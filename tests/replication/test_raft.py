@@ -46,6 +46,8 @@ def test_pysyncobj_still_has_what_the_tenure_and_election_postponing_read() -> N
     assert "self.__raftElectionDeadline = monotonicTime() + self.__generateRaftTimeout()" in (
         source)
     assert hasattr(PreVote, "postpone_election")
+    # the hand-over (raft/handover.py): TimeoutNow, and the flag PreVote lets stand at once
+    assert "'type': 'timeout_now'," in source and "self.__transferInProgress = True" in source
 
 
 def test_what_pysyncobj_unpickles_is_plain_data_only() -> None:
