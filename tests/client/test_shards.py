@@ -127,6 +127,17 @@ def test_a_nodes_shard_settings_are_checked() -> None:
         NodeSettings(shard=1, insecure_grpc=True)
 
 
+def test_shard_k_prefers_its_kth_member_as_leader_and_one_shard_prefers_none() -> None:
+    members = [f"10.0.0.{i}:7500=10.0.0.{i}:7400=10.0.0.{i}:7600" for i in (1, 2, 3)]
+    for shard, shards, preferred in [(1, 4, "10.0.0.2:7500"), (3, 4, "10.0.0.1:7500"),
+                                     (0, 1, None)]:
+        others = ",".join(f"{k}=10.{k + 1}.0.{i}:7400" for k in range(shards) if k != shard
+                          for i in (1, 2, 3))
+        settings = NodeSettings(members=members, raft_address="10.0.0.1:7500", shard=shard,
+                                shard_members=others, insecure_raft=True, insecure_grpc=True)
+        assert settings.replica_config().raft.preferred_leader == preferred
+
+
 def test_a_nodes_shard_count_is_checked_against_its_map() -> None:
     own = ["10.0.0.1:7400"]
     assert shard_map(1, ["0=10.0.1.1:7400"], own, shards=2).count == 2
