@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Mapping
 
 import grpc
@@ -36,6 +37,9 @@ class PeerFiles:
         self._credentials = credentials
         self._metadata = metadata
         self._channels: dict[str, grpc.Channel] = {}
+        self._opening = threading.Lock()
+        """A restore fetches from several threads at once (`FETCH_PARALLEL`): one channel a
+        peer."""
 
     @retry(retry=retry_if_exception_type((grpc.RpcError, ShortRead)), reraise=True,
            wait=wait_random_exponential(multiplier=0.05, max=1.0),
@@ -65,10 +69,11 @@ class PeerFiles:
 
     def _read(self, peer: str, path: str, offset: int, size: int,
               timeout_s: float = 10.0) -> bytes:
-        channel = self._channels.get(peer)
-        if channel is None:
-            channel = self._channels[peer] = open_channel(self._peer_address[peer],
-                                                          self._credentials, ())
+        with self._opening:
+            channel = self._channels.get(peer)
+            if channel is None:
+                channel = self._channels[peer] = open_channel(self._peer_address[peer],
+                                                              self._credentials, ())
         stub = tickwheel_pb2_grpc.PeerStub(channel)
         request = tickwheel_pb2.ReadStateFileRequest(path=path, offset=offset, size=size)
         data = b"".join(chunk.data for chunk in stub.ReadStateFile(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,10 @@ WHEEL = "wheel"
 DEDUPE = "dedupe"
 """The folders of the wheel's and the dedupe window's files, under the state's root."""
 FETCH_CHUNK_BYTES = 4 << 20
+FETCH_PARALLEL = 8
+"""How many files a restore fetches at once. One at a time, each fetch waited its turn of a
+busy leader's event loop, 7-13 ms a file: a wiped follower of a chaos run took 8-10 s for 770
+files (3 MB), its Raft thread blocked meanwhile; 8 at a time, 3.7-4.3 s."""
 
 Fetch = Callable[[str, int, int], bytes]
 """``fetch(path, offset, size)``: bytes ``[offset, offset + size)`` of a state file, from a peer."""
@@ -52,7 +57,9 @@ def restore_files(root: Path, files: dict[str, int], fetch: Fetch) -> int:
         if path not in files:
             (root / path).unlink()
     _remove_empty_hour_dirs(root / WHEEL / "hours")
-    return sum(_restore_file(root / path, path, size, fetch) for path, size in files.items())
+    with ThreadPoolExecutor(FETCH_PARALLEL, thread_name_prefix="restore") as pool:
+        return sum(pool.map(lambda item: _restore_file(root / item[0], item[0], item[1], fetch),
+                            files.items()))
 
 
 def copies_under(copies: CopySource, folder: str, path: str, offset: int, size: int

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -181,6 +182,39 @@ def test_install_cuts_longer_files_and_fetches_missing_tails(tmp_path: Path) -> 
     assert behind.manifest() == manifest
     source.close()
     behind.close()
+
+
+def test_install_fetches_files_side_by_side(tmp_path: Path) -> None:
+    # One at a time, each fetch waited its turn of a busy leader: a wiped follower of a chaos
+    # run spent 8-10 s installing, its Raft thread blocked meanwhile.
+    source = StateMachine.open(tmp_path / "source", StateConfig(), fresh=True)
+    empty = StateMachine.open(tmp_path / "empty", StateConfig(), fresh=True)
+    source.apply(schedule_command(T0_MS, [
+        NewMessage(f"m{i}", "t", b"x" * 200, T0_MS + hour * 3_600_000)
+        for i, hour in enumerate(range(1, 9))]))
+    manifest = source.manifest()
+    assert len(manifest.files) > 2
+    in_flight, most = [0], [0]
+    overlapped = threading.Event()
+    lock = threading.Lock()
+
+    def fetch(path: str, offset: int, size: int) -> bytes:
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            if in_flight[0] > 1:
+                overlapped.set()
+        overlapped.wait(5)  # the first waits for a second to be asked meanwhile
+        with lock:
+            in_flight[0] -= 1
+        with open(tmp_path / "source" / path, "rb") as file:
+            file.seek(offset)
+            return file.read(size)
+    empty.install(manifest, fetch)
+    assert most[0] > 1
+    assert empty.manifest() == manifest
+    source.close()
+    empty.close()
 
 
 def ready_all(state: StateMachine, taken: list) -> None:
