@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import threading
 from pathlib import Path
 
 EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -38,22 +39,38 @@ def port_range() -> range:
     return chosen
 
 
+_given: set[int] = set()
+"""Ports this process handed out: free when picked, but bound only later (a chaos cluster
+picks its nodes' ports, then its proxies' ports, and binds the proxies' first: one of them
+took a node's gRPC port, and the node could not start). None is handed out twice until every
+port of the range has been."""
+_giving = threading.Lock()
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct ports free on 127.0.0.1 now, from `port_range`: below the kernel's
-    ephemeral range. A node killed and started again binds its ports again, and a port from
-    that range may by then be the local end of any outgoing connection (a chaos run saw a
-    restarted node fail to bind its peer port that way)."""
+    ephemeral range, and none this process handed out before (`_given`). A node killed and
+    started again binds its ports again, and a port from the ephemeral range may by then be
+    the local end of any outgoing connection (a chaos run saw a restarted node fail to bind
+    its peer port that way)."""
     usable = port_range()
     candidates = list(usable)
     random.SystemRandom().shuffle(candidates)
-    ports: list[int] = []
-    for port in candidates:
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        ports.append(port)
-        if len(ports) == count:
-            return ports
+    with _giving:
+        for attempt in range(2):
+            ports: list[int] = []
+            for port in candidates:
+                if port in _given:
+                    continue
+                with socket.socket() as sock:
+                    try:
+                        sock.bind(("127.0.0.1", port))
+                    except OSError:
+                        continue
+                ports.append(port)
+                if len(ports) == count:
+                    _given.update(ports)
+                    return ports
+            if attempt == 0:
+                _given.difference_update(usable)  # every one given once: start over
     raise OSError(f"fewer than {count} free ports in {usable.start}-{usable.stop - 1}")

@@ -83,6 +83,16 @@ def test_the_ports_keep_to_the_range_a_parallel_test_worker_is_given(
             free_ports(1)
 
 
+def test_ports_picked_and_not_yet_bound_are_not_picked_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A chaos cluster picks its nodes' ports, then its proxies', and binds the proxies first:
+    # a proxy took a node's gRPC port, and the node could not start (a red CI).
+    monkeypatch.setenv(PORT_RANGE_ENV, f"{LOWEST_PORT + 300}-{LOWEST_PORT + 319}")
+    nodes, proxies = free_ports(10), free_ports(10)
+    assert not set(nodes) & set(proxies)
+    assert len(set(free_ports(10))) == 10  # every port given once: it starts over
+
+
 def test_the_mesh_keeps_pysyncobj_dialling_order_and_cuts_and_heals_links() -> None:
     ports = free_ports(3 + 3)
     mesh = RaftMesh(ports[:3], ports[3:])
