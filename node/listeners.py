@@ -47,6 +47,9 @@ ROCKETMQ_KEEPALIVE = (("grpc.keepalive_permit_without_calls", 1),
 defaults would answer with GOAWAY and drop the client's Telemetry stream."""
 CHUNK_BYTES = 1 << 20
 """The largest piece of a state file one `PeerService.ReadStateFile` message carries."""
+MAX_READ_RANGES = 1_024
+MAX_READ_BYTES = 64 << 20
+"""What one `PeerService.ReadStateFiles` call may ask for: ranges, and bytes over them."""
 
 
 class PeerService(pb_grpc.PeerServicer):
@@ -78,6 +81,50 @@ class PeerService(pb_grpc.PeerServicer):
                 return
             yield pb.FileChunk(data=data)
             offset += len(data)
+
+    async def ReadStateFiles(self, request: pb.ReadStateFilesRequest,
+                             context: grpc.aio.ServicerContext[pb.ReadStateFilesRequest,
+                                                               pb.FileChunk]
+                             ) -> AsyncIterator[pb.FileChunk]:
+        """`ReadStateFile` for many ranges in one call: a follower installing a snapshot asks
+        for every file it lacks in a few calls rather than one each (each call waits a turn
+        of this node's event loop). Ranges are read in groups of up to ``CHUNK_BYTES``, each
+        group on one worker thread."""
+        ranges = list(request.ranges)
+        total = sum(max(r.size, 0) for r in ranges)
+        if len(ranges) > MAX_READ_RANGES or total > MAX_READ_BYTES:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"ranges: {len(ranges)} ranges of {total} bytes; at most "
+                                f"{MAX_READ_RANGES} ranges and {MAX_READ_BYTES} bytes a call")
+        for group in _groups(ranges):
+            try:
+                pieces = await asyncio.to_thread(self._read_group, group)
+            except (OSError, ValueError) as error:
+                await context.abort(grpc.StatusCode.NOT_FOUND, str(error))
+            for path, offset, data in pieces:
+                yield pb.FileChunk(data=data, path=path, offset=offset)
+
+    def _read_group(self, group: list[tuple[str, int, int]]) -> list[tuple[str, int, bytes]]:
+        return [(path, offset, self._replica.read_state_file(path, offset, size))
+                for path, offset, size in group]
+
+
+def _groups(ranges: list[pb.ReadStateFileRequest]) -> list[list[tuple[str, int, int]]]:
+    """``ranges`` as ``(path, offset, size)`` pieces of at most ``CHUNK_BYTES``, in order,
+    gathered into groups of at most ``CHUNK_BYTES`` in all."""
+    groups: list[list[tuple[str, int, int]]] = [[]]
+    room = CHUNK_BYTES
+    for asked in ranges:
+        offset, end = asked.offset, asked.offset + max(asked.size, 0)
+        while offset < end:
+            size = min(CHUNK_BYTES, end - offset)
+            if size > room:
+                groups.append([])
+                room = CHUNK_BYTES
+            groups[-1].append((asked.path, offset, size))
+            room -= size
+            offset += size
+    return [group for group in groups if group]
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,23 @@ class PeerFiles:
                 last_error = error
         raise last_error if last_error else ValueError("no peers to read state files from")
 
+    @retry(retry=retry_if_exception_type((grpc.RpcError, ShortRead)), reraise=True,
+           wait=wait_random_exponential(multiplier=0.05, max=1.0),
+           stop=stop_after_delay(FETCH_TIMEOUT_S))
+    def many(self, peers: list[str], ranges: list[tuple[str, int, int]]) -> list[bytes]:
+        """The bytes of each of ``ranges`` (``(path, offset, size)``, one a file), in order, in
+        one call to the first of ``peers`` that has them all; retried as `__call__`. A peer
+        whose build lacks ``ReadStateFiles`` (a rolling upgrade) is asked range by range."""
+        last_error: Exception | None = None
+        for peer in peers:
+            try:
+                return self._read_many(peer, ranges)
+            except (grpc.RpcError, ShortRead) as error:
+                log.warning("event=peer_read_failed peer=%s files=%d error=%r", peer,
+                            len(ranges), str(error))
+                last_error = error
+        raise last_error if last_error else ValueError("no peers to read state files from")
+
     def copies(self, peers: list[str], path: str, offset: int, size: int
                ) -> Iterator[bytes | None]:
         """What each of ``peers`` holds of ``path`` at ``offset``, asked once each, with a short
@@ -67,14 +84,43 @@ class PeerFiles:
                             path, offset, str(error))
                 yield None
 
-    def _read(self, peer: str, path: str, offset: int, size: int,
-              timeout_s: float = 10.0) -> bytes:
+    def _read_many(self, peer: str, ranges: list[tuple[str, int, int]]) -> list[bytes]:
+        stub = tickwheel_pb2_grpc.PeerStub(self._channel(peer))
+        request = tickwheel_pb2.ReadStateFilesRequest(ranges=[
+            tickwheel_pb2.ReadStateFileRequest(path=path, offset=offset, size=size)
+            for path, offset, size in ranges])
+        try:
+            chunks = list(stub.ReadStateFiles(request, timeout=FETCH_TIMEOUT_S,
+                                              metadata=self._metadata))
+        except grpc.RpcError as error:
+            if error.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            return [self._read(peer, path, offset, size) for path, offset, size in ranges]
+        pieces: dict[str, list[bytes]] = {}
+        ends: dict[str, int] = {path: offset for path, offset, _ in ranges}
+        for chunk in chunks:
+            if ends.get(chunk.path) != chunk.offset:
+                raise ShortRead(f"{peer} sent {chunk.path} at {chunk.offset}, not where its "
+                                f"range went on ({ends.get(chunk.path)})")
+            pieces.setdefault(chunk.path, []).append(chunk.data)
+            ends[chunk.path] += len(chunk.data)
+        data = [b"".join(pieces.get(path, ())) for path, _, _ in ranges]
+        for (path, _, size), got in zip(ranges, data, strict=True):
+            if len(got) != size:
+                raise ShortRead(f"{peer} returned {len(got)} bytes of {path}, wanted {size}")
+        return data
+
+    def _channel(self, peer: str) -> grpc.Channel:
         with self._opening:
             channel = self._channels.get(peer)
             if channel is None:
                 channel = self._channels[peer] = open_channel(self._peer_address[peer],
                                                               self._credentials, ())
-        stub = tickwheel_pb2_grpc.PeerStub(channel)
+            return channel
+
+    def _read(self, peer: str, path: str, offset: int, size: int,
+              timeout_s: float = 10.0) -> bytes:
+        stub = tickwheel_pb2_grpc.PeerStub(self._channel(peer))
         request = tickwheel_pb2.ReadStateFileRequest(path=path, offset=offset, size=size)
         data = b"".join(chunk.data for chunk in stub.ReadStateFile(
             request, timeout=timeout_s, metadata=self._metadata))

@@ -89,7 +89,8 @@ async def serve(settings: NodeSettings) -> None:
     fetch = PeerFiles(settings.peer_map(), peer_credentials, peer_callers.metadata())
     peers = [address for address in members if address != settings.raft_address]
     replica = Replica(settings.raft_address, peers, settings.data, courier, fetch=fetch,
-                      copies=fetch.copies, clock=own_clock, config=settings.replica_config())
+                      copies=fetch.copies, fetch_many=fetch.many, clock=own_clock,
+                      config=settings.replica_config())
     courier.attach(replica)
     forwarder = Forwarder(peer_credentials)
     disk = DiskWatch(settings.raft_address, settings.data, settings.min_free_bytes)

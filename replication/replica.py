@@ -45,6 +45,7 @@ from tickwheel.replication.requests import Requests
 from tickwheel.replication.snapshots import (
     PeerCopies,
     PeerFetch,
+    PeerFetchMany,
     PeerFiles,
     Snapshots,
     starts_fresh,
@@ -69,7 +70,7 @@ class Replica:
 
     def __init__(self, address: str, peers: Sequence[str], data_dir: Path | str,
                  sink: DeliverySink, *, fetch: PeerFetch, copies: PeerCopies | None = None,
-                 clock: Clock | None = None,
+                 fetch_many: PeerFetchMany | None = None, clock: Clock | None = None,
                  config: ReplicaConfig | None = None, raft: RaftFactory = RaftNode,
                  die: Die = die) -> None:
         self.address = address
@@ -80,7 +81,7 @@ class Replica:
         self._config = config or ReplicaConfig()
         fresh = starts_fresh(self._data_dir)
         peer_files = PeerFiles(peers, fetch, self.leader_hint,
-                               lambda: self._leadership.term is not None)
+                               lambda: self._leadership.term is not None, fetch_many)
         self._state = StateMachine.open(self._data_dir / "state", self._config.state,
                                         fresh=fresh, copies=None if copies is None else partial(
                                             peer_files.copies, copies))

@@ -46,6 +46,9 @@ log = logging.getLogger("tickwheel.replication")
 PeerFetch = Callable[[list[str], str, int, int], bytes]
 """``fetch(peers, path, offset, size)``: bytes of a state file from the first of ``peers`` (Raft
 addresses, leader first) that has them. The node provides it (over gRPC)."""
+PeerFetchMany = Callable[[list[str], list[tuple[str, int, int]]], list[bytes]]
+"""``fetch_many(peers, ranges)``: the bytes of each ``(path, offset, size)`` range of state
+files, in one call to the first of ``peers`` that has them all (`PeerFetch`, batched)."""
 PeerCopies = Callable[[list[str], str, int, int], Iterator[bytes | None]]
 """``copies(peers, path, offset, size)``: what each of ``peers`` in turn holds of a state file
 there, asked once (None for a peer that cannot answer now): where damaged bytes of this node's
@@ -91,14 +94,24 @@ class PeerFiles:
     """The peers' state files, asked leader first."""
 
     def __init__(self, peers: Sequence[str], fetch: PeerFetch,
-                 leader_hint: Callable[[], str | None], leading: Callable[[], bool]) -> None:
+                 leader_hint: Callable[[], str | None], leading: Callable[[], bool],
+                 fetch_many: PeerFetchMany | None = None) -> None:
         self._peers = tuple(peers)
         self._fetch = fetch
+        self._fetch_many = fetch_many
         self._leader_hint = leader_hint
         self._leading = leading
 
     def fetch(self, path: str, offset: int, size: int) -> bytes:
         return self._fetch(self._leader_first(), path, offset, size)
+
+    @property
+    def fetch_many(self) -> Callable[[list[tuple[str, int, int]]], list[bytes]] | None:
+        """The batched `fetch`, if the node provides one."""
+        batched = self._fetch_many
+        if batched is None:
+            return None
+        return lambda ranges: batched(self._leader_first(), ranges)
 
     def copies(self, copies: PeerCopies, path: str, offset: int, size: int
                ) -> Iterable[bytes | None]:
@@ -158,7 +171,7 @@ class Snapshots:
         manifest = Manifest(Cursor(*cursor), stamp_ms, files, pending, *grouped)
         started = self._clock.monotonic_s()
         try:
-            self._state.install(manifest, self._peers.fetch)
+            self._state.install(manifest, self._peers.fetch, self._peers.fetch_many)
         except Exception as error:
             log.exception("event=snapshot_install_failed")
             self._die(self._address, f"snapshot install failed: {error!r}", FATAL_EXIT_CODE)

@@ -30,6 +30,7 @@ from tickwheel.replication.state_files import (
     DEDUPE,
     WHEEL,
     Fetch,
+    FetchMany,
     Manifest,
     copies_under,
     restore_files,
@@ -269,12 +270,13 @@ class StateMachine:
                 self.dedupe.delete_file(name)
         self._last_manifest = manifest
 
-    def install(self, manifest: Manifest, fetch: Fetch) -> None:
+    def install(self, manifest: Manifest, fetch: Fetch,
+                fetch_many: FetchMany | None = None) -> None:
         """Make the files exactly those of ``manifest``: cut what is longer, delete what it
         does not name, fetch from a peer what is missing; then reopen."""
         self.close()
         started_s = time.monotonic()
-        fetched = restore_files(self._root, manifest.files, fetch)
+        fetched = restore_files(self._root, manifest.files, fetch, fetch_many)
         self._s.wheel, self._s.dedupe = self._open_files()
         self._s.wheel.reset_to(manifest.cursor, manifest.stamp_ms)
         self._s.pending.restore(manifest.pending)

@@ -27,12 +27,19 @@ DEDUPE = "dedupe"
 """The folders of the wheel's and the dedupe window's files, under the state's root."""
 FETCH_CHUNK_BYTES = 4 << 20
 FETCH_PARALLEL = 8
-"""How many files a restore fetches at once. One at a time, each fetch waited its turn of a
-busy leader's event loop, 7-13 ms a file: a wiped follower of a chaos run took 8-10 s for 770
-files (3 MB), its Raft thread blocked meanwhile; 8 at a time, 3.7-4.3 s."""
+"""How many fetches a restore has under way at once. One at a time, each fetch waited its turn
+of a busy leader's event loop, 7-13 ms a file: a wiped follower of a chaos run took 8-10 s for
+770 files (3 MB), its Raft thread blocked meanwhile; 8 at a time, 3.7-4.3 s."""
+FETCH_BATCH_FILES = 256
+"""How many files' missing tails one batched fetch (`FetchMany`) asks for, at most
+``FETCH_CHUNK_BYTES`` in all."""
 
 Fetch = Callable[[str, int, int], bytes]
 """``fetch(path, offset, size)``: bytes ``[offset, offset + size)`` of a state file, from a peer."""
+FetchMany = Callable[[list[tuple[str, int, int]]], list[bytes]]
+"""``fetch_many(ranges)``: the bytes of each ``(path, offset, size)`` range, in order, from a
+peer, in one call (each range of a different file)."""
+Range = tuple[str, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,16 +57,25 @@ class Manifest:
     moves: dict[int, int] = field(default_factory=dict)
 
 
-def restore_files(root: Path, files: dict[str, int], fetch: Fetch) -> int:
+def restore_files(root: Path, files: dict[str, int], fetch: Fetch,
+                  fetch_many: FetchMany | None = None) -> int:
     """Make the files under ``root`` exactly ``files``: cut what is longer, delete what it
-    does not name, fetch what is missing. Returns the bytes fetched."""
+    does not name, fetch what is missing (the tails of up to ``FETCH_BATCH_FILES`` files in
+    one call with ``fetch_many``, a tail longer than ``FETCH_CHUNK_BYTES`` on its own with
+    ``fetch``). Returns the bytes fetched."""
     for path in _state_files(root):
         if path not in files:
             (root / path).unlink()
     _remove_empty_hour_dirs(root / WHEEL / "hours")
+    lacking = [(path, have, size - have) for path, size in files.items()
+               if (have := _cut(root / path, size)) < size]
+    small = [] if fetch_many is None else [r for r in lacking if r[2] <= FETCH_CHUNK_BYTES]
+    alone = [r for r in lacking if fetch_many is None or r[2] > FETCH_CHUNK_BYTES]
     with ThreadPoolExecutor(FETCH_PARALLEL, thread_name_prefix="restore") as pool:
-        return sum(pool.map(lambda item: _restore_file(root / item[0], item[0], item[1], fetch),
-                            files.items()))
+        done = [] if fetch_many is None else [pool.submit(_fetch_batch, root, batch, fetch_many)
+                                              for batch in _batches(small)]
+        done += [pool.submit(_fetch_tail, root, asked, fetch) for asked in alone]
+        return sum(future.result() for future in done)
 
 
 def copies_under(copies: CopySource, folder: str, path: str, offset: int, size: int
@@ -89,19 +105,49 @@ def _remove_empty_hour_dirs(hours: Path) -> None:
             shutil.rmtree(hours / hour)
 
 
-def _restore_file(path: Path, name: str, size: int, fetch: Fetch) -> int:
-    """Cut ``path`` to ``size`` or append the bytes it lacks from ``fetch``; bytes fetched."""
+def _cut(path: Path, size: int) -> int:
+    """Cut ``path`` (created if missing) to at most ``size`` bytes; its length then."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as file:
-        have = start = file.seek(0, os.SEEK_END)
-        if have >= size:
+        have = file.seek(0, os.SEEK_END)
+        if have > size:
             file.truncate(size)
-            return 0
+        return min(have, size)
+
+
+def _batches(ranges: list[Range]) -> list[list[Range]]:
+    """``ranges`` in groups of at most ``FETCH_BATCH_FILES`` and ``FETCH_CHUNK_BYTES``."""
+    batches: list[list[Range]] = []
+    total = FETCH_CHUNK_BYTES + 1
+    for asked in ranges:
+        if len(batches[-1] if batches else ()) >= FETCH_BATCH_FILES or (
+                total + asked[2] > FETCH_CHUNK_BYTES):
+            batches.append([])
+            total = 0
+        batches[-1].append(asked)
+        total += asked[2]
+    return batches
+
+
+def _fetch_batch(root: Path, batch: list[Range], fetch_many: FetchMany) -> int:
+    """Append each file's missing tail, all fetched in one call; bytes fetched."""
+    for (name, offset, size), data in zip(batch, fetch_many(batch), strict=True):
+        invariant(len(data) == size, f"{name}: fetched {len(data)} bytes, wanted {size}")
+        with open(root / name, "ab") as file:
+            invariant(file.tell() == offset, f"{name} is {file.tell()} bytes, not {offset}")
+            file.write(data)
+    return sum(size for _, _, size in batch)
+
+
+def _fetch_tail(root: Path, asked: Range, fetch: Fetch) -> int:
+    """Append the missing tail of one file, ``FETCH_CHUNK_BYTES`` a call; bytes fetched."""
+    name, have, size = asked[0], asked[1], asked[1] + asked[2]
+    with open(root / name, "ab") as file:
         while have < size:
             chunk = fetch(name, have, min(FETCH_CHUNK_BYTES, size - have))
             invariant(len(chunk) > 0, f"peer returned nothing for {name} at {have}")
             file.write(chunk)
             have += len(chunk)
         invariant(have == size, f"{name}: fetched to {have}, wanted {size}")
-    return size - start
+    return asked[2]
 
