@@ -69,6 +69,8 @@ def restore_files(root: Path, files: dict[str, int], fetch: Fetch,
     _remove_empty_hour_dirs(root / WHEEL / "hours")
     lacking = [(path, have, size - have) for path, size in files.items()
                if (have := _cut(root / path, size)) < size]
+    if not lacking:
+        return 0
     small = [] if fetch_many is None else [r for r in lacking if r[2] <= FETCH_CHUNK_BYTES]
     alone = [r for r in lacking if fetch_many is None or r[2] > FETCH_CHUNK_BYTES]
     with ThreadPoolExecutor(FETCH_PARALLEL, thread_name_prefix="restore") as pool:
