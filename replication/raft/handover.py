@@ -56,10 +56,6 @@ class HandOver:
         self._sent = False
         self._held: list[tuple[bytes, Callback]] = []
 
-    @property
-    def holding(self) -> bool:
-        return self._holding_until_s is not None
-
     def propose(self, command: bytes, callback: Callback) -> bool:
         """Hold ``command`` while a hand-over is under way (True); False: propose it."""
         if self._holding_until_s is None:

@@ -7,6 +7,7 @@ import random
 import threading
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sim_raft import NodeClock, SimCluster, SimRaft, World
@@ -188,12 +189,7 @@ def test_install_cuts_longer_files_and_fetches_missing_tails(tmp_path: Path) -> 
 def test_install_fetches_files_side_by_side(tmp_path: Path) -> None:
     # One at a time, each fetch waited its turn of a busy leader: a wiped follower of a chaos
     # run spent 8-10 s installing, its Raft thread blocked meanwhile.
-    source = StateMachine.open(tmp_path / "source", StateConfig(), fresh=True)
-    empty = StateMachine.open(tmp_path / "empty", StateConfig(), fresh=True)
-    source.apply(schedule_command(T0_MS, [
-        NewMessage(f"m{i}", "t", b"x" * 200, T0_MS + hour * 3_600_000)
-        for i, hour in enumerate(range(1, 9))]))
-    manifest = source.manifest()
+    source, empty, manifest = source_and_empty(tmp_path, hours=8)
     assert len(manifest.files) > 2
     in_flight, most = [0], [0]
     overlapped = threading.Event()
@@ -208,9 +204,7 @@ def test_install_fetches_files_side_by_side(tmp_path: Path) -> None:
         overlapped.wait(5)  # the first waits for a second to be asked meanwhile
         with lock:
             in_flight[0] -= 1
-        with open(tmp_path / "source" / path, "rb") as file:
-            file.seek(offset)
-            return file.read(size)
+        return read_range(tmp_path / "source", path, offset, size)
     empty.install(manifest, fetch)
     assert most[0] > 1
     assert empty.manifest() == manifest
@@ -222,12 +216,7 @@ def test_install_fetches_small_tails_in_batches_and_a_long_one_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A call per file waited a turn of the leader's loop each: 5-13 ms a file, 15 s for the
     # 1,548 files of a wiped follower of a chaos run.
-    source = StateMachine.open(tmp_path / "source", StateConfig(), fresh=True)
-    empty = StateMachine.open(tmp_path / "empty", StateConfig(), fresh=True)
-    source.apply(schedule_command(T0_MS, [
-        NewMessage(f"m{i}", "t", b"x" * 200, T0_MS + hour * 3_600_000)
-        for i, hour in enumerate(range(1, 41))]))
-    manifest = source.manifest()
+    source, empty, manifest = source_and_empty(tmp_path, hours=40)
     read = partial(read_range, tmp_path / "source")
     batches: list[list[tuple[str, int, int]]] = []
     alone: list[str] = []
@@ -249,6 +238,17 @@ def test_install_fetches_small_tails_in_batches_and_a_long_one_alone(
     assert empty.manifest() == manifest
     source.close()
     empty.close()
+
+
+def source_and_empty(tmp_path: Path, hours: int) -> tuple[StateMachine, StateMachine, Any]:
+    """A state with a message in each of ``hours`` hours, an empty one, and the first's
+    manifest."""
+    source = StateMachine.open(tmp_path / "source", StateConfig(), fresh=True)
+    empty = StateMachine.open(tmp_path / "empty", StateConfig(), fresh=True)
+    source.apply(schedule_command(T0_MS, [
+        NewMessage(f"m{i}", "t", b"x" * 200, T0_MS + hour * 3_600_000)
+        for i, hour in enumerate(range(1, hours + 1))]))
+    return source, empty, source.manifest()
 
 
 def read_range(root: Path, path: str, offset: int, size: int) -> bytes:
