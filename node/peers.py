@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
 
 import grpc
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_random_exponential
@@ -24,6 +25,25 @@ class ShortRead(Exception):
     """A peer had fewer bytes than asked for (it may be behind); another may have them."""
 
 
+Answer = TypeVar("Answer")
+
+
+@retry(retry=retry_if_exception_type((grpc.RpcError, ShortRead)), reraise=True,
+       wait=wait_random_exponential(multiplier=0.05, max=1.0),
+       stop=stop_after_delay(FETCH_TIMEOUT_S))
+def _first_answer(peers: list[str], read: Callable[[str], Answer], what: str) -> Answer:
+    """``read(peer)`` of the first of ``peers`` that answers; the round again, with jittered
+    back-off, for up to ``FETCH_TIMEOUT_S`` while none does."""
+    last_error: Exception | None = None
+    for peer in peers:
+        try:
+            return read(peer)
+        except (grpc.RpcError, ShortRead) as error:
+            log.warning("event=peer_read_failed peer=%s %s error=%r", peer, what, str(error))
+            last_error = error
+    raise last_error if last_error else ValueError("no peers to read state files from")
+
+
 class PeerFiles:
     """``fetch(peers, path, offset, size)`` over gRPC; ``peer_address`` maps Raft addresses to
     the peers' peer listeners, dialed with ``credentials`` and showing
@@ -41,36 +61,16 @@ class PeerFiles:
         """A restore fetches from several threads at once (`FETCH_PARALLEL`): one channel a
         peer."""
 
-    @retry(retry=retry_if_exception_type((grpc.RpcError, ShortRead)), reraise=True,
-           wait=wait_random_exponential(multiplier=0.05, max=1.0),
-           stop=stop_after_delay(FETCH_TIMEOUT_S))
     def __call__(self, peers: list[str], path: str, offset: int, size: int) -> bytes:
-        last_error: Exception | None = None
-        for peer in peers:
-            try:
-                return self._read(peer, path, offset, size)
-            except (grpc.RpcError, ShortRead) as error:
-                log.warning("event=peer_read_failed peer=%s path=%s offset=%d error=%r", peer,
-                            path, offset, str(error))
-                last_error = error
-        raise last_error if last_error else ValueError("no peers to read state files from")
+        return _first_answer(peers, lambda peer: self._read(peer, path, offset, size),
+                             f"path={path} offset={offset}")
 
-    @retry(retry=retry_if_exception_type((grpc.RpcError, ShortRead)), reraise=True,
-           wait=wait_random_exponential(multiplier=0.05, max=1.0),
-           stop=stop_after_delay(FETCH_TIMEOUT_S))
     def many(self, peers: list[str], ranges: list[tuple[str, int, int]]) -> list[bytes]:
         """The bytes of each of ``ranges`` (``(path, offset, size)``, one a file), in order, in
-        one call to the first of ``peers`` that has them all; retried as `__call__`. A peer
+        one call to the first of ``peers`` that has them all, retried as `__call__`. A peer
         whose build lacks ``ReadStateFiles`` (a rolling upgrade) is asked range by range."""
-        last_error: Exception | None = None
-        for peer in peers:
-            try:
-                return self._read_many(peer, ranges)
-            except (grpc.RpcError, ShortRead) as error:
-                log.warning("event=peer_read_failed peer=%s files=%d error=%r", peer,
-                            len(ranges), str(error))
-                last_error = error
-        raise last_error if last_error else ValueError("no peers to read state files from")
+        return _first_answer(peers, lambda peer: self._read_many(peer, ranges),
+                             f"files={len(ranges)}")
 
     def copies(self, peers: list[str], path: str, offset: int, size: int
                ) -> Iterator[bytes | None]:
