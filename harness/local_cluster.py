@@ -282,7 +282,8 @@ class LocalCluster:
         if len(self.shards) > 1:
             command += ["--shard", str(node.shard)]
             command += [arg for other in self.nodes if other.shard != node.shard
-                        for arg in ("--shard-member", f"{other.shard}={other.grpc_address}")]
+                        for arg in ("--shard-member", f"{other.shard}={other.grpc_address}"
+                                                      f"={other.peer_address}")]
         node.data.mkdir(parents=True, exist_ok=True)
         env = None
         if node.build is not None:

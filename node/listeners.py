@@ -23,8 +23,8 @@ from tickwheel.common.errors import InvariantViolation
 from tickwheel.node.api.admission import MEMBERS, Authenticate, Gate
 from tickwheel.node.api.context import NodeContext
 from tickwheel.node.api.forward import CHANNEL_OPTIONS
+from tickwheel.node.api.info import describe
 from tickwheel.node.api.server import SERVICE_NAME, TickwheelService, add_tickwheel_service
-from tickwheel.node.ops.disk import DiskWatch
 from tickwheel.node.rocketmq.binding import add_messaging_service
 from tickwheel.node.rocketmq.service import MessagingService
 from tickwheel.node.rocketmq.signature import Signatures
@@ -36,7 +36,6 @@ from tickwheel.node.security.identity import (
     PeerCallers,
     metadata_value,
 )
-from tickwheel.replication import Replica
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -55,9 +54,16 @@ MAX_READ_BYTES = 64 << 20
 class PeerService(pb_grpc.PeerServicer):
     """What members ask each other directly (their gate admits members only)."""
 
-    def __init__(self, replica: Replica, disk: DiskWatch) -> None:
-        self._replica = replica
-        self._disk = disk
+    def __init__(self, node: NodeContext) -> None:
+        self._node = node
+        self._replica = node.replica
+        self._disk = node.disk
+
+    async def Describe(self, request: pb.DescribeRequest,
+                       context: grpc.aio.ServicerContext[pb.DescribeRequest,
+                                                         pb.DescribeResponse]
+                       ) -> pb.DescribeResponse:
+        return describe(self._node)
 
     async def DiskSpace(self, request: pb.DiskSpaceRequest,
                         context: grpc.aio.ServicerContext[pb.DiskSpaceRequest,
@@ -210,7 +216,7 @@ async def start_server(node: NodeContext, listeners: Listeners
     if listeners.peer is not None:
         peer = _server(node, listeners, peer_caller(node.peer_callers))
         add_tickwheel_service(TickwheelService(node), peer)
-        pb_grpc.add_PeerServicer_to_server(PeerService(node.replica, node.disk), peer)
+        pb_grpc.add_PeerServicer_to_server(PeerService(node), peer)
         _bind(peer, listeners.peer, listeners.peer_credentials, "the peer listener")
         servers.append(peer)
     if listeners.rocketmq is not None:

@@ -97,7 +97,8 @@ async def serve(settings: NodeSettings) -> None:
     node = NodeContext(replica, courier, members, settings.peer_map(), peer_callers,
                        settings.limits(), retry, replica.clock, metrics, forwarder,
                        UnaryConsumers(courier, replica, replica.clock.now_ms), disk,
-                       Admission(settings.admission_limits()), settings.shard_map())
+                       Admission(settings.admission_limits()), settings.shard_map(),
+                       settings.rocketmq_reach())
     servers, health_servicer = await start_server(node, _listeners(settings))
     replica.start()
     if settings.metrics_listen:

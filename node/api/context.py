@@ -42,6 +42,9 @@ class NodeContext:
     """Calls and request bytes held now, over every listener (`tickwheel.node.api.admission`)."""
     shards: ShardMap
     """Every shard's members, and this node's shard (`tickwheel.node.api.placement`)."""
+    rocketmq_address: str = ""
+    """Where the other members' RocketMQ routes name this node's RocketMQ listener; "" for
+    none."""
 
     def leader_grpc(self, raft_address: str | None) -> str | None:
         return None if raft_address is None else self.members.get(raft_address)

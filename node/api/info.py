@@ -42,6 +42,14 @@ def cluster_info(node: NodeContext, principal: Principal = ANYONE) -> pb.Cluster
         shards=shard_infos(node, node.leader_grpc(status.leader) or ""))
 
 
+def describe(node: NodeContext) -> pb.DescribeResponse:
+    """This member as `Peer.Describe` tells the other members: its shard, its leader, its
+    RocketMQ listener."""
+    leader = node.leader_grpc(node.replica.leader_hint()) or ""
+    return pb.DescribeResponse(shard=node.shards.shard, leader_grpc=leader,
+                               rocketmq_address=node.rocketmq_address)
+
+
 def shard_infos(node: NodeContext, leader_grpc: str) -> list[pb.Shard]:
     """Every shard, in a cluster of more than one: its members, and the leader of this
     node's own (the clients find the others' from the members they ask)."""

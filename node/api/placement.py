@@ -20,6 +20,8 @@ class ShardMap:
 
     shard: int
     members: tuple[tuple[str, ...], ...]
+    peers: tuple[tuple[str, ...], ...] = ()
+    """Each member's peer listener address, as ``members`` orders them ("" where not known)."""
 
     @property
     def count(self) -> int:

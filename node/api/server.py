@@ -254,6 +254,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
             self._set_leader(context)
             await context.abort(refused.code, refused.details)
         except TickwheelError as error:
+            self._set_leader(context)  # a member of another shard finds the leader by it
             await self._abort(context, error)
         self._set_leader(context)
         return response

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from functools import partial
 from typing import TypeVar
 
 import grpc
@@ -22,7 +23,9 @@ from tickwheel.client.shards import receipt_shard
 from tickwheel.common.errors import Retryable, TickwheelError
 from tickwheel.node.api.calls import answer_of
 from tickwheel.node.api.context import NodeContext
+from tickwheel.node.api.info import describe
 from tickwheel.node.api.server import LeaderRefused, TickwheelService
+from tickwheel.node.api.shard_peers import ShardPeers
 from tickwheel.node.api.validation import CONSUMER_PATTERN, MAX_RECEIVE_WAIT_MS
 from tickwheel.node.rocketmq import convert
 from tickwheel.node.rocketmq.binding import Context
@@ -49,6 +52,10 @@ class NativeCalls:
         self._native = native
         self.renewals = Renewals(self._renew)
         """The leases of PushConsumers' messages, kept alive while their clients are."""
+        self.shard_peers = ShardPeers(
+            node.shards, node.forwarder, node.peer_callers, partial(describe, node),
+            node.members[node.replica.address]) if node.shards.count > 1 else None
+        """The other shards' leaders, in a cluster of several shards."""
 
     async def perform(self, context: Context | None, method: str, request: Message,
                        principal: Principal, answer: type[ResponseT]) -> ResponseT:
@@ -58,13 +65,10 @@ class NativeCalls:
         in milliseconds), so the wait for a new leader happens here. Every call retried is
         idempotent or harmless again: sends by message id, recalls, moves of a deadline; a
         lease granted to an answer that was lost runs out."""
-        remaining_s = context.time_remaining() if context is not None else None
-        budget_s = LEADER_WAIT_S if remaining_s is None else min(
-            LEADER_WAIT_S, remaining_s - DEADLINE_MARGIN_S)
         try:
             async for attempt in AsyncRetrying(
                     retry=retry_if_exception(_no_leader), reraise=True,
-                    stop=stop_after_delay(max(0.0, budget_s)),
+                    stop=stop_after_delay(_budget_s(context)),
                     wait=wait_random_exponential(multiplier=0.05, max=0.5)):
                 with attempt:
                     return answer_of(method, await self._native.perform(
@@ -72,6 +76,19 @@ class NativeCalls:
         except (TickwheelError, LeaderRefused) as error:
             raise convert.refusal_of(error) from None
         raise AssertionError("not reached: the last attempt raises or returns")
+
+    async def perform_on(self, shard: int, context: Context | None, method: str,
+                         request: Message, principal: Principal, answer: type[ResponseT]
+                         ) -> ResponseT:
+        """`perform` on ``shard``'s leader: this node's shard here, another through its
+        peer listeners (`ShardPeers`), waiting for a leader as long."""
+        if self.shard_peers is None or shard == self._node.shards.shard:
+            return await self.perform(context, method, request, principal, answer)
+        try:
+            return await self.shard_peers.perform(shard, method, request, principal, answer,
+                                                  _budget_s(context))
+        except (TickwheelError, LeaderRefused) as error:
+            raise convert.refusal_of(error) from None
 
     async def receive(self, request: svc.ReceiveMessageRequest, principal: Principal,
                        context: Context) -> tuple[list[pb.Delivered], int]:
@@ -148,6 +165,13 @@ class NativeCalls:
             raise Refusal(rmq.Code.ILLEGAL_INVISIBLE_TIME, f"{field}: {invisible_ms} ms, must "
                                                            f"be {least_ms} to {most_ms} ms")
         return invisible_ms
+
+
+def _budget_s(context: Context | None) -> float:
+    """How long a call may wait for a leader: `LEADER_WAIT_S`, within the client's deadline."""
+    remaining_s = context.time_remaining() if context is not None else None
+    return max(0.0, LEADER_WAIT_S if remaining_s is None else min(
+        LEADER_WAIT_S, remaining_s - DEADLINE_MARGIN_S))
 
 
 def _no_leader(error: BaseException) -> bool:

@@ -4,8 +4,14 @@ Every call is authenticated by its signature (`tickwheel.node.rocketmq.signature
 the native request (`tickwheel.node.rocketmq.convert`) and answered through
 `TickwheelService.perform` (`tickwheel.node.rocketmq.calls`) as the signer's principal: here on
 the leader, forwarded by a follower, with the same checks, limits and grants as the native API.
-So any node serves any call, and the route names one address for all of them: the one the
-client asked with (a Kubernetes Service, a list of nodes), or ``rocketmq_advertise``.
+So any node serves any call, and in a cluster of one shard the route names one address for
+all of them: the one the client asked with (a Kubernetes Service, a list of nodes), or
+``rocketmq_advertise``.
+
+In a cluster of several shards the route has a queue per shard, each at its shard's leader
+(`tickwheel.node.api.shard_peers` asks the members), so consumers receive from every shard; a
+message sent to any queue goes to the shard its id belongs to, so a producer's retry through
+another queue is still one message.
 
 Every answer carries a RocketMQ status (refusals too: the clients read the status, not gRPC's
 code); a request that does not decode answers ``BAD_REQUEST``. What tickwheel does not serve
@@ -14,13 +20,14 @@ code); a request that does not decode answers ``BAD_REQUEST``. What tickwheel do
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
 from google.protobuf.message import Message
 
-from tickwheel.client.shards import shard_key
+from tickwheel.client.shards import handle_shard, shard_of
 from tickwheel.common.errors import InvariantViolation
 from tickwheel.node.api.admission import CALLER
 from tickwheel.node.api.context import NodeContext
@@ -74,15 +81,16 @@ class MessagingService:
         if not principal.sees(topic):
             raise Refusal(rmq.Code.FORBIDDEN, f"principal {principal.name!r} has no grant on "
                                               f"topic {topic!r}")
-        return svc.QueryRouteResponse(status=OK, message_queues=[
-            self._queue(topic, request.endpoints)])
+        return svc.QueryRouteResponse(status=OK, message_queues=await self._queues(
+            topic, request.endpoints))
 
     async def QueryAssignment(self, request: svc.QueryAssignmentRequest, context: Context
                               ) -> svc.QueryAssignmentResponse:
         self._caller(context)
         topic = convert.check_resource(request.topic, "topic")
         return svc.QueryAssignmentResponse(status=OK, assignments=[
-            rmq.Assignment(message_queue=self._queue(topic, request.endpoints))])
+            rmq.Assignment(message_queue=queue)
+            for queue in await self._queues(topic, request.endpoints)])
 
     async def Heartbeat(self, request: svc.HeartbeatRequest, context: Context
                         ) -> svc.HeartbeatResponse:
@@ -124,16 +132,25 @@ class MessagingService:
         max_delay_ms = self._node.limits.max_delay_ms
         messages = [convert.to_tickwheel(m, f"messages[{i}]", now_ms, max_delay_ms)
                     for i, m in enumerate(request.messages)]
-        shards = self._node.shards
-        if shards.count > 1:  # the queue a RocketMQ client sends to is this node's shard
-            for message in messages:
-                message.routing_key = shard_key(shards.shard, shards.count)
-        response = await self._calls.perform(context, "Schedule",
-                                       pb.ScheduleRequest(messages=messages), principal,
-                                       pb.ScheduleResponse)
+        parts: dict[int, list[int]] = {}
+        for index, message in enumerate(messages):
+            parts.setdefault(shard_of(message.id, self._node.shards.count), []).append(index)
+        results: list[pb.ScheduleResult] = [pb.ScheduleResult()] * len(messages)
+
+        async def send(shard: int, indexes: list[int]) -> None:
+            """Its shard's messages, to that shard's leader: a retry (the same message id)
+            reaches the same shard whichever queue the client picked, and is one message."""
+            response = await self._calls.perform_on(
+                shard, context, "Schedule",
+                pb.ScheduleRequest(messages=[messages[i] for i in indexes]), principal,
+                pb.ScheduleResponse)
+            for index, result in zip(indexes, response.results, strict=True):
+                results[index] = result
+
+        await asyncio.gather(*(send(shard, indexes) for shard, indexes in parts.items()))
         entries = [svc.SendResultEntry(status=OK, message_id=result.id,
                                        recall_handle=f"{result.handle}.{result.id}")
-                   for result in response.results]
+                   for result in results]
         return svc.SendMessageResponse(status=OK, entries=entries)
 
     async def RecallMessage(self, request: svc.RecallMessageRequest, context: Context
@@ -146,9 +163,9 @@ class MessagingService:
         if not handle.lstrip("-").isdigit() or not message_id:
             raise Refusal(rmq.Code.BAD_REQUEST, "recall_handle: is not one this cluster gave "
                                                 "out")
-        response = await self._calls.perform(context, "Cancel",
-                                       pb.CancelRequest(handles=[int(handle)]), principal,
-                                       pb.CancelResponse)
+        response = await self._calls.perform_on(
+            handle_shard(int(handle)), context, "Cancel",
+            pb.CancelRequest(handles=[int(handle)]), principal, pb.CancelResponse)
         outcome = response.outcomes[0]
         if outcome in (pb.CANCEL_OUTCOME_CANCELLED, pb.CANCEL_OUTCOME_ALREADY_CANCELLED):
             return svc.RecallMessageResponse(status=OK, message_id=message_id)
@@ -254,15 +271,24 @@ class MessagingService:
         self._calls.renewals.seen(metadata_value(context, CLIENT_ID_KEY) or "")
         return principal
 
-    def _queue(self, topic: str, asked: rmq.Endpoints) -> rmq.MessageQueue:
-        endpoints = self._advertise or asked
-        if not endpoints.addresses:
-            raise Refusal(rmq.Code.ILLEGAL_ACCESS_POINT, "endpoints: name the address you "
-                          "reach the cluster at (or set rocketmq_advertise on the nodes)")
-        return rmq.MessageQueue(
-            topic=rmq.Resource(name=topic), id=0, permission=rmq.Permission.READ_WRITE,
-            broker=rmq.Broker(name=BROKER_NAME, id=0, endpoints=endpoints),
-            accept_message_types=[rmq.MessageType.NORMAL, rmq.MessageType.DELAY])
+    async def _queues(self, topic: str, asked: rmq.Endpoints) -> list[rmq.MessageQueue]:
+        """One queue in a cluster of one shard, at the address the client asked with (or
+        ``rocketmq_advertise``); in a cluster of several, queue k on broker ``tickwheel-k``
+        at shard k's leader (a shard no member of which answered is left out until one
+        does)."""
+        peers = self._calls.shard_peers
+        if peers is None:
+            endpoints = self._advertise or asked
+            if not endpoints.addresses:
+                raise Refusal(rmq.Code.ILLEGAL_ACCESS_POINT, "endpoints: name the address you "
+                              "reach the cluster at (or set rocketmq_advertise on the nodes)")
+            return [_queue(topic, 0, BROKER_NAME, endpoints)]
+        queues = [_queue(topic, shard, f"{BROKER_NAME}-{shard}", _endpoints(address))
+                  for shard, address in enumerate(await peers.rocketmq_routes()) if address]
+        if not queues:
+            raise Refusal(rmq.Code.INTERNAL_SERVER_ERROR, "no shard's RocketMQ listener "
+                                                          "answered; retry")
+        return queues
 
     async def _settings(self, settings: rmq.Settings, principal: Principal, context: Context
                         ) -> rmq.Settings:
@@ -296,6 +322,13 @@ class MessagingService:
         return answer
 
 
+
+
+def _queue(topic: str, shard: int, broker: str, endpoints: rmq.Endpoints) -> rmq.MessageQueue:
+    return rmq.MessageQueue(
+        topic=rmq.Resource(name=topic), id=shard, permission=rmq.Permission.READ_WRITE,
+        broker=rmq.Broker(name=broker, id=0, endpoints=endpoints),
+        accept_message_types=[rmq.MessageType.NORMAL, rmq.MessageType.DELAY])
 
 
 def _invalid_receipt(field: str) -> rmq.Status:

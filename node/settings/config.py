@@ -192,7 +192,11 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
             raise ValueError(f"raft_address {self.raft_address} is not among members")
         if self.max_delay_ms > 3660 * DAY_MS:
             raise ValueError("max_delay_ms beyond ten years")
-        self.shard_map()  # raises what is wrong with shard and shard_members
+        shards = self.shard_map()  # raises what is wrong with shard and shard_members
+        if self.rocketmq_listen and shards.count > 1 and any("" in p for p in shards.peers):
+            raise ValueError("rocketmq_listen in a cluster of several shards sends a message to "
+                             "the shard its id belongs to, through that shard's peer listeners: "
+                             "give every shard_members entry as SHARD=GRPC=PEER")
         if self.sync_ledger is not None and not self.fsync:
             raise ValueError("sync_ledger notes what fsync made durable: it needs fsync")
         if self.clock_skew_ms and not self.fault_injection:
@@ -324,11 +328,23 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
 
     def shard_map(self) -> ShardMap:
         """Every shard's members (`tickwheel.node.settings.shards`)."""
+        peers = self.peer_map()
         return shard_map(self.shard, self.shard_members, list(self.member_map().values()),
-                         self.shards)
+                         self.shards, [peers.get(raft, "") for raft in self.member_map()])
 
     def listen(self) -> str:
         return self.grpc_listen or self.member_map()[self.raft_address]
+
+    def rocketmq_reach(self) -> str:
+        """``HOST:PORT`` a route of another member names for this node's RocketMQ listener
+        (``rocketmq_advertise``, else its gRPC host and the listener's port); "" without
+        one."""
+        if not self.rocketmq_listen:
+            return ""
+        if self.rocketmq_advertise:
+            return self.rocketmq_advertise
+        host = self.member_map()[self.raft_address].rpartition(":")[0]
+        return f"{host}:{self.rocketmq_listen.rpartition(':')[2]}"
 
     def listen_peers(self) -> str | None:
         """Where to bind the peer listener; None for a node alone."""

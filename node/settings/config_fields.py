@@ -49,8 +49,10 @@ class AddressFields(BaseModel):
     docs/rocketmq.md); off unless set. Secured as the client listener is: TLS with this node's
     certificate, and calls signed with an access key of the access file."""
     rocketmq_advertise: str | None = None
-    """``HOST:PORT`` that RocketMQ routes name (clients connect there after ``QueryRoute``);
-    default: the address the client itself asked with."""
+    """``HOST:PORT`` that RocketMQ routes name for this node (clients connect there after
+    ``QueryRoute``); default: in a cluster of one shard, the address the client itself asked
+    with; of several shards, the host of this node's gRPC address with the listener's port
+    (each shard's queue names that shard's leader)."""
     metrics_listen: str | None = "127.0.0.1:9400"
     """Where to serve Prometheus ``/metrics``; empty to serve none."""
     health_listen: str | None = None

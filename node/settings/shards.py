@@ -2,9 +2,11 @@
 members (docs/shards.md).
 
 Each shard is an independent Raft group; a node serves one replica of one shard. Its own
-shard's members are ``members``; the others' are ``shard_member`` entries, ``SHARD=GRPC`` (the
-gRPC address of one member of shard SHARD), so that every node serves the whole map in
-``ClusterInfo`` and clients route a message to its shard without asking anyone else.
+shard's members are ``members``; the others' are ``shard_member`` entries,
+``SHARD=GRPC[=PEER]`` (the gRPC address of one member of shard SHARD, and its peer listener's),
+so that every node serves the whole map in ``ClusterInfo`` and clients route a message to its
+shard without asking anyone else. The peer addresses let a node call another shard for its
+callers: its RocketMQ listener sends a message to the shard its id belongs to.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ class ShardFields(BaseModel):
     """The shard this node's Raft group is: 0 to the number of shards less one. Every member
     of a group has the same one."""
     shard_members: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """``SHARD=GRPC`` for every member of every other shard (its gRPC address); empty: the
-    cluster is this node's shard alone. Entries of this node's own shard may be given too
+    """``SHARD=GRPC[=PEER]`` for every member of every other shard (its gRPC address, and its
+    peer listener's: needed with ``rocketmq_listen``); empty: the cluster is this node's shard
+    alone. Entries of this node's own shard may be given too
     (they must then be its members' gRPC addresses), so every node can be given one list. A
     StatefulSet pod given ``shards`` derives it (`tickwheel.node.settings.statefulset`)."""
     shards: int | None = None
@@ -37,20 +40,25 @@ class ShardFields(BaseModel):
 
 
 def shard_map(shard: int, entries: Sequence[str], own_grpc: Sequence[str],
-              shards: int | None = None) -> ShardMap:
+              shards: int | None = None, own_peers: Sequence[str] = ()) -> ShardMap:
     """The map from ``shard_members`` entries and the own shard's members' gRPC addresses
-    (``own_grpc``), of ``shards`` shards if that is given; `ValueError` saying what is wrong
-    with them."""
+    (``own_grpc``) and peer listeners' (``own_peers``, in the same order, if known), of
+    ``shards`` shards if that is given; `ValueError` saying what is wrong with them."""
     if not 0 <= shard < MAX_SHARDS:
         raise ValueError(f"shard {shard} is not 0 to {MAX_SHARDS - 1}")
     if shards is not None and not 1 <= shards <= MAX_SHARDS:
         raise ValueError(f"shards must be 1 to {MAX_SHARDS}, not {shards}")
     listed: dict[int, list[str]] = {}
+    peers: dict[str, str] = dict(zip(own_grpc, own_peers, strict=False))
     for entry in entries:
-        number, sep, address = entry.partition("=")
-        if not sep or not number.strip().isdigit() or not address.strip():
-            raise ValueError(f"shard_members entry {entry!r} is not SHARD=GRPC_ADDRESS")
+        number, sep, addresses = entry.partition("=")
+        address, _, peer = addresses.partition("=")
+        if not sep or not number.strip().isdigit() or not address.strip() or "=" in peer:
+            raise ValueError(f"shard_members entry {entry!r} is not SHARD=GRPC_ADDRESS or "
+                             "SHARD=GRPC_ADDRESS=PEER_ADDRESS")
         listed.setdefault(int(number), []).append(address.strip())
+        if peer.strip() and int(number) != shard:
+            peers[address.strip()] = peer.strip()
     if shard in listed and sorted(listed[shard]) != sorted(own_grpc):
         raise ValueError(f"shard_members lists {sorted(listed[shard])} for this node's shard "
                          f"{shard}, whose members' gRPC addresses are {sorted(own_grpc)}")
@@ -72,7 +80,9 @@ def shard_map(shard: int, entries: Sequence[str], own_grpc: Sequence[str],
         raise ValueError(f"shards is {shards}, but shard {shard} and shard_members make a map "
                          f"of {count} shard{'s' if count > 1 else ''}: give every member of "
                          f"shards 0..{shards - 1}")
-    return ShardMap(shard, tuple(tuple(listed[index]) for index in range(count)))
+    return ShardMap(shard, tuple(tuple(listed[index]) for index in range(count)),
+                    tuple(tuple(peers.get(address, "") for address in listed[index])
+                          for index in range(count)))
 
 
 def preferred_leader(members: Sequence[str], shard: int, shards: int) -> str | None:

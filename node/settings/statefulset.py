@@ -33,7 +33,7 @@ loopback only::
 In a cluster of several shards each shard is a StatefulSet of ``replicas`` pods, named by
 ``shard_statefulset_template`` (``tickwheel-s{shard}``) and governed by the same headless
 Service; told its shard and how many there are, a pod derives the other shards' members too,
-``SHARD=GRPC`` as ``shard_members`` takes them::
+``SHARD=GRPC=PEER`` as ``shard_members`` takes them::
 
     >>> sharded = StatefulSetPod("tw-s1-0", replicas=2, service="tw-peers", namespace="prod",
     ...                          shard=1, shards=3, shard_statefulset_template="tw-s{shard}")
@@ -42,10 +42,10 @@ Service; told its shard and how many there are, a pod derives the other shards' 
     'tw-s1-0.tw-peers.prod.svc.cluster.local:7500'
     >>> for entry in found.shard_members:
     ...     print(entry)
-    0=tw-s0-0.tw-peers.prod.svc.cluster.local:7400
-    0=tw-s0-1.tw-peers.prod.svc.cluster.local:7400
-    2=tw-s2-0.tw-peers.prod.svc.cluster.local:7400
-    2=tw-s2-1.tw-peers.prod.svc.cluster.local:7400
+    0=tw-s0-0.tw-peers.prod.svc.cluster.local:7400=tw-s0-0.tw-peers.prod.svc.cluster.local:7600
+    0=tw-s0-1.tw-peers.prod.svc.cluster.local:7400=tw-s0-1.tw-peers.prod.svc.cluster.local:7600
+    2=tw-s2-0.tw-peers.prod.svc.cluster.local:7400=tw-s2-0.tw-peers.prod.svc.cluster.local:7600
+    2=tw-s2-1.tw-peers.prod.svc.cluster.local:7400=tw-s2-1.tw-peers.prod.svc.cluster.local:7600
 
 With ``port_stride``, pod ``i`` of shard ``k`` is the ``k * replicas + i``-th pod of the
 cluster: its ports are ``raft_port + (k * replicas + i) * port_stride`` and so on.
@@ -124,7 +124,7 @@ def split_pod_name(pod_name: str) -> tuple[str, int]:
 
 def addresses(pod: StatefulSetPod) -> Addresses:
     """This pod's Raft identity, every member's ``RAFT=GRPC=PEER``, where to bind, and (with
-    ``shards``) every member of the other shards as ``SHARD=GRPC``."""
+    ``shards``) every member of the other shards as ``SHARD=GRPC=PEER``."""
     set_name, ordinal = split_pod_name(pod.pod_name)
     _check(pod, ordinal)
     others = _other_shards(pod, set_name)
@@ -137,7 +137,8 @@ def addresses(pod: StatefulSetPod) -> Addresses:
         raft_listen=_bind(pod, ordinal, pod.raft_port),
         grpc_listen=_bind(pod, ordinal, pod.grpc_port),
         peer_listen=_bind(pod, ordinal, pod.peer_port),
-        shard_members=[f"{shard}={_address(pod, shard_set, shard, i, pod.grpc_port)}"
+        shard_members=["=".join((str(shard), *(_address(pod, shard_set, shard, i, port)
+                                               for port in (pod.grpc_port, pod.peer_port))))
                        for shard, shard_set in others for i in range(pod.replicas)])
 
 

@@ -117,6 +117,7 @@ def test_a_nodes_shard_settings_are_checked() -> None:
             (0, ["1=10.0.0.1:7400"], "listed in shards 0 and 1"),
             (0, ["0=10.0.9.9:7400"], "for this node's shard 0"),
             (0, ["one=10.0.1.1:7400"], "is not SHARD=GRPC_ADDRESS"),
+            (0, ["1=10.0.1.1:7400=10.0.1.1:7600=x"], "or SHARD=GRPC_ADDRESS=PEER_ADDRESS"),
             (MAX_SHARDS, [], "is not 0 to")]:
         with pytest.raises(ValueError, match=problem):
             shard_map(shard, entries, own)
@@ -125,6 +126,23 @@ def test_a_nodes_shard_settings_are_checked() -> None:
     assert settings.shard_map().count == 2 and settings.replica_config().shard == 1
     with pytest.raises(ValueError, match="no member of shard 0"):
         NodeSettings(shard=1, insecure_grpc=True)
+
+
+def test_the_map_keeps_each_members_peer_listener_when_given() -> None:
+    """A node reaches another shard's leader through its peer listener (the RocketMQ
+    listener's sends): the map keeps each member's, from the entries and its own members."""
+    found = shard_map(0, ["1=10.0.1.1:7400=10.0.1.1:7600", "1=10.0.1.2:7400=10.0.1.2:7600"],
+                      ["10.0.0.1:7400"], own_peers=["10.0.0.1:7600"])
+    assert found.peers == (("10.0.0.1:7600",), ("10.0.1.1:7600", "10.0.1.2:7600"))
+    assert shard_map(0, ["1=10.0.1.1:7400"], ["10.0.0.1:7400"]).peers == (("",), ("",))
+    members = "10.0.0.1:7500=10.0.0.1:7400=10.0.0.1:7600"
+    with pytest.raises(ValueError, match="give every shard_members entry as SHARD=GRPC=PEER"):
+        NodeSettings(members=[members], raft_address="10.0.0.1:7500", shard_members="1=b:7400",
+                     rocketmq_listen="127.0.0.1:8081", insecure_raft=True, insecure_grpc=True)
+    settings = NodeSettings(members=[members], raft_address="10.0.0.1:7500",
+                            shard_members="1=b:7400=b:7600", rocketmq_listen="127.0.0.1:8081",
+                            insecure_raft=True, insecure_grpc=True)
+    assert settings.shard_map().peers == (("10.0.0.1:7600",), ("b:7600",))
 
 
 def test_shard_k_prefers_its_kth_member_as_leader_and_one_shard_prefers_none() -> None:

@@ -131,8 +131,9 @@ def test_a_pod_of_a_shard_derives_every_member_of_the_other_shards() -> None:
     assert found.raft_address == f"tickwheel-s1-2.{PEERS}:7500"
     assert [member.split("=")[1] for member in found.members] == [
         f"tickwheel-s1-{i}.{PEERS}:7400" for i in range(3)]
-    assert found.shard_members == [f"{shard}=tickwheel-s{shard}-{i}.{PEERS}:7400"
-                                   for shard in (0, 2) for i in range(3)]
+    assert found.shard_members == [
+        f"{shard}=tickwheel-s{shard}-{i}.{PEERS}:7400=tickwheel-s{shard}-{i}.{PEERS}:7600"
+        for shard in (0, 2) for i in range(3)]
 
 
 def test_one_shard_derives_no_other_and_needs_no_shard_name() -> None:
@@ -145,8 +146,8 @@ def test_the_template_names_each_shards_statefulset_and_hosts_may_name_the_shard
                                 shard_statefulset_template="tw-{shard}",
                                 host_template="{pod}.shard-{shard}.{namespace}"))
     assert found.raft_address == "tw-1-0.shard-1.prod:7500"
-    assert found.shard_members == ["0=tw-0-0.shard-0.prod:7400", "0=tw-0-1.shard-0.prod:7400",
-                                   "0=tw-0-2.shard-0.prod:7400"]
+    assert found.shard_members == [f"0=tw-0-{i}.shard-0.prod:7400=tw-0-{i}.shard-0.prod:7600"
+                                   for i in range(3)]
 
 
 def test_the_port_stride_counts_the_pods_of_every_shard() -> None:
@@ -157,7 +158,8 @@ def test_the_port_stride_counts_the_pods_of_every_shard() -> None:
     assert found.members == ["127.0.0.1:20007=127.0.0.1:20006=127.0.0.1:20008",
                              "127.0.0.1:20010=127.0.0.1:20009=127.0.0.1:20011"]
     assert found.grpc_listen == "127.0.0.1:20006"
-    assert found.shard_members == ["0=127.0.0.1:20000", "0=127.0.0.1:20003"]
+    assert found.shard_members == ["0=127.0.0.1:20000=127.0.0.1:20002",
+                                   "0=127.0.0.1:20003=127.0.0.1:20005"]
     last = addresses(shard_pod("tickwheel-s1-0", shards=3, replicas=2, raft_port=65_530,
                                grpc_port=60_000, peer_port=61_000, port_stride=1))
     assert last.raft_address.endswith(":65532")  # and pod 5 of the cluster gets 65535

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -86,7 +87,8 @@ def files(tmp_path: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("older", [False, True], ids=["batched", "older peer"])
 def test_many_ranges_come_in_one_call_or_one_each_from_an_older_peer(
         tmp_path: Path, files: dict[str, bytes], older: bool) -> None:
-    service = (OlderPeer if older else PeerService)(Files(tmp_path), None)  # type: ignore[arg-type]
+    node = SimpleNamespace(replica=Files(tmp_path), disk=None)
+    service = (OlderPeer if older else PeerService)(node)  # type: ignore[arg-type]
     with _serve(service) as (address, calls):
         peers = PeerFiles({PEER: address}, Credentials(insecure=True), ())
         ranges = [(path, 7, len(data) - 7) for path, data in sorted(files.items())]
@@ -101,7 +103,8 @@ def test_many_ranges_come_in_one_call_or_one_each_from_an_older_peer(
 
 def test_a_batch_too_large_is_refused_and_a_short_range_is_no_answer(
         tmp_path: Path, files: dict[str, bytes]) -> None:
-    with _serve(PeerService(Files(tmp_path), None)) as (address, _):  # type: ignore[arg-type]
+    node = SimpleNamespace(replica=Files(tmp_path), disk=None)
+    with _serve(PeerService(node)) as (address, _):  # type: ignore[arg-type]
         peers = PeerFiles({PEER: address}, Credentials(insecure=True), ())
         try:
             with pytest.raises(grpc.RpcError) as refused:

@@ -21,9 +21,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
+from rocketmqtests import TOPIC, delay_message, signed
 
-from tickwheel.harness.local_cluster import LocalCluster, LocalNode
+from tickwheel.client.shards import handle_shard, shard_of
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
+from tickwheel.rocketmq.v2 import definition_pb2 as rmq
+from tickwheel.rocketmq.v2 import service_pb2 as svc
+from tickwheel.rocketmq.v2 import service_pb2_grpc as svc_grpc
 
 pytestmark = pytest.mark.cluster
 
@@ -169,11 +175,17 @@ def test_a_leader_killed_while_a_producer_sends_loses_nothing(cluster: LocalClus
     consumer.wait_for("started")
     producer = Client(cluster, node, language, "produce", count=count, delay_s=2, pause_s=0.05,
                       prefix="kill")
-    while (event := producer.next_event()) is not None and len(producer.of("sent")) < 20:
+    while producer.next_event() is not None and len(producer.of("sent")) < 20:
         pass
     cluster.signal(leader, signal.SIGKILL)
     producer.finish()
     cluster.start(leader)
+    _each_received_once(producer, consumer, count)
+
+
+def _each_received_once(producer: Client, consumer: Client, count: int) -> set[str]:
+    """The ids ``producer`` sent, all ``count`` of them, once ``consumer`` has received each
+    (a repeat only flagged, or as a later attempt)."""
     sent = {event["id"] for event in producer.of("sent")}
     assert not producer.of("send_failed"), producer.of("send_failed")
     assert len(sent) == count
@@ -185,3 +197,90 @@ def test_a_leader_killed_while_a_producer_sends_loses_nothing(cluster: LocalClus
         if event["id"] in firsts and not event["flagged"]:
             assert event["attempt"] > 1, f"an unflagged duplicate: {event}"
         firsts.add(event["id"])
+    return sent
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Two shards of three nodes, each serving RocketMQ."""
+    with LocalCluster(tmp_path_factory.mktemp("rocketmq-shards"), 3, rocketmq=True,
+                      shards=2) as made:
+        made.leaders(timeout_s=60)
+        made.placed()
+        yield made
+
+
+def _routes(cluster: LocalCluster, node: LocalNode) -> list[tuple[int, str, str]]:
+    """``(queue id, broker, endpoint)`` of each queue ``node`` routes the topic to."""
+    assert cluster.security is not None and node.rocketmq_address is not None
+    credentials = grpc.ssl_channel_credentials(cluster.security.ca_file.read_bytes())
+    with grpc.secure_channel(node.rocketmq_address, credentials) as channel:
+        answer = svc_grpc.MessagingServiceStub(channel).QueryRoute(
+            svc.QueryRouteRequest(topic=rmq.Resource(name=TOPIC)), metadata=signed(cluster))
+    assert answer.status.code == rmq.Code.OK, answer.status
+    return [(queue.id, queue.broker.name,
+             f"{queue.broker.endpoints.addresses[0].host}:"
+             f"{queue.broker.endpoints.addresses[0].port}") for queue in answer.message_queues]
+
+
+def test_two_shards_route_a_queue_per_shard_at_its_leader(sharded: LocalCluster) -> None:
+    leaders = sharded.leaders()
+    expected = [(shard, f"tickwheel-{shard}", leader.rocketmq_address)
+                for shard, leader in enumerate(leaders)]
+    for node in sharded.nodes:  # every node, of either shard, names both shards' leaders
+        assert _routes(sharded, node) == expected
+
+
+def test_a_send_retried_through_another_shards_queue_is_one_message(
+        sharded: LocalCluster) -> None:
+    """A RocketMQ producer retries a send through the next queue, another shard: the message
+    goes to the shard of its id wherever it is sent, so the retry is answered as the same
+    message, and it is delivered once."""
+    assert sharded.security is not None
+    credentials = grpc.ssl_channel_credentials(sharded.security.ca_file.read_bytes())
+    client = sharded.client(timeout_s=30)
+    client.create_group(TOPIC, "retried")  # before the message comes due: it is kept for it
+    message = delay_message(int(time.time()) + 2, body=b"retried")
+    handles = []
+    for shard in (0, 1):
+        node = sharded.shards[shard][1]
+        assert node.rocketmq_address is not None
+        with grpc.secure_channel(node.rocketmq_address, credentials) as channel:
+            answer = svc_grpc.MessagingServiceStub(channel).SendMessage(
+                svc.SendMessageRequest(messages=[message]), metadata=signed(sharded))
+        assert answer.status.code == rmq.Code.OK, answer.status
+        handles.append(answer.entries[0].recall_handle)
+    assert handles[0] == handles[1]
+    owner = shard_of(message.system_properties.message_id, 2)
+    assert handle_shard(int(handles[0].partition(".")[0])) == owner
+    with client:
+        got = client.receive(TOPIC, consumer="c", group="retried", wait_ms=4_000)
+        assert [m.body for m in got] == [b"retried"]
+        assert client.ack_receipts(TOPIC, "retried", [m.receipt for m in got]) == [True]
+        assert client.receive(TOPIC, consumer="c", group="retried", wait_ms=1_500) == []
+
+
+def test_two_shards_one_group_gets_every_message_once_through_a_shard_leaders_death(
+        sharded: LocalCluster, language: str) -> None:
+    """The official client, given one node: its sends spread over both shards' queues, and
+    one SimpleConsumer of a group receives every message once, while shard 1's leader is
+    killed; the route then names shard 1's new leader."""
+    node = sharded.shards[0][1]
+    count = 40
+    consumer = Client(sharded, node, language, "simple", group="sharded", expect=count,
+                      timeout_s=80, quiet_s=2, invisible_s=20)
+    consumer.wait_for("started")
+    producer = Client(sharded, node, language, "produce", count=count, delay_s=2,
+                      pause_s=0.05, prefix="sharded")
+    while producer.next_event() is not None and len(producer.of("sent")) < 10:
+        pass
+    killed = sharded.leader(shard=1)
+    sharded.signal(killed, signal.SIGKILL)
+    producer.finish()
+    sent = _each_received_once(producer, consumer, count)
+    assert {shard_of(message_id, 2) for message_id in sent} == {0, 1}
+    new_leader = sharded.leader(shard=1, timeout_s=20)
+    assert new_leader is not killed
+    wait_for(lambda: _routes(sharded, node)[1][2] == new_leader.rocketmq_address, 10,
+             "the route to name shard 1's new leader")
+    sharded.start(killed)

@@ -6,22 +6,19 @@ RPCs tickwheel does not serve. Each refusal is a RocketMQ status and changes not
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 
 import grpc
 import pytest
-from google.protobuf.timestamp_pb2 import Timestamp
+from rocketmqtests import TOPIC, delay_message, signed
 
 from tickwheel.harness.local_cluster import LocalCluster
-from tickwheel.node.rocketmq.signature import signature
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.rocketmq.v2 import service_pb2 as svc
 from tickwheel.rocketmq.v2 import service_pb2_grpc as svc_grpc
 
 pytestmark = pytest.mark.cluster
 
-TOPIC = "parcels"
 Code = rmq.Code
 
 
@@ -40,23 +37,6 @@ def channel(cluster: LocalCluster) -> Iterator[grpc.Channel]:
     credentials = grpc.ssl_channel_credentials(cluster.security.ca_file.read_bytes())
     with grpc.secure_channel(cluster.nodes[0].rocketmq_address, credentials) as opened:
         yield opened
-
-
-def signed(cluster: LocalCluster, access_key: str = "admin", key: str | None = None
-           ) -> tuple[tuple[str, str], ...]:
-    if key is None:
-        key = cluster.rocketmq_secret_key(access_key)
-    date = time.strftime("%Y%m%dT%H%M%SZ")
-    return (("x-mq-date-time", date), ("x-mq-client-id", "test@1"),
-            ("authorization", f"MQv2-HMAC-SHA1 Credential={access_key}, "
-                              f"SignedHeaders=x-mq-date-time, Signature={signature(key, date)}"))
-
-
-def delay_message(seconds: int, body: bytes = b"x") -> rmq.Message:
-    return rmq.Message(topic=rmq.Resource(name=TOPIC), body=body, system_properties=
-                       rmq.SystemProperties(message_id=uuid.uuid4().hex,
-                                            message_type=rmq.MessageType.DELAY,
-                                            delivery_timestamp=Timestamp(seconds=seconds)))
 
 
 def test_unsigned_forged_and_ungranted_calls_are_refused(cluster: LocalCluster,

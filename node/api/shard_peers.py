@@ -1,0 +1,146 @@
+"""The other shards of a cluster, reached through their members' peer listeners.
+
+A node of one shard calls another shard as its followers call their leader: a forwarded call
+(`tickwheel.node.api.forward`) to that shard's leader's peer listener, with the peer token and
+the principal it serves, which the leader authorizes as its own callers (the shards share the
+Raft secret). Which member leads is learned from the answers: a member that does not lead
+refuses a forwarded call ``UNAVAILABLE`` and names its leader when it knows one, and the call
+goes there, or to the next member.
+
+`ShardPeers.rocketmq_routes` asks every member what it is (`Peer.Describe`), at most once a
+`DESCRIBE_EVERY_S`, so that the RocketMQ listener's routes name each shard's leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from tickwheel.common.errors import Retryable
+from tickwheel.node.api.forward import FORWARDED, LEADER_KEY, Forwarder
+from tickwheel.node.api.placement import ShardMap
+from tickwheel.node.api.server import LeaderRefused
+from tickwheel.node.security.access import Principal
+from tickwheel.node.security.identity import PeerCallers
+from tickwheel.v1 import tickwheel_pb2 as pb
+
+DESCRIBE_EVERY_S = 1.0
+"""How old the members' descriptions a route names may be."""
+DESCRIBE_TIMEOUT_S = 1.0
+log = logging.getLogger("tickwheel.node.shards")
+ResponseT = TypeVar("ResponseT", bound=Message)
+
+
+class ShardPeers:
+    """Calls to the leaders of the shards of ``shards`` (their members' peer listeners, which
+    every entry of the map names), dialed through ``forwarder`` as ``callers`` proves
+    membership. ``describe`` is this node's own `Peer.Describe` answer, ``own_grpc`` its gRPC
+    address in the map."""
+
+    def __init__(self, shards: ShardMap, forwarder: Forwarder, callers: PeerCallers,
+                 describe: Callable[[], pb.DescribeResponse], own_grpc: str) -> None:
+        self._shards = shards
+        self._own_grpc = own_grpc
+        self._forwarder = forwarder
+        self._callers = callers
+        self._describe = describe
+        self._leader = [0] * shards.count
+        """The member of each shard believed to lead (an index into its members)."""
+        self._rocketmq: dict[str, str] = {}
+        """gRPC address -> RocketMQ address, of each member that has answered."""
+        self._routes: list[str] = [""] * shards.count
+        self._described_at = float("-inf")
+        self._describing = asyncio.Lock()
+
+    async def perform(self, shard: int, method: str, request: Message, principal: Principal,
+                      answer: type[ResponseT], budget_s: float) -> ResponseT:
+        """Unary ``method`` of `Tickwheel` on ``shard``'s leader as ``principal``, tried on its
+        members until one leads or ``budget_s`` has passed (`Retryable` then). Raises
+        `LeaderRefused` with a status the leader answered."""
+        peers = self._shards.peers[shard]
+        metadata = FORWARDED + self._callers.metadata(principal)
+        deadline = time.monotonic() + budget_s
+        tried = 0
+        while True:
+            index = self._leader[shard]
+            try:
+                response = await getattr(self._forwarder.stub(peers[index]), method)(
+                    request, metadata=metadata,
+                    timeout=max(0.05, deadline - time.monotonic()))
+            except grpc.aio.AioRpcError as failed:
+                if failed.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise LeaderRefused(failed.code(), failed.details() or "") from None
+                self._leader[shard] = self._hinted(shard, failed) or (index + 1) % len(peers)
+                tried += 1
+                wait = min(0.5, 0.02 * tried)  # each member once at once, then a back-off
+                if time.monotonic() + wait >= deadline:
+                    raise Retryable(f"no leader of shard {shard} reachable from this node "
+                                    f"({failed.details()}); retry") from None
+                await asyncio.sleep(wait if tried >= len(peers) else 0)
+                continue
+            if not isinstance(response, answer):
+                raise TypeError(f"{method} answered a {type(response).__name__}")
+            return response
+
+    async def rocketmq_routes(self) -> list[str]:
+        """Each shard's RocketMQ address as a route names it: its leader's listener, else a
+        member's that answered (a follower relays to its leader), else "" (none answered)."""
+        async with self._describing:
+            if time.monotonic() - self._described_at >= DESCRIBE_EVERY_S:
+                await self._describe_all()
+                self._described_at = time.monotonic()
+        return list(self._routes)
+
+    async def _describe_all(self) -> None:
+        own = self._describe()
+        self._rocketmq[self._own_grpc] = own.rocketmq_address
+        asked = [(shard, address, peer)
+                 for shard, (members, peers) in enumerate(zip(self._shards.members,
+                                                              self._shards.peers, strict=True))
+                 for address, peer in zip(members, peers, strict=True)
+                 if peer and address != self._own_grpc]
+        answers = await asyncio.gather(*(self._ask(peer) for _, _, peer in asked))
+        leaders: dict[int, str] = {}
+        for (shard, address, _), answer in zip(asked, answers, strict=True):
+            if answer is None:
+                continue
+            if answer.shard != shard:
+                log.warning("event=shard_map_mismatch member=%s serves=%d listed_in=%d",
+                            address, answer.shard, shard)
+                continue
+            if answer.rocketmq_address:
+                self._rocketmq[address] = answer.rocketmq_address
+            if answer.leader_grpc and (answer.leader_grpc == address or shard not in leaders):
+                leaders[shard] = answer.leader_grpc
+        if own.leader_grpc:
+            leaders[self._shards.shard] = own.leader_grpc
+        for shard, members in enumerate(self._shards.members):
+            leader = leaders.get(shard)
+            if leader in members:
+                self._leader[shard] = members.index(leader)
+            known = [self._rocketmq[m] for m in members if m in self._rocketmq]
+            self._routes[shard] = self._rocketmq.get(leader or "", "") or (
+                known[0] if known else self._routes[shard])
+
+    async def _ask(self, peer: str) -> pb.DescribeResponse | None:
+        try:
+            response: pb.DescribeResponse = await self._forwarder.peer_stub(peer).Describe(
+                pb.DescribeRequest(), metadata=self._callers.metadata(),
+                timeout=DESCRIBE_TIMEOUT_S)
+        except grpc.aio.AioRpcError:
+            return None
+        return response
+
+    def _hinted(self, shard: int, failed: grpc.aio.AioRpcError) -> int | None:
+        """The member a refusal names as its leader, if it is one of ``shard``'s."""
+        members = self._shards.members[shard]
+        for key, value in failed.trailing_metadata() or ():
+            if key == LEADER_KEY and value in members:
+                return members.index(str(value))
+        return None
