@@ -25,17 +25,23 @@ CONNECT_TIMEOUT_MS = 1_000
 """How long a new connection may take, handshake included (gRPC's default: 20 s). A call opened
 on a connection to a stopped process (a paused node's kernel still accepts it) waited that
 long; a handshake over a network takes milliseconds."""
+MAX_RECONNECT_MS = 2_000
+"""The longest wait between two attempts to reach a node that is down. gRPC's own grows to
+2 minutes: a node back after a minute away (a pod rescheduled) stayed unreachable for 30 s
+more, and a shard whose preferred leader it was took it back within 3 s (docs/shards.md)."""
 KEEPALIVE_OPTIONS = (("grpc.keepalive_time_ms", 250), ("grpc.keepalive_timeout_ms", 500),
                      ("grpc.http2.ping_timeout_ms", 500),
                      ("grpc.http2.max_pings_without_data", 0),
-                     ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS))
+                     ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
+                     ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_MS))
 """A paused or cut-off node (its TCP connections stay open) must not hold a consumer stream
 past the election that replaces it (0.5-0.8 s): a connection with calls open pings 250 ms
 after it last read anything, and breaks if the answer takes 500 ms. gRPC applies its own
 ``ping_timeout_ms`` (60 s) to keepalive pings unless it is set too, and stops pinging after
 two pings without data unless ``max_pings_without_data`` is 0: without both, a stopped node
 held its consumers until it resumed. Nodes accept pings at any rate. No ping covers a
-connection's handshake: ``min_reconnect_backoff_ms`` bounds it (`CONNECT_TIMEOUT_MS`)."""
+connection's handshake: ``min_reconnect_backoff_ms`` bounds it (`CONNECT_TIMEOUT_MS`). A node
+that was down is dialed again within `MAX_RECONNECT_MS` of its return."""
 CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 64 << 20),
                    ("grpc.max_send_message_length", 64 << 20), *KEEPALIVE_OPTIONS)
 DEFAULT_TARGET = "127.0.0.1:7400"

@@ -38,10 +38,14 @@ FORWARD_OPTIONS = (*(option for option in CHANNEL_OPTIONS
                      if not option[0].startswith("grpc.keepalive")),
                    ("grpc.keepalive_time_ms", 250), ("grpc.keepalive_timeout_ms", 500),
                    ("grpc.http2.ping_timeout_ms", 500), ("grpc.http2.max_pings_without_data", 0),
-                   ("grpc.min_reconnect_backoff_ms", 1_000))
+                   ("grpc.min_reconnect_backoff_ms", 1_000),
+                   ("grpc.max_reconnect_backoff_ms", 2_000))
 """A follower's channel to its leader pings, and bounds a connection's handshake, as the client
 library does (``tickwheel.client``'s ``KEEPALIVE_OPTIONS``), so that a consumer stream it passes
-through to a paused leader breaks within a second, and its consumer goes to the new leader."""
+through to a paused leader breaks within a second, and its consumer goes to the new leader.
+A member that was down is dialed again within 2 s of its return: gRPC's back-off between
+attempts grows to 2 minutes by default, and a member stopped for a minute (polled for its
+disk space meanwhile) was unreachable through its channel for 20 s and more once back."""
 
 
 def was_forwarded(context: CallMetadata) -> bool:
