@@ -79,11 +79,14 @@ compat: $(STAMP)
 	fi; \
 	TICKWHEEL_COMPAT=$$clients $(PY) -m pytest tests/rocketmq/test_official_client.py
 
-# The long chaos run: 10 minutes, every fault, then the audit (report in chaos-out/audit/).
+# The long chaos run: 10 minutes, every fault, then the audit (report in chaos-out/audit/);
+# `make chaos CHAOS_SHARDS=2` runs it on two shards.
 CHAOS_OUT ?= chaos-out
+CHAOS_SHARDS ?= 1
 chaos: $(STAMP)
 	rm -rf $(CHAOS_OUT)
-	$(PY) -m tickwheel.chaos run --out $(CHAOS_OUT) --duration 600 --rate 300 --faults all
+	$(PY) -m tickwheel.chaos run --out $(CHAOS_OUT) --duration 600 --rate 300 --faults all \
+	    --shards $(CHAOS_SHARDS)
 	$(PY) -m tickwheel.chaos.audit $(CHAOS_OUT)
 
 # The hashed lock files that deploy/Dockerfile installs from with pip --require-hashes, resolved

@@ -3,7 +3,7 @@
 ::
 
     python -m tickwheel.chaos run --out chaos-out --duration 120 --rate 200 --seed 7 \\
-        --faults kill,pause,partition [--nodes 5]
+        --faults kill,pause,partition [--nodes 5] [--shards 2]
     python -m tickwheel.chaos.audit chaos-out          # the verdict, from the logs alone
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from tickwheel.chaos.nemesis import FAULTS, NemesisConfig
 from tickwheel.chaos.runner import RunConfig, run
 from tickwheel.chaos.workload import Mix
+from tickwheel.client.shards import MAX_SHARDS
 
 
 def _faults(text: str) -> tuple[str, ...]:
@@ -40,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="one scenario")
     run_parser.add_argument("--out", type=Path, required=True, help="where the logs go")
-    run_parser.add_argument("--nodes", type=int, default=3)
+    run_parser.add_argument("--nodes", type=int, default=3, help="nodes of each shard")
+    run_parser.add_argument("--shards", type=int, default=1,
+                            help="Raft groups; each fault hits one shard, or all at once")
     run_parser.add_argument("--duration", type=float, default=120.0, help="seconds producing")
     run_parser.add_argument("--rate", type=float, default=200.0, help="messages per second")
     run_parser.add_argument("--seed", type=int, default=1)
@@ -65,8 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.nodes < 3:
         parser.error("--nodes must be at least 3: the faults need a majority to survive")
+    if not 1 <= args.shards <= MAX_SHARDS:
+        parser.error(f"--shards must be 1 to {MAX_SHARDS}")
     config = RunConfig(
-        out=args.out, nodes=args.nodes, duration_s=args.duration, rate=args.rate,
+        out=args.out, nodes=args.nodes, shards=args.shards, duration_s=args.duration,
+        rate=args.rate,
         seed=args.seed, grace_ms=args.grace_ms, keep_data=args.keep_data,
         snapshot_min_entries=args.snapshot_min_entries,
         mix=Mix(near_max_ms=args.near_max_ms),

@@ -22,10 +22,10 @@ the figures built on them:
   ``received`` (nobody reads it: received is 0).
 - **races**: the cancels and reschedules the runner sent just before due (``raced``), by
   outcome, and how long their answers took (``answer_ms`` p50, p99, max).
-- **failovers** (from ``leaders.jsonl``): an entry naming a leader other than the last leader
-  named before it, or the same leader in a later term after an entry naming none (every node
-  restarted and the old leader won again); the run's first leader is no failover. For each:
-  ``old_leader``,
+- **failovers** (from ``leaders.jsonl``), of each shard: an entry naming a leader other than
+  the last leader of the shard named before it, or the same leader in a later term after an
+  entry naming none (every node restarted and the old leader won again); the run's first
+  leader of a shard is no failover. For each: its ``shard``, ``old_leader``,
   ``new_leader``, ``term``, ``at_ms`` (when the runner saw the new leader); ``lost_at_ms``, the
   first entry after the last one naming the old leader, or, when that is the failover itself,
   the start of the latest fault started after that entry and no later than the failover, else
@@ -38,11 +38,15 @@ the figures built on them:
   ``catch_up_ms``, from the new leader's first ``dispatch_started``
   (``takeover_ms``) in a term >= the failover's to the first delivery of that term at most
   `CAUGHT_UP_MS` after its due time; ``duplicates``, by class, received in ``[lost_at_ms, the
-  next failover's lost_at_ms)``; ``fault``, the latest fault started at or before
-  ``lost_at_ms``. The delivery figures are null when the trails have no such event.
+  shard's next failover's lost_at_ms)``, of messages of the shard; ``fault``, the latest
+  fault of the shard started at or before ``lost_at_ms``. The delivery figures are null when
+  the trails have no such event.
 - **per_fault**: the failovers by the fault blamed (``none`` for none): how many, how many the
   new leader never delivered after (``undelivered``), and the nearest-rank p50, p99 and max of
   ``no_leader_ms`` and ``delivery_gap_ms``.
+- **shards** (several shards only): per shard, by the shard of each message's id: deliveries
+  ``owed``, ``received`` and ``lost``, ``unflagged`` duplicates, receipts ``delivered_early``,
+  the lateness ``p99`` of first receipts, its ``failovers`` and their ``delivery_gap_ms``.
 - **verdict**: ``clean`` iff nothing is lost, no duplicate is unflagged, nothing arrived early,
   nothing was delivered after a ``cancelled`` answer or contrary to a ``rescheduled`` one; else
   ``dirty``.
@@ -64,13 +68,15 @@ The summary (`audit` returns it; ``--json`` prints it)::
      "idle": {topic: {acked, received}},
      "races": {cancels: {outcome: count}, reschedules: {outcome: count},
                answer_ms: {p50, p99, max}},
-     "failovers": [{old_leader, new_leader, term, at_ms, lost_at_ms, no_leader_ms,
+     "failovers": [{shard, old_leader, new_leader, term, at_ms, lost_at_ms, no_leader_ms,
                     first_delivery_ms, delivery_gap_ms, catch_up_ms,
                     duplicates: {total, flagged, redelivery, unflagged}, false_alarms,
                     false_alarms_unsent,
                     fault: {fault, node} | null}],
      "per_fault": {fault: {failovers, undelivered, no_leader_ms: {p50, p99, max},
                            delivery_gap_ms: {p50, p99, max}}},
+     "shards": {shard: {owed, received, lost, unflagged, delivered_early, p99, failovers,
+                        delivery_gap_ms: {p50, p99, max}}},  # several shards only
      "faults": [{fault, node, started_ms, ended_ms, detail}],
      "examples": {unflagged_duplicates, cancelled_but_delivered, contrary_to_reschedule,
                   delivered_early}}  # ids
@@ -110,6 +116,7 @@ from tickwheel.chaos.failovers import (
     first_delivery_ms,
     leaderships,
     per_fault,
+    percentiles,
 )
 from tickwheel.chaos.run_logs import Logs, Run, load_logs, read_run
 
@@ -136,8 +143,9 @@ def summarize(logs: Logs) -> dict[str, Any]:
     cancels = deliveries.cancels(logs.cancels)
     moves = deliveries.moves(logs.reschedules)
     owed = deliveries.owed(run, messages, moves)
+    placed = _placement(logs.scheduled)
     receipts = deliveries.ordered_receipts(logs.received).join(
-        deliveries.sends(logs.trails), list(DELIVERY), "left")
+        deliveries.sends(logs.trails), list(DELIVERY), "left").join(placed, "id", "left")
     duplicates = receipts.filter(F.col("duplicate"))
     first = deliveries.first_receipts(receipts, messages)
     lost = deliveries.lost(run, owed, cancels, logs.received)
@@ -148,7 +156,8 @@ def summarize(logs: Logs) -> dict[str, Any]:
     duplicate_counts, unflagged_ids = _duplicate_counts(duplicates)
     late_cancels = _problem(deliveries.cancelled_but_delivered(cancels, logs.received))
     contrary = _problem(deliveries.contrary_to_reschedule(run, moves, logs.received))
-    early = _problem(deliveries.delivered_early(run, logs.received))
+    early_receipts = deliveries.delivered_early(run, logs.received)
+    early = _problem(early_receipts)
     failover_figures = _failover_figures(failovers, leaderships(logs.trails), receipts)
     summary: dict[str, Any] = {
         "run": dataclasses.asdict(run),
@@ -166,6 +175,8 @@ def summarize(logs: Logs) -> dict[str, Any]:
         "races": _races(logs.cancels, logs.reschedules),
         "failovers": failover_figures,
         "per_fault": per_fault(failover_figures),
+        "shards": _per_shard(run, placed, owed, receipts, first, lost, early_receipts,
+                             failover_figures),
         "faults": [dataclasses.asdict(fault) for fault in faults],
         "examples": {"unflagged_duplicates": unflagged_ids,
                      "cancelled_but_delivered": late_cancels["ids"],
@@ -293,7 +304,8 @@ def _races(cancels: DataFrame, reschedules: DataFrame) -> dict[str, Any]:
 def _failover_figures(failovers: list[Failover], terms: list[Leadership],
                       receipts: DataFrame) -> list[dict[str, Any]]:
     per_failover = _duplicates_per_failover(failovers, receipts)
-    return [{"old_leader": failover.old_leader, "new_leader": failover.new_leader,
+    return [{"shard": failover.shard,
+             "old_leader": failover.old_leader, "new_leader": failover.new_leader,
              "term": failover.term, "at_ms": failover.at_ms, "lost_at_ms": failover.lost_at_ms,
              "no_leader_ms": failover.at_ms - failover.lost_at_ms,
              "first_delivery_ms": first_delivery_ms(failover, terms),
@@ -313,13 +325,22 @@ def _duplicates_per_failover(failovers: list[Failover],
     failover's window ``[lost_at_ms, the next one's)``."""
     counts = [{"total": 0, "false_alarms": 0, "false_alarms_unsent": 0,
                **dict.fromkeys(CLASSES, 0)} for _ in failovers]
-    if not failovers:
-        return counts
     kind = (F.when(F.col("duplicate"), F.col("class"))
             .when(deliveries.unsent_alarm(), F.lit("unsent"))
             .when(deliveries.false_alarm(), F.lit("sent")))
-    rows = (receipts.withColumn("kind", kind).filter(F.col("kind").isNotNull())
-            .groupBy(failover_index(failovers).alias("failover"), "kind").count()
+    marked = receipts.withColumn("kind", kind).filter(F.col("kind").isNotNull())
+    for shard in sorted({failover.shard for failover in failovers}):
+        numbers = [n for n, failover in enumerate(failovers) if failover.shard == shard]
+        _count_per_failover(marked.filter(F.col("shard") == shard),
+                            [failovers[n] for n in numbers], [counts[n] for n in numbers])
+    return counts
+
+
+def _count_per_failover(marked: DataFrame, failovers: list[Failover],
+                        counts: list[dict[str, int]]) -> None:
+    """Add one shard's ``marked`` receipts to the ``counts`` of its ``failovers`` (in time
+    order) whose windows hold them."""
+    rows = (marked.groupBy(failover_index(failovers).alias("failover"), "kind").count()
             .filter(F.col("failover").isNotNull()).collect())
     for row in rows:
         figures = counts[row.failover]
@@ -330,7 +351,45 @@ def _duplicates_per_failover(failovers: list[Failover],
             figures["false_alarms"] += row["count"]
             if row.kind == "unsent":
                 figures["false_alarms_unsent"] += row["count"]
-    return counts
+
+
+def _placement(scheduled: DataFrame) -> DataFrame:
+    """``id`` and ``shard``: the shard each scheduled id belongs to (0 in the logs of runs
+    before shards)."""
+    return (scheduled.groupBy("id")
+            .agg(F.coalesce(F.first("shard", ignorenulls=True), F.lit(0)).alias("shard")))
+
+
+def _per_shard(run: Run, placed: DataFrame, owed: DataFrame, receipts: DataFrame,
+               first: DataFrame, lost: DataFrame, early: DataFrame,
+               failovers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """In a cluster of several shards, per shard (``placed``: each id's): deliveries
+    ``owed``, ``received`` (distinct) and ``lost``, ``unflagged`` duplicates, receipts
+    ``delivered_early``, the ``p99`` lateness of first receipts, its ``failovers`` and their
+    ``delivery_gap_ms``; empty for one shard."""
+    if run.shards == 1:
+        return {}
+
+    def by_shard(frame: DataFrame, figure: Column) -> dict[int, Any]:
+        if "shard" not in frame.columns:
+            frame = frame.join(placed, "id", "left")
+        return {row.shard: row.figure
+                for row in frame.groupBy("shard").agg(figure.alias("figure")).collect()}
+    counts = {"owed": by_shard(owed, F.count("*")),
+              "received": by_shard(receipts, F.count_distinct(*DELIVERY)),
+              "lost": by_shard(lost, F.count("*")),
+              "unflagged": by_shard(receipts.filter(F.col("duplicate")),
+                                    F.count_if(F.col("class") == CLASSES[2])),
+              "delivered_early": by_shard(early, F.count("*")),
+              "p99": by_shard(first, F.percentile_approx("lateness_ms", 0.99,
+                                                         PERCENTILE_ACCURACY))}
+    return {str(number): {name: figures.get(number, None if name == "p99" else 0)
+                          for name, figures in counts.items()}
+            | {"failovers": sum(f["shard"] == number for f in failovers),
+               "delivery_gap_ms": percentiles([f["delivery_gap_ms"] for f in failovers
+                                               if f["shard"] == number
+                                               and f["delivery_gap_ms"] is not None])}
+            for number in range(run.shards)}
 
 
 # -- the command -------------------------------------------------------------------------------

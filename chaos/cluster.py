@@ -23,35 +23,44 @@ from tickwheel.replication.raft import SyncLedger
 
 
 class ChaosCluster(LocalCluster):
-    """``size`` nodes under ``root`` behind a `RaftMesh`; trails are collected in
-    ``trails``. A context manager: it stops every process it started, then the proxies."""
+    """``size`` nodes under ``root`` for each of ``shards`` shards, each shard behind a
+    `RaftMesh` of its own; trails are collected in ``trails``. A node is named after its data
+    folder (``node1``, ``shard1-node2``). A context manager: it stops every process it
+    started, then the proxies."""
 
     def __init__(self, root: Path, size: int, trails: Path,
                  extra_args: tuple[str, ...] = (), disk_size: str | None = None,
-                 power_cuts: bool = False) -> None:
+                 power_cuts: bool = False, shards: int = 1) -> None:
         """``disk_size`` (``"512m"``): give each node a tmpfs of its own of that size, a disk
         that can fill up (mounting needs root). ``power_cuts``: run the nodes with ``--fsync``
         and a ledger of their syncs, so that `power_cut` can drop what they did not sync."""
-        super().__init__(root, size, ("--fault-injection", *extra_args), power_cuts=power_cuts)
+        super().__init__(root, size, ("--fault-injection", *extra_args), power_cuts=power_cuts,
+                         shards=shards)
         self._disk_size = disk_size
         self._mounted: list[Path] = []
-        ports = free_ports(size + size * (size - 1) // 2)
-        self.mesh = RaftMesh(ports[:size], ports[size:])
-        for index, node in enumerate(self.nodes):
-            node.raft = self.mesh.address(index)
-        self.names = {node.raft: f"node{i}" for i, node in enumerate(self.nodes)}
+        ports = free_ports(shards * (size + size * (size - 1) // 2))
+        per_mesh = len(ports) // shards
+        self.meshes = [RaftMesh(mesh_ports[:size], mesh_ports[size:])
+                       for mesh_ports in (ports[k * per_mesh:(k + 1) * per_mesh]
+                                          for k in range(shards))]
+        """Each shard's proxies."""
+        for members, mesh in zip(self.shards, self.meshes, strict=True):
+            for index, node in enumerate(members):
+                node.raft = mesh.address(index)
+        self.names = {node.raft: node.data.name for node in self.nodes}
         self.trails = trails
         self._generation = dict.fromkeys(self.names.values(), 0)
 
     def __enter__(self) -> ChaosCluster:
-        self.mesh.start()
+        for mesh in self.meshes:
+            mesh.start()
         try:
             if self._disk_size is not None:
                 for node in self.nodes:
                     self._mount(node.data, self._disk_size)
             return super().__enter__()
         except BaseException:
-            self.mesh.stop()
+            self._stop_meshes()
             self._unmount()
             raise
 
@@ -61,8 +70,12 @@ class ChaosCluster(LocalCluster):
             self.collect_trails()
             self.collect_logs()
         finally:
-            self.mesh.stop()
+            self._stop_meshes()
             self._unmount()
+
+    def _stop_meshes(self) -> None:
+        for mesh in self.meshes:
+            mesh.stop()
 
     def _mount(self, folder: Path, size: str) -> None:
         try:
@@ -78,15 +91,13 @@ class ChaosCluster(LocalCluster):
         self._mounted.clear()
 
     def members_of(self, node: LocalNode) -> list[tuple[str, str, str]]:
-        seen = self.mesh.members_of(self.nodes.index(node))
+        members = self.shards[node.shard]
+        seen = self.meshes[node.shard].members_of(members.index(node))
         return [(raft, other.grpc_address, other.peer_address)
-                for raft, other in zip(seen, self.nodes, strict=True)]
+                for raft, other in zip(seen, members, strict=True)]
 
     def name(self, node: LocalNode) -> str:
         return self.names[node.raft]
-
-    def by_name(self, name: str) -> LocalNode:
-        return self.nodes[int(name.removeprefix("node"))]
 
     # -- faults -----------------------------------------------------------------------------
 
@@ -100,10 +111,10 @@ class ChaosCluster(LocalCluster):
         self.signal(node, signal.SIGCONT)
 
     def isolate(self, node: LocalNode, mode: str = "reset") -> None:
-        self.mesh.isolate(self.nodes.index(node), mode)
+        self.meshes[node.shard].isolate(self.shards[node.shard].index(node), mode)
 
-    def heal(self) -> None:
-        self.mesh.heal()
+    def heal(self, shard: int) -> None:
+        self.meshes[shard].heal()
 
     def power_cut(self, node: LocalNode) -> PowerCut:
         """Drop every byte a killed node had not synced."""

@@ -26,6 +26,8 @@ class ScheduledEvent(TypedDict):
     acked_ms: int | None
     handle: int | None
     kind: str
+    shard: int
+    """The shard its id belongs to, where the client library sends it."""
 
 
 class CancelEvent(TypedDict):
@@ -71,18 +73,22 @@ class ReceivedEvent(TypedDict):
 
 
 class LeaderEvent(TypedDict):
-    """A line of ``leaders.jsonl``: the leader the monitor sees changed (None: no leader)."""
+    """A line of ``leaders.jsonl``: the leader of ``shard`` the monitor sees changed (None: no
+    leader)."""
 
     at_ms: int
     leader: str | None
     term: int
+    shard: int
 
 
 class FaultEvent(TypedDict):
-    """A line of ``faults.jsonl``: a fault inflicted on ``node`` (None: the whole cluster)."""
+    """A line of ``faults.jsonl``: a fault inflicted on ``node`` (None: every node) of
+    ``shard``."""
 
     fault: str
     node: str | None
+    shard: int
     started_ms: int
     ended_ms: int
     detail: str

@@ -1,17 +1,18 @@
 """Who led when, and how each change of leader went: the failover figures of the audit.
 
-A *failover* is an entry of ``leaders.jsonl`` naming a leader other than the last leader named
-before it, or the same one in a later term after the runner saw none (every node restarted and
-the old leader won again); `find_failovers` finds them and when leadership was lost, and blames
-a fault; the trails (`leaderships`) say when the old leader last delivered and when the new
-one first delivered and caught up; `per_fault` sums them up by the fault blamed. The
-definitions are those of `tickwheel.chaos.audit`'s module docstring.
+A *failover* is an entry of ``leaders.jsonl`` naming a leader of a shard other than the last
+leader named before it for that shard, or the same one in a later term after the runner saw
+none (every node restarted and the old leader won again); `find_failovers` finds them and
+when leadership was lost, and blames a fault of that shard; the trails (`leaderships`) say
+when the old leader last delivered and when the new one first delivered and caught up;
+`per_fault` sums them up by the fault blamed. The definitions are those of
+`tickwheel.chaos.audit`'s module docstring.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -29,17 +30,21 @@ class LeaderChange:
     at_ms: int
     leader: str | None
     term: int | None
+    shard: int | None = None
+    """Whose leader (None: shard 0, in the logs of runs before shards)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """A line of ``faults.jsonl``: what was done to which node (None: the whole cluster)."""
+    """A line of ``faults.jsonl``: what was done to which node (None: every node of the
+    shard)."""
 
     fault: str
     node: str | None
     started_ms: int
     ended_ms: int | None
     detail: str | None
+    shard: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +59,7 @@ class Failover:
     fault: Fault | None
     old_term: int | None = None
     """The term in which the runner first saw the old leader lead, this time."""
+    shard: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +76,20 @@ class Leadership:
 
 
 def find_failovers(changes: list[LeaderChange], faults: list[Fault]) -> list[Failover]:
-    """The failovers in ``changes`` (in time order), each with when leadership was lost and the
-    fault blamed; ``faults`` in any order. See the module docstring for the rules."""
+    """The failovers of every shard in ``changes`` (in time order), each found among its
+    shard's changes and blamed on its shard's faults, in the order they happened."""
+    shards = sorted({change.shard or 0 for change in changes})
+    found = [replace(failover, shard=shard) for shard in shards
+             for failover in _shard_failovers(
+                 [change for change in changes if (change.shard or 0) == shard],
+                 [fault for fault in faults if (fault.shard or 0) == shard])]
+    return sorted(found, key=lambda failover: (failover.at_ms, failover.shard))
+
+
+def _shard_failovers(changes: list[LeaderChange], faults: list[Fault]) -> list[Failover]:
+    """The failovers in one shard's ``changes`` (in time order), each with when leadership was
+    lost and the fault blamed; ``faults`` in any order. See the module docstring for the
+    rules."""
     failovers: list[Failover] = []
     named: tuple[int, str] | None = None  # the latest change that named a leader, and whom
     since: int | None = None  # index of the change that began the named leader's leadership
@@ -178,7 +196,8 @@ def catch_up_ms(failover: Failover, leaderships: list[Leadership]) -> int | None
 
 
 def failover_index(failovers: list[Failover]) -> Column:
-    """The index of the failover whose window holds ``received_ms`` (null: before the first)."""
+    """The index of the failover whose window holds ``received_ms`` (null: before the first),
+    of ``failovers`` (one shard's, in time order)."""
     received_ms = F.col("received_ms")
     index = F.lit(None).cast("int")
     for number in reversed(range(len(failovers))):

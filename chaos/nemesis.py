@@ -23,6 +23,11 @@ The first round inflicts every chosen fault once, in a seeded random order; late
 drawn at random. Before each fault the nemesis waits for a leader that every node follows and
 for every node to have applied what that leader had committed, so each fault hits a healthy
 cluster, and after each it lets the cluster recover for ``interval_s``.
+
+In a cluster of several shards each fault hits one shard's Raft group ("the leader" is that
+shard's, "every node" its nodes): the next shard in turn, or, one time in three, every shard
+at once (each in a thread of its own), so that two leaders fail together. Each shard's
+clock faults keep one of its own clocks off at a time.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from tickwheel.chaos import storage
@@ -49,6 +56,9 @@ log = logging.getLogger("tickwheel.chaos")
 
 FAULTS = ("kill", "pause", "partition", "skew", "clock-step", "restart-all", "follower-wipe",
           "bitrot", "truncate", "snapshot-rot", "disk-full", "power-cut")
+AT_ONCE = 1 / 3
+"""In a cluster of several shards, the share of faults that hit every shard at the same time
+(the others hit one shard, each in turn)."""
 STEP_TIMEOUT_S = 10.0
 """How long a node may take to obey a clock step (it looks every 0.2 s)."""
 REFUSAL_TIMEOUT_S = 30.0
@@ -89,12 +99,17 @@ class Nemesis(threading.Thread):
         self._cluster = cluster
         self._config = config
         self._random = random.Random(seed)
+        self._randoms = [self._random] + [random.Random(seed * 1_000 + shard)
+                                          for shard in range(1, len(cluster.shards))]
+        """Each shard's faults draw from their own, so that faults on two shards at once
+        draw apart: shard 0's is the plan's, as in a cluster of one shard."""
+        self._turn = 0
         self._log = faults_log
         self._halt = stop
         self.inflicted: list[str] = []
         self.max_skew_ms = 0
         self.error: BaseException | None = None
-        self._actions: dict[str, Callable[[], tuple[LocalNode | None, str]]] = {
+        self._actions: dict[str, Callable[[int], tuple[LocalNode | None, str]]] = {
             "kill": self._kill, "pause": self._pause, "partition": self._partition,
             "skew": self._skew, "clock-step": self._clock_step, "restart-all": self._restart_all,
             "follower-wipe": self._follower_wipe, "bitrot": self._bitrot,
@@ -120,60 +135,82 @@ class Nemesis(threading.Thread):
         while True:
             yield self._random.choice(self._config.faults)
 
+    def _targets(self) -> list[int]:
+        """The shards the next fault hits: in a cluster of several, every shard at once one
+        time in `AT_ONCE`, else the next shard in turn."""
+        shards = len(self._cluster.shards)
+        if shards > 1 and self._random.random() < AT_ONCE:
+            return list(range(shards))
+        self._turn += 1
+        return [(self._turn - 1) % shards]
+
     def _inflict(self, fault: str) -> None:
-        started_ms = now_ms()
-        node, detail = self._actions[fault]()
-        ended_ms = now_ms()
+        """``fault`` on each target shard, at the same time on several (one thread each)."""
+        targets = self._targets()
         self.inflicted.append(fault)
+        if len(targets) == 1:
+            self._inflict_on(fault, targets[0])
+            return
+        with ThreadPoolExecutor(len(targets), thread_name_prefix="nemesis") as pool:
+            list(pool.map(partial(self._inflict_on, fault), targets))
+
+    def _inflict_on(self, fault: str, shard: int) -> None:
+        started_ms = now_ms()
+        node, detail = self._actions[fault](shard)
+        ended_ms = now_ms()
         name = None if node is None else self._cluster.name(node)
-        self._log.write({"fault": fault, "node": name, "started_ms": started_ms,
-                         "ended_ms": ended_ms, "detail": detail})
-        log.info("event=fault fault=%s node=%s took_ms=%d %s", fault, name,
+        self._log.write({"fault": fault, "node": name, "shard": shard,
+                         "started_ms": started_ms, "ended_ms": ended_ms, "detail": detail})
+        log.info("event=fault fault=%s shard=%d node=%s took_ms=%d %s", fault, shard, name,
                  ended_ms - started_ms, detail)
 
-    def _leader(self) -> LocalNode:
+    def _leader(self, shard: int) -> LocalNode:
         """The leader every running node follows, once each of them has applied what the
         leader had committed when found: a node still fetching a snapshot after the last fault
         (a wiped one took 12 s) answers nothing while it installs, and a fault then would be
         two at once (a cut-off leader and a majority that cannot answer)."""
-        leader = self._cluster.leader(self._config.leader_timeout_s)
+        timeout_s = self._config.leader_timeout_s
+        leader = self._cluster.leader(timeout_s, shard=shard)
         info = leader.info()
         committed = 0 if info is None else info.commit_index
 
         def caught_up() -> bool:
-            infos = [node.info() for node in self._cluster.running()]
+            infos = [node.info() for node in self._members(shard) if node.alive()]
             return all(info is not None and info.last_applied >= committed for info in infos)
-        wait_for(caught_up, self._config.leader_timeout_s, "every node to catch up")
-        return self._cluster.leader(self._config.leader_timeout_s)
+        wait_for(caught_up, timeout_s, f"every node of shard {shard} to catch up")
+        return self._cluster.leader(timeout_s, shard=shard)
 
-    def _kill(self) -> tuple[LocalNode, str]:
-        leader = self._leader()
+    def _members(self, shard: int) -> list[LocalNode]:
+        return self._cluster.shards[shard]
+
+    def _kill(self, shard: int) -> tuple[LocalNode, str]:
+        leader = self._leader(shard)
         self._cluster.kill(leader)
         time.sleep(self._config.down_s)
         self._cluster.start(leader)
         return leader, f"SIGKILL, restarted after {self._config.down_s} s"
 
-    def _pause(self) -> tuple[LocalNode, str]:
-        leader = self._leader()
+    def _pause(self, shard: int) -> tuple[LocalNode, str]:
+        leader = self._leader(shard)
         self._cluster.pause(leader)
         time.sleep(self._config.pause_s)
         self._cluster.resume(leader)
         return leader, f"SIGSTOP for {self._config.pause_s} s, then SIGCONT"
 
-    def _partition(self) -> tuple[LocalNode, str]:
-        leader = self._leader()
-        mode = self._random.choice(PARTITION_MODES)
+    def _partition(self, shard: int) -> tuple[LocalNode, str]:
+        leader = self._leader(shard)
+        mode = self._randoms[shard].choice(PARTITION_MODES)
         self._cluster.isolate(leader, mode)
         try:
             time.sleep(self._config.partition_s)
         finally:
-            self._cluster.heal()
+            self._cluster.heal(shard)
         return leader, f"cut off from every peer ({mode}) for {self._config.partition_s} s"
 
-    def _skew(self) -> tuple[LocalNode, str]:
-        self._leader()
-        node = self._random.choice(self._cluster.nodes)
-        skew_ms = self._random.choice((-1, 1)) * self._random.randint(
+    def _skew(self, shard: int) -> tuple[LocalNode, str]:
+        self._leader(shard)
+        node = self._randoms[shard].choice(self._members(shard))
+        skew_ms = self._randoms[shard].choice((-1, 1)) * self._randoms[shard].randint(
             min(1_000, self._config.max_skew_ms), self._config.max_skew_ms)
         self._one_clock_off(node)
         self._cluster.stop(node)
@@ -181,13 +218,13 @@ class Nemesis(threading.Thread):
         self.max_skew_ms = max(self.max_skew_ms, abs(skew_ms))
         return node, f"restarted with its clock at {skew_ms:+d} ms"
 
-    def _clock_step(self) -> tuple[LocalNode, str]:
+    def _clock_step(self, shard: int) -> tuple[LocalNode, str]:
         """The leader's clock jumps while it runs (its ``--fault-injection`` obeys
         ``DATA/clock-offset-ms``), stays there for ``clock_step_s``, and jumps back to the
         offset it was started with."""
-        leader = self._leader()
+        leader = self._leader(shard)
         self._one_clock_off(leader)
-        step_ms = self._random.choice((-1, 1)) * self._random.randint(
+        step_ms = self._randoms[shard].choice((-1, 1)) * self._randoms[shard].randint(
             min(1_000, self._config.max_skew_ms), self._config.max_skew_ms)
         leader.step_clock(step_ms, STEP_TIMEOUT_S)
         self.max_skew_ms = max(self.max_skew_ms, abs(step_ms))
@@ -199,38 +236,38 @@ class Nemesis(threading.Thread):
                         f"then back to {leader.clock_skew_ms:+d} ms")
 
     def _one_clock_off(self, node: LocalNode) -> None:
-        """Before ``node``'s clock is set off: every other node's goes back to the true time
-        (live, or at its next start if it is down). The cluster's time is the time a majority
-        of clocks reached (docs/replication.md), so the faults keep one clock off at a time:
-        with two of three off, no design could tell the true time."""
-        for other in self._cluster.nodes:
+        """Before ``node``'s clock is set off: every other node's of its shard goes back to the
+        true time (live, or at its next start if it is down). A shard's time is the time a
+        majority of its clocks reached (docs/replication.md), so the faults keep one clock
+        off at a time: with two of three off, no design could tell the true time."""
+        for other in self._members(node.shard):
             if other is node or other.clock_skew_ms == 0:
                 continue
             if other.alive():
                 other.step_clock(0, STEP_TIMEOUT_S)
             other.clock_skew_ms = 0
 
-    def _restart_all(self) -> tuple[None, str]:
-        self._leader()
-        for node in self._cluster.nodes:
+    def _restart_all(self, shard: int) -> tuple[None, str]:
+        self._leader(shard)
+        for node in self._members(shard):
             self._cluster.kill(node)
-        for node in self._cluster.nodes:
+        for node in self._members(shard):
             self._cluster.start(node)
         return None, "SIGKILL every node, start them all again"
 
-    def _power_cut(self) -> tuple[None, str]:
-        self._leader()
-        for node in self._cluster.nodes:
+    def _power_cut(self, shard: int) -> tuple[None, str]:
+        self._leader(shard)
+        for node in self._members(shard):
             self._cluster.kill(node)
         cuts = [f"{self._cluster.name(node)}: {self._cluster.power_cut(node)}"
-                for node in self._cluster.nodes]
-        for node in self._cluster.nodes:
+                for node in self._members(shard)]
+        for node in self._members(shard):
             self._cluster.start(node)
         return None, f"SIGKILL every node; {'; '.join(cuts)}; started them all again"
 
-    def _follower_wipe(self) -> tuple[LocalNode, str]:
-        leader = self._leader()
-        node = self._random.choice([n for n in self._cluster.nodes if n is not leader])
+    def _follower_wipe(self, shard: int) -> tuple[LocalNode, str]:
+        leader = self._leader(shard)
+        node = self._randoms[shard].choice([n for n in self._members(shard) if n is not leader])
         self._cluster.kill(node)
         self._cluster.wipe(node)
         self._cluster.start(node)
@@ -239,22 +276,22 @@ class Nemesis(threading.Thread):
     def _damaged(self, node: LocalNode, damage: Callable[[Path, random.Random], str]) -> str:
         """Stop ``node``, ``damage`` its data folder, start it; what the damage was."""
         self._cluster.stop(node)
-        detail = damage(node.data, self._random)
+        detail = damage(node.data, self._randoms[node.shard])
         self._cluster.start(node)
         return detail
 
-    def _bitrot(self) -> tuple[LocalNode, str]:
-        leader = self._leader()
+    def _bitrot(self, shard: int) -> tuple[LocalNode, str]:
+        leader = self._leader(shard)
         return leader, f"stopped; {self._damaged(leader, storage.rot)}; started"
 
-    def _truncate(self) -> tuple[LocalNode, str]:
-        self._leader()
-        node = self._random.choice(self._cluster.nodes)
+    def _truncate(self, shard: int) -> tuple[LocalNode, str]:
+        self._leader(shard)
+        node = self._randoms[shard].choice(self._members(shard))
         return node, f"stopped; {self._damaged(node, storage.cut)}; started"
 
-    def _snapshot_rot(self) -> tuple[LocalNode, str]:
-        self._leader()
-        node = self._random.choice(self._cluster.nodes)
+    def _snapshot_rot(self, shard: int) -> tuple[LocalNode, str]:
+        self._leader(shard)
+        node = self._randoms[shard].choice(self._members(shard))
         detail = self._damaged(node, storage.rot_snapshot)
         if detail.startswith("no snapshot"):
             return node, f"stopped; {detail}; started"
@@ -272,8 +309,8 @@ class Nemesis(threading.Thread):
         return node, (f"stopped; {detail}; it refused to start (exit {code}); data moved "
                       "away, started empty")
 
-    def _disk_full(self) -> tuple[LocalNode, str]:
-        leader = self._leader()
+    def _disk_full(self, shard: int) -> tuple[LocalNode, str]:
+        leader = self._leader(shard)
         detail = storage.fill(leader.data, self._config.disk_reserve_bytes // 2)
         try:
             time.sleep(self._config.disk_full_s)

@@ -36,6 +36,8 @@ PER_FAULT_HEADER = ["fault", "failovers", "no leader p50 / p99 / max (ms)",
                     "no delivery p50 / p99 / max (ms)", "never delivered"]
 GROUP_HEADER = ["topic/group", "owed", "received", "lost", "duplicates f / r / u",
                 "false alarms", "lateness p99 (ms)"]
+SHARD_HEADER = ["shard", "owed", "received", "lost", "unflagged", "early",
+                "lateness p99 (ms)", "failovers", "no delivery p50 / p99 / max (ms)"]
 def write_report(audit_dir: Path, summary: dict[str, Any],
                  points: list[tuple[int, int]]) -> list[Path]:
     """Write ``summary.json``, ``report.md`` and the plots into ``audit_dir``; return the paths."""
@@ -58,6 +60,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
              "Times are seconds since the run started.", "",
              _markdown_table(["figure", "value"], [list(row) for row in overall_rows(summary)]),
              "", "## Consumer groups", "", _markdown_table(GROUP_HEADER, group_rows(summary)),
+             *(["", "## Shards", "", _markdown_table(SHARD_HEADER, shard_rows(summary))]
+               if summary.get("shards") else []),
              "", "## Cancels and reschedules just before due", "", _races_markdown(summary),
              "", "## Failovers", "",
              _markdown_table(PER_FAULT_HEADER, per_fault_rows(summary)) if summary["failovers"]
@@ -74,8 +78,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
-    """The verdict, the overall figures, the failovers by fault and one by one, as terminal
-    tables."""
+    """The verdict, the overall figures, the shards, the failovers by fault and one by one, as
+    terminal tables."""
     console = console or Console()
     overall = Table("figure", "value", title=f"delivery audit: {summary['verdict']}")
     for name, value in overall_rows(summary):
@@ -85,6 +89,11 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     for row in group_rows(summary):
         groups.add_row(*row)
     console.print(groups)
+    if summary.get("shards"):
+        shards = Table(*SHARD_HEADER, title="shards")
+        for row in shard_rows(summary):
+            shards.add_row(*row)
+        console.print(shards)
     if summary["failovers"]:
         kinds = Table(*PER_FAULT_HEADER, title="failovers by fault")
         for row in per_fault_rows(summary):
@@ -139,6 +148,14 @@ def per_fault_rows(summary: dict[str, Any]) -> list[list[str]]:
     return [[kind, _value(figures["failovers"]), _spread(figures["no_leader_ms"]),
              _spread(figures["delivery_gap_ms"]), _value(figures["undelivered"])]
             for kind, figures in summary["per_fault"].items()]
+
+
+def shard_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """One row per shard, under `SHARD_HEADER` (none in a cluster of one shard)."""
+    return [[number, *(_value(shard[name]) for name in ("owed", "received", "lost", "unflagged",
+                                                        "delivered_early", "p99", "failovers")),
+             _spread(shard["delivery_gap_ms"])]
+            for number, shard in summary.get("shards", {}).items()]
 
 
 def group_rows(summary: dict[str, Any]) -> list[list[str]]:

@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 SCHEDULED_SCHEMA = ("id STRING, topic STRING, deliver_at_ms BIGINT, sent_ms BIGINT, "
-                    "acked BOOLEAN, acked_ms BIGINT, handle BIGINT, kind STRING")
+                    "acked BOOLEAN, acked_ms BIGINT, handle BIGINT, kind STRING, shard BIGINT")
 CANCELS_SCHEMA = ("id STRING, handle BIGINT, sent_ms BIGINT, done_ms BIGINT, outcome STRING, "
                   "deliver_at_ms BIGINT, raced BOOLEAN")
 RESCHEDULES_SCHEMA = ("id STRING, handle BIGINT, sent_ms BIGINT, done_ms BIGINT, outcome STRING, "
@@ -27,8 +27,10 @@ TRAIL_SCHEMA = ("event STRING, node STRING, term BIGINT, epoch BIGINT, cursor AR
                   "deliver_at_ms BIGINT, delivered_at_ms BIGINT, position ARRAY<BIGINT>, "
                   "possible_duplicate BOOLEAN, attempt BIGINT")
 """``node`` is the Raft address; the audit names nodes by the trail's file name instead."""
-LEADERS_SCHEMA = "at_ms BIGINT, leader STRING, term BIGINT"
-FAULTS_SCHEMA = "fault STRING, node STRING, started_ms BIGINT, ended_ms BIGINT, detail STRING"
+LEADERS_SCHEMA = "at_ms BIGINT, leader STRING, term BIGINT, shard BIGINT"
+FAULTS_SCHEMA = ("fault STRING, node STRING, shard BIGINT, started_ms BIGINT, ended_ms BIGINT, "
+                 "detail STRING")
+"""``shard`` is null in the logs of runs before shards: shard 0, the only one."""
 TRAIL_NAME = r"([^/]+)\.\d+\.jsonl$"
 """``trails/<node name>.<generation>.jsonl``: group 1 is the node's name."""
 
@@ -49,6 +51,8 @@ class Run:
     """Consumed topics and their groups; None (runs before groups): every topic, its default
     group."""
     idle_topics: list[str] = dataclasses.field(default_factory=list)
+    shards: int = 1
+    """The cluster's shards (Raft groups): a message is its id's shard's."""
 
     @property
     def lost_cutoff_ms(self) -> int:
@@ -87,7 +91,7 @@ def read_run(out_dir: Path, grace_ms: int | None = None,
                allowed_early_ms=(raw["allowed_early_ms"] if allowed_early_ms is None
                                  else allowed_early_ms),
                drained_due_ms=raw.get("drained_due_ms"), groups=raw.get("groups"),
-               idle_topics=raw.get("idle_topics", []))
+               idle_topics=raw.get("idle_topics", []), shards=raw.get("shards", 1))
 
 
 def load_logs(spark: SparkSession, out_dir: Path, run: Run) -> Logs:

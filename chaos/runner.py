@@ -1,6 +1,7 @@
 """One chaos run: a real cluster, a workload, faults, and the logs the audit reads.
 
-`run` starts ``nodes`` ``tickwheel serve`` processes behind Raft proxies, subscribes consumers,
+`run` starts ``nodes`` ``tickwheel serve`` processes (for each of ``shards`` shards) behind Raft
+proxies, subscribes consumers,
 then produces for ``duration_s`` while the `Nemesis` inflicts faults. When production stops it
 lets delivery drain (until every accepted, uncancelled message due by then has arrived, or
 ``drain_max_s``), stops everything it started, and writes ``OUT/run.json`` beside the event
@@ -72,6 +73,8 @@ may rotate within one (a 10-minute run writes ~100 MiB on the busiest node)."""
 class RunConfig:
     out: Path
     nodes: int = 3
+    """Per shard."""
+    shards: int = 1
     duration_s: float = 120.0
     rate: float = 200.0
     """Messages scheduled per second, all producers together."""
@@ -199,6 +202,7 @@ class NodeRecord(TypedDict):
     name: str
     raft: str
     grpc: str
+    shard: int
 
 
 class RunRecord(TypedDict):
@@ -208,6 +212,7 @@ class RunRecord(TypedDict):
     ended_ms: int
     drained_due_ms: int
     seed: int
+    shards: int
     nodes: list[NodeRecord]
     faults: list[str]
     grace_ms: int
@@ -233,12 +238,12 @@ def run(config: RunConfig, console: Console | None = None) -> RunRecord:
             () if config.snapshot_min_entries is None
             else ("--snapshot-min-entries", str(config.snapshot_min_entries)))
         with ChaosCluster(out / "cluster", config.nodes, out / "trails", node_args,
-                          disk_size=disk_size,
-                          power_cuts="power-cut" in config.nemesis.faults) as cluster:
+                          disk_size=disk_size, power_cuts="power-cut" in config.nemesis.faults,
+                          shards=config.shards) as cluster:
             ended_ms, drained_due_ms, summary = _scenario(config, cluster, logs, expected,
                                                           console)
-            nodes = [NodeRecord(name=cluster.name(n), raft=n.raft, grpc=n.grpc_address)
-                     for n in cluster.nodes]
+            nodes = [NodeRecord(name=cluster.name(n), raft=n.raft, grpc=n.grpc_address,
+                                shard=n.shard) for n in cluster.nodes]
     finally:
         for event_log in logs.files().values():
             event_log.close()
@@ -246,7 +251,8 @@ def run(config: RunConfig, console: Console | None = None) -> RunRecord:
         shutil.rmtree(out / "cluster", ignore_errors=True)
     record = RunRecord(
         started_ms=started_ms, ended_ms=ended_ms, drained_due_ms=drained_due_ms,
-        seed=config.seed, nodes=nodes, faults=list(config.nemesis.faults),
+        seed=config.seed, shards=config.shards, nodes=nodes,
+        faults=list(config.nemesis.faults),
         grace_ms=config.grace_ms, max_skew_ms=summary["max_skew_ms"],
         groups=GROUPS, idle_topics=[IDLE_TOPIC], allowed_early_ms=ALLOWED_EARLY_MS,
         config={key: value for key, value in asdict(config).items() if key != "out"}
@@ -260,20 +266,22 @@ def _scenario(config: RunConfig, cluster: ChaosCluster, logs: _Logs, expected: _
     """``(ended_ms, drained_due_ms, summary)``: when the run ended, the due time it drained
     to, and what it did."""
     targets = Endpoint([node.grpc_address for node in cluster.nodes], cluster.credentials())
-    cluster.leader(30)
+    cluster.leaders(30)
     stop_all, stop_producing = threading.Event(), threading.Event()
-    monitor = LeaderMonitor({cluster.name(n): n.grpc_address for n in cluster.nodes},
-                            targets.credentials, logs.leaders, stop_all)
+    monitors = [LeaderMonitor({cluster.name(n): n.grpc_address for n in members},
+                              targets.credentials, logs.leaders, stop_all, shard=shard)
+                for shard, members in enumerate(cluster.shards)]
     consumers = [ConsumerWorker(targets, topic, group, behaviour, config.seed * 1_000 + i,
                                 cluster.names, logs.received, stop_all)
                  for i, (topic, group, behaviour) in enumerate(SUBSCRIPTIONS)]
-    for thread in (monitor, *consumers):
+    for thread in (*monitors, *consumers):
         thread.start()
     streams = sum(not behaviour.unary for _, _, behaviour in SUBSCRIPTIONS)
     wait_for(lambda: _subscribed(cluster) >= streams, 30, "every consumer to subscribe")
     accepted: deque[Accepted] = deque()
     producers = [Producer(i, targets, config.rate / config.producers, config.mix,
-                          config.seed * 100 + i, logs.scheduled, accepted, stop_producing)
+                          config.seed * 100 + i, logs.scheduled, accepted, stop_producing,
+                          shards=config.shards)
                  for i in range(config.producers)]
     racer = Racer(targets, config.seed * 10 + 8, logs.cancels, logs.reschedules,
                   stop_producing, config.race)
@@ -283,7 +291,7 @@ def _scenario(config: RunConfig, cluster: ChaosCluster, logs: _Logs, expected: _
     production = [*producers, canceller, racer, nemesis]
     for thread in production:
         thread.start()
-    _watch(config, logs, monitor, console)
+    _watch(config, logs, monitors, console)
     stop_producing.set()
     for thread in production:
         thread.join(120)
@@ -298,20 +306,24 @@ def _scenario(config: RunConfig, cluster: ChaosCluster, logs: _Logs, expected: _
     stop_all.set()
     for consumer in consumers:
         consumer.close()
-    for thread in (monitor, *consumers):
+    for thread in (*monitors, *consumers):
         thread.join(30)
     return now_ms(), produced_ms, Summary(
         inflicted=nemesis.inflicted, max_skew_ms=nemesis.max_skew_ms,
-        leader_changes=monitor.changes, consumer_crashes=sum(c.crashes for c in consumers),
+        leader_changes=sum(monitor.changes for monitor in monitors),
+        consumer_crashes=sum(c.crashes for c in consumers),
         lines={name: event_log.lines for name, event_log in logs.files().items()})
 
 
 def _subscribed(cluster: ChaosCluster) -> int:
-    info = cluster.leader(10).info()
-    return 0 if info is None else sum(topic.consumers for topic in info.topics)
+    """The consumer streams the leader of every shard counts, at the least (each consumer
+    holds one to each shard)."""
+    infos = [leader.info() for leader in cluster.leaders(10)]
+    return min(0 if info is None else sum(topic.consumers for topic in info.topics)
+               for info in infos)
 
 
-def _watch(config: RunConfig, logs: _Logs, monitor: LeaderMonitor,
+def _watch(config: RunConfig, logs: _Logs, monitors: list[LeaderMonitor],
            console: Console) -> None:
     """Show progress until the production time is up."""
     began = time.monotonic()
@@ -320,6 +332,7 @@ def _watch(config: RunConfig, logs: _Logs, monitor: LeaderMonitor,
         while (elapsed := time.monotonic() - began) < config.duration_s:
             progress.update(task, completed=elapsed, description=(
                 f"scheduled {logs.scheduled.lines} received {logs.received.lines} "
-                f"faults {logs.faults.lines} leader {monitor.current[0]}"))
+                f"faults {logs.faults.lines} "
+                f"leader {' '.join(str(monitor.current[0]) for monitor in monitors)}"))
             time.sleep(min(0.5, config.duration_s - elapsed))
         progress.update(task, completed=config.duration_s)

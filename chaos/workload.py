@@ -30,6 +30,7 @@ from tickwheel.client import (
     Message,
     TickwheelClientError,
 )
+from tickwheel.client.shards import shard_of
 
 log = logging.getLogger("tickwheel.chaos")
 
@@ -86,7 +87,7 @@ class Producer(threading.Thread):
 
     def __init__(self, index: int, cluster: Endpoint, rate: float, mix: Mix, seed: int,
                  scheduled: EventLog[ScheduledEvent], accepted: deque[Accepted],
-                 stop: threading.Event, tick_s: float = 0.05) -> None:
+                 stop: threading.Event, tick_s: float = 0.05, shards: int = 1) -> None:
         super().__init__(name=f"producer-{index}", daemon=True)
         self._index = index
         self._client = cluster.client(timeout_s=15, attempt_timeout_s=3)
@@ -97,6 +98,7 @@ class Producer(threading.Thread):
         self._accepted = accepted
         self._halt = stop
         self._tick_s = tick_s
+        self._shards = shards
         self._sequence = 0
         self._topics, self._weights = list(TOPIC_WEIGHTS), list(TOPIC_WEIGHTS.values())
 
@@ -154,19 +156,21 @@ class Producer(threading.Thread):
                 "id": message.id, "topic": message.topic,
                 "deliver_at_ms": due_ms, "sent_ms": sent_ms,
                 "acked": results is not None, "acked_ms": acked_ms, "handle": handle,
-                "kind": kind})
+                "kind": kind, "shard": shard_of(message.id, self._shards)})
             if handle is not None:
                 self._accepted.append((message.id, message.topic, handle, due_ms))
 
 
 class LeaderMonitor(threading.Thread):
-    """Polls every node's `ClusterInfo` every ``poll_s`` and writes a line whenever the
-    leader it sees changes: the node that says it leads, in the highest term heard."""
+    """Polls the `ClusterInfo` of every node of ``shard`` every ``poll_s`` and writes a line
+    whenever the leader it sees changes: the node that says it leads, in the highest term
+    heard."""
 
     def __init__(self, nodes: dict[str, str], credentials: Credentials,
                  leaders: EventLog[LeaderEvent], stop: threading.Event,
-                 poll_s: float = 0.1) -> None:
-        super().__init__(name="leader-monitor", daemon=True)
+                 poll_s: float = 0.1, shard: int = 0) -> None:
+        super().__init__(name=f"leader-monitor-{shard}", daemon=True)
+        self._shard = shard
         self._nodes = nodes
         self._client = Client(list(nodes.values()), timeout_s=1, attempt_timeout_s=0.3,
                               credentials=credentials)
@@ -182,7 +186,8 @@ class LeaderMonitor(threading.Thread):
             if seen[0] != self.current[0]:
                 self.current = seen
                 self.changes += 1
-                self._leaders.write({"at_ms": now_ms(), "leader": seen[0], "term": seen[1]})
+                self._leaders.write({"at_ms": now_ms(), "leader": seen[0], "term": seen[1],
+                                     "shard": self._shard})
         self._client.close()
 
     def poll(self) -> tuple[str | None, int]:

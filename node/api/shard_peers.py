@@ -21,6 +21,12 @@ from typing import TypeVar
 
 import grpc
 from google.protobuf.message import Message
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_random_exponential,
+)
 
 from tickwheel.common.errors import Retryable
 from tickwheel.node.api.forward import FORWARDED, LEADER_KEY, Forwarder
@@ -35,6 +41,10 @@ DESCRIBE_EVERY_S = 1.0
 DESCRIBE_TIMEOUT_S = 1.0
 log = logging.getLogger("tickwheel.node.shards")
 ResponseT = TypeVar("ResponseT", bound=Message)
+
+
+class _NotLeading(Exception):
+    """The member asked does not lead its shard, or could not be reached."""
 
 
 class ShardPeers:
@@ -63,30 +73,40 @@ class ShardPeers:
         """Unary ``method`` of `Tickwheel` on ``shard``'s leader as ``principal``, tried on its
         members until one leads or ``budget_s`` has passed (`Retryable` then). Raises
         `LeaderRefused` with a status the leader answered."""
-        peers = self._shards.peers[shard]
-        metadata = FORWARDED + self._callers.metadata(principal)
         deadline = time.monotonic() + budget_s
-        tried = 0
-        while True:
-            index = self._leader[shard]
-            try:
-                response = await getattr(self._forwarder.stub(peers[index]), method)(
-                    request, metadata=metadata,
-                    timeout=max(0.05, deadline - time.monotonic()))
-            except grpc.aio.AioRpcError as failed:
-                if failed.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise LeaderRefused(failed.code(), failed.details() or "") from None
-                self._leader[shard] = self._hinted(shard, failed) or (index + 1) % len(peers)
-                tried += 1
-                wait = min(0.5, 0.02 * tried)  # each member once at once, then a back-off
-                if time.monotonic() + wait >= deadline:
-                    raise Retryable(f"no leader of shard {shard} reachable from this node "
-                                    f"({failed.details()}); retry") from None
-                await asyncio.sleep(wait if tried >= len(peers) else 0)
-                continue
-            if not isinstance(response, answer):
-                raise TypeError(f"{method} answered a {type(response).__name__}")
-            return response
+        try:
+            async for attempt in AsyncRetrying(
+                    retry=retry_if_exception_type(_NotLeading), reraise=True,
+                    stop=stop_after_delay(budget_s),
+                    wait=wait_random_exponential(multiplier=0.02, max=0.5)):
+                with attempt:
+                    response = await self._ask_leader(shard, method, request, principal,
+                                                      deadline)
+        except _NotLeading as failed:
+            raise Retryable(f"no leader of shard {shard} reachable from this node ({failed}); "
+                            "retry") from None
+        if not isinstance(response, answer):
+            raise TypeError(f"{method} answered a {type(response).__name__}")
+        return response
+
+    async def _ask_leader(self, shard: int, method: str, request: Message,
+                          principal: Principal, deadline: float) -> Message:
+        """One try, at the member believed to lead; `_NotLeading` (and the next member, or
+        the one it names, believed to lead) if it does not or cannot be reached."""
+        index = self._leader[shard]
+        try:
+            response: Message = await getattr(
+                self._forwarder.stub(self._shards.peers[shard][index]), method)(
+                request, metadata=FORWARDED + self._callers.metadata(principal),
+                timeout=max(0.05, deadline - time.monotonic()))
+        except grpc.aio.AioRpcError as failed:
+            if failed.code() != grpc.StatusCode.UNAVAILABLE:
+                raise LeaderRefused(failed.code(), failed.details() or "") from None
+            hinted = self._hinted(shard, failed)
+            self._leader[shard] = (hinted if hinted not in (None, index)
+                                   else (index + 1) % len(self._shards.peers[shard]))
+            raise _NotLeading(failed.details() or "unavailable") from None
+        return response
 
     async def rocketmq_routes(self) -> list[str]:
         """Each shard's RocketMQ address as a route names it: its leader's listener, else a

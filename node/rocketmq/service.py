@@ -273,8 +273,8 @@ class MessagingService:
 
     async def _queues(self, topic: str, asked: rmq.Endpoints) -> list[rmq.MessageQueue]:
         """One queue in a cluster of one shard, at the address the client asked with (or
-        ``rocketmq_advertise``); in a cluster of several, queue k on broker ``tickwheel-k``
-        at shard k's leader (a shard no member of which answered is left out until one
+        ``rocketmq_advertise``); in a cluster of several, one on broker ``tickwheel-k`` for
+        shard k, at its leader (a shard no member of which answered is left out until one
         does)."""
         peers = self._calls.shard_peers
         if peers is None:
@@ -282,8 +282,8 @@ class MessagingService:
             if not endpoints.addresses:
                 raise Refusal(rmq.Code.ILLEGAL_ACCESS_POINT, "endpoints: name the address you "
                               "reach the cluster at (or set rocketmq_advertise on the nodes)")
-            return [_queue(topic, 0, BROKER_NAME, endpoints)]
-        queues = [_queue(topic, shard, f"{BROKER_NAME}-{shard}", _endpoints(address))
+            return [_queue(topic, BROKER_NAME, endpoints)]
+        queues = [_queue(topic, f"{BROKER_NAME}-{shard}", _endpoints(address))
                   for shard, address in enumerate(await peers.rocketmq_routes()) if address]
         if not queues:
             raise Refusal(rmq.Code.INTERNAL_SERVER_ERROR, "no shard's RocketMQ listener "
@@ -324,9 +324,11 @@ class MessagingService:
 
 
 
-def _queue(topic: str, shard: int, broker: str, endpoints: rmq.Endpoints) -> rmq.MessageQueue:
+def _queue(topic: str, broker: str, endpoints: rmq.Endpoints) -> rmq.MessageQueue:
+    """Queue 0 of ``broker``: a queue is named by its broker and its number, and the Node.js
+    client (1.0.8) receives from queues numbered 0 alone."""
     return rmq.MessageQueue(
-        topic=rmq.Resource(name=topic), id=shard, permission=rmq.Permission.READ_WRITE,
+        topic=rmq.Resource(name=topic), id=0, permission=rmq.Permission.READ_WRITE,
         broker=rmq.Broker(name=broker, id=0, endpoints=endpoints),
         accept_message_types=[rmq.MessageType.NORMAL, rmq.MessageType.DELAY])
 

@@ -499,6 +499,18 @@ def test_failovers_follow_the_named_leader() -> None:
                                     ("b", "a", 5, 6, 600, None)]
 
 
+def test_each_shards_failovers_follow_its_own_leader_and_faults() -> None:
+    """Two shards' leaders, interleaved in one log: a failover is a change of one shard's
+    leader, blamed on a fault of that shard (the other shard's leader is no successor)."""
+    changes = [LeaderChange(100, "a", 1, 0), LeaderChange(150, "c", 1, 1),
+               LeaderChange(500, "b", 2, 0), LeaderChange(520, None, 0, 1),
+               LeaderChange(600, "d", 2, 1)]
+    kill_a, kill_c = Fault("kill", "a", 450, 460, "", 0), Fault("kill", "c", 510, 515, "", 1)
+    failovers = find_failovers(changes, [kill_c, kill_a])
+    assert [(f.shard, f.old_leader, f.new_leader, f.lost_at_ms, f.fault)
+            for f in failovers] == [(0, "a", "b", 450, kill_a), (1, "c", "d", 520, kill_c)]
+
+
 def test_the_gap_runs_from_the_old_leaders_last_delivery_in_the_ended_leadership() -> None:
     def led(node: str, term: int, first_ms: int | None, last_ms: int | None) -> Leadership:
         return Leadership(node, term, first_ms, first_ms, first_ms, last_ms)

@@ -221,6 +221,40 @@ def test_failovers_and_storage_faults_lose_nothing_and_flag_every_duplicate(
 
 
 @pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_two_shards_under_faults_in_turn_and_at_once_lose_nothing(
+        tmp_path: Path, in_background: Callable[..., Any]) -> None:
+    """``--shards 2``: faults hit one shard's leader, then the other's, and (seed 5) both at
+    once; the audit judges every message and reports each shard and its failovers."""
+    out = tmp_path / "chaos"
+    runner = subprocess.run(
+        [sys.executable, "-m", "tickwheel.chaos", "run", "--out", str(out), "--shards", "2",
+         "--duration", "60", "--rate", "150", "--seed", "5", "--faults", "kill,pause,partition",
+         "--warmup", "5", "--interval", "6", "--near-max-ms", "20000"], capture_output=True,
+        text=True, timeout=400, check=False)
+    assert runner.returncode == 0, runner.stdout + runner.stderr[-4_000:]
+    assert {log.name for log in (out / "logs").glob("*.log")} == {
+        f"{prefix}node{i}.log" for prefix in ("", "shard1-") for i in range(3)}
+    audit = in_background(subprocess.run, [sys.executable, "-m", "tickwheel.chaos.audit",
+                                           str(out), "--json"], env={**os.environ, **QUICK_JVM},
+                          capture_output=True, text=True, timeout=300, check=False)
+    summary = json.loads(audit.stdout)
+    assert audit.returncode == 0, audit.stderr[-4_000:]
+    assert summary["verdict"] == "clean" and summary["lost"]["count"] == 0
+    shards = summary["shards"]
+    assert set(shards) == {"0", "1"}
+    assert all(shard["owed"] > 1_000 and shard["lost"] == 0 and shard["unflagged"] == 0
+               for shard in shards.values()), shards
+    faults = summary["faults"]
+    assert {fault["shard"] for fault in faults} == {0, 1}
+    assert any(a["shard"] != b["shard"] and a["started_ms"] < b["ended_ms"]
+               and b["started_ms"] < a["ended_ms"] for a in faults for b in faults), faults
+    failed_over = {failover["shard"] for failover in summary["failovers"]}
+    assert failed_over == {0, 1} and all(shard["failovers"] > 0 for shard in shards.values())
+    assert "## Shards" in (out / "audit" / "report.md").read_text()
+
+
+@pytest.mark.cluster
 def test_a_healed_partition_does_not_depose_a_healthy_leader(tmp_path: Path) -> None:
     """PreVote: a follower cut off (blackholed: it still counts its peers connected, as in a
     real network partition) for several election timeouts asks before it stands, goes
@@ -232,7 +266,7 @@ def test_a_healed_partition_does_not_depose_a_healthy_leader(tmp_path: Path) -> 
         cluster.isolate(cut, "blackhole")
         wait_for(lambda: cut.log_path.read_text().count("event=pre_vote_started") >= 3, 20,
                  "three PreVote rounds on the isolated follower")
-        cluster.heal()
+        cluster.heal(0)
         wait_for(lambda: (info := cut.info()) is not None and info.role == "follower"
                  and info.leader_grpc == leader.grpc_address
                  and info.last_applied >= leader.info().commit_index, 20,
