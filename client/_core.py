@@ -315,6 +315,14 @@ def subscribe_request(topic: str, credits: int, visibility_timeout_ms: int,
         consumer=name, group=group))
 
 
+def with_credits(subscribe: pb.ReceiveRequest, credits: int) -> pb.ReceiveRequest:
+    """``subscribe`` with ``credits`` to begin with (a shard stream's part of the prefetch)."""
+    request = pb.ReceiveRequest()
+    request.CopyFrom(subscribe)
+    request.subscribe.credits = credits
+    return request
+
+
 def merged_requests(items: Iterable[Queued]) -> list[pb.ReceiveRequest]:
     """Queued ``("credit", n)``, ``("ack", receipt)`` and ``("nack", receipt)`` items as at most
     three requests."""

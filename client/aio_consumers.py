@@ -22,9 +22,11 @@ from tickwheel.client._core import (
     merged_requests,
     received,
     urgent,
+    with_credits,
 )
 from tickwheel.client.errors import retryable, translate
 from tickwheel.client.routing import ShardRouters
+from tickwheel.client.shards import shard_prefetch
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -102,7 +104,8 @@ class AsyncConsumer:
 
     async def _open(self) -> list[AsyncShardStream]:
         count = (await self._client.shards()).count
-        streams = [AsyncShardStream(self._client, self._subscribe, self._prefetch, shard)
+        prefetch = shard_prefetch(self._prefetch, count)
+        streams = [AsyncShardStream(self._client, self._subscribe, prefetch, shard)
                    for shard in range(count)]
         self._streams = streams
         if count > 1:
@@ -144,7 +147,7 @@ class AsyncShardStream:
                  shard: int = 0) -> None:
         self._client = client
         self._shard = shard
-        self._subscribe = subscribe
+        self._subscribe = with_credits(subscribe, prefetch)
         self._buffer: deque[Received] = deque()
         self._credits = Credits(prefetch)
         self._pending: list[Queued | None] = []

@@ -29,9 +29,11 @@ from tickwheel.client._core import (
     merged_requests,
     received,
     urgent,
+    with_credits,
 )
 from tickwheel.client.errors import retryable, translate
 from tickwheel.client.routing import ShardRouters
+from tickwheel.client.shards import shard_prefetch
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 if TYPE_CHECKING:
@@ -113,7 +115,8 @@ class Consumer:
 
     def _open(self) -> list[ShardStream]:
         count = self._client.shards().count
-        streams = [ShardStream(self._client, self._subscribe, self._prefetch, shard)
+        prefetch = shard_prefetch(self._prefetch, count)
+        streams = [ShardStream(self._client, self._subscribe, prefetch, shard)
                    for shard in range(count)]
         if count > 1:
             self._readers = [threading.Thread(target=self._read, args=(stream,), daemon=True,
@@ -164,7 +167,7 @@ class ShardStream:
                  shard: int = 0) -> None:
         self._client = client
         self._shard = shard
-        self._subscribe = subscribe
+        self._subscribe = with_credits(subscribe, prefetch)
         self._credits = Credits(prefetch)
         self._buffer: deque[Received] = deque()
         self._requests: queue.Queue[Queued | None] = queue.Queue()

@@ -12,9 +12,7 @@ starts with ``k.``; one of shard 0 has no prefix.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import itertools
 from typing import Final
 
 MAX_SHARDS: Final = 256
@@ -65,10 +63,8 @@ def receipt_shard(receipt: str) -> int:
     return shard if shard < MAX_SHARDS else 0
 
 
-@functools.lru_cache(maxsize=MAX_SHARDS)
-def shard_key(shard: int, shards: int) -> str:
-    """A routing key that places a message on ``shard`` of ``shards``: the first of
-    ``shard-<shard>-<n>`` that hashes there (what the RocketMQ listener gives the messages sent
-    to a queue, which is a shard)."""
-    return next(key for n in itertools.count()
-                if shard_of(key := f"shard-{shard}-{n}", shards) == shard)
+def shard_prefetch(prefetch: int, shards: int) -> int:
+    """A consumer's ``prefetch`` shared among its ``shards`` streams: each has its part (at
+    least one), so that a slow consumer holds about as many messages on many shards as on one,
+    and no more of their leases run out before it acknowledges them."""
+    return max(1, -(-prefetch // shards))

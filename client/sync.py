@@ -182,7 +182,7 @@ class Client(ClientBase[grpc.Channel]):
         """Iterate over the due messages of ``topic`` as a consumer of ``group`` (created if
         new; "" is the topic's default group), competing with the group's other consumers:
         every group gets every message. ``prefetch`` messages may be on their way at once
-        (from each shard)."""
+        (shared among the shards, at least one from each)."""
         return Consumer(self, subscribe_request(topic, prefetch, visibility_timeout_ms, name,
                                                 group), prefetch)
 

@@ -258,3 +258,24 @@ def test_the_async_client_schedules_and_consumes_over_every_shard(cluster: Local
             assert await client.cancel_many([r.handle for r in results]) == [False] * 100
             return got
     assert len(asyncio.run(asyncio.wait_for(run(), 60))) == 100
+
+
+def test_a_consumer_shares_its_prefetch_among_the_shards(cluster: LocalCluster,
+                                                         client: Client) -> None:
+    """A consumer of two shards holds about ``prefetch`` messages, half from each shard, not
+    ``prefetch`` from each: a slow consumer would hold twice as many, and more of their leases
+    would run out before it acknowledged them."""
+    topic = f"prefetch-{uuid.uuid4().hex[:8]}"
+    client.create_group(topic, "slow")
+    due_ms = int(time.time() * 1000)
+    client.schedule_many([Message(topic, b"x", deliver_at_ms=due_ms, id=f"{topic}-{n}")
+                          for n in range(100)])
+
+    def leased() -> list[int]:
+        infos = [cluster.leader(shard=shard).info(timeout_s=5) for shard in range(SHARDS)]
+        return [sum(g.leased for g in info.groups if (g.topic, g.group) == (topic, "slow"))
+                if info is not None else -1 for info in infos]
+    with client.consume(topic, group="slow", prefetch=8) as consumer:
+        next(consumer)  # takes one, acknowledges nothing: its credit comes back
+        wait_for(lambda: all(count in (4, 5) for count in leased()), 10,
+                 "each shard to lease its half of the prefetch (and the credit returned)")
