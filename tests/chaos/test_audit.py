@@ -355,18 +355,19 @@ def test_lateness_is_judged_from_acceptance(spark: SparkSession, dirs: dict[str,
 def test_failover_figures(dirty: dict[str, Any]) -> None:
     first, second = dirty["failovers"]
     assert first == {
-        "old_leader": "node0", "new_leader": "node1", "term": 2, "at_ms": t(32_000),
+        "shard": 0, "old_leader": "node0", "new_leader": "node1", "term": 2, "at_ms": t(32_000),
         "lost_at_ms": t(30_500), "no_leader_ms": 1_500, "first_delivery_ms": 1_800,
         "delivery_gap_ms": 2_310, "catch_up_ms": 300, "fault": {"fault": "kill", "node": "node0"},
         "duplicates": {"total": 2, "flagged": 1, "redelivery": 1, "unflagged": 0},
         "false_alarms": 0, "false_alarms_unsent": 0}
     assert second == {
-        "old_leader": "node1", "new_leader": "node2", "term": 4, "at_ms": t(63_000),
+        "shard": 0, "old_leader": "node1", "new_leader": "node2", "term": 4, "at_ms": t(63_000),
         "lost_at_ms": t(61_000), "no_leader_ms": 2_000, "first_delivery_ms": 2_500,
         "delivery_gap_ms": 2_600, "catch_up_ms": 500, "fault": {"fault": "pause", "node": "node1"},
         "duplicates": {"total": 3, "flagged": 1, "redelivery": 1, "unflagged": 1},
         "false_alarms": 0, "false_alarms_unsent": 0}
     assert [fault["fault"] for fault in dirty["faults"]] == ["kill", "pause", "partition"]
+    assert dirty["shards"] == {}  # a run of one shard reports none
     assert dirty["per_fault"] == {
         "kill": {"failovers": 1, "undelivered": 0,
                  "no_leader_ms": {"p50": 1_500, "p99": 1_500, "max": 1_500},
