@@ -41,9 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"[bold]starting a tickwheel cluster of {args.shards} shard(s) of 3 nodes"
                   f"[/bold] in {args.data}")
     with LocalCluster(args.data.resolve(), shards=args.shards) as cluster:
-        leaders = cluster.leaders(timeout_s=30)
-        if args.shards > 1:  # each shard's leader on a member of its own (docs/shards.md)
-            leaders = cluster.placed(timeout_s=60)
+        cluster.leaders(timeout_s=30)
+        # with shards, each shard's leader on a member of its own (docs/shards.md)
+        leaders = cluster.placed(timeout_s=60)
         for shard, leader in enumerate(leaders):
             console.print(f"shard {shard} leader: {leader.raft} (gRPC {leader.grpc_address}, "
                           f"pid {leader.pid})")

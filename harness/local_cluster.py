@@ -357,7 +357,10 @@ class LocalCluster:
 
     def placed(self, timeout_s: float = 30.0) -> list[LocalNode]:
         """Every shard's leader, once each is the member its shard prefers: shard k's
-        (k mod size)-th (docs/shards.md), in a cluster of several shards."""
+        (k mod size)-th (docs/shards.md), in a cluster of several shards. A cluster of one
+        shard prefers none: its leader, whoever won."""
+        if len(self.shards) == 1:
+            return self.leaders(timeout_s)
         preferred = [members[k % self.size] for k, members in enumerate(self.shards)]
         return wait_for(lambda: preferred if self.leaders() == preferred else None,
                         timeout_s, "every shard to be led by the member it prefers")

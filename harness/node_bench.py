@@ -343,8 +343,7 @@ def _settled(cluster: LocalCluster) -> None:
     preferred member: a hand-over in the middle of a run moves a shard's leader under load
     (and RocketMQ consumers learn of it only at their next assignment query)."""
     cluster.leaders(30)
-    if len(cluster.shards) > 1:
-        cluster.placed()
+    cluster.placed()
 
 
 def _secured(args: argparse.Namespace) -> _Shape:
