@@ -17,7 +17,8 @@ import grpc
 
 from tickwheel.client.credentials import Credentials, open_aio_channel
 from tickwheel.node.delivery.batches import GRPC_MESSAGE_BYTES
-from tickwheel.node.security.identity import CallMetadata
+from tickwheel.node.security.access import Principal
+from tickwheel.node.security.identity import CallMetadata, PeerCallers
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -46,6 +47,11 @@ through to a paused leader breaks within a second, and its consumer goes to the 
 A member that was down is dialed again within 2 s of its return: gRPC's back-off between
 attempts grows to 2 minutes by default, and a member stopped for a minute (polled for its
 disk space meanwhile) was unreachable through its channel for 20 s and more once back."""
+
+
+def forwarded(callers: PeerCallers, principal: Principal) -> tuple[tuple[str, str], ...]:
+    """What a call forwarded for ``principal`` to a member's peer listener carries."""
+    return FORWARDED + callers.metadata(principal)
 
 
 def was_forwarded(context: CallMetadata) -> bool:

@@ -40,11 +40,7 @@ from tickwheel.node.api.admission import CALLER, CallContext, keep_request, rele
 from tickwheel.node.api.calls import LeaderCalls, answer_of, receive_response, require
 from tickwheel.node.api.commits import WRITE_TIMEOUT_S
 from tickwheel.node.api.context import NodeContext
-from tickwheel.node.api.forward import (
-    FORWARDED,
-    LEADER_KEY,
-    was_forwarded,
-)
+from tickwheel.node.api.forward import LEADER_KEY, forwarded, was_forwarded
 from tickwheel.node.api.info import cluster_info
 from tickwheel.node.delivery.sessions import Session
 from tickwheel.node.security.access import Action, Principal
@@ -272,7 +268,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         if leader is None or (context is not None and was_forwarded(context)):
             raise Retryable(f"no leader reachable from here yet ({error}); retry")
         call = getattr(self._node.forwarder.stub(leader), method)(
-            request, metadata=self._forwarded(principal),
+            request, metadata=forwarded(self._node.peer_callers, principal),
             timeout=(context and context.time_remaining()) or WRITE_TIMEOUT_S)
         try:
             response: Message = await call
@@ -313,7 +309,8 @@ class TickwheelService(pb_grpc.TickwheelServicer):
             await self._abort(context, Retryable(
                 f"no leader reachable from here yet ({error}); retry"))
         forwarder = self._node.forwarder
-        call = forwarder.stub(leader).Receive(metadata=self._forwarded(principal))
+        call = forwarder.stub(leader).Receive(
+            metadata=forwarded(self._node.peer_callers, principal))
         refused: list[TickwheelError] = []
 
         async def upstream() -> None:
@@ -359,9 +356,6 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                 await self._abort(context, error)
             return await method(request, context)
         return handle
-
-    def _forwarded(self, principal: Principal) -> tuple[tuple[str, str], ...]:
-        return FORWARDED + self._node.peer_callers.metadata(principal)
 
     def _set_leader(self, context: CallContext) -> None:
         """The leader's gRPC address in the trailers, "" if unknown: a client tells by it that

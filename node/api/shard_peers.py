@@ -29,7 +29,7 @@ from tenacity import (
 )
 
 from tickwheel.common.errors import Retryable
-from tickwheel.node.api.forward import FORWARDED, LEADER_KEY, Forwarder
+from tickwheel.node.api.forward import LEADER_KEY, Forwarder, forwarded
 from tickwheel.node.api.placement import ShardMap
 from tickwheel.node.api.server import LeaderRefused
 from tickwheel.node.security.access import Principal
@@ -97,7 +97,7 @@ class ShardPeers:
         try:
             response: Message = await getattr(
                 self._forwarder.stub(self._shards.peers[shard][index]), method)(
-                request, metadata=FORWARDED + self._callers.metadata(principal),
+                request, metadata=forwarded(self._callers, principal),
                 timeout=max(0.05, deadline - time.monotonic()))
         except grpc.aio.AioRpcError as failed:
             if failed.code() != grpc.StatusCode.UNAVAILABLE:
