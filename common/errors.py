@@ -50,6 +50,11 @@ class WrongShard(ClientError):
     map is not the cluster's (gRPC ``FAILED_PRECONDITION``; read the map again)."""
 
 
+class MapConflict(ClientError):
+    """A change of the shard map that does not follow from the map in force (gRPC
+    ``FAILED_PRECONDITION``)."""
+
+
 class PermissionDenied(ClientError):
     """The caller is authenticated but its grants do not cover this action on this topic (or
     group); ``field`` names the part of the request refused."""
@@ -82,6 +87,15 @@ class NotLeader(Retryable):
     def __init__(self, leader_hint: str | None) -> None:
         super().__init__(f"not the leader; leader is {leader_hint or 'unknown'}")
         self.leader_hint = leader_hint
+
+
+class MapChanged(Retryable):
+    """A schedule was checked against a shard map older than the one the shard now takes
+    messages by: the node checks it again against the new one."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"the shard map changed to version {version} meanwhile; retry")
+        self.version = version
 
 
 class Overloaded(Retryable):

@@ -4,7 +4,8 @@ Its face, what the layers above use: the `Replica` (the one object a node drives
 settings and status; what its calls answer (`Accepted`, `Rejected`, `Retried`, `MoveOutcome`;
 `Delivery` and `Expired` for the hand-out it makes); the cluster's time it reads
 (`ClusterClock`, `MemberOffset`); lease receipts (`LeaseRef`,
-`encode_receipt`, `encode_receipts`, `decode_receipt`); consumer groups (`Groups`, read-only
+`encode_receipt`, `encode_receipts`, `decode_receipt`); the shard map a command set
+(`ShardMapRecord`); consumer groups (`Groups`, read-only
 above), their names and kinds; the handle cipher. The Raft port has its own face,
 `tickwheel.replication.raft`. Nothing outside this package imports its other modules
 (tests/test_layout.py checks it).
@@ -28,6 +29,7 @@ from tickwheel.replication.handout import (
 from tickwheel.replication.outcomes import Accepted, MoveOutcome, Rejected, Retried
 from tickwheel.replication.replica import Replica
 from tickwheel.replication.state import StateConfig
+from tickwheel.replication.state_files import ShardMapRecord
 from tickwheel.replication.status import ReplicaStatus
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "ReplicaConfig",
     "ReplicaStatus",
     "Retried",
+    "ShardMapRecord",
     "StateConfig",
     "decode_receipt",
     "encode_receipt",

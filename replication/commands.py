@@ -20,6 +20,8 @@ Every write to the replicated state is one of these commands. Each carries the l
 - ``group``: create or delete a consumer group.
 - ``retry``: like ``reschedule``, for a leased message: resolves the lease and files the copy.
 - ``move``: handles of pending messages, each with a new due time (the Reschedule call).
+- ``shard_map``: a new version of the cluster's shard map (shards added); from the entry on,
+  the shard takes only the messages the new map gives it (`tickwheel.replication.requests`).
 
 An entry is pickled by pysyncobj as one ``bytes`` argument, so pickling costs a copy, not a walk
 over messages. The layout is versioned and checksummed: a replica that reads a damaged entry
@@ -77,6 +79,7 @@ class Kind(IntEnum):
     RETRY = 8
     BARRIER = 9
     MOVE = 10
+    SHARD_MAP = 11
 
 
 class LeaseOp(IntEnum):
@@ -281,6 +284,16 @@ def group(stamp_ms: int, create: bool, topic: str, name: str) -> bytes:
     body = (_OP.pack(1 if create else 0) + _STRINGS.pack(len(topic_bytes)) + topic_bytes
             + _STRINGS.pack(len(name_bytes)) + name_bytes)
     return _framed(Kind.GROUP, stamp_ms, body)
+
+
+def shard_map(stamp_ms: int, version: int, body: bytes) -> bytes:
+    """Shard map ``version`` (u32), then its description (the node's JSON, opaque here)."""
+    return _framed(Kind.SHARD_MAP, stamp_ms, _COUNT.pack(version) + body)
+
+
+def read_shard_map(command: bytes) -> tuple[int, bytes]:
+    (version,) = _COUNT.unpack_from(command, _HEADER.size)
+    return version, command[_HEADER.size + _COUNT.size:]
 
 
 def read_group(command: bytes) -> tuple[bool, str, str]:

@@ -73,6 +73,18 @@ class DedupeWindow:
                 found[key] = value & _HANDLE_MASK, value >> 64
         return found
 
+    def remembered_any(self, keys: list[bytes]) -> dict[bytes, tuple[int, int]]:
+        """`remembered`, for a thread other than the one that adds: a copy of the buckets,
+        then one ``get`` per key and bucket (each atomic), never an iteration over a dict
+        another thread changes."""
+        found: dict[bytes, tuple[int, int]] = {}
+        for bucket in list(self._buckets.values()):
+            for key in keys:
+                value = bucket.get(key)
+                if value is not None:
+                    found[key] = value & _HANDLE_MASK, value >> 64
+        return found
+
     def add_many(self, keys: list[bytes], handles: list[int], deliver_at_ms: list[int],
                  stamp_ms: int) -> None:
         """Remember each key with its handle and due time, stamped ``stamp_ms``."""

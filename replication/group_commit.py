@@ -26,7 +26,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
-from tickwheel.common.errors import Overloaded
+from tickwheel.common.errors import MapChanged, Overloaded
 from tickwheel.replication import commands
 
 
@@ -37,6 +37,7 @@ class _Request:
     results: list[object] = field(default_factory=list)
     missing: int = 0
     failed: bool = False
+    map_version: int = 0
 
 
 @dataclass(slots=True)
@@ -79,15 +80,16 @@ class GroupCommitter:
     def queued_msgs(self) -> int:
         return self._queued_msgs
 
-    def submit(self, parts: list[bytes]) -> Future[Any]:
+    def submit(self, parts: list[bytes], map_version: int = 0) -> Future[Any]:
         """Queue one request of `commands.encoded_message` (or `commands.encoded_retry`) parts;
-        its future gets the results.
+        its future gets the results. ``map_version``: the shard map the messages were placed
+        by (`drain`).
         Raises `Overloaded` when ``max_queued_msgs`` are already waiting."""
         future: Future[Any] = Future()
         if not parts:
             future.set_result([])
             return future
-        request = _Request(parts, future, [None] * len(parts), len(parts))
+        request = _Request(parts, future, [None] * len(parts), len(parts), map_version=map_version)
         with self._lock:
             if self._queued_msgs + len(parts) > self._max_queued_msgs and self._queue:
                 raise Overloaded("max_queued_msgs")
@@ -96,11 +98,19 @@ class GroupCommitter:
         self._wake()
         return future
 
-    def drain(self) -> list[Entry]:
-        """Everything queued, packed into entries."""
+    def drain(self, map_version: int = 0) -> list[Entry]:
+        """Everything queued, packed into entries; a request placed by a shard map older than
+        ``map_version`` (the newest proposed) fails with `MapChanged` instead: it was checked
+        before the map changed and would be applied after."""
         with self._lock:
-            requests, self._queue = list(self._queue), deque()
+            queued, self._queue = list(self._queue), deque()
             self._queued_msgs = 0
+        requests = []
+        for request in queued:
+            if request.map_version < map_version:
+                resolve(request.future, error=MapChanged(map_version))
+            else:
+                requests.append(request)
         entries: list[Entry] = []
         parts: list[bytes] = []
         owners: list[tuple[_Request, int, int]] = []

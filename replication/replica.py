@@ -51,6 +51,7 @@ from tickwheel.replication.snapshots import (
     starts_fresh,
 )
 from tickwheel.replication.state import StateMachine
+from tickwheel.replication.state_files import ShardMapRecord
 from tickwheel.replication.status import ReplicaStatus
 from tickwheel.wheel import NewMessage
 
@@ -125,12 +126,39 @@ class Replica:
         self._state.close()
         log.info("event=replica_stopped address=%s", self.address)
 
-    def schedule(self, messages: Sequence[NewMessage]) -> Applied:
+    def schedule(self, messages: Sequence[NewMessage], map_version: int = 0) -> Applied:
         """Queue ``messages`` for the next entry; the future gets one `Accepted` or `Rejected`
-        per message, in order. Raises `NotLeader` on a follower, `Overloaded` when full."""
+        per message, in order. ``map_version``: the shard map they were placed by; the future
+        fails with `MapChanged` if a newer one was proposed before they were. Raises
+        `NotLeader` on a follower, `Overloaded` when full."""
         self._require_leader()
         self._state.wheel.check_delays([m.deliver_at_ms for m in messages], self._clock.now_ms())
-        return self._requests.schedules.submit([commands.encoded_message(m) for m in messages])
+        return self._requests.schedules.submit([commands.encoded_message(m) for m in messages],
+                                               map_version)
+
+    def change_shard_map(self, version: int, body: bytes) -> Applied:
+        """Propose shard map ``version`` (described by ``body``): the future gets the version
+        in force once it applied (the given one, or a newer one already there)."""
+        self._require_leader()
+        return self._requests.map_op(version, body)
+
+    @property
+    def dedupe_window_ms(self) -> int:
+        """How long a scheduled id is remembered (`StateConfig.dedupe_window_ms`)."""
+        return self._config.state.dedupe_window_ms
+
+    @property
+    def shard_map(self) -> ShardMapRecord | None:
+        """The newest shard map a command set (any thread: one reference, read once)."""
+        return self._state.shard_map
+
+    def remembered(self, ids: Sequence[str]) -> dict[int, tuple[int, int]]:
+        """Which of ``ids`` this shard remembers scheduling (the dedupe window), by their
+        index in ``ids``: ``(handle, deliver_at_ms)``. Safe on any thread: it reads the window's
+        buckets one key at a time, and a remembered id stays until its bucket is forgotten."""
+        keys = [commands.dedupe_key(message_id) for message_id in ids]
+        found = self._state.dedupe.remembered_any(keys)
+        return {index: found[key] for index, key in enumerate(keys) if key in found}
 
     def retry(self, retries: Sequence[tuple[LeaseRef, NewMessage]]) -> Applied:
         """For each ``(lease, copy)``: resolve the leased message and file ``copy`` (same id,

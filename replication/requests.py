@@ -42,6 +42,10 @@ class Requests:
         self._handle_ops: deque[tuple[HandleCommand, Applied, TopicCheck | None]] = deque()
         self._lease_ops: dict[LeaseOp, deque[LeaseRequest]] = {op: deque() for op in LeaseOp}
         self._group_ops: deque[tuple[bool, str, str, Applied]] = deque()
+        self._map_ops: deque[tuple[int, bytes, Applied]] = deque()
+        self._map_version = 0
+        """The newest shard map version proposed by this leader: schedules placed by an
+        older one are refused from then on (`GroupCommitter.drain`)."""
         self._consumer_ops: deque[Callable[[Planner], None]] = deque()
 
     # -- any thread -------------------------------------------------------------------------
@@ -72,6 +76,12 @@ class Requests:
         self._wake()
         return future
 
+    def map_op(self, version: int, body: bytes) -> Applied:
+        future: Applied = Future()
+        self._map_ops.append((version, body, future))
+        self._wake()
+        return future
+
     def consumer_op(self, op: Callable[[Planner], None], wake: bool = True) -> None:
         """A report for the planner, read at the next turn; ``wake`` to make that turn now."""
         self._consumer_ops.append(op)
@@ -87,7 +97,7 @@ class Requests:
         """Nothing is queued (any thread may be queueing as this is read: see
         `RaftPort.wake`)."""
         return not (self.schedules.queued_msgs or self.retries.queued_msgs or self._handle_ops
-                    or self._group_ops or self._consumer_ops
+                    or self._group_ops or self._map_ops or self._consumer_ops
                     or any(self._lease_ops.values()))
 
     def leave(self, key: int) -> None:
@@ -104,9 +114,16 @@ class Requests:
 
     def propose(self, now_ms: int, proposals: Proposals, planner: Planner | None,
                 state: StateMachine) -> None:
-        """Make commands of everything queued, and propose them."""
-        for entry in self.schedules.drain():
+        """Make commands of everything queued, and propose them. A new shard map goes after
+        the schedules queued before it, and later ones placed by an older map are refused."""
+        applied_map = 0 if state.shard_map is None else state.shard_map.version
+        self._map_version = max(self._map_version, applied_map)
+        for entry in self.schedules.drain(self._map_version):
             proposals.propose(commands.schedule(now_ms, entry.parts), entry)
+        while self._map_ops:
+            version, body, future = self._map_ops.popleft()
+            self._map_version = max(self._map_version, version)
+            proposals.propose(commands.shard_map(now_ms, version, body), future)
         for entry in self.retries.drain():
             proposals.propose(commands.retry(now_ms, entry.parts),
                               self._retry_applied(entry, planner, state))
@@ -146,6 +163,9 @@ class Requests:
                 resolve(queue.popleft()[2], error=error)
         while self._group_ops:
             resolve(self._group_ops.popleft()[3], error=error)
+        while self._map_ops:
+            resolve(self._map_ops.popleft()[2], error=error)
+        self._map_version = 0  # the next term's leader starts from what it applied
         self._consumer_ops.clear()
 
     def _propose_lease_op(self, now_ms: int, op: LeaseOp, queue: deque[LeaseRequest],

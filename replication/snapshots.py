@@ -38,7 +38,7 @@ from tickwheel.replication.raft import (
     write_snapshot,
 )
 from tickwheel.replication.state import StateMachine
-from tickwheel.replication.state_files import Manifest
+from tickwheel.replication.state_files import Manifest, ShardMapRecord
 from tickwheel.wheel import Cursor
 
 log = logging.getLogger("tickwheel.replication")
@@ -127,6 +127,21 @@ class PeerFiles:
         return sorted(self._peers, key=lambda peer: peer != leader)
 
 
+def manifest_parts(manifest: Manifest) -> tuple[Any, ...]:
+    """The manifest as a snapshot pickles it: plain tuples, dicts and bytes."""
+    return (tuple(manifest.cursor), manifest.stamp_ms, manifest.files, manifest.pending,
+            manifest.groups, manifest.readied, manifest.handle_key, manifest.moves,
+            None if manifest.shard_map is None else tuple(manifest.shard_map))
+
+
+def manifest_of(parts: tuple[Any, ...]) -> Manifest:
+    """`manifest_parts` read back; a snapshot of an older release has fewer parts."""
+    cursor, stamp_ms, files, pending, *rest = parts
+    if len(rest) >= 5 and rest[4] is not None:
+        rest[4] = ShardMapRecord(*rest[4])
+    return Manifest(Cursor(*cursor), stamp_ms, files, pending, *rest)
+
+
 class Snapshots:
     def __init__(self, address: str, data_dir: Path, state: StateMachine, peers: PeerFiles,
                  config: RaftConfig, clock: Clock, die: Die) -> None:
@@ -146,9 +161,7 @@ class Snapshots:
         started = self._clock.monotonic_s()
         manifest = self._state.manifest()
         self._sync_state_files(manifest.files)
-        write_snapshot(path, (tuple(manifest.cursor), manifest.stamp_ms, manifest.files,
-                              manifest.pending, manifest.groups, manifest.readied,
-                              manifest.handle_key, manifest.moves), raft_tail,
+        write_snapshot(path, manifest_parts(manifest), raft_tail,
                        self._config.fsync, self._sync_ledger)
         self._state.snapshot_written(manifest)
         log.info("event=snapshot_taken files=%d cursor_second=%d cursor_local_index=%d "
@@ -161,14 +174,14 @@ class Snapshots:
         raises (then serves on state the snapshot did not set), so a snapshot that cannot be
         read stops the process here."""
         try:
-            (cursor, stamp_ms, files, pending, *grouped), raft_tail = read_snapshot(path)
+            parts, raft_tail = read_snapshot(path)
         except (SnapshotDamaged, OSError) as error:
             log.critical("event=node_refused reason=snapshot_damaged path=%s %s. Restore the "
                          "snapshot, or move %s away: the node then starts empty and catches up "
                          "from the leader (do that only while a majority of the other members "
                          "has its data)", path, error, self._data_dir)
             self._die(self._address, f"snapshot damaged: {error}", STORAGE_EXIT_CODE)
-        manifest = Manifest(Cursor(*cursor), stamp_ms, files, pending, *grouped)
+        manifest = manifest_of(parts)
         started = self._clock.monotonic_s()
         try:
             self._state.install(manifest, self._peers.fetch, self._peers.fetch_many)

@@ -32,6 +32,7 @@ from tickwheel.replication.state_files import (
     Fetch,
     FetchMany,
     Manifest,
+    ShardMapRecord,
     copies_under,
     restore_files,
 )
@@ -83,6 +84,8 @@ class StateMachine:
         self._scheduling = Scheduling(self._s)
         self._retiring = Retiring(self._s, config.max_moved_msgs)
         self._last_manifest: Manifest | None = None
+        self.shard_map: ShardMapRecord | None = None
+        """The newest shard map a command set, if any (else the node's own)."""
 
     @classmethod
     def open(cls, root: Path, config: StateConfig, *, fresh: bool,
@@ -169,6 +172,8 @@ class StateMachine:
             return self._scheduling.apply_reschedule(command, stamp_ms)
         if kind is Kind.BARRIER:
             return self._apply_barrier(command, stamp_ms)
+        if kind is Kind.SHARD_MAP:
+            return self._apply_shard_map(command, stamp_ms)
         return self._apply_cursor(commands.read_cursor(command), stamp_ms)
 
     def _apply_barrier(self, command: bytes, stamp_ms: int) -> Cursor:
@@ -182,6 +187,17 @@ class StateMachine:
             self._s.handle_key = key
             log.info("event=handle_key_set")
         return self._apply_cursor(position, stamp_ms)
+
+    def _apply_shard_map(self, command: bytes, stamp_ms: int) -> int:
+        """Take a newer shard map (an older or the same version changes nothing); returns
+        the version now in force."""
+        version, body = commands.read_shard_map(command)
+        current = self.shard_map
+        if current is None or version > current.version:
+            self.shard_map = ShardMapRecord(version, stamp_ms, body)
+            log.info("event=shard_map_changed version=%d", version)
+            return version
+        return current.version
 
     def _apply_handout(self, command: bytes, stamp_ms: int) -> list[int]:
         """Ready the messages that came due (not one cancelled since the leader took it), then
@@ -253,7 +269,7 @@ class StateMachine:
         return Manifest(self.wheel.cursor, self.wheel.stamp_ms, files, self.pending.snapshot(),
                         self.groups.snapshot(),
                         {second: set(indexes) for second, indexes in self.readied.items()},
-                        self.handle_key, dict(self.moves))
+                        self.handle_key, dict(self.moves), self.shard_map)
 
     def snapshot_written(self, manifest: Manifest) -> None:
         """``manifest`` is now the Raft snapshot: delete passed hours and forgotten dedupe
@@ -284,6 +300,7 @@ class StateMachine:
         self._s.readied = {second: set(indexes) for second, indexes in manifest.readied.items()}
         self._s.handle_key = manifest.handle_key
         self._s.moves = dict(manifest.moves)
+        self.shard_map = manifest.shard_map
         self._last_manifest = manifest
         log.info("event=snapshot_installed files=%d fetched_bytes=%d cursor_second=%d "
                  "cursor_local_index=%d duration_ms=%.1f", len(manifest.files), fetched,

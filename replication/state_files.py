@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from tickwheel.common.errors import invariant
 from tickwheel.replication.groups import Snapshot as GroupsSnapshot
@@ -42,6 +43,15 @@ peer, in one call (each range of a different file)."""
 Range = tuple[str, int, int]
 
 
+class ShardMapRecord(NamedTuple):
+    """The shard map a ``shard_map`` command set: its version, the stamp of the command (when
+    this shard began to take only the messages it gives it) and its description."""
+
+    version: int
+    stamp_ms: int
+    body: bytes
+
+
 @dataclass(frozen=True, slots=True)
 class Manifest:
     """A snapshot: the lengths of every state file, the cursor, the stamp, the pending
@@ -55,6 +65,7 @@ class Manifest:
     readied: dict[int, set[int]] = field(default_factory=dict)
     handle_key: bytes | None = None
     moves: dict[int, int] = field(default_factory=dict)
+    shard_map: ShardMapRecord | None = None
 
 
 def restore_files(root: Path, files: dict[str, int], fetch: Fetch,

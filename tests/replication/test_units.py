@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import pickle
 import random
 import threading
 from functools import partial
@@ -12,8 +13,15 @@ from typing import Any
 import pytest
 from sim_raft import NodeClock, SimCluster, SimRaft, World
 
-from tickwheel.common.errors import InvariantViolation, NotLeader
-from tickwheel.replication import ConsumerSlot, Replica, ReplicaConfig, commands, state_files
+from tickwheel.common.errors import InvariantViolation, MapChanged, NotLeader
+from tickwheel.replication import (
+    ConsumerSlot,
+    Replica,
+    ReplicaConfig,
+    commands,
+    snapshots,
+    state_files,
+)
 from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import GroupCommitter
 from tickwheel.replication.outcomes import Accepted, Rejected, Retried
@@ -532,4 +540,57 @@ def test_a_turn_in_which_nothing_changed_skips_the_step(tmp_path: Path) -> None:
     world.now_s += 0.06
     turn()  # past its time
     assert len(steps) == 4
+    replica.stop()
+
+
+def test_a_schedule_placed_by_an_older_shard_map_is_refused_once_a_newer_is_proposed(
+        tmp_path: Path) -> None:
+    """A growth's shard map goes into the log after every schedule queued before it, and a
+    schedule placed by the older map but queued after it is refused (`MapChanged`): else it
+    could be applied after the switch, on a shard the id no longer belongs to, while the shard
+    that owns it now has been told the id is new."""
+    world, sink, wakes = World(), _Sink(), []
+    replica, cluster = _alone(tmp_path, world, sink, wakes)
+
+    def turns(count: int = 4) -> None:
+        for _ in range(count):
+            cluster.replicate()
+            replica.turn(0.0)
+            world.now_s += 0.001
+    cluster.elect("n0")
+    turns()
+    due_ms = NodeClock(world).now_ms() + 60_000
+    order: list[commands.Kind] = []
+    apply = replica._state.apply
+
+    def noting(command: bytes) -> object:
+        order.append(commands.read_header(command)[0])
+        return apply(command)
+    replica._state.apply = noting
+    switched = replica.change_shard_map(2, b'{"map": 2}')
+    queued_before = replica.schedule([NewMessage("a", "t", b"x", due_ms)], map_version=1)
+    replica.turn(0.0)  # proposes "a", then the map: not applied yet
+    placed_by_old = replica.schedule([NewMessage("b", "t", b"x", due_ms)], map_version=1)
+    placed_by_new = replica.schedule([NewMessage("c", "t", b"x", due_ms)], map_version=2)
+    turns()
+    assert [r.duplicate for r in queued_before.result(0)] == [False]
+    assert switched.result(0) == 2
+    with pytest.raises(MapChanged):
+        placed_by_old.result(0)
+    assert [r.duplicate for r in placed_by_new.result(0)] == [False]
+    scheduling = [kind for kind in order if kind in (commands.Kind.SCHEDULE,
+                                                     commands.Kind.SHARD_MAP)]
+    assert scheduling == [commands.Kind.SCHEDULE, commands.Kind.SHARD_MAP,
+                          commands.Kind.SCHEDULE]
+    # an older version changes nothing; the map in force is kept by a snapshot
+    assert replica.change_shard_map(1, b"{}") is not None
+    turns()
+    record = replica.shard_map
+    assert record is not None and (record.version, record.body) == (2, b'{"map": 2}')
+    manifest = replica._state.manifest()
+    assert manifest.shard_map == record
+    pickled = pickle.loads(pickle.dumps(snapshots.manifest_parts(manifest)))
+    assert snapshots.manifest_of(pickled).shard_map == record
+    assert snapshots.manifest_of(pickled[:8]).shard_map is None  # an older release's
+    assert sorted(replica.remembered(["c", "b", "a"])) == [0, 2]  # "b" was never scheduled
     replica.stop()
