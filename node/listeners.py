@@ -23,6 +23,7 @@ from tickwheel.common.errors import InvariantViolation
 from tickwheel.node.api.admission import MEMBERS, Authenticate, Gate
 from tickwheel.node.api.context import NodeContext
 from tickwheel.node.api.forward import CHANNEL_OPTIONS
+from tickwheel.node.api.growth import remembered
 from tickwheel.node.api.info import describe
 from tickwheel.node.api.server import SERVICE_NAME, TickwheelService, add_tickwheel_service
 from tickwheel.node.rocketmq.binding import add_messaging_service
@@ -64,6 +65,12 @@ class PeerService(pb_grpc.PeerServicer):
                                                          pb.DescribeResponse]
                        ) -> pb.DescribeResponse:
         return describe(self._node)
+
+    async def Remembered(self, request: pb.RememberedRequest,
+                         context: grpc.aio.ServicerContext[pb.RememberedRequest,
+                                                           pb.RememberedResponse]
+                         ) -> pb.RememberedResponse:
+        return remembered(self._node, request)
 
     async def DiskSpace(self, request: pb.DiskSpaceRequest,
                         context: grpc.aio.ServicerContext[pb.DiskSpaceRequest,

@@ -24,6 +24,7 @@ from tickwheel.node.api.admission import Admission
 from tickwheel.node.api.context import NodeContext
 from tickwheel.node.api.forward import Forwarder
 from tickwheel.node.api.info import cursor_lag_ms
+from tickwheel.node.api.placement import LiveShardMap
 from tickwheel.node.api.server import SERVICE_NAME
 from tickwheel.node.api.unary import UnaryConsumers
 from tickwheel.node.delivery.courier import Courier, CourierConfig
@@ -97,7 +98,8 @@ async def serve(settings: NodeSettings) -> None:
     node = NodeContext(replica, courier, members, settings.peer_map(), peer_callers,
                        settings.limits(), retry, replica.clock, metrics, forwarder,
                        UnaryConsumers(courier, replica, replica.clock.now_ms), disk,
-                       Admission(settings.admission_limits()), settings.shard_map(),
+                       Admission(settings.admission_limits()),
+                       LiveShardMap(settings.shard_map(), lambda: replica.shard_map),
                        settings.rocketmq_reach())
     servers, health_servicer = await start_server(node, _listeners(settings))
     replica.start()

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, NamedTuple, TypeVar
 
 from google.protobuf.message import Message
 
@@ -15,7 +16,9 @@ from tickwheel.common.errors import InvalidMessage, InvariantViolation, Permissi
 from tickwheel.node.api import validation
 from tickwheel.node.api.commits import WRITE_TIMEOUT_S, applied, committed
 from tickwheel.node.api.context import NodeContext
+from tickwheel.node.api.growth import Predecessors, grow_shards
 from tickwheel.node.api.placement import refused_handle
+from tickwheel.node.api.shard_peers import ShardPeers
 from tickwheel.node.delivery.sent import Sent
 from tickwheel.node.security.access import Action, Principal
 from tickwheel.replication import Accepted, HandleCipher, MoveOutcome
@@ -42,15 +45,17 @@ _MOVE_OUTCOMES = {
 
 
 class LeaderCalls:
-    def __init__(self, node: NodeContext) -> None:
+    def __init__(self, node: NodeContext, shard_peers: ShardPeers) -> None:
         self._node = node
+        self._predecessors = Predecessors(node, shard_peers)
 
     def handlers(self) -> dict[str, Handler]:
         """The unary methods answered on the leader, by name."""
         return {"Schedule": self.schedule, "Cancel": self.cancel,
                 "Reschedule": self.reschedule, "ReceiveMessages": self.receive,
                 "AckMessages": self.ack, "ChangeInvisibleDuration": self.change,
-                "CreateGroup": self.create_group, "DeleteGroup": self.delete_group}
+                "CreateGroup": self.create_group, "DeleteGroup": self.delete_group,
+                "GrowShards": partial(grow_shards, self._node)}
 
     async def create_group(self, request: pb.GroupRequest,
                                  principal: Principal) -> pb.GroupResponse:
@@ -88,14 +93,21 @@ class LeaderCalls:
                     checked_topic = message.topic
         checked = validation.new_messages(request.messages, node.clock.now_ms(), node.limits,
                                           node.retry.levels)
-        node.shards.place(request.messages, checked.messages)
+        shards = node.shards
+        shards.place(request.messages, checked.messages)
+        elsewhere = await self._predecessors.remembered(shards, request.messages,
+                                                        checked.messages)
+        messages = checked.messages if not elsewhere else [
+            m for index, m in enumerate(checked.messages) if index not in elsewhere]
         node.disk.check()
-        results = await committed(node.replica.schedule(checked.messages))
+        results = await committed(node.replica.schedule(messages, shards.version))
         node.metrics.scheduled.inc(sum(1 for r in results if not r.duplicate))
         response = pb.ScheduleResponse()
         add = response.results.add  # in place: a ScheduleResult built apart is copied in
         handles = iter(node.replica.handle_cipher().encode(
             [r.handle for r in results if isinstance(r, Accepted)]))
+        if elsewhere:  # answered by the shard they were scheduled on before a growth
+            results = _with_earlier(results, elsewhere, len(checked.messages))
         for m, r, clamped in zip(checked.messages, results, checked.clamped_levels,
                                  strict=True):
             if isinstance(r, Accepted):
@@ -103,6 +115,9 @@ class LeaderCalls:
                 if r.duplicate or clamped:  # rare: default fields passed cost 0.3 us a message
                     result.duplicate = r.duplicate
                     result.clamped_delay_level = clamped
+            elif isinstance(r, _Earlier):
+                add(id=m.id, handle=r.handle, deliver_at_ms=r.deliver_at_ms, duplicate=True,
+                    clamped_delay_level=clamped)
         return response
 
     async def cancel(self, request: pb.CancelRequest,
@@ -176,6 +191,23 @@ def answer_of(method: str, response: Message, answer: type[ResponseT]) -> Respon
     if not isinstance(response, answer):
         raise InvariantViolation(f"{method} answered a {type(response).__name__}")
     return response
+
+
+class _Earlier(NamedTuple):
+    """A message another shard scheduled before the map grew: its handle as that shard's
+    clients see it."""
+
+    handle: int
+    deliver_at_ms: int
+
+
+def _with_earlier(results: list[object], earlier: dict[int, tuple[int, int]],
+                  count: int) -> list[object]:
+    """The results of a request of ``count`` messages: ``earlier``'s at their indexes, and
+    those of the rest (``results``, in order) between."""
+    rest = iter(results)
+    return [_Earlier(*earlier[index]) if index in earlier else next(rest)
+            for index in range(count)]
 
 
 def require(principal: Principal, action: Action, topic: str, field: str,

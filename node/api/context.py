@@ -8,7 +8,7 @@ from tickwheel.common.clock import Clock
 from tickwheel.node.api import validation
 from tickwheel.node.api.admission import Admission
 from tickwheel.node.api.forward import Forwarder
-from tickwheel.node.api.placement import ShardMap
+from tickwheel.node.api.placement import LiveShardMap, ShardMap
 from tickwheel.node.api.unary import UnaryConsumers
 from tickwheel.node.delivery.courier import Courier
 from tickwheel.node.delivery.levels import RetryPolicy
@@ -40,11 +40,16 @@ class NodeContext:
     """Every member's free space: new messages wait while one is below its reserve."""
     admission: Admission
     """Calls and request bytes held now, over every listener (`tickwheel.node.api.admission`)."""
-    shards: ShardMap
+    shard_map: LiveShardMap
     """Every shard's members, and this node's shard (`tickwheel.node.api.placement`)."""
     rocketmq_address: str = ""
     """Where the other members' RocketMQ routes name this node's RocketMQ listener; "" for
     none."""
+
+    @property
+    def shards(self) -> ShardMap:
+        """The shard map in force now."""
+        return self.shard_map.current()
 
     def leader_grpc(self, raft_address: str | None) -> str | None:
         return None if raft_address is None else self.members.get(raft_address)

@@ -117,3 +117,12 @@ class Forwarder:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+class LeaderRefused(Exception):
+    """The leader answered a forwarded call with an error status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details

@@ -39,7 +39,8 @@ def cluster_info(node: NodeContext, principal: Principal = ANYONE) -> pb.Cluster
         pending=[pb.TopicPending(topic=topic, pending=count)
                  for topic, count in sorted(status.pending.items()) if sees(topic)],
         pending_untracked=status.pending_untracked, shard=node.shards.shard,
-        shards=shard_infos(node, node.leader_grpc(status.leader) or ""))
+        shards=shard_infos(node, node.leader_grpc(status.leader) or ""),
+        map_version=node.shards.version)
 
 
 def describe(node: NodeContext) -> pb.DescribeResponse:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Never, TypeVar
 
 import grpc
@@ -26,6 +27,7 @@ from tickwheel.common.errors import (
     ClientError,
     InvalidMessage,
     InvariantViolation,
+    MapConflict,
     NotLeader,
     Overloaded,
     PermissionDenied,
@@ -40,8 +42,9 @@ from tickwheel.node.api.admission import CALLER, CallContext, keep_request, rele
 from tickwheel.node.api.calls import LeaderCalls, answer_of, receive_response, require
 from tickwheel.node.api.commits import WRITE_TIMEOUT_S
 from tickwheel.node.api.context import NodeContext
-from tickwheel.node.api.forward import LEADER_KEY, forwarded, was_forwarded
-from tickwheel.node.api.info import cluster_info
+from tickwheel.node.api.forward import LEADER_KEY, LeaderRefused, forwarded, was_forwarded
+from tickwheel.node.api.info import cluster_info, describe
+from tickwheel.node.api.shard_peers import ShardPeers
 from tickwheel.node.delivery.sessions import Session
 from tickwheel.node.security.access import Action, Principal
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -51,6 +54,7 @@ _STATUS: list[tuple[type[TickwheelError], grpc.StatusCode]] = [
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (WrongShard, grpc.StatusCode.FAILED_PRECONDITION),
+    (MapConflict, grpc.StatusCode.FAILED_PRECONDITION),
     (ClientError, grpc.StatusCode.INVALID_ARGUMENT),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Retryable, grpc.StatusCode.UNAVAILABLE),
@@ -65,15 +69,6 @@ _Context = grpc.aio.ServicerContext
 """A servicer method's context, by its request and response types."""
 
 
-class LeaderRefused(Exception):
-    """The leader answered a forwarded call with an error status."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-
 class _EndOfStream(Exception):
     """The consumer closed its side of a `Receive` stream."""
 
@@ -85,7 +80,10 @@ class TickwheelService(pb_grpc.TickwheelServicer):
 
     def __init__(self, node: NodeContext) -> None:
         self._node = node
-        self._here = LeaderCalls(node).handlers()
+        self.shard_peers = ShardPeers(lambda: node.shards, node.forwarder, node.peer_callers,
+                                      partial(describe, node), node.members[node.replica.address])
+        """The other shards' leaders and members (`tickwheel.node.api.shard_peers`)."""
+        self._here = LeaderCalls(node, self.shard_peers).handlers()
 
     async def Schedule(self, request: pb.ScheduleRequest,
                        context: _Context[pb.ScheduleRequest, pb.ScheduleResponse]
@@ -141,6 +139,11 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                          context: _Context[pb.RescheduleRequest, pb.RescheduleResponse]
                          ) -> pb.RescheduleResponse:
         return await self._unary(context, "Reschedule", request, pb.RescheduleResponse)
+
+    async def GrowShards(self, request: pb.GrowShardsRequest,
+                         context: _Context[pb.GrowShardsRequest, pb.GrowShardsResponse]
+                         ) -> pb.GrowShardsResponse:
+        return await self._unary(context, "GrowShards", request, pb.GrowShardsResponse)
 
     async def ClusterInfo(self, request: pb.ClusterInfoRequest,
                           context: _Context[pb.ClusterInfoRequest, pb.ClusterInfoResponse]

@@ -29,9 +29,8 @@ from tenacity import (
 )
 
 from tickwheel.common.errors import Retryable
-from tickwheel.node.api.forward import LEADER_KEY, Forwarder, forwarded
+from tickwheel.node.api.forward import LEADER_KEY, Forwarder, LeaderRefused, forwarded
 from tickwheel.node.api.placement import ShardMap
-from tickwheel.node.api.server import LeaderRefused
 from tickwheel.node.security.access import Principal
 from tickwheel.node.security.identity import PeerCallers
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -53,18 +52,19 @@ class ShardPeers:
     membership. ``describe`` is this node's own `Peer.Describe` answer, ``own_grpc`` its gRPC
     address in the map."""
 
-    def __init__(self, shards: ShardMap, forwarder: Forwarder, callers: PeerCallers,
-                 describe: Callable[[], pb.DescribeResponse], own_grpc: str) -> None:
-        self._shards = shards
+    def __init__(self, shards: Callable[[], ShardMap], forwarder: Forwarder,
+                 callers: PeerCallers, describe: Callable[[], pb.DescribeResponse],
+                 own_grpc: str) -> None:
+        self._map = shards
         self._own_grpc = own_grpc
         self._forwarder = forwarder
         self._callers = callers
         self._describe = describe
-        self._leader = [0] * shards.count
+        self._leader: dict[int, int] = {}
         """The member of each shard believed to lead (an index into its members)."""
         self._rocketmq: dict[str, str] = {}
         """gRPC address -> RocketMQ address, of each member that has answered."""
-        self._routes: list[str] = [""] * shards.count
+        self._routes: list[str] = []
         self._described_at = float("-inf")
         self._describing = asyncio.Lock()
 
@@ -93,10 +93,11 @@ class ShardPeers:
                           principal: Principal, deadline: float) -> Message:
         """One try, at the member believed to lead; `_NotLeading` (and the next member, or
         the one it names, believed to lead) if it does not or cannot be reached."""
-        index = self._leader[shard]
+        index = self._leader.get(shard, 0)
+        peers = self._map().peers[shard]
         try:
             response: Message = await getattr(
-                self._forwarder.stub(self._shards.peers[shard][index]), method)(
+                self._forwarder.stub(peers[index]), method)(
                 request, metadata=forwarded(self._callers, principal),
                 timeout=max(0.05, deadline - time.monotonic()))
         except grpc.aio.AioRpcError as failed:
@@ -104,9 +105,38 @@ class ShardPeers:
                 raise LeaderRefused(failed.code(), failed.details() or "") from None
             hinted = self._hinted(shard, failed)
             self._leader[shard] = (hinted if hinted not in (None, index)
-                                   else (index + 1) % len(self._shards.peers[shard]))
+                                   else (index + 1) % len(peers))
             raise _NotLeading(failed.details() or "unavailable") from None
         return response
+
+    async def remembered(self, shard: int, ids: list[str], version: int,
+                         budget_s: float) -> pb.RememberedResponse:
+        """Which of ``ids`` ``shard`` remembers scheduling, from the first of its members
+        (the one believed to lead first) that has applied shard map ``version`` or a newer
+        one: such a member takes none of them any more, so what it does not remember it
+        never will. `Retryable` if none has within ``budget_s``."""
+        deadline = time.monotonic() + budget_s
+        shards = self._map()
+        first = self._leader.get(shard, 0)
+        peers = shards.peers[shard]
+        behind = "no member answered"
+        while time.monotonic() < deadline:
+            for offset in range(len(peers)):
+                peer = peers[(first + offset) % len(peers)]
+                try:
+                    answer: pb.RememberedResponse = await self._forwarder.peer_stub(
+                        peer).Remembered(pb.RememberedRequest(ids=ids),
+                                         metadata=self._callers.metadata(),
+                                         timeout=max(0.05, deadline - time.monotonic()))
+                except grpc.aio.AioRpcError as failed:
+                    behind = f"{peer}: {failed.code().name} {failed.details()}"
+                    continue
+                if answer.map_version >= version:
+                    return answer
+                behind = f"{peer} has applied shard map version {answer.map_version}"
+            await asyncio.sleep(0.05)
+        raise Retryable(f"shard {shard}, where these ids were scheduled before shard map version "
+                        f"{version}, has not taken that version yet ({behind}); retry")
 
     async def rocketmq_routes(self) -> list[str]:
         """Each shard's RocketMQ address as a route names it: its leader's listener, else a
@@ -120,9 +150,10 @@ class ShardPeers:
     async def _describe_all(self) -> None:
         own = self._describe()
         self._rocketmq[self._own_grpc] = own.rocketmq_address
+        shards = self._map()
         asked = [(shard, address, peer)
-                 for shard, (members, peers) in enumerate(zip(self._shards.members,
-                                                              self._shards.peers, strict=True))
+                 for shard, (members, peers) in enumerate(zip(shards.members,
+                                                              shards.peers, strict=True))
                  for address, peer in zip(members, peers, strict=True)
                  if peer and address != self._own_grpc]
         answers = await asyncio.gather(*(self._ask(peer) for _, _, peer in asked))
@@ -139,8 +170,9 @@ class ShardPeers:
             if answer.leader_grpc and (answer.leader_grpc == address or shard not in leaders):
                 leaders[shard] = answer.leader_grpc
         if own.leader_grpc:
-            leaders[self._shards.shard] = own.leader_grpc
-        for shard, members in enumerate(self._shards.members):
+            leaders[shards.shard] = own.leader_grpc
+        self._routes += [""] * (shards.count - len(self._routes))
+        for shard, members in enumerate(shards.members):
             leader = leaders.get(shard)
             if leader in members:
                 self._leader[shard] = members.index(leader)
@@ -159,7 +191,7 @@ class ShardPeers:
 
     def _hinted(self, shard: int, failed: grpc.aio.AioRpcError) -> int | None:
         """The member a refusal names as its leader, if it is one of ``shard``'s."""
-        members = self._shards.members[shard]
+        members = self._map().members[shard]
         for key, value in failed.trailing_metadata() or ():
             if key == LEADER_KEY and value in members:
                 return members.index(str(value))

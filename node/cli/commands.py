@@ -210,7 +210,36 @@ def _status(args: argparse.Namespace) -> int:
                 console.print(f"[red]shard {shard.shard}: no member answers[/red] "
                               f"({', '.join(shard.grpc_addresses)})")
                 continue
-            _shard_status(client, view, f"shard {shard.shard} of {len(info.shards)}: ")
+            _shard_status(client, view, f"shard {shard.shard} of {len(info.shards)} (map "
+                                        f"version {view.map_version}): ")
+    return 0
+
+
+def _grow_shards(args: argparse.Namespace) -> int:
+    """Copy the groups to the shards added, then have every shard take the new map."""
+    added: dict[int, list[tuple[str, str]]] = {}
+    for entry in args.shard_members:
+        number, _, addresses = entry.partition("=")
+        address, _, peer = addresses.partition("=")
+        if not number.isdigit() or not address or not peer:
+            console.print(f"[red]error[/red] --shard-member {entry!r} is not "
+                          "SHARD=GRPC_ADDRESS=PEER_ADDRESS")
+            return 2
+        added.setdefault(int(number), []).append((address, peer))
+    shards = sorted(added)
+    if shards != list(range(shards[0], shards[0] + len(shards))):
+        console.print(f"[red]error[/red] --shard-member names shards {shards}: the shards "
+                      "added are numbered on from the cluster's, without gaps")
+        return 2
+    with _client(args) as client:
+        count = client.refresh_shards().count
+        if shards[0] not in (count, count - len(shards)):
+            console.print(f"[red]error[/red] the cluster has {count} shards: the shards "
+                          f"added are numbered from {count}")
+            return 2
+        version = client.grow_shards([[a for a, _ in added[k]] for k in shards],
+                                     [[p for _, p in added[k]] for k in shards])
+        console.print(f"shard map version {version}: {client.shards().count} shards")
     return 0
 
 
@@ -335,6 +364,14 @@ def _parser(more: AddCommands | None) -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", parents=[connection], help="the cluster as a table")
     status.set_defaults(handler=_status)
+
+    grow = commands.add_parser(
+        "grow-shards", parents=[connection],
+        help="add shards to a running cluster, once their nodes run (docs/shards.md)")
+    grow.add_argument("--shard-member", dest="shard_members", action="append", required=True,
+                      metavar="SHARD=GRPC_ADDRESS=PEER_ADDRESS",
+                      help="a member of a shard added (repeat for each, in member order)")
+    grow.set_defaults(handler=_grow_shards)
     return parser
 
 

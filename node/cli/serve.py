@@ -22,11 +22,16 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--shard", type=int,
                        help="the shard this node's Raft group is (default 0; docs/shards.md)")
     serve.add_argument("--shard-member", dest="shard_members", action="append",
-                       metavar="SHARD=GRPC_ADDRESS",
+                       metavar="SHARD=GRPC_ADDRESS[=PEER_ADDRESS]",
                        help="a member of another shard (repeat for each)")
     serve.add_argument("--shards", type=int,
                        help="how many shards the cluster has: the map must have as many (a "
                             "StatefulSet pod derives --shard-member from it)")
+    serve.add_argument("--shard-map-version", type=int,
+                       help="the map's version: 1, plus 1 per growth (docs/shards.md)")
+    serve.add_argument("--grown-from", type=int,
+                       help="how many shards the map had before its last growth (a node of a "
+                            "shard added by it)")
     serve.add_argument("--grpc-listen")
     serve.add_argument("--rocketmq-listen",
                        help="HOST:PORT to serve RocketMQ 5's client protocol at (off unless "

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from functools import partial
 from typing import TypeVar
 
 import grpc
@@ -23,9 +22,8 @@ from tickwheel.client.shards import receipt_shard
 from tickwheel.common.errors import Retryable, TickwheelError
 from tickwheel.node.api.calls import answer_of
 from tickwheel.node.api.context import NodeContext
-from tickwheel.node.api.info import describe
-from tickwheel.node.api.server import LeaderRefused, TickwheelService
-from tickwheel.node.api.shard_peers import ShardPeers
+from tickwheel.node.api.forward import LeaderRefused
+from tickwheel.node.api.server import TickwheelService
 from tickwheel.node.api.validation import CONSUMER_PATTERN, MAX_RECEIVE_WAIT_MS
 from tickwheel.node.rocketmq import convert
 from tickwheel.node.rocketmq.binding import Context
@@ -52,9 +50,7 @@ class NativeCalls:
         self._native = native
         self.renewals = Renewals(self._renew)
         """The leases of PushConsumers' messages, kept alive while their clients are."""
-        self.shard_peers = ShardPeers(
-            node.shards, node.forwarder, node.peer_callers, partial(describe, node),
-            node.members[node.replica.address]) if node.shards.count > 1 else None
+        self.shard_peers = native.shard_peers
         """The other shards' leaders, in a cluster of several shards."""
 
     async def perform(self, context: Context | None, method: str, request: Message,
@@ -82,7 +78,7 @@ class NativeCalls:
                          ) -> ResponseT:
         """`perform` on ``shard``'s leader: this node's shard here, another through its
         peer listeners (`ShardPeers`), waiting for a leader as long."""
-        if self.shard_peers is None or shard == self._node.shards.shard:
+        if shard == self._node.shards.shard:
             return await self.perform(context, method, request, principal, answer)
         try:
             return await self.shard_peers.perform(shard, method, request, principal, answer,

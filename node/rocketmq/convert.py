@@ -31,7 +31,7 @@ from tickwheel.common.errors import (
     TickwheelError,
     Unauthenticated,
 )
-from tickwheel.node.api.server import LeaderRefused
+from tickwheel.node.api.forward import LeaderRefused
 from tickwheel.rocketmq.v2 import definition_pb2 as rmq
 from tickwheel.v1 import tickwheel_pb2 as pb
 

@@ -277,7 +277,7 @@ class MessagingService:
         shard k, at its leader (a shard no member of which answered is left out until one
         does)."""
         peers = self._calls.shard_peers
-        if peers is None:
+        if self._node.shards.count == 1:
             endpoints = self._advertise or asked
             if not endpoints.addresses:
                 raise Refusal(rmq.Code.ILLEGAL_ACCESS_POINT, "endpoints: name the address you "

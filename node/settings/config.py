@@ -330,7 +330,8 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
         """Every shard's members (`tickwheel.node.settings.shards`)."""
         peers = self.peer_map()
         return shard_map(self.shard, self.shard_members, list(self.member_map().values()),
-                         self.shards, [peers.get(raft, "") for raft in self.member_map()])
+                         self.shards, [peers.get(raft, "") for raft in self.member_map()],
+                         self.shard_map_version, self.grown_from)
 
     def listen(self) -> str:
         return self.grpc_listen or self.member_map()[self.raft_address]

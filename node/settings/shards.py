@@ -37,10 +37,17 @@ class ShardFields(BaseModel):
     """How many shards the cluster has; the map (``shard`` and ``shard_members``) must have
     as many. A StatefulSet pod derives ``shard_members`` from it, unless they are given.
     None: whatever the map has."""
+    shard_map_version: int = Field(default=1, ge=1)
+    """The version of that map: 1 for a cluster's first; each growth adds 1 (a shard's log
+    keeps the newest it was given by ``GrowShards``, which wins over an older one here)."""
+    grown_from: int = Field(default=0, ge=0)
+    """How many shards the map had before the growth that made this version; 0: none. A
+    shard added by a growth asks an id's previous shard whether it scheduled it."""
 
 
 def shard_map(shard: int, entries: Sequence[str], own_grpc: Sequence[str],
-              shards: int | None = None, own_peers: Sequence[str] = ()) -> ShardMap:
+              shards: int | None = None, own_peers: Sequence[str] = (), version: int = 1,
+              grown_from: int = 0) -> ShardMap:
     """The map from ``shard_members`` entries and the own shard's members' gRPC addresses
     (``own_grpc``) and peer listeners' (``own_peers``, in the same order, if known), of
     ``shards`` shards if that is given; `ValueError` saying what is wrong with them."""
@@ -80,9 +87,17 @@ def shard_map(shard: int, entries: Sequence[str], own_grpc: Sequence[str],
         raise ValueError(f"shards is {shards}, but shard {shard} and shard_members make a map "
                          f"of {count} shard{'s' if count > 1 else ''}: give every member of "
                          f"shards 0..{shards - 1}")
+    _check_growth(count, version, grown_from)
     return ShardMap(shard, tuple(tuple(listed[index]) for index in range(count)),
                     tuple(tuple(peers.get(address, "") for address in listed[index])
-                          for index in range(count)))
+                          for index in range(count)), version, grown_from)
+
+
+def _check_growth(count: int, version: int, grown_from: int) -> None:
+    if grown_from and not (1 <= grown_from < count and version > 1):
+        raise ValueError(f"grown_from is {grown_from}: a map of version {version} and {count} "
+                         f"shards grew from 1 to {count - 1} shards, and only a version above "
+                         "1 grew")
 
 
 def preferred_leader(members: Sequence[str], shard: int, shards: int) -> str | None:

@@ -66,7 +66,7 @@ def test_status_shows_every_shard_and_metrics_name_the_shard(cluster: LocalClust
         env={**os.environ, **cluster.security.environment(), "COLUMNS": "200"})
     assert status.returncode == 0, status.stdout + status.stderr
     for shard in range(SHARDS):
-        assert f"shard {shard} of {SHARDS}: term" in status.stdout
+        assert f"shard {shard} of {SHARDS} (map version 1): term" in status.stdout
         assert f"leader {cluster.leader(shard=shard).grpc_address}" in status.stdout
     for node in cluster.nodes:
         assert node.metrics_address is not None

@@ -163,6 +163,9 @@ def test_the_peer_listener_serves_members_only(cluster: LocalCluster) -> None:
             list(pb_grpc.PeerStub(channel).ReadStateFiles(
                 pb.ReadStateFilesRequest(ranges=[read]), timeout=5))
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as refused:  # which ids exist, for a growth
+            pb_grpc.PeerStub(channel).Remembered(pb.RememberedRequest(ids=["a"]), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         forged = ((PEER_KEY, "0" * 64), (PRINCIPAL_KEY, "admin"))
         with pytest.raises(grpc.RpcError) as refused:
             pb_grpc.TickwheelStub(channel).Schedule(pb.ScheduleRequest(messages=[pb.Message(
