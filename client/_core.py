@@ -91,6 +91,10 @@ def urgent(item: Queued | None) -> bool:
     rather than waiting up to `ACK_LINGER_S` for company (an ack or a nack)."""
     return item is None or item[0] == "credit"
 
+MAP_CHECK_S = 5.0
+"""How often a consumer of several shards reads the shard map again, to open a stream to each
+shard a growth adds (docs/shards.md)."""
+
 RECONNECT_WAIT = wait_random_exponential(multiplier=0.05, max=0.25)
 """Between attempts: jittered, growing from 50 ms to at most 250 ms. An election takes about a
 second; a longer back-off would only add to the time without delivery after it."""
@@ -381,7 +385,8 @@ class ClientBase(Generic[ChannelT]):
 
     def _learn(self, info: pb.ClusterInfoResponse) -> ShardRouters:
         """Take the shard map of a ``ClusterInfo`` answer."""
-        self._shards.learn([(shard.grpc_addresses, shard.leader_grpc) for shard in info.shards])
+        self._shards.learn([(shard.grpc_addresses, shard.leader_grpc) for shard in info.shards],
+                           info.map_version or 1)
         return self._shards
 
     def _unmapped(self, error: TickwheelClientError) -> ShardRouters:

@@ -152,6 +152,10 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
                 shards = self._unmapped(error)
         return shards
 
+    async def refresh_shards(self) -> ShardRouters:
+        """See `tickwheel.client.Client.refresh_shards`."""
+        return self._learn(await self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
+
     def consume(self, topic: str, *, prefetch: int = 64, visibility_timeout_ms: int = 0,
                 name: str = "", group: str = "") -> AsyncConsumer:
         return AsyncConsumer(self, subscribe_request(topic, prefetch, visibility_timeout_ms,

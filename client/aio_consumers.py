@@ -14,6 +14,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type
 
 from tickwheel.client._core import (
     ACK_LINGER_S,
+    MAP_CHECK_S,
     RECONNECT_WAIT,
     Credits,
     Queued,
@@ -24,7 +25,7 @@ from tickwheel.client._core import (
     urgent,
     with_credits,
 )
-from tickwheel.client.errors import retryable, translate
+from tickwheel.client.errors import TickwheelClientError, retryable, translate
 from tickwheel.client.routing import ShardRouters
 from tickwheel.client.shards import shard_prefetch
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -42,6 +43,8 @@ class AsyncStreamClient(Protocol):
     _shards: ShardRouters
 
     async def shards(self) -> ShardRouters: ...
+
+    async def refresh_shards(self) -> ShardRouters: ...
 
     async def _learn_leader(self, shard: int) -> None: ...
 
@@ -79,7 +82,7 @@ class AsyncConsumer:
             return await streams[0].__anext__()
         async with self._ready:
             while True:
-                stream = self._waiting(streams)
+                stream = self._waiting(self._streams or streams)
                 if stream is not None:
                     message = stream.take()
                     self._ready.notify_all()  # its reader may read on once it is emptied
@@ -110,7 +113,27 @@ class AsyncConsumer:
         self._streams = streams
         if count > 1:
             self._readers = [asyncio.create_task(self._read(stream)) for stream in streams]
+            self._readers.append(asyncio.create_task(self._watch()))
         return streams
+
+    async def _watch(self) -> None:
+        """Read the map every `MAP_CHECK_S`; open a stream to each shard added."""
+        while not self._closed:
+            await asyncio.sleep(MAP_CHECK_S)
+            try:
+                count = (await self._client.refresh_shards()).count
+            except TickwheelClientError as error:
+                log.debug("event=consumer_map_unread code=%s", error.code.name)
+                continue
+            known = self._streams or []
+            if count <= len(known) or self._closed:
+                continue
+            prefetch = shard_prefetch(self._prefetch, count)
+            added = [AsyncShardStream(self._client, self._subscribe, prefetch, shard)
+                     for shard in range(len(known), count)]
+            self._streams = known + added
+            self._readers += [asyncio.create_task(self._read(stream)) for stream in added]
+            log.info("event=consumer_shards_added shards=%d", count)
 
     def _waiting(self, streams: list[AsyncShardStream]) -> AsyncShardStream | None:
         for offset in range(len(streams)):

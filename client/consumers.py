@@ -3,7 +3,8 @@
 A cluster of one shard is read through one stream, in the iterating thread. With several, a
 thread per shard reads its shard's stream (one response at a time, and only once what the
 last one brought has been taken), and the iterator takes from the shards in turn, so that
-every shard's messages flow and none waits behind another's.
+every shard's messages flow and none waits behind another's; another thread reads the shard
+map every `MAP_CHECK_S` and opens a stream to each shard a growth adds.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tenacity import Retrying, retry_if_exception_type
 
 from tickwheel.client._core import (
     ACK_LINGER_S,
+    MAP_CHECK_S,
     RECONNECT_WAIT,
     Credits,
     Queued,
@@ -31,7 +33,7 @@ from tickwheel.client._core import (
     urgent,
     with_credits,
 )
-from tickwheel.client.errors import retryable, translate
+from tickwheel.client.errors import TickwheelClientError, retryable, translate
 from tickwheel.client.routing import ShardRouters
 from tickwheel.client.shards import shard_prefetch
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -47,6 +49,8 @@ class StreamClient(Protocol):
     """What a consumer asks of `tickwheel.client.Client`."""
 
     def shards(self) -> ShardRouters: ...
+
+    def refresh_shards(self) -> ShardRouters: ...
 
     def _open_stream(self, requests: Iterator[pb.ReceiveRequest], shard: int
                      ) -> tuple[str, _CallIterator[pb.ReceiveResponse]]: ...
@@ -87,14 +91,14 @@ class Consumer:
             return next(streams[0])
         while True:
             with self._ready:
-                stream = self._waiting(streams)
+                stream = self._waiting(self._streams)
                 while stream is None:
                     if self._failure is not None:
                         raise self._failure
                     if self._closed:
                         raise StopIteration
                     self._ready.wait()
-                    stream = self._waiting(streams)
+                    stream = self._waiting(self._streams)
             message = stream.take()
             with self._ready:
                 self._ready.notify_all()  # its reader may read on once it is emptied
@@ -119,9 +123,9 @@ class Consumer:
         streams = [ShardStream(self._client, self._subscribe, prefetch, shard)
                    for shard in range(count)]
         if count > 1:
-            self._readers = [threading.Thread(target=self._read, args=(stream,), daemon=True,
-                                              name=f"tickwheel-consumer-shard-{shard}")
-                             for shard, stream in enumerate(streams)]
+            self._readers = [self._reader(stream, shard) for shard, stream in enumerate(streams)]
+            self._readers.append(threading.Thread(target=self._watch, daemon=True,
+                                                  name="tickwheel-consumer-map"))
         self._streams = streams
         if self._closed:  # closed from another thread meanwhile
             for stream in streams:
@@ -130,8 +134,38 @@ class Consumer:
             reader.start()
         return streams
 
-    def _waiting(self, streams: list[ShardStream]) -> ShardStream | None:
+    def _reader(self, stream: ShardStream, shard: int) -> threading.Thread:
+        return threading.Thread(target=self._read, args=(stream,), daemon=True,
+                                name=f"tickwheel-consumer-shard-{shard}")
+
+    def _watch(self) -> None:
+        """Read the map every `MAP_CHECK_S`; open a stream to each shard added."""
+        while True:
+            with self._ready:
+                if self._ready.wait_for(lambda: self._closed, MAP_CHECK_S):
+                    return
+            try:
+                count = self._client.refresh_shards().count
+            except TickwheelClientError as error:
+                log.debug("event=consumer_map_unread code=%s", error.code.name)
+                continue
+            with self._ready:
+                known = self._streams or []
+                if count <= len(known) or self._closed:
+                    continue
+                prefetch = shard_prefetch(self._prefetch, count)
+                added = [ShardStream(self._client, self._subscribe, prefetch, shard)
+                         for shard in range(len(known), count)]
+                readers = [self._reader(stream, len(known) + i) for i, stream in enumerate(added)]
+                self._streams = known + added
+                self._readers += readers
+            log.info("event=consumer_shards_added shards=%d", count)
+            for reader in readers:
+                reader.start()
+
+    def _waiting(self, streams: list[ShardStream] | None) -> ShardStream | None:
         """The next shard in turn with messages waiting."""
+        streams = streams or []
         for offset in range(len(streams)):
             stream = streams[(self._turn + offset) % len(streams)]
             if stream.waiting:

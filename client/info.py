@@ -98,6 +98,8 @@ class ClusterInfo:
     """The shard the answering node serves."""
     shards: tuple[Shard, ...] = ()
     """Every shard, in order; empty in a cluster of one shard."""
+    map_version: int = 1
+    """The version of that shard map: 1 until the cluster grows (docs/shards.md)."""
 
 
 _Part = TypeVar("_Part", "Member", "TopicDue", "TopicPending", "GroupInfo")

@@ -87,14 +87,21 @@ class ShardRouters:
         self.routers = [Router(targets, clock_s)]
         self.known = False
         """Whether the map was read."""
+        self.version = 0
+        """The version of the map read (1 until the cluster grows)."""
 
     @property
     def count(self) -> int:
         return len(self.routers)
 
-    def learn(self, shards: Sequence[tuple[Sequence[str], str]]) -> None:
-        """Take the map: per shard, its members' gRPC addresses and its leader's ("" if the
-        answering node did not know it); none: the cluster is one shard."""
+    def learn(self, shards: Sequence[tuple[Sequence[str], str]], version: int = 1) -> None:
+        """Take the map of ``version``: per shard, its members' gRPC addresses and its
+        leader's ("" if the answering node did not know it); none: the cluster is one shard.
+        A map no newer than the one known is not taken (a node that has not taken a growth
+        yet answers an older one), so the routers keep the leaders they found."""
+        if self.known and version <= self.version:
+            return
+        self.version = version
         if shards:
             routers = []
             for members, leader in shards:

@@ -51,7 +51,7 @@ from tickwheel.client.consumers import Consumer
 from tickwheel.client.credentials import Credentials, open_channel
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
-from tickwheel.client.routing import ShardRouters, receive_slices, split
+from tickwheel.client.routing import Router, ShardRouters, receive_slices, split
 from tickwheel.client.rpcs import (
     ACK_MESSAGES,
     CANCEL,
@@ -59,6 +59,7 @@ from tickwheel.client.rpcs import (
     CLUSTER_INFO,
     CREATE_GROUP,
     DELETE_GROUP,
+    GROW_SHARDS,
     RECEIVE_MESSAGES,
     RESCHEDULE,
     SCHEDULE,
@@ -177,6 +178,10 @@ class Client(ClientBase[grpc.Channel]):
                 shards = self._unmapped(error)
         return shards
 
+    def refresh_shards(self) -> ShardRouters:
+        """Read the shard map again and take it if it is newer (shards were added)."""
+        return self._learn(self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
+
     def consume(self, topic: str, *, prefetch: int = 64, visibility_timeout_ms: int = 0,
                 name: str = "", group: str = "") -> Consumer:
         """Iterate over the due messages of ``topic`` as a consumer of ``group`` (created if
@@ -235,6 +240,46 @@ class Client(ClientBase[grpc.Channel]):
         request = pb.GroupRequest(topic=topic, group=group)
         return any([self._call(DELETE_GROUP, request, shard=shard).existed
                     for shard in range(self.shards().count)])
+
+    def grow_shards(self, shards: Sequence[Sequence[str]],
+                    peers: Sequence[Sequence[str]]) -> int:
+        """Add ``shards`` (each its members' gRPC addresses, and ``peers`` their peer
+        listeners, in the same order) to the running cluster, whose new shards' nodes already
+        run with the new map (docs/shards.md#growing-a-running-cluster): copy every consumer
+        group to them, then have each shard of the current map take the new one, in shard
+        order; copy the groups created meanwhile. Returns the new map's version. Takes an admin
+        grant on every topic."""
+        current = self.refresh_shards()
+        known = [router.targets for router in current.routers]
+        wanted = [list(members) for members in shards]
+        if len(known) > len(wanted) and known[-len(wanted):] == wanted:
+            # a node answered with the new map already (a growth begun before, or a node of
+            # a new shard): finish that growth
+            count, version = len(known) - len(wanted), current.version
+        else:
+            count, version = len(known), current.version + 1
+        request = pb.GrowShardsRequest(version=version, shards=[
+            pb.NewShard(grpc_addresses=members, peer_addresses=listeners)
+            for members, listeners in zip(shards, peers, strict=True)])
+        added = [Router(members) for members in shards]
+        self._copy_groups(count, added)
+        for shard in range(count):
+            answer = self._call(GROW_SHARDS, request, shard=shard)
+            log.info("event=shard_grown shard=%d version=%d shards=%d", shard, answer.version,
+                     answer.shards)
+        self._copy_groups(count, added)
+        return self.refresh_shards().version
+
+    def _copy_groups(self, count: int, added: list[Router]) -> None:
+        """Create every named consumer group of the first ``count`` shards on the shards of
+        ``added``."""
+        groups = sorted({(group.topic, group.group) for shard in range(count)
+                         for group in self._call(CLUSTER_INFO, pb.ClusterInfoRequest(),
+                                                 shard=shard).groups if group.group})
+        for router in added:
+            for topic, group in groups:
+                self._call(CREATE_GROUP, pb.GroupRequest(topic=topic, group=group),
+                           router=router)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -302,16 +347,19 @@ class Client(ClientBase[grpc.Channel]):
         return pb_grpc.TickwheelStub(channel)
 
     def _call(self, rpc: Unary[RequestT, ResponseT], request: RequestT,
-              timeout_s: float | None = None, shard: int = 0) -> ResponseT:
+              timeout_s: float | None = None, shard: int = 0,
+              router: Router | None = None) -> ResponseT:
         try:
             return Retrying(**retry_policy(self._timeout_s))(
-                lambda: self._attempt(rpc, request, timeout_s, shard))
+                lambda: self._attempt(rpc, request, timeout_s, shard, router))
         except grpc.RpcError as error:
             raise translate(error) from None
 
     def _attempt(self, rpc: Unary[RequestT, ResponseT], request: RequestT,
-                 timeout_s: float | None = None, shard: int = 0) -> ResponseT:
-        router = self._shards.routers[shard]
+                 timeout_s: float | None = None, shard: int = 0,
+                 router: Router | None = None) -> ResponseT:
+        """One try at ``shard``'s leader as its router knows it (or at ``router``'s)."""
+        router = router or self._shards.routers[shard]
         address = router.choose()
         method: grpc.UnaryUnaryMultiCallable[RequestT, ResponseT] = getattr(
             self._stub(address), rpc.name)

@@ -188,17 +188,10 @@ class LocalCluster:
                  client_certificates: bool = False, power_cuts: bool = False,
                  rocketmq: bool = False, shards: int = 1) -> None:
         self.size = size
-        size *= shards
-        if base_port is None:
-            ports = free_ports(5 * size)
-            grpc_ports, raft_ports, peer_ports, metrics_ports, rocketmq_ports = (
-                ports[i * size:(i + 1) * size] for i in range(5))
-        else:
-            grpc_ports = [base_port + i for i in range(size)]
-            raft_ports = [base_port + 100 + i for i in range(size)]
-            peer_ports = [base_port + 200 + i for i in range(size)]
-            metrics_ports = [base_port + 2000 + i for i in range(size)]
-            rocketmq_ports = [base_port + 300 + i for i in range(size)]
+        self._base_port = base_port
+        self._metrics = metrics
+        self._power_cuts = power_cuts
+        self._rocketmq = rocketmq
         self.root = root
         self.security: DevCredentials | None = None
         self._client_certificates = client_certificates
@@ -214,21 +207,60 @@ class LocalCluster:
         self.extra_args = tuple(extra_args)
         """Flags for every node besides the addresses and ``raft_args`` and ``grpc_args``
         (how Raft links and gRPC are secured)."""
+        self.map_version = 1
+        """The shard map's version the nodes are started with: 1, plus 1 per `grow`."""
+        self.grown_from = 0
+        """How many shards the map had before the last `grow` (0: none)."""
+        self.nodes: list[LocalNode] = []
+        self.shards: list[list[LocalNode]] = []
+        """The nodes of each shard."""
+        self._add_shards(shards)
+
+    def _add_shards(self, count: int) -> list[LocalNode]:
+        """Make (not start) the nodes of ``count`` more shards."""
+        first, size = len(self.nodes), count * self.size
+        base_port = self._base_port
+        if base_port is None:
+            ports = free_ports(5 * size)
+            grpc_ports, raft_ports, peer_ports, metrics_ports, rocketmq_ports = (
+                ports[i * size:(i + 1) * size] for i in range(5))
+        else:
+            grpc_ports, raft_ports, peer_ports, rocketmq_ports, metrics_ports = (
+                [base_port + offset + first + i for i in range(size)]
+                for offset in (0, 100, 200, 300, 2000))
         admin = self.credentials()
 
         def name(i: int) -> str:
             shard, member = divmod(i, self.size)
             return f"node{member}" if shard == 0 else f"shard{shard}-node{member}"
-        self.nodes = [LocalNode(f"127.0.0.1:{raft_ports[i]}", f"127.0.0.1:{grpc_ports[i]}",
-                                f"127.0.0.1:{peer_ports[i]}", root / name(i),
-                                root / f"{name(i)}.log", admin,
-                                f"127.0.0.1:{metrics_ports[i]}" if metrics else None,
-                                sync_ledger=root / f"node{i}.synced" if power_cuts else None,
-                                rocketmq_address=(f"127.0.0.1:{rocketmq_ports[i]}" if rocketmq
-                                                  else None), shard=i // self.size)
-                      for i in range(size)]
-        self.shards = [self.nodes[k * self.size:(k + 1) * self.size] for k in range(shards)]
-        """The nodes of each shard."""
+        root = self.root
+        added = [LocalNode(f"127.0.0.1:{raft_ports[j]}", f"127.0.0.1:{grpc_ports[j]}",
+                           f"127.0.0.1:{peer_ports[j]}", root / name(i), root / f"{name(i)}.log",
+                           admin, f"127.0.0.1:{metrics_ports[j]}" if self._metrics else None,
+                           sync_ledger=root / f"node{i}.synced" if self._power_cuts else None,
+                           rocketmq_address=(f"127.0.0.1:{rocketmq_ports[j]}" if self._rocketmq
+                                             else None), shard=i // self.size)
+                 for j, i in enumerate(range(first, first + size))]
+        self.nodes += added
+        self.shards += [added[k * self.size:(k + 1) * self.size] for k in range(count)]
+        return added
+
+    def grow(self, count: int, timeout_s: float = 60.0) -> int:
+        """Add ``count`` shards to the running cluster, as an operator does
+        (docs/shards.md#growing-a-running-cluster): start their nodes with the new map, then
+        have the existing shards take it (`Client.grow_shards`). Returns the map's version."""
+        before = len(self.shards)
+        with Client([node.grpc_address for node in self.nodes],
+                    credentials=self.credentials()) as client:
+            added = self._add_shards(count)
+            self.map_version, self.grown_from = self.map_version + 1, before
+            for node in added:
+                self.start(node)
+            for shard in range(before, before + count):
+                self.leader(timeout_s, shard=shard)
+            new = self.shards[before:]
+            return client.grow_shards([[node.grpc_address for node in nodes] for nodes in new],
+                                      [[node.peer_address for node in nodes] for nodes in new])
 
     def credentials(self, principal: str = "admin") -> Credentials:
         """How to call the nodes as ``principal`` (its token, and its certificate when the
@@ -279,6 +311,9 @@ class LocalCluster:
             command += ["--fsync", "--sync-ledger", str(node.sync_ledger)]
         if node.rocketmq_address is not None:
             command += ["--rocketmq-listen", node.rocketmq_address]
+        if self.map_version > 1:
+            command += ["--shard-map-version", str(self.map_version),
+                        "--grown-from", str(self.grown_from)]
         if len(self.shards) > 1:
             command += ["--shard", str(node.shard)]
             command += [arg for other in self.nodes if other.shard != node.shard

@@ -1,0 +1,212 @@
+"""Growing a running cluster from two shards to four (docs/shards.md#growing-a-running-cluster),
+on real node processes, while a producer schedules and a consumer started before the growth
+receives: nothing lost, nothing delivered twice unflagged, and an id scheduled before the growth
+still answered as a duplicate, with its first handle, by whichever shard the new map sends it
+to. Then what a hostile or careless operator may try: a map change out of order, within the
+dedupe window, or by a principal that is no admin."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import grpc
+import pytest
+
+from tickwheel.client import Message, Received
+from tickwheel.client.credentials import open_channel
+from tickwheel.client.shards import handle_shard, receipt_shard, shard_of
+from tickwheel.harness.local_cluster import LocalCluster, wait_for
+from tickwheel.v1 import tickwheel_pb2 as pb
+from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.cluster
+
+PRINCIPALS = {"tenant": [{"actions": ["schedule", "cancel", "consume"], "topics": ["*"]}]}
+DUE_IN_MS = 1_500
+"""How far ahead the producer's messages are due: some are still pending at the growth."""
+
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, dict]]:
+    """Two shards of one replica each, grown to four under load; what happened, for the
+    tests to look at."""
+    with LocalCluster(tmp_path_factory.mktemp("growth"), 1, shards=2,
+                      principals=PRINCIPALS) as cluster:
+        cluster.leaders(timeout_s=60)
+        yield cluster, _grow_under_load(cluster)
+
+
+def _guarded(work: Callable[[], None], failures: list[BaseException],
+             stop: threading.Event) -> threading.Thread:
+    """A thread of ``work`` whose failure is noted for the test, and stops the others."""
+    def run() -> None:
+        try:
+            work()
+        except BaseException as error:  # the test reports it
+            failures.append(error)
+            stop.set()
+    return threading.Thread(target=run, daemon=True)
+
+
+def _grow_under_load(cluster: LocalCluster) -> dict:
+    topic = f"grow-{uuid.uuid4().hex[:8]}"
+    client = cluster.client(timeout_s=60)
+    client.create_group(topic, "audit")
+    scheduled: dict[str, int] = {}  # id -> the handle its first scheduling answered
+    before: list[str] = []  # ids scheduled before the growth began
+    after: list[str] = []  # ids scheduled once it was done
+    delivered: list[Received] = []
+    stop = threading.Event()
+    growing = threading.Event()
+    grown = threading.Event()
+    failures: list[BaseException] = []
+
+    def produce() -> None:
+        with cluster.client(timeout_s=60) as producer:
+            for batch in range(10_000):
+                if stop.is_set():
+                    return
+                due_ms = int(time.time() * 1000) + DUE_IN_MS
+                done = grown.is_set()
+                messages = [Message(topic, f"b{batch}", deliver_at_ms=due_ms,
+                                    id=f"{topic}-{batch}-{n}") for n in range(20)]
+                for result in producer.schedule_many(messages):
+                    scheduled.setdefault(result.id, result.handle)
+                if not growing.is_set():
+                    before.extend(m.id for m in messages)
+                if done:
+                    after.extend(m.id for m in messages)
+                time.sleep(0.02)
+
+    def consume() -> None:
+        with cluster.client(timeout_s=60) as consumer_client, consumer_client.consume(
+                topic, group="audit", prefetch=64) as consumer:
+            for message in consumer:
+                delivered.append(message)
+                message.ack()
+                if stop.is_set() and len({m.id for m in delivered}) >= len(scheduled):
+                    return
+
+    threads = [_guarded(produce, failures, stop), _guarded(consume, failures, stop)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: len(before) >= 400 or None, 60, "400 messages before the growth")
+    growing.set()
+    version = cluster.grow(2)
+    grown.set()
+    wait_for(lambda: len(after) >= 400 or None, 60, "400 messages after the growth")
+    stop.set()
+    threads[0].join(60)
+    wait_for(lambda: failures or len({m.id for m in delivered}) >= len(scheduled) or None, 90,
+             "every message scheduled to be delivered")
+    threads[1].join(10)
+    assert not failures, failures
+    # the ids scheduled before the growth, sent again by a client that reads the new map
+    with cluster.client(timeout_s=60) as late:
+        again = late.schedule_many([Message(topic, "again", delay_ms=DUE_IN_MS, id=message_id)
+                                    for message_id in before])
+        info = late.cluster_info()
+    client.close()
+    return {"topic": topic, "version": version, "scheduled": scheduled, "before": before,
+            "after": after,
+            "delivered": delivered, "again": again, "info": info}
+
+
+def test_the_map_grows_to_four_shards_and_new_ids_spread_over_them(grown: tuple) -> None:
+    cluster, run = grown
+    assert run["version"] == 2
+    assert run["info"].map_version == 2
+    assert [list(s.grpc_addresses) for s in run["info"].shards] == [
+        [node.grpc_address for node in nodes] for nodes in cluster.shards]
+    after = run["after"]
+    placed = {handle_shard(run["scheduled"][i]) for i in after}
+    assert placed == {0, 1, 2, 3}, placed  # the new shards take their part of new ids
+    assert all(handle_shard(run["scheduled"][i]) == shard_of(i, 4) for i in after)
+    assert {handle_shard(run["scheduled"][i]) for i in run["before"]} == {0, 1}
+
+
+def test_nothing_is_lost_nor_delivered_twice_unflagged(grown: tuple) -> None:
+    _, run = grown
+    unflagged: list[str] = []
+    seen: set[str] = set()
+    for message in run["delivered"]:
+        if message.id in seen and not message.possible_duplicate:
+            unflagged.append(message.id)
+        seen.add(message.id)
+    assert not unflagged, unflagged[:10]
+    assert seen == set(run["scheduled"])  # every message, through the consumer started before
+    # the consumer opened streams to the shards added while it ran
+    assert {receipt_shard(m.receipt) for m in run["delivered"]} == {0, 1, 2, 3}
+
+
+def test_an_id_scheduled_before_the_growth_is_still_answered_as_a_duplicate(grown: tuple
+                                                                             ) -> None:
+    _, run = grown
+    moved = [i for i in run["before"] if shard_of(i, 4) >= 2]
+    assert len(moved) > 100  # jump hash moved about half of them to the new shards
+    for message_id, result in zip(run["before"], run["again"], strict=True):
+        assert result.duplicate, message_id
+        assert result.handle == run["scheduled"][message_id], message_id
+
+
+def test_a_map_change_out_of_order_or_inside_the_window_is_refused(grown: tuple) -> None:
+    cluster, _ = grown
+    stub = cluster.leader(shard=0).stub
+    extra = [pb.NewShard(grpc_addresses=["127.0.0.1:1"], peer_addresses=["127.0.0.1:2"])]
+    with pytest.raises(grpc.RpcError) as skipped:
+        stub.GrowShards(pb.GrowShardsRequest(version=4, shards=extra), timeout=10)
+    assert skipped.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "version" in skipped.value.details()
+    with pytest.raises(grpc.RpcError) as early:
+        stub.GrowShards(pb.GrowShardsRequest(version=3, shards=extra), timeout=10)
+    assert early.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "dedupe window" in early.value.details()
+    # the growth repeated is answered as done, and changes nothing
+    added = [pb.NewShard(grpc_addresses=[n.grpc_address for n in nodes],
+                         peer_addresses=[n.peer_address for n in nodes])
+             for nodes in cluster.shards[2:]]
+    again = stub.GrowShards(pb.GrowShardsRequest(version=2, shards=added), timeout=10)
+    assert (again.version, again.shards) == (2, 4)
+
+
+def test_only_an_admin_changes_the_map(grown: tuple) -> None:
+    cluster, _ = grown
+    extra = [pb.NewShard(grpc_addresses=["127.0.0.1:1"], peer_addresses=["127.0.0.1:2"])]
+    with open_channel(cluster.leader(shard=0).grpc_address,
+                      cluster.credentials("tenant"), ()) as channel, pytest.raises(
+                          grpc.RpcError) as refused:
+        pb_grpc.TickwheelStub(channel).GrowShards(
+            pb.GrowShardsRequest(version=3, shards=extra), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "admin" in refused.value.details()
+
+
+def test_the_cli_finishes_a_growth_and_status_shows_the_version(grown: tuple) -> None:
+    """``tickwheel grow-shards`` run again on a cluster it grew (an operator retrying after
+    losing the answer): every shard answers the map in force, and nothing changes."""
+    cluster, _ = grown
+    assert cluster.security is not None
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TICKWHEEL_")},
+           **cluster.security.environment(), "COLUMNS": "200"}
+    target = cluster.shards[0][0].grpc_address
+    members = [arg for k in (2, 3) for node in cluster.shards[k]
+               for arg in ("--shard-member", f"{k}={node.grpc_address}={node.peer_address}")]
+    grow = subprocess.run([sys.executable, "-m", "tickwheel.node", "grow-shards", "--target",
+                           target, *members], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+    assert grow.returncode == 0, grow.stdout + grow.stderr
+    assert "shard map version 2: 4 shards" in grow.stdout
+    gap = subprocess.run([sys.executable, "-m", "tickwheel.node", "grow-shards", "--target",
+                          target, "--shard-member", "6=127.0.0.1:1=127.0.0.1:2"],
+                         capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert gap.returncode == 2 and "numbered from 4" in gap.stdout
+    status = subprocess.run([sys.executable, "-m", "tickwheel.node", "status", "--target",
+                             target], capture_output=True, text=True, env=env, timeout=60,
+                            check=False)
+    assert status.stdout.count("(map version 2)") == 4, status.stdout
