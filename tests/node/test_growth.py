@@ -7,6 +7,7 @@ dedupe window, or by a principal that is no admin."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 
-from tickwheel.client import Message, Received
+from tickwheel.client import AsyncClient, Message, Received
 from tickwheel.client.credentials import open_channel
 from tickwheel.client.shards import handle_shard, receipt_shard, shard_of
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
@@ -58,10 +59,12 @@ def _grow_under_load(cluster: LocalCluster) -> dict:
     topic = f"grow-{uuid.uuid4().hex[:8]}"
     client = cluster.client(timeout_s=60)
     client.create_group(topic, "audit")
+    client.create_group(topic, "audit-async")
     scheduled: dict[str, int] = {}  # id -> the handle its first scheduling answered
     before: list[str] = []  # ids scheduled before the growth began
     after: list[str] = []  # ids scheduled once it was done
     delivered: list[Received] = []
+    delivered_async: list[Received] = []
     stop = threading.Event()
     growing = threading.Event()
     grown = threading.Event()
@@ -93,7 +96,19 @@ def _grow_under_load(cluster: LocalCluster) -> dict:
                 if stop.is_set() and len({m.id for m in delivered}) >= len(scheduled):
                     return
 
-    threads = [_guarded(produce, failures, stop), _guarded(consume, failures, stop)]
+    async def consume_async() -> None:
+        async with AsyncClient([node.grpc_address for node in cluster.nodes],
+                               credentials=cluster.credentials(), timeout_s=60) as aclient:
+            async with aclient.consume(topic, group="audit-async", prefetch=64) as consumer:
+                async for message in consumer:
+                    delivered_async.append(message)
+                    message.ack()
+                    if stop.is_set() and len({m.id for m in delivered_async}) >= len(
+                            scheduled):
+                        return
+
+    threads = [_guarded(produce, failures, stop), _guarded(consume, failures, stop),
+               _guarded(lambda: asyncio.run(consume_async()), failures, stop)]
     for thread in threads:
         thread.start()
     wait_for(lambda: len(before) >= 400 or None, 60, "400 messages before the growth")
@@ -103,9 +118,11 @@ def _grow_under_load(cluster: LocalCluster) -> dict:
     wait_for(lambda: len(after) >= 400 or None, 60, "400 messages after the growth")
     stop.set()
     threads[0].join(60)
-    wait_for(lambda: failures or len({m.id for m in delivered}) >= len(scheduled) or None, 90,
-             "every message scheduled to be delivered")
-    threads[1].join(10)
+    wait_for(lambda: failures or min(len({m.id for m in delivered}),
+                                     len({m.id for m in delivered_async})) >= len(scheduled)
+             or None, 90, "every message scheduled to be delivered to both groups")
+    for thread in threads[1:]:
+        thread.join(10)
     assert not failures, failures
     # the ids scheduled before the growth, sent again by a client that reads the new map
     with cluster.client(timeout_s=60) as late:
@@ -115,7 +132,8 @@ def _grow_under_load(cluster: LocalCluster) -> dict:
     client.close()
     return {"topic": topic, "version": version, "scheduled": scheduled, "before": before,
             "after": after,
-            "delivered": delivered, "again": again, "info": info}
+            "delivered": delivered, "delivered_async": delivered_async, "again": again,
+            "info": info}
 
 
 def test_the_map_grows_to_four_shards_and_new_ids_spread_over_them(grown: tuple) -> None:
@@ -131,18 +149,20 @@ def test_the_map_grows_to_four_shards_and_new_ids_spread_over_them(grown: tuple)
     assert {handle_shard(run["scheduled"][i]) for i in run["before"]} == {0, 1}
 
 
-def test_nothing_is_lost_nor_delivered_twice_unflagged(grown: tuple) -> None:
+@pytest.mark.parametrize("consumer", ["delivered", "delivered_async"])
+def test_nothing_is_lost_nor_delivered_twice_unflagged(grown: tuple, consumer: str) -> None:
+    """To each group, through a consumer (blocking, or asyncio) started before the growth."""
     _, run = grown
     unflagged: list[str] = []
     seen: set[str] = set()
-    for message in run["delivered"]:
+    for message in run[consumer]:
         if message.id in seen and not message.possible_duplicate:
             unflagged.append(message.id)
         seen.add(message.id)
     assert not unflagged, unflagged[:10]
-    assert seen == set(run["scheduled"])  # every message, through the consumer started before
+    assert seen == set(run["scheduled"])
     # the consumer opened streams to the shards added while it ran
-    assert {receipt_shard(m.receipt) for m in run["delivered"]} == {0, 1, 2, 3}
+    assert {receipt_shard(m.receipt) for m in run[consumer]} == {0, 1, 2, 3}
 
 
 def test_an_id_scheduled_before_the_growth_is_still_answered_as_a_duplicate(grown: tuple
