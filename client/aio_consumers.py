@@ -77,12 +77,11 @@ class AsyncConsumer:
         return self
 
     async def __anext__(self) -> Received:
-        streams = self._streams if self._streams is not None else await self._open()
-        if len(streams) == 1:
-            return await streams[0].__anext__()
+        if self._streams is None:
+            await self._open()
         async with self._ready:
             while True:
-                stream = self._waiting(self._streams or streams)
+                stream = self._waiting(self._streams)
                 if stream is not None:
                     message = stream.take()
                     self._ready.notify_all()  # its reader may read on once it is emptied
@@ -105,16 +104,14 @@ class AsyncConsumer:
             reader.cancel()
         await asyncio.gather(*self._readers, return_exceptions=True)
 
-    async def _open(self) -> list[AsyncShardStream]:
+    async def _open(self) -> None:
         count = (await self._client.shards()).count
         prefetch = shard_prefetch(self._prefetch, count)
         streams = [AsyncShardStream(self._client, self._subscribe, prefetch, shard)
                    for shard in range(count)]
         self._streams = streams
-        if count > 1:
-            self._readers = [asyncio.create_task(self._read(stream)) for stream in streams]
-            self._readers.append(asyncio.create_task(self._watch()))
-        return streams
+        self._readers = [asyncio.create_task(self._read(stream)) for stream in streams]
+        self._readers.append(asyncio.create_task(self._watch()))
 
     async def _watch(self) -> None:
         """Read the map every `MAP_CHECK_S`; open a stream to each shard added."""
@@ -135,7 +132,8 @@ class AsyncConsumer:
             self._readers += [asyncio.create_task(self._read(stream)) for stream in added]
             log.info("event=consumer_shards_added shards=%d", count)
 
-    def _waiting(self, streams: list[AsyncShardStream]) -> AsyncShardStream | None:
+    def _waiting(self, streams: list[AsyncShardStream] | None) -> AsyncShardStream | None:
+        streams = streams or []
         for offset in range(len(streams)):
             stream = streams[(self._turn + offset) % len(streams)]
             if stream.waiting:
@@ -181,15 +179,6 @@ class AsyncShardStream:
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
 
-    async def __anext__(self) -> Received:
-        while True:
-            message = self.take()
-            if message is not None:
-                return message
-            if self._closed:
-                raise StopAsyncIteration
-            await self._receive()
-
     def take(self) -> Received | None:
         """The next message received, if one waits (None if not), and its credit."""
         if self._buffer and self._call is not None and self._call.done():
@@ -209,10 +198,6 @@ class AsyncShardStream:
     def waiting(self) -> bool:
         """Whether received messages wait to be taken."""
         return bool(self._buffer)
-
-    async def receive(self) -> None:
-        """Wait for the next batch, (re)connecting as needed."""
-        await self._receive()
 
     async def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (acks), end the stream, and wait up to ``timeout_s`` for the
@@ -244,7 +229,8 @@ class AsyncShardStream:
             self._call.cancel()
         self._call = self._writer = None
 
-    async def _receive(self) -> None:
+    async def receive(self) -> None:
+        """Wait for the next batch, (re)connecting as needed."""
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(Reconnect),
                                            wait=RECONNECT_WAIT, reraise=True):
             with attempt:

@@ -1,10 +1,10 @@
 """The blocking client's consumer: a stream per shard, merged.
 
-A cluster of one shard is read through one stream, in the iterating thread. With several, a
-thread per shard reads its shard's stream (one response at a time, and only once what the
+A thread per shard reads its shard's stream (one response at a time, and only once what the
 last one brought has been taken), and the iterator takes from the shards in turn, so that
-every shard's messages flow and none waits behind another's; another thread reads the shard
-map every `MAP_CHECK_S` and opens a stream to each shard a growth adds.
+every shard's messages flow and none waits behind another's. Another thread reads the shard
+map every `MAP_CHECK_S` and opens a stream to each shard a growth adds (a cluster of one
+shard grows too).
 """
 
 from __future__ import annotations
@@ -86,9 +86,8 @@ class Consumer:
         return self
 
     def __next__(self) -> Received:
-        streams = self._streams if self._streams is not None else self._open()
-        if len(streams) == 1:
-            return next(streams[0])
+        if self._streams is None:
+            self._open()
         while True:
             with self._ready:
                 stream = self._waiting(self._streams)
@@ -117,22 +116,20 @@ class Consumer:
         for reader in self._readers:
             reader.join(timeout_s)
 
-    def _open(self) -> list[ShardStream]:
+    def _open(self) -> None:
         count = self._client.shards().count
         prefetch = shard_prefetch(self._prefetch, count)
         streams = [ShardStream(self._client, self._subscribe, prefetch, shard)
                    for shard in range(count)]
-        if count > 1:
-            self._readers = [self._reader(stream, shard) for shard, stream in enumerate(streams)]
-            self._readers.append(threading.Thread(target=self._watch, daemon=True,
-                                                  name="tickwheel-consumer-map"))
+        self._readers = [self._reader(stream, shard) for shard, stream in enumerate(streams)]
+        self._readers.append(threading.Thread(target=self._watch, daemon=True,
+                                              name="tickwheel-consumer-map"))
         self._streams = streams
         if self._closed:  # closed from another thread meanwhile
             for stream in streams:
                 stream.close(0)
         for reader in self._readers:
             reader.start()
-        return streams
 
     def _reader(self, stream: ShardStream, shard: int) -> threading.Thread:
         return threading.Thread(target=self._read, args=(stream,), daemon=True,
@@ -209,15 +206,6 @@ class ShardStream:
         self._read_lock = threading.Lock()
         self._closed = False
 
-    def __next__(self) -> Received:
-        while True:
-            message = self.take()
-            if message is not None:
-                return message
-            if self._closed:
-                raise StopIteration
-            self._receive()
-
     def take(self) -> Received | None:
         """The next message received, if one waits (None if not), and its credit."""
         stream = self._stream
@@ -272,10 +260,6 @@ class ShardStream:
         self._requests.put((kind, receipt))
 
     def receive(self) -> None:
-        """Wait for the next batch, (re)connecting as needed."""
-        self._receive()
-
-    def _receive(self) -> None:
         """Wait for the next batch, (re)connecting as needed."""
         for attempt in Retrying(retry=retry_if_exception_type(Reconnect),
                                 wait=RECONNECT_WAIT, reraise=True):

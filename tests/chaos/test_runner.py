@@ -20,6 +20,7 @@ import pytest
 from tickwheel.chaos import proxy
 from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.proxy import RaftMesh
+from tickwheel.harness import ports
 from tickwheel.harness.local_cluster import wait_for
 from tickwheel.harness.ports import EPHEMERAL_PORTS, LOWEST_PORT, PORT_RANGE_ENV, free_ports
 
@@ -88,6 +89,8 @@ def test_ports_picked_and_not_yet_bound_are_not_picked_again(
     # A chaos cluster picks its nodes' ports, then its proxies', and binds the proxies first:
     # a proxy took a node's gRPC port, and the node could not start (a red CI).
     monkeypatch.setenv(PORT_RANGE_ENV, f"{LOWEST_PORT + 300}-{LOWEST_PORT + 319}")
+    # what this worker's earlier tests were given counts against the range: start afresh
+    monkeypatch.setattr(ports, "_given", set())
     nodes, proxies = free_ports(10), free_ports(10)
     assert not set(nodes) & set(proxies)
     assert len(set(free_ports(10))) == 10  # every port given once: it starts over

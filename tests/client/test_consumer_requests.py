@@ -28,10 +28,10 @@ def test_credits_go_back_a_batch_at_a_time_and_the_node_keeps_most_of_the_prefet
 def test_a_consumer_that_empties_its_buffer_does_not_send_a_credit_for_each_batch() -> None:
     consumer = ShardStream(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
     consumer._buffer.extend(["m1", "m2", "m3"])  # type: ignore[list-item]
-    assert [next(consumer) for _ in range(3)] == ["m1", "m2", "m3"]
+    assert [consumer.take() for _ in range(3)] == ["m1", "m2", "m3"]
     assert consumer._requests.empty()  # 3 of a batch of 8: nothing owed yet
     consumer._buffer.extend(["m4", "m5", "m6", "m7", "m8"])  # type: ignore[list-item]
-    [next(consumer) for _ in range(5)]
+    [consumer.take() for _ in range(5)]
     assert consumer._requests.get_nowait() == ("credit", 8)
 
 
@@ -51,13 +51,13 @@ def test_the_async_consumer_credits_in_batches_and_lets_acks_wait() -> None:
         consumer = AsyncShardStream(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
         consumer._buffer.extend(["m1", "m2", "m3"])  # type: ignore[list-item]
         for _ in range(3):
-            await anext(consumer)
+            consumer.take()
         assert consumer._pending == []
         consumer._send("ack", "r1")
         assert consumer._wakeup.is_set() and not consumer._flush.is_set()
         consumer._buffer.extend(["m4", "m5", "m6", "m7", "m8"])  # type: ignore[list-item]
         for _ in range(5):
-            await anext(consumer)
+            consumer.take()
         assert consumer._pending == [("ack", "r1"), ("credit", 8)]
         assert consumer._flush.is_set()
 

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -43,97 +44,106 @@ def grown(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalClust
         yield cluster, _grow_under_load(cluster)
 
 
-def _guarded(work: Callable[[], None], failures: list[BaseException],
-             stop: threading.Event) -> threading.Thread:
-    """A thread of ``work`` whose failure is noted for the test, and stops the others."""
-    def run() -> None:
-        try:
-            work()
-        except BaseException as error:  # the test reports it
-            failures.append(error)
-            stop.set()
-    return threading.Thread(target=run, daemon=True)
+class _Load:
+    """A producer and two consumers (one blocking, one asyncio, each of its own group) of one
+    topic, on threads, while the cluster grows; what each saw."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.topic = f"grow-{uuid.uuid4().hex[:8]}"
+        self.scheduled: dict[str, int] = {}
+        """id -> the handle its first scheduling answered"""
+        self.before: list[str] = []
+        """ids scheduled before the growth began"""
+        self.after: list[str] = []
+        """ids scheduled once it was done"""
+        self.delivered: dict[str, list[Received]] = {"audit": [], "audit-async": []}
+        self.stop, self.growing, self.grown = (threading.Event(), threading.Event(),
+                                               threading.Event())
+        self.failures: list[BaseException] = []
+        self.threads = [self._guarded(self._produce), self._guarded(self._consume),
+                        self._guarded(lambda: asyncio.run(self._consume_async()))]
+
+    def _guarded(self, work: Callable[[], None]) -> threading.Thread:
+        """A thread of ``work`` whose failure is noted for the test, and stops the others."""
+        def run() -> None:
+            try:
+                work()
+            except BaseException as error:  # the test reports it
+                self.failures.append(error)
+                self.stop.set()
+        return threading.Thread(target=run, daemon=True)
+
+    def all_delivered(self) -> bool:
+        return bool(self.failures) or all(len({m.id for m in got}) >= len(self.scheduled)
+                                          for got in self.delivered.values())
+
+    def _produce(self) -> None:
+        with self.cluster.client(timeout_s=60) as producer:
+            for batch in range(10_000):
+                if self.stop.is_set():
+                    return
+                due_ms = int(time.time() * 1000) + DUE_IN_MS
+                done = self.grown.is_set()
+                messages = [Message(self.topic, f"b{batch}", deliver_at_ms=due_ms,
+                                    id=f"{self.topic}-{batch}-{n}") for n in range(20)]
+                for result in producer.schedule_many(messages):
+                    self.scheduled.setdefault(result.id, result.handle)
+                if not self.growing.is_set():
+                    self.before.extend(m.id for m in messages)
+                if done:
+                    self.after.extend(m.id for m in messages)
+                time.sleep(0.02)
+
+    def _consume(self) -> None:
+        got = self.delivered["audit"]
+        with self.cluster.client(timeout_s=60) as client, client.consume(
+                self.topic, group="audit", prefetch=64) as consumer:
+            for message in consumer:
+                got.append(message)
+                message.ack()
+                if self.stop.is_set() and self.all_delivered():
+                    return
+
+    async def _consume_async(self) -> None:
+        got = self.delivered["audit-async"]
+        async with AsyncClient([node.grpc_address for node in self.cluster.nodes],
+                               credentials=self.cluster.credentials(), timeout_s=60
+                               ) as client, client.consume(self.topic, group="audit-async",
+                                                           prefetch=64) as consumer:
+            async for message in consumer:
+                got.append(message)
+                message.ack()
+                if self.stop.is_set() and self.all_delivered():
+                    return
 
 
 def _grow_under_load(cluster: LocalCluster) -> dict:
-    topic = f"grow-{uuid.uuid4().hex[:8]}"
-    client = cluster.client(timeout_s=60)
-    client.create_group(topic, "audit")
-    client.create_group(topic, "audit-async")
-    scheduled: dict[str, int] = {}  # id -> the handle its first scheduling answered
-    before: list[str] = []  # ids scheduled before the growth began
-    after: list[str] = []  # ids scheduled once it was done
-    delivered: list[Received] = []
-    delivered_async: list[Received] = []
-    stop = threading.Event()
-    growing = threading.Event()
-    grown = threading.Event()
-    failures: list[BaseException] = []
-
-    def produce() -> None:
-        with cluster.client(timeout_s=60) as producer:
-            for batch in range(10_000):
-                if stop.is_set():
-                    return
-                due_ms = int(time.time() * 1000) + DUE_IN_MS
-                done = grown.is_set()
-                messages = [Message(topic, f"b{batch}", deliver_at_ms=due_ms,
-                                    id=f"{topic}-{batch}-{n}") for n in range(20)]
-                for result in producer.schedule_many(messages):
-                    scheduled.setdefault(result.id, result.handle)
-                if not growing.is_set():
-                    before.extend(m.id for m in messages)
-                if done:
-                    after.extend(m.id for m in messages)
-                time.sleep(0.02)
-
-    def consume() -> None:
-        with cluster.client(timeout_s=60) as consumer_client, consumer_client.consume(
-                topic, group="audit", prefetch=64) as consumer:
-            for message in consumer:
-                delivered.append(message)
-                message.ack()
-                if stop.is_set() and len({m.id for m in delivered}) >= len(scheduled):
-                    return
-
-    async def consume_async() -> None:
-        async with AsyncClient([node.grpc_address for node in cluster.nodes],
-                               credentials=cluster.credentials(), timeout_s=60) as aclient:
-            async with aclient.consume(topic, group="audit-async", prefetch=64) as consumer:
-                async for message in consumer:
-                    delivered_async.append(message)
-                    message.ack()
-                    if stop.is_set() and len({m.id for m in delivered_async}) >= len(
-                            scheduled):
-                        return
-
-    threads = [_guarded(produce, failures, stop), _guarded(consume, failures, stop),
-               _guarded(lambda: asyncio.run(consume_async()), failures, stop)]
-    for thread in threads:
+    load = _Load(cluster)
+    with cluster.client(timeout_s=60) as client:
+        for group in load.delivered:
+            client.create_group(load.topic, group)
+    for thread in load.threads:
         thread.start()
-    wait_for(lambda: len(before) >= 400 or None, 60, "400 messages before the growth")
-    growing.set()
+    wait_for(lambda: len(load.before) >= 400 or None, 60, "400 messages before the growth")
+    load.growing.set()
     version = cluster.grow(2)
-    grown.set()
-    wait_for(lambda: len(after) >= 400 or None, 60, "400 messages after the growth")
-    stop.set()
-    threads[0].join(60)
-    wait_for(lambda: failures or min(len({m.id for m in delivered}),
-                                     len({m.id for m in delivered_async})) >= len(scheduled)
-             or None, 90, "every message scheduled to be delivered to both groups")
-    for thread in threads[1:]:
+    load.grown.set()
+    wait_for(lambda: len(load.after) >= 400 or None, 60, "400 messages after the growth")
+    load.stop.set()
+    load.threads[0].join(60)
+    wait_for(lambda: load.all_delivered() or None, 90,
+             "every message scheduled to be delivered to both groups")
+    for thread in load.threads[1:]:
         thread.join(10)
-    assert not failures, failures
+    assert not load.failures, load.failures
     # the ids scheduled before the growth, sent again by a client that reads the new map
     with cluster.client(timeout_s=60) as late:
-        again = late.schedule_many([Message(topic, "again", delay_ms=DUE_IN_MS, id=message_id)
-                                    for message_id in before])
+        again = late.schedule_many([Message(load.topic, "again", delay_ms=DUE_IN_MS,
+                                            id=message_id) for message_id in load.before])
         info = late.cluster_info()
-    client.close()
-    return {"topic": topic, "version": version, "scheduled": scheduled, "before": before,
-            "after": after,
-            "delivered": delivered, "delivered_async": delivered_async, "again": again,
-            "info": info}
+    return {"version": version, "scheduled": load.scheduled, "before": load.before,
+            "after": load.after, "delivered": load.delivered, "again": again, "info": info}
 
 
 def test_the_map_grows_to_four_shards_and_new_ids_spread_over_them(grown: tuple) -> None:
@@ -149,20 +159,20 @@ def test_the_map_grows_to_four_shards_and_new_ids_spread_over_them(grown: tuple)
     assert {handle_shard(run["scheduled"][i]) for i in run["before"]} == {0, 1}
 
 
-@pytest.mark.parametrize("consumer", ["delivered", "delivered_async"])
-def test_nothing_is_lost_nor_delivered_twice_unflagged(grown: tuple, consumer: str) -> None:
+@pytest.mark.parametrize("group", ["audit", "audit-async"])
+def test_nothing_is_lost_nor_delivered_twice_unflagged(grown: tuple, group: str) -> None:
     """To each group, through a consumer (blocking, or asyncio) started before the growth."""
     _, run = grown
     unflagged: list[str] = []
     seen: set[str] = set()
-    for message in run[consumer]:
+    for message in run["delivered"][group]:
         if message.id in seen and not message.possible_duplicate:
             unflagged.append(message.id)
         seen.add(message.id)
     assert not unflagged, unflagged[:10]
     assert seen == set(run["scheduled"])
     # the consumer opened streams to the shards added while it ran
-    assert {receipt_shard(m.receipt) for m in run[consumer]} == {0, 1, 2, 3}
+    assert {receipt_shard(m.receipt) for m in run["delivered"][group]} == {0, 1, 2, 3}
 
 
 def test_an_id_scheduled_before_the_growth_is_still_answered_as_a_duplicate(grown: tuple
@@ -230,3 +240,33 @@ def test_the_cli_finishes_a_growth_and_status_shows_the_version(grown: tuple) ->
                              target], capture_output=True, text=True, env=env, timeout=60,
                             check=False)
     assert status.stdout.count("(map version 2)") == 4, status.stdout
+
+
+def test_a_cluster_of_one_shard_grows_and_its_running_consumer_follows(tmp_path: Path) -> None:
+    """The common start: one shard, then two. A consumer started on the one shard receives
+    the second's messages too, and an id of the one shard, sent again, is still its."""
+    with LocalCluster(tmp_path, 1) as cluster, cluster.client(timeout_s=60) as client:
+        cluster.leader(timeout_s=60)
+        topic = f"one-{uuid.uuid4().hex[:8]}"
+        first = client.schedule_many([Message(topic, "x", delay_ms=0, id=f"{topic}-{n}")
+                                      for n in range(50)])
+        got: list[Received] = []
+        with client.consume(topic, prefetch=16) as consumer:
+            for message in consumer:
+                got.append(message)
+                message.ack()
+                if len(got) == 50:
+                    break
+            assert cluster.grow(1) == 2
+            later = client.schedule_many([Message(topic, "y", delay_ms=0, id=f"{topic}-{n}")
+                                          for n in range(50, 150)])
+            assert {handle_shard(r.handle) for r in later} == {0, 1}
+            for message in consumer:
+                got.append(message)
+                message.ack()
+                if len(got) == 150:
+                    break
+        assert sorted(m.id for m in got) == sorted(r.id for r in first + later)
+        again = client.schedule_many([Message(topic, "x", delay_ms=0, id=f"{topic}-{n}")
+                                      for n in range(50)])
+        assert [(r.duplicate, r.handle) for r in again] == [(True, r.handle) for r in first]
