@@ -245,20 +245,26 @@ class LocalCluster:
         self.shards += [added[k * self.size:(k + 1) * self.size] for k in range(count)]
         return added
 
-    def grow(self, count: int, timeout_s: float = 60.0) -> int:
-        """Add ``count`` shards to the running cluster, as an operator does
-        (docs/shards.md#growing-a-running-cluster): start their nodes with the new map, then
-        have the existing shards take it (`Client.grow_shards`). Returns the map's version."""
+    def start_shards(self, count: int, timeout_s: float = 60.0) -> list[list[LocalNode]]:
+        """Start the nodes of ``count`` more shards with the grown map (the first step of a
+        growth, docs/shards.md#growing-a-running-cluster) and wait for their leaders; the
+        new shards' nodes."""
         before = len(self.shards)
+        added = self._add_shards(count)
+        self.map_version, self.grown_from = self.map_version + 1, before
+        for node in added:
+            self.start(node)
+        for shard in range(before, before + count):
+            self.leader(timeout_s, shard=shard)
+        return self.shards[before:]
+
+    def grow(self, count: int, timeout_s: float = 60.0) -> int:
+        """Add ``count`` shards to the running cluster, as an operator does: start their
+        nodes (`start_shards`), then have the existing shards take the new map
+        (`Client.grow_shards`, through the existing nodes). Returns the map's version."""
         with Client([node.grpc_address for node in self.nodes],
                     credentials=self.credentials()) as client:
-            added = self._add_shards(count)
-            self.map_version, self.grown_from = self.map_version + 1, before
-            for node in added:
-                self.start(node)
-            for shard in range(before, before + count):
-                self.leader(timeout_s, shard=shard)
-            new = self.shards[before:]
+            new = self.start_shards(count, timeout_s)
             return client.grow_shards([[node.grpc_address for node in nodes] for nodes in new],
                                       [[node.peer_address for node in nodes] for nodes in new])
 

@@ -393,7 +393,9 @@ def check_every_pod_derives_one_map(objects: list[Manifest], ordered: list[Manif
                 service=service, namespace="ns", domain=config["TICKWHEEL_CLUSTER_DOMAIN"],
                 shard=shard, shards=len(ordered), shard_statefulset_template=template))
             own = [member.split("=")[1] for member in found.members]
-            derived = shard_map(shard, found.shard_members, own, len(ordered))
+            derived = shard_map(shard, found.shard_members, own, len(ordered),
+                                version=int(config.get("TICKWHEEL_SHARD_MAP_VERSION", "1")),
+                                grown_from=int(config.get("TICKWHEEL_GROWN_FROM", "0")))
             assert derived.members == expected, (where, shard, ordinal)
 
 
@@ -412,7 +414,8 @@ def test_each_shard_is_a_statefulset_of_its_own_told_its_shard_and_alike_but_for
 
 def test_the_readmes_recipe_adds_a_third_shard(tmp_path: Path) -> None:
     """deploy/README.md, "Adding a shard": a copy of the last shard's folder with the next
-    number, the folder in resources and replicas, and TICKWHEEL_SHARDS one more."""
+    number, the folder in resources and replicas, TICKWHEEL_SHARDS one more, and the map's
+    version and the shards it grew from in the ConfigMap."""
     shards = K8S / "overlays" / "shards"
     overlay, new_shard = tmp_path / "shards", tmp_path / "shards" / "shard-2"
     new_shard.mkdir(parents=True)
@@ -425,12 +428,16 @@ def test_the_readmes_recipe_adds_a_third_shard(tmp_path: Path) -> None:
                         for resource in top["resources"]] + ["shard-2"]
     top["replicas"].append({"name": "tickwheel-s2", "count": 3})
     grown = top["patches"][0]["patch"].replace('TICKWHEEL_SHARDS\n  value: "2"',
-                                               'TICKWHEEL_SHARDS\n  value: "3"')
+                                               'TICKWHEEL_SHARDS\n  value: "3"') + (
+        '\n- op: add\n  path: /data/TICKWHEEL_SHARD_MAP_VERSION\n  value: "2"'
+        '\n- op: add\n  path: /data/TICKWHEEL_GROWN_FROM\n  value: "2"')
     assert grown != top["patches"][0]["patch"]
     top["patches"][0]["patch"] = grown
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(top))
     objects = kustomize_lite.render(overlay)
     check_shards(objects, 3, "three shards")
+    config = one(objects, "ConfigMap", "tickwheel-config")["data"]
+    assert (config["TICKWHEEL_SHARD_MAP_VERSION"], config["TICKWHEEL_GROWN_FROM"]) == ("2", "2")
     for statefulset in statefulsets(objects):
         assert budget_of(objects, statefulset)["maxUnavailable"] == 1
 
