@@ -41,7 +41,7 @@ class ShardMap:
                            "grown_from": self.grown_from}).encode()
 
     def with_body(self, version: int, body: bytes) -> ShardMap:
-        """This node's map as version ``version`` described by ``body`` (`body`)."""
+        """This node's map as ``version``, which ``body`` (what `body` made) describes."""
         described = json.loads(body)
         return replace(self, version=version,
                        members=tuple(tuple(m) for m in described["members"]),
@@ -111,9 +111,9 @@ class LiveShardMap:
         return self._current
 
     def changed_at_ms(self) -> int:
-        """When this shard began to take messages by its current map (the stamp of the
-        command that set it, also where the node was started with that map since); 0 for a
-        map no command set."""
+        """When this shard began to take messages by its current map: the stamp of the
+        command that set it (kept when the node is restarted with that map given); 0 if no
+        command did."""
         record = self._record()
         return 0 if record is None or record.version < self._started.version else (
             record.stamp_ms)

@@ -46,6 +46,10 @@ class _NotLeading(Exception):
     """The member asked does not lead its shard, or could not be reached."""
 
 
+class _Behind(Exception):
+    """No member of a shard that has applied the shard map asked for answered."""
+
+
 class ShardPeers:
     """Calls to the leaders of the shards of ``shards`` (their members' peer listeners, which
     every entry of the map names), dialed through ``forwarder`` as ``callers`` proves
@@ -115,28 +119,41 @@ class ShardPeers:
         (the one believed to lead first) that has applied shard map ``version`` or a newer
         one: such a member takes none of them any more, so what it does not remember it
         never will. `Retryable` if none has within ``budget_s``."""
-        deadline = time.monotonic() + budget_s
-        shards = self._map()
+        try:
+            async for attempt in AsyncRetrying(
+                    retry=retry_if_exception_type(_Behind), reraise=True,
+                    stop=stop_after_delay(budget_s),
+                    wait=wait_random_exponential(multiplier=0.02, max=0.5)):
+                with attempt:
+                    return await self._remembered_once(shard, ids, version,
+                                                       time.monotonic() + budget_s)
+        except _Behind as behind:
+            raise Retryable(f"shard {shard}, where these ids were scheduled before shard map "
+                            f"version {version}, has not taken that version yet ({behind}); "
+                            "retry") from None
+        raise AssertionError("not reached: the last attempt raises or returns")
+
+    async def _remembered_once(self, shard: int, ids: list[str], version: int,
+                               deadline: float) -> pb.RememberedResponse:
+        """Each member of ``shard`` in turn until one has applied ``version``; `_Behind`
+        saying why none answered."""
+        peers = self._map().peers[shard]
         first = self._leader.get(shard, 0)
-        peers = shards.peers[shard]
         behind = "no member answered"
-        while time.monotonic() < deadline:
-            for offset in range(len(peers)):
-                peer = peers[(first + offset) % len(peers)]
-                try:
-                    answer: pb.RememberedResponse = await self._forwarder.peer_stub(
-                        peer).Remembered(pb.RememberedRequest(ids=ids),
-                                         metadata=self._callers.metadata(),
-                                         timeout=max(0.05, deadline - time.monotonic()))
-                except grpc.aio.AioRpcError as failed:
-                    behind = f"{peer}: {failed.code().name} {failed.details()}"
-                    continue
-                if answer.map_version >= version:
-                    return answer
-                behind = f"{peer} has applied shard map version {answer.map_version}"
-            await asyncio.sleep(0.05)
-        raise Retryable(f"shard {shard}, where these ids were scheduled before shard map version "
-                        f"{version}, has not taken that version yet ({behind}); retry")
+        for offset in range(len(peers)):
+            peer = peers[(first + offset) % len(peers)]
+            try:
+                answer: pb.RememberedResponse = await self._forwarder.peer_stub(
+                    peer).Remembered(pb.RememberedRequest(ids=ids),
+                                     metadata=self._callers.metadata(),
+                                     timeout=max(0.05, deadline - time.monotonic()))
+            except grpc.aio.AioRpcError as failed:
+                behind = f"{peer}: {failed.code().name} {failed.details()}"
+                continue
+            if answer.map_version >= version:
+                return answer
+            behind = f"{peer} has applied shard map version {answer.map_version}"
+        raise _Behind(behind)
 
     async def rocketmq_routes(self) -> list[str]:
         """Each shard's RocketMQ address as a route names it: its leader's listener, else a

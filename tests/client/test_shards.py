@@ -168,3 +168,22 @@ def test_a_nodes_shard_count_is_checked_against_its_map() -> None:
             shard_map(shard, entries, own, shards)
     with pytest.raises(ValueError, match="shards is 3"):
         NodeSettings(shards=3, insecure_grpc=True)
+
+
+def test_a_node_of_a_shard_added_needs_its_map_version_and_the_old_shards_peers() -> None:
+    """A shard added asks the old shards about ids through their peer listeners: a map
+    without them, or a growth the version does not show, is refused at start."""
+    members = "10.0.0.1:7500=10.0.0.1:7400=10.0.0.1:7600"
+    common = {"members": [members], "raft_address": "10.0.0.1:7500", "shard": 2,
+              "insecure_raft": True, "insecure_grpc": True}
+    with pytest.raises(ValueError, match="grown_from: a shard added"):
+        NodeSettings(**common, shard_members="0=a:7400,1=b:7400", shard_map_version=2,
+                     grown_from=2)
+    with pytest.raises(ValueError, match="only a version above 1 grew"):
+        NodeSettings(**common, shard_members="0=a:7400=a:7600,1=b:7400=b:7600", grown_from=2)
+    with pytest.raises(ValueError, match="grown_from is 3"):
+        NodeSettings(**common, shard_members="0=a:7400=a:7600,1=b:7400=b:7600",
+                     shard_map_version=2, grown_from=3)
+    grown = NodeSettings(**common, shard_members="0=a:7400=a:7600,1=b:7400=b:7600",
+                         shard_map_version=2, grown_from=2).shard_map()
+    assert (grown.version, grown.grown_from, grown.count) == (2, 2, 3)
