@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
@@ -40,6 +40,7 @@ DESCRIBE_EVERY_S = 1.0
 DESCRIBE_TIMEOUT_S = 1.0
 log = logging.getLogger("tickwheel.node.shards")
 ResponseT = TypeVar("ResponseT", bound=Message)
+T = TypeVar("T")
 
 
 class _NotLeading(Exception):
@@ -79,13 +80,8 @@ class ShardPeers:
         `LeaderRefused` with a status the leader answered."""
         deadline = time.monotonic() + budget_s
         try:
-            async for attempt in AsyncRetrying(
-                    retry=retry_if_exception_type(_NotLeading), reraise=True,
-                    stop=stop_after_delay(budget_s),
-                    wait=wait_random_exponential(multiplier=0.02, max=0.5)):
-                with attempt:
-                    response = await self._ask_leader(shard, method, request, principal,
-                                                      deadline)
+            response = await _patiently(budget_s, _NotLeading, lambda: self._ask_leader(
+                shard, method, request, principal, deadline))
         except _NotLeading as failed:
             raise Retryable(f"no leader of shard {shard} reachable from this node ({failed}); "
                             "retry") from None
@@ -119,19 +115,14 @@ class ShardPeers:
         (the one believed to lead first) that has applied shard map ``version`` or a newer
         one: such a member takes none of them any more, so what it does not remember it
         never will. `Retryable` if none has within ``budget_s``."""
+        deadline = time.monotonic() + budget_s
         try:
-            async for attempt in AsyncRetrying(
-                    retry=retry_if_exception_type(_Behind), reraise=True,
-                    stop=stop_after_delay(budget_s),
-                    wait=wait_random_exponential(multiplier=0.02, max=0.5)):
-                with attempt:
-                    return await self._remembered_once(shard, ids, version,
-                                                       time.monotonic() + budget_s)
+            return await _patiently(budget_s, _Behind, lambda: self._remembered_once(
+                shard, ids, version, deadline))
         except _Behind as behind:
             raise Retryable(f"shard {shard}, where these ids were scheduled before shard map "
                             f"version {version}, has not taken that version yet ({behind}); "
                             "retry") from None
-        raise AssertionError("not reached: the last attempt raises or returns")
 
     async def _remembered_once(self, shard: int, ids: list[str], version: int,
                                deadline: float) -> pb.RememberedResponse:
@@ -213,3 +204,15 @@ class ShardPeers:
             if key == LEADER_KEY and value in members:
                 return members.index(str(value))
         return None
+
+
+async def _patiently(budget_s: float, again_on: type[Exception],
+                     attempt: Callable[[], Awaitable[T]]) -> T:
+    """``attempt()`` again, with jittered back-off, while it raises ``again_on`` and
+    ``budget_s`` lasts (then the last ``again_on`` is raised)."""
+    async for retrying in AsyncRetrying(retry=retry_if_exception_type(again_on), reraise=True,
+                                        stop=stop_after_delay(budget_s),
+                                        wait=wait_random_exponential(multiplier=0.02, max=0.5)):
+        with retrying:
+            return await attempt()
+    raise AssertionError("not reached: the last attempt raises or returns")

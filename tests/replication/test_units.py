@@ -437,6 +437,15 @@ def _alone(tmp_path: Path, world: World, sink: _Sink, wakes: list[None]
     return replica, cluster
 
 
+def _turns(cluster: SimCluster, replica: Replica, world: World, step_s: float,
+           count: int = 4) -> None:
+    """``count`` turns of the replica alone: replicate, turn, and let ``step_s`` pass."""
+    for _ in range(count):
+        cluster.replicate()
+        replica.turn(0.0)
+        world.now_s += step_s
+
+
 def test_at_a_steady_rate_a_dispatch_step_takes_what_came_within_the_lead(
         tmp_path: Path) -> None:
     """One handout every ``lead_ms - min_lead_ms``, not one per turn nor one per few ms; each
@@ -477,12 +486,7 @@ def test_at_a_steady_rate_a_dispatch_step_takes_what_came_within_the_lead(
 def test_reports_that_nothing_waits_for_do_not_wake_the_raft_thread(tmp_path: Path) -> None:
     world, sink, wakes = World(), _Sink(), []
     replica, cluster = _alone(tmp_path, world, sink, wakes)
-
-    def turns(count: int = 3) -> None:
-        for _ in range(count):
-            cluster.replicate()
-            replica.turn(0.0)
-            world.now_s += 0.005
+    turns = partial(_turns, cluster, replica, world, 0.005)
     cluster.elect("n0")
     turns()
     replica.join(ConsumerSlot(1, "t", "", 1, 30_000, 0))
@@ -551,12 +555,7 @@ def test_a_schedule_placed_by_an_older_shard_map_is_refused_once_a_newer_is_prop
     that owns it now has been told the id is new."""
     world, sink, wakes = World(), _Sink(), []
     replica, cluster = _alone(tmp_path, world, sink, wakes)
-
-    def turns(count: int = 4) -> None:
-        for _ in range(count):
-            cluster.replicate()
-            replica.turn(0.0)
-            world.now_s += 0.001
+    turns = partial(_turns, cluster, replica, world, 0.001)
     cluster.elect("n0")
     turns()
     due_ms = NodeClock(world).now_ms() + 60_000
