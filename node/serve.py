@@ -211,6 +211,7 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
         metrics = node.metrics
         metrics.is_leader.set(1 if status.role == "leader" else 0)
         metrics.term.set(status.term)
+        metrics.shard_map_version.set(node.shards.version)
         metrics.commit_index.set(status.commit_index)
         metrics.cursor_lag.set(cursor_lag_ms(status, node.clock.now_ms()) / 1000)
         metrics.set_topics(node.courier.topics())

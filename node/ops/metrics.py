@@ -137,6 +137,9 @@ class Metrics:
                                        registry=r)
         self.is_leader = Gauge("tickwheel_is_leader", "1 on the leader, else 0.", registry=r)
         self.term = Gauge("tickwheel_raft_term", "The Raft term this node is in.", registry=r)
+        self.shard_map_version = Gauge("tickwheel_shard_map_version", "The version of the "
+                                       "shard map this node takes messages by (1, plus 1 per "
+                                       "growth).", registry=r)
         self.commit_index = Gauge("tickwheel_raft_commit_index", "Raft commit index.",
                                   registry=r)
         self.cursor_lag = Gauge("tickwheel_cursor_lag_seconds", "On the leader: now minus the "

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +24,8 @@ import pytest
 from tickwheel.client import AsyncClient, Message, Received
 from tickwheel.client.credentials import open_channel
 from tickwheel.client.shards import handle_shard, receipt_shard, shard_of
-from tickwheel.harness.local_cluster import LocalCluster, wait_for
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
+from tickwheel.replication.raft import read_snapshot
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -38,8 +40,8 @@ DUE_IN_MS = 1_500
 def grown(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, dict]]:
     """Two shards of one replica each, grown to four under load; what happened, for the
     tests to look at."""
-    with LocalCluster(tmp_path_factory.mktemp("growth"), 1, shards=2,
-                      principals=PRINCIPALS) as cluster:
+    with LocalCluster(tmp_path_factory.mktemp("growth"), 1, shards=2, principals=PRINCIPALS,
+                      extra_args=("--snapshot-min-entries", "20"), metrics=True) as cluster:
         cluster.leaders(timeout_s=60)
         yield cluster, _grow_under_load(cluster)
 
@@ -158,6 +160,13 @@ def test_the_map_grows_to_four_shards_and_new_ids_spread_over_them(grown: tuple)
     assert all(handle_shard(run["scheduled"][i]) == shard_of(i, 4) for i in after)
     assert {handle_shard(run["scheduled"][i]) for i in run["before"]} == {0, 1}
 
+    def version_shown(node: LocalNode) -> bool | None:
+        with urllib.request.urlopen(f"http://{node.metrics_address}/metrics",
+                                    timeout=10) as page:
+            return "tickwheel_shard_map_version 2.0" in page.read().decode() or None
+    for node in cluster.nodes:  # every node, of the old shards and of the new
+        wait_for(lambda node=node: version_shown(node), 10, f"{node.raft} to show version 2")
+
 
 @pytest.mark.parametrize("group", ["audit", "audit-async"])
 def test_nothing_is_lost_nor_delivered_twice_unflagged(grown: tuple, group: str) -> None:
@@ -240,6 +249,37 @@ def test_the_cli_finishes_a_growth_and_status_shows_the_version(grown: tuple) ->
                              target], capture_output=True, text=True, env=env, timeout=60,
                             check=False)
     assert status.stdout.count("(map version 2)") == 4, status.stdout
+
+
+def test_an_old_shard_restarted_as_before_the_growth_keeps_the_map_its_log_took(
+        grown: tuple) -> None:
+    """The map a growth set is in the shard's snapshot: a node started again with the flags
+    it had before (two shards, version 1; an operator who never updated its configuration)
+    takes messages by the grown map, and refuses an id that moved."""
+    cluster, _ = grown
+    node = cluster.shards[0][0]
+    (*_, in_snapshot), _ = read_snapshot(str(node.data / "raft" / "snapshot"))
+    assert in_snapshot is not None and in_snapshot[0] == 2
+    cluster.stop(node)
+    grown_as = cluster.nodes, cluster.shards, cluster.map_version, cluster.grown_from
+    cluster.shards = grown_as[1][:2]
+    cluster.nodes = [member for shard in cluster.shards for member in shard]
+    cluster.map_version, cluster.grown_from = 1, 0
+    try:
+        cluster.start(node)
+    finally:
+        cluster.nodes, cluster.shards, cluster.map_version, cluster.grown_from = grown_as
+    assert cluster.leader(timeout_s=60, shard=0) == node
+    info = node.info(timeout_s=5)
+    assert info is not None and (info.map_version, len(info.shards)) == (2, 4)
+    moved = next(probe for probe in (f"probe-{n}" for n in range(1_000))
+                 if shard_of(probe, 2) == 0 and shard_of(probe, 4) >= 2)
+    with pytest.raises(grpc.RpcError) as refused:
+        node.stub.Schedule(pb.ScheduleRequest(messages=[pb.Message(
+            id=moved, topic="grow", body=b"x",
+            deliver_at_ms=int(time.time() * 1000) + 3_600_000)]), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "of 4" in (refused.value.details() or "")
 
 
 def test_a_cluster_of_one_shard_grows_and_its_running_consumer_follows(tmp_path: Path) -> None:
