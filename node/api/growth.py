@@ -58,9 +58,11 @@ class Predecessors:
         found: dict[int, tuple[int, int]] = {}
         window_ms = self._node.replica.dedupe_window_ms + SKEW_MARGIN_MS
         for (owner, indexes), answer in zip(asked, answers, strict=True):
-            # a member that started with the new map has no stamp for it: ask on from now
-            since_ms = answer.changed_at_ms or now_ms
-            self._asked_until_ms[(shards.version, owner)] = since_ms + window_ms
+            key = (shards.version, owner)
+            if answer.changed_at_ms:
+                self._asked_until_ms[key] = answer.changed_at_ms + window_ms
+            else:  # started with the new map, no command set it: a window from its first answer
+                self._asked_until_ms.setdefault(key, now_ms + window_ms)
             for item in answer.found:
                 found[indexes[item.index]] = item.handle, item.deliver_at_ms
         return found
