@@ -92,8 +92,8 @@ def urgent(item: Queued | None) -> bool:
     return item is None or item[0] == "credit"
 
 MAP_CHECK_S = 5.0
-"""How often a consumer of several shards reads the shard map again, to open a stream to each
-shard a growth adds (docs/shards.md)."""
+"""How often a consumer reads the shard map again, to open a stream to each shard a growth
+adds (docs/shards.md)."""
 
 RECONNECT_WAIT = wait_random_exponential(multiplier=0.05, max=0.25)
 """Between attempts: jittered, growing from 50 ms to at most 250 ms. An election takes about a

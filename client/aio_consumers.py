@@ -105,13 +105,20 @@ class AsyncConsumer:
         await asyncio.gather(*self._readers, return_exceptions=True)
 
     async def _open(self) -> None:
-        count = (await self._client.shards()).count
-        prefetch = shard_prefetch(self._prefetch, count)
-        streams = [AsyncShardStream(self._client, self._subscribe, prefetch, shard)
-                   for shard in range(count)]
-        self._streams = streams
-        self._readers = [asyncio.create_task(self._read(stream)) for stream in streams]
+        self._streams = []
+        self._added((await self._client.shards()).count)
         self._readers.append(asyncio.create_task(self._watch()))
+
+    def _added(self, count: int) -> int:
+        """A stream and its reader for each shard up to ``count`` beyond those known, each
+        with its part of the prefetch among ``count``; how many were added."""
+        known = self._streams or []
+        prefetch = shard_prefetch(self._prefetch, count)
+        added = [AsyncShardStream(self._client, self._subscribe, prefetch, shard)
+                 for shard in range(len(known), count)]
+        self._streams = known + added
+        self._readers += [asyncio.create_task(self._read(stream)) for stream in added]
+        return len(added)
 
     async def _watch(self) -> None:
         """Read the map every `MAP_CHECK_S`; open a stream to each shard added."""
@@ -122,15 +129,8 @@ class AsyncConsumer:
             except TickwheelClientError as error:
                 log.debug("event=consumer_map_unread code=%s", error.code.name)
                 continue
-            known = self._streams or []
-            if count <= len(known) or self._closed:
-                continue
-            prefetch = shard_prefetch(self._prefetch, count)
-            added = [AsyncShardStream(self._client, self._subscribe, prefetch, shard)
-                     for shard in range(len(known), count)]
-            self._streams = known + added
-            self._readers += [asyncio.create_task(self._read(stream)) for stream in added]
-            log.info("event=consumer_shards_added shards=%d", count)
+            if not self._closed and self._added(count):
+                log.info("event=consumer_shards_added shards=%d", count)
 
     def _waiting(self, streams: list[AsyncShardStream] | None) -> AsyncShardStream | None:
         streams = streams or []

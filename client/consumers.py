@@ -117,23 +117,30 @@ class Consumer:
             reader.join(timeout_s)
 
     def _open(self) -> None:
-        count = self._client.shards().count
-        prefetch = shard_prefetch(self._prefetch, count)
-        streams = [ShardStream(self._client, self._subscribe, prefetch, shard)
-                   for shard in range(count)]
-        self._readers = [self._reader(stream, shard) for shard, stream in enumerate(streams)]
-        self._readers.append(threading.Thread(target=self._watch, daemon=True,
-                                              name="tickwheel-consumer-map"))
-        self._streams = streams
+        self._streams = []
+        readers = self._added(self._client.shards().count)
+        watcher = threading.Thread(target=self._watch, daemon=True,
+                                   name="tickwheel-consumer-map")
+        self._readers.append(watcher)
         if self._closed:  # closed from another thread meanwhile
-            for stream in streams:
+            for stream in self._streams:
                 stream.close(0)
-        for reader in self._readers:
+        for reader in [*readers, watcher]:
             reader.start()
 
-    def _reader(self, stream: ShardStream, shard: int) -> threading.Thread:
-        return threading.Thread(target=self._read, args=(stream,), daemon=True,
-                                name=f"tickwheel-consumer-shard-{shard}")
+    def _added(self, count: int) -> list[threading.Thread]:
+        """A stream for each shard up to ``count`` beyond those known, each with its part of
+        the prefetch among ``count``; their readers, to start."""
+        known = self._streams or []
+        prefetch = shard_prefetch(self._prefetch, count)
+        added = [ShardStream(self._client, self._subscribe, prefetch, shard)
+                 for shard in range(len(known), count)]
+        readers = [threading.Thread(target=self._read, args=(stream,), daemon=True,
+                                    name=f"tickwheel-consumer-shard-{len(known) + index}")
+                   for index, stream in enumerate(added)]
+        self._streams = known + added
+        self._readers += readers
+        return readers
 
     def _watch(self) -> None:
         """Read the map every `MAP_CHECK_S`; open a stream to each shard added."""
@@ -147,16 +154,9 @@ class Consumer:
                 log.debug("event=consumer_map_unread code=%s", error.code.name)
                 continue
             with self._ready:
-                known = self._streams or []
-                if count <= len(known) or self._closed:
-                    continue
-                prefetch = shard_prefetch(self._prefetch, count)
-                added = [ShardStream(self._client, self._subscribe, prefetch, shard)
-                         for shard in range(len(known), count)]
-                readers = [self._reader(stream, len(known) + i) for i, stream in enumerate(added)]
-                self._streams = known + added
-                self._readers += readers
-            log.info("event=consumer_shards_added shards=%d", count)
+                readers = [] if self._closed else self._added(count)
+            if readers:
+                log.info("event=consumer_shards_added shards=%d", count)
             for reader in readers:
                 reader.start()
 
