@@ -113,7 +113,7 @@ async def grow_shards(node: NodeContext, request: pb.GrowShardsRequest,
 def _check_added(current: ShardMap, added: list[tuple[list[str], list[str]]]) -> None:
     if not added:
         raise InvalidMessage("shards", "is empty: name the shards to add")
-    if any("" in peers for peers in current.peers):
+    if not current.peers_known():
         raise MapConflict("shards", f"shard {current.shard}'s map lacks peer listener "
                           "addresses of some members: the shards added ask the old ones "
                           "about ids through them. Give every shard_member as "

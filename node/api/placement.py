@@ -35,6 +35,11 @@ class ShardMap:
     def count(self) -> int:
         return len(self.members)
 
+    def peers_known(self, shards: int | None = None) -> bool:
+        """Whether every member of the first ``shards`` shards (every shard: None) has its
+        peer listener address, through which members of other shards call it."""
+        return all(all(peers) for peers in self.peers[:shards])
+
     def body(self) -> bytes:
         """The map as a ``shard_map`` command carries it (the shard is each node's own)."""
         return json.dumps({"members": self.members, "peers": self.peers,

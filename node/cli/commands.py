@@ -41,6 +41,7 @@ from tickwheel.client import Client, ClusterInfo, Credentials, Message, Tickwhee
 from tickwheel.node.cli import credentials as cli_credentials
 from tickwheel.node.cli import serve as cli_serve
 from tickwheel.node.cli.terminal import console
+from tickwheel.node.settings.shards import shard_member
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -219,13 +220,15 @@ def _grow_shards(args: argparse.Namespace) -> int:
     """Copy the groups to the shards added, then have every shard take the new map."""
     added: dict[int, list[tuple[str, str]]] = {}
     for entry in args.shard_members:
-        number, _, addresses = entry.partition("=")
-        address, _, peer = addresses.partition("=")
-        if not number.isdigit() or not address or not peer:
+        try:
+            number, address, peer = shard_member(entry)
+        except ValueError:
+            peer = ""
+        if not peer:
             console.print(f"[red]error[/red] --shard-member {entry!r} is not "
                           "SHARD=GRPC_ADDRESS=PEER_ADDRESS")
             return 2
-        added.setdefault(int(number), []).append((address, peer))
+        added.setdefault(number, []).append((address, peer))
     shards = sorted(added)
     if shards != list(range(shards[0], shards[0] + len(shards))):
         console.print(f"[red]error[/red] --shard-member names shards {shards}: the shards "

@@ -193,11 +193,11 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
         if self.max_delay_ms > 3660 * DAY_MS:
             raise ValueError("max_delay_ms beyond ten years")
         shards = self.shard_map()  # raises what is wrong with shard and shard_members
-        if shards.grown_from and any("" in p for p in shards.peers[:shards.grown_from]):
+        if shards.grown_from and not shards.peers_known(shards.grown_from):
             raise ValueError("grown_from: a shard added by a growth asks the shards before it "
                              "whether they scheduled an id, through their peer listeners: "
                              "give every shard_members entry as SHARD=GRPC=PEER")
-        if self.rocketmq_listen and shards.count > 1 and any("" in p for p in shards.peers):
+        if self.rocketmq_listen and shards.count > 1 and not shards.peers_known():
             raise ValueError("rocketmq_listen in a cluster of several shards sends a message to "
                              "the shard its id belongs to, through that shard's peer listeners: "
                              "give every shard_members entry as SHARD=GRPC=PEER")

@@ -45,6 +45,17 @@ class ShardFields(BaseModel):
     shard added by a growth asks an id's previous shard whether it scheduled it."""
 
 
+def shard_member(entry: str) -> tuple[int, str, str]:
+    """A ``SHARD=GRPC[=PEER]`` entry as its shard, gRPC address and peer address ("" if not
+    given); `ValueError` if it is neither form."""
+    number, sep, addresses = entry.partition("=")
+    address, _, peer = addresses.partition("=")
+    if not sep or not number.strip().isdigit() or not address.strip() or "=" in peer:
+        raise ValueError(f"shard_members entry {entry!r} is not SHARD=GRPC_ADDRESS or "
+                         "SHARD=GRPC_ADDRESS=PEER_ADDRESS")
+    return int(number), address.strip(), peer.strip()
+
+
 def shard_map(shard: int, entries: Sequence[str], own_grpc: Sequence[str],
               shards: int | None = None, own_peers: Sequence[str] = (), version: int = 1,
               grown_from: int = 0) -> ShardMap:
@@ -58,14 +69,10 @@ def shard_map(shard: int, entries: Sequence[str], own_grpc: Sequence[str],
     listed: dict[int, list[str]] = {}
     peers: dict[str, str] = dict(zip(own_grpc, own_peers, strict=False))
     for entry in entries:
-        number, sep, addresses = entry.partition("=")
-        address, _, peer = addresses.partition("=")
-        if not sep or not number.strip().isdigit() or not address.strip() or "=" in peer:
-            raise ValueError(f"shard_members entry {entry!r} is not SHARD=GRPC_ADDRESS or "
-                             "SHARD=GRPC_ADDRESS=PEER_ADDRESS")
-        listed.setdefault(int(number), []).append(address.strip())
-        if peer.strip() and int(number) != shard:
-            peers[address.strip()] = peer.strip()
+        number, address, peer = shard_member(entry)
+        listed.setdefault(number, []).append(address)
+        if peer and number != shard:
+            peers[address] = peer
     if shard in listed and sorted(listed[shard]) != sorted(own_grpc):
         raise ValueError(f"shard_members lists {sorted(listed[shard])} for this node's shard "
                          f"{shard}, whose members' gRPC addresses are {sorted(own_grpc)}")
