@@ -106,10 +106,28 @@ class Wheel:
         return self._window.held
 
     @property
-    def loading_second(self) -> int | None:
-        """A second too large for one take, being read over several (`WheelConfig.
-        max_load_units`): until it is whole a take hands out nothing of it or after it."""
-        return self._window.loading_second
+    def walking(self) -> int:
+        """Chains begun and not read to their end: seconds too large for one take (`WheelConfig.
+        max_load_units`), read as the dispatch takes them, and passed-over units of tags no
+        longer parked (`park`)."""
+        return self._window.walking
+
+    @property
+    def parked(self) -> frozenset[int]:
+        """The tags whose messages `take_due` passes over (`park`)."""
+        return self._window.parked
+
+    @property
+    def passed_seconds(self) -> int:
+        """Seconds, per parked tag, holding messages passed over."""
+        return self._window.passed
+
+    def park(self, tags: frozenset[int]) -> None:
+        """Pass over the messages of ``tags`` from now on, in this dispatch pass: they stay in
+        the wheel, not in memory, neither taken nor skipped (so no cursor passes them); once
+        a tag is no longer among ``tags``, what was passed over of it is read again and
+        taken, each when due."""
+        self._window.park(tags)
 
     @property
     def window_msgs(self) -> int:
@@ -182,7 +200,9 @@ class Wheel:
         return self._window.next_due_ms(self._cursor)
 
     def take_due(self, now_ms: int, max_msgs: int) -> list[DueMessage]:
-        """Hand out up to ``max_msgs`` messages due at ``now_ms``, in dispatch order.
+        """Hand out up to ``max_msgs`` messages due at ``now_ms``, in dispatch order (but for
+        a second too large for one take, whose messages go as they are read, and the parked
+        tags' messages, which go once their tag is taken again).
 
         A message is handed out once per dispatch pass; `rewind` starts a new pass from the
         cursor. Cancelled messages and messages behind the cursor are never handed out. Reading

@@ -49,9 +49,9 @@ def file_records(hours: HourSet, window: DueWindow, cursor: Cursor, stamp_ms: in
                           in zip(run_slots, local_indexes, strict=True)
                           if slot == cursor_second),
                       f"a message filed behind the cursor in second {cursor_second}")
-        if min(run_slots) < window.scan_second or window.loading_second in run_slots:
+        if min(run_slots) < window.scan_second:
             window.add_filed(run_slots, deliver_at_ms[start:end], records[start:end],
-                             local_indexes, first_handle, first_offset)
+                             local_indexes, first_handle, first_offset, tags[start:end])
     return handles
 
 

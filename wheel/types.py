@@ -91,13 +91,13 @@ class WheelConfig:
     preload_ms: int = 10_000
     """How far ahead of the dispatch clock index units are loaded into memory."""
     max_window_msgs: int = 100_000
-    """Loading stops at this many units in memory; a single second always goes onto the queue
-    whole."""
+    """Loading stops at this many units in memory (a second read whole, which holds at most
+    ``max_load_units``, may pass it by its size)."""
     max_load_units: int = 10_000
-    """Index units a take reads from a second's chain at most: a second that holds more (a
-    million messages due at once) is loaded over several takes, and goes onto the queue when
-    it is whole. Read in one go, it held the thread that also sends Raft's heartbeats for
-    seconds, long enough for an election, and every new leader loaded it again."""
+    """Index units a take reads from chains at most: a second that holds more (a million
+    messages due at once) is read as a walk, a take's share at a time as the dispatch takes
+    it. Read in one go, it held the thread that also sends Raft's heartbeats for seconds, long
+    enough for an election, and every new leader loaded it again."""
     max_open_hours: int = 1_024
     """Hour segments kept open (28.9 KiB of heads each); the least recently used closes."""
     max_buffered_bytes: int = 16 * 1024 * 1024

@@ -1,11 +1,24 @@
 """The preload window: the index units of the seconds about to come due, in dispatch order.
 
 The scan walks the occupied seconds ahead of the dispatch (``scan_second`` is the first it has
-not loaded) and pushes each unit onto a queue ordered by ``(slot_second, deliver_at_ms,
+not started) and pushes each unit onto a queue ordered by ``(slot_second, deliver_at_ms,
 local_index)``: dispatch order (a `RunHeap`: messages filed in due order cost it one comparison
 each). A message filed for a second the scan has passed goes straight onto the queue. Loading
 stops at ``max_window_msgs`` units, or at the preload horizon; a span that holds most of an
 hour's units is read in one index scan instead of chain by chain.
+
+A second's chain is read whole unless it holds more than a take may read
+(`WheelConfig.max_load_units`): then the rest of it becomes a *walk* (`_Walk`), read a take's
+share at a time and only as fast as the dispatch takes it, and the scan goes on to the next
+seconds. So a million messages due at once never sit in memory whole, and the messages due
+after them are not held behind them; within such a second messages go out in the order they
+are read (newest filed first), each when due.
+
+*Parked* tags (`DueWindow.park`: the dispatcher's topics whose consumers are behind) are passed
+over: their units stay in the wheel, not in memory; the window keeps, per tag and second, the
+stretches of the chain where it passed them over, and walks those again for that tag's units
+once it is no longer parked (what was on the queue already waits aside). A parked message is
+neither taken nor skipped, so no cursor passes it.
 """
 
 from __future__ import annotations
@@ -27,22 +40,43 @@ GLOBAL_INDEX_BITS = 32
 GLOBAL_INDEX_MASK = (1 << GLOBAL_INDEX_BITS) - 1
 """A handle is ``hour << GLOBAL_INDEX_BITS | global_index``."""
 
-WindowEntry = tuple[int, int, int, int, int, int]
-"""``(slot_second, deliver_at_ms, local_index, handle, log_offset, record_size)``. Their order is
-dispatch order; the handle makes every entry unique."""
+WindowEntry = tuple[int, int, int, int, int, int, int]
+"""``(slot_second, deliver_at_ms, local_index, handle, log_offset, record_size, tag)``. Their
+order is dispatch order; the handle makes every entry unique."""
 
 
-class _Loading:
-    """A second whose chain is being read over several takes (`WheelConfig.max_load_units`),
-    and the next unit to read (-1: the chain is done). What is read goes onto the queue at
-    once (a push a unit, spread over the takes), but nothing of the second, or after it, is
-    taken before it is whole: its order is dispatch order only then."""
+ALL_TAGS = -1
+"""A walk of every unit of its second (the rest of a long chain), not of one tag's."""
 
-    __slots__ = ("next_unit", "second")
 
-    def __init__(self, second: int, next_unit: int) -> None:
+class _Walk:
+    """``second``'s chain from ``next_unit`` down to ``end_unit`` (exclusive; -1: to the
+    chain's end), to read for the units of ``tag`` (`ALL_TAGS`: of every tag not parked). A
+    walk is done when ``next_unit`` reaches ``end_unit``."""
+
+    __slots__ = ("end_unit", "next_unit", "second", "tag")
+
+    def __init__(self, second: int, tag: int, next_unit: int, end_unit: int = -1) -> None:
         self.second = second
+        self.tag = tag
         self.next_unit = next_unit
+        self.end_unit = end_unit
+
+    @property
+    def done(self) -> bool:
+        return self.next_unit <= self.end_unit
+
+
+def _walk_order(walk: _Walk) -> tuple[int, bool]:
+    """Oldest second first; in a second, what was passed over before the rest of its chain."""
+    return walk.second, walk.tag == ALL_TAGS
+
+
+_Stretch = list[int]
+"""``[first unit, end unit]`` of a chain where a parked tag's units were passed over: the end
+is `_OPEN` while the walk passing over them goes on (it ends where that walk is when the tag
+is taken again)."""
+_OPEN = -2
 
 
 class DueWindow:
@@ -56,12 +90,22 @@ class DueWindow:
         self.scan_second = scan_second
         self._on_skip = on_skip
         self.queue = RunHeap[WindowEntry]()
-        self._loading: _Loading | None = None
         self._budget = 0
         """Units the current take may still read from chains."""
+        self._walked = 0
+        """Units the current take's walks put onto the queue."""
         self.corrupt_records_skipped = 0
         self.held: str | None = None
         """Why the last `take` stopped at damage it could not mend yet (None: it did not)."""
+        self.parked: frozenset[int] = frozenset()
+        self._passed: dict[tuple[int, int], list[_Stretch]] = {}
+        """(tag, second) -> where the units of a parked tag were passed over in the second's
+        chain (a stretch of it holds no unit of the tag that went onto the queue)."""
+        self._aside: dict[int, list[WindowEntry]] = {}
+        """tag -> entries taken off the queue while the tag is parked (loaded before it was)."""
+        self._walks: list[_Walk] = []
+        """Chains to read on, oldest second first: long seconds the scan started, and the
+        units passed over of tags no longer parked."""
         hours.in_use = self.hours_in_use
 
     def __len__(self) -> int:
@@ -70,32 +114,86 @@ class DueWindow:
     def hours_in_use(self) -> tuple[int, int]:
         """The first and last hour the window reads from."""
         first = self.queue.first()
-        low = (first[0] if first is not None else self.scan_second) // SECONDS_PER_HOUR
-        return low, self.scan_second // SECONDS_PER_HOUR
+        seconds = [first[0] if first is not None else self.scan_second]
+        seconds += [second for _, second in self._passed]
+        seconds += [entry[0] for entries in self._aside.values() for entry in entries]
+        if self._walks:
+            seconds.append(self._walks[0].second)
+        return min(seconds) // SECONDS_PER_HOUR, self.scan_second // SECONDS_PER_HOUR
 
     @property
-    def loading_second(self) -> int | None:
-        """The second being loaded over several takes, if one is: until it is whole, a take
-        stops short of it (and may hand out nothing although messages are due)."""
-        return None if self._loading is None else self._loading.second
+    def walking(self) -> int:
+        """Chains begun and not read to their end (long seconds, tags taken again)."""
+        return len(self._walks)
+
+    @property
+    def passed(self) -> int:
+        """Seconds, per parked tag, holding units passed over."""
+        return len(self._passed)
 
     def rewind(self, cursor_second: int) -> None:
-        """Forget everything loaded; scan again from ``cursor_second``."""
+        """Forget everything loaded; scan again from ``cursor_second`` (which passes over the
+        parked tags' units again)."""
         self.queue.clear()
-        self._loading = None
+        self._passed.clear()
+        self._aside.clear()
+        self._walks.clear()
         self.scan_second = cursor_second
+
+    def park(self, tags: frozenset[int]) -> None:
+        """Pass over the units of ``tags`` from now on; read again what was passed over of
+        the tags no longer among them."""
+        if tags == self.parked:
+            return
+        resumed = self.parked - tags
+        self.parked = tags
+        walks = [walk for walk in self._walks if walk.tag not in tags]
+        for walk in self._walks:
+            if walk.tag in tags:  # its tag is parked again: go on from there when it is not
+                self._passed.setdefault((walk.tag, walk.second), []).append(
+                    [walk.next_unit, walk.end_unit])
+        reading = {walk.second: walk.next_unit for walk in walks if walk.tag == ALL_TAGS}
+        for (tag, second), stretches in list(self._passed.items()):
+            if tag in resumed:
+                del self._passed[tag, second]
+                for first, end in stretches:
+                    # an open stretch ends where the second's walk is: it reads on from there
+                    walks.append(_Walk(second, tag, first,
+                                       reading.get(second, -1) if end == _OPEN else end))
+        for tag in resumed & self._aside.keys():
+            self.queue.extend(self._aside.pop(tag))
+        walks.sort(key=_walk_order)
+        self._walks = [walk for walk in walks if not walk.done]
+
+    def _pass_over(self, tag: int, second: int, unit: int) -> None:
+        """A unit of parked ``tag`` in ``second``'s chain is passed over by the walk reading
+        it: it begins a stretch, unless that walk passed over the tag's units before it
+        (the chain runs newest first, the walk down it)."""
+        stretches = self._passed.setdefault((tag, second), [])
+        if not stretches or stretches[-1][1] != _OPEN:
+            stretches.append([unit, _OPEN])
+
+    def _pass_over_all(self, tag: int, second: int, unit: int) -> None:
+        """A unit of parked ``tag`` in ``second`` is passed over by one scan of its hour,
+        which reads every unit of the second (in index order, oldest first): the stretch
+        runs from the newest of them to the chain's end."""
+        stretches = self._passed.setdefault((tag, second), [])
+        if stretches:
+            stretches[-1][0] = max(stretches[-1][0], unit)
+        else:
+            stretches.append([unit, -1])
 
     def add_filed(self, slots: list[int], deliver_at_ms: Sequence[int],
                   records: Sequence[bytes], local_indexes: list[int], first_handle: int,
-                  offset: int) -> None:
+                  offset: int, tags: Sequence[int]) -> None:
         """Put the messages just filed in one hour that are due before the scan second onto
-        the queue: the scan has passed their seconds already."""
+        the queue: the scan has passed their seconds already (a walk begins below them)."""
         scan_second, push = self.scan_second, self.queue.push
-        loading = self._loading
         for i, (slot, due_ms, record) in enumerate(zip(slots, deliver_at_ms, records,
                                                        strict=True)):
-            if slot < scan_second or (loading is not None and slot == loading.second):
-                push((slot, due_ms, local_indexes[i], first_handle + i, offset, len(record)))
+            if slot < scan_second:
+                push((slot, due_ms, local_indexes[i], first_handle + i, offset, len(record),
+                      tags[i]))
             offset += len(record)
 
     def take(self, now_ms: int, max_msgs: int, cursor: Cursor) -> list[DueMessage]:
@@ -106,34 +204,29 @@ class DueWindow:
         skipped (and counted): no copy of it exists any more."""
         self.held = None
         self._budget = self._config.max_load_units
+        self._walked = 0
         limit_second = (now_ms + self._config.preload_ms) // MS_PER_SECOND
         now_second = now_ms // MS_PER_SECOND
         queue, taken = self.queue, list[DueMessage]()
+        parked = self.parked
         new = tuple.__new__  # a namedtuple's own constructor is a Python call per message
         segment: HourSegment | None = None
         segment_hour = -1
         while len(taken) < max_msgs:
-            if not queue or self._loading is not None:
-                if not queue and self.scan_second > limit_second:
-                    break
-                try:
-                    self.load_until(limit_second, max_msgs - len(taken), cursor)
-                except Unmended as damage:
-                    if damage.everywhere:
-                        raise
-                    self.rewind(cursor.second)  # the load stopped part way: start it again
-                    self.held = str(damage)
+            # walks read older seconds than what the queue may hold ahead: read them on too
+            if not queue or (self._walks and self._budget and self._walked < max_msgs):
+                if not self._fill(limit_second, max_msgs - len(taken), cursor) or not queue:
                     break
                 segment_hour = -1
-                if not queue:
-                    break
             entry = queue.pop()
-            slot, deliver_at_ms, local_index, handle, offset, size = entry
-            if deliver_at_ms > now_ms or slot > now_second or (
-                    self._loading is not None and slot >= self._loading.second):
+            slot, deliver_at_ms, local_index, handle, offset, size, tag = entry
+            if deliver_at_ms > now_ms or slot > now_second:
                 queue.unpop(entry)
                 break
             if (slot, local_index) < cursor:
+                continue
+            if tag in parked:
+                self._aside.setdefault(tag, []).append(entry)
                 continue
             if segment is None or handle >> GLOBAL_INDEX_BITS != segment_hour:
                 segment_hour = handle >> GLOBAL_INDEX_BITS
@@ -154,11 +247,26 @@ class DueWindow:
             taken.append(new(DueMessage, (*fields[:5], handle, slot, local_index, fields[5])))
         return taken
 
+    def _fill(self, limit_second: int, wanted: int, cursor: Cursor) -> bool:
+        """Load for a take (`load_until`); False when there is nothing to load, or damage
+        that may yet be mended stopped it (kept in ``held``)."""
+        if not self.queue and self.scan_second > limit_second and not self._walks:
+            return False
+        try:
+            self.load_until(limit_second, wanted, cursor)
+        except Unmended as damage:
+            if damage.everywhere:
+                raise
+            self.rewind(cursor.second)  # the load stopped part way: start it again
+            self.held = str(damage)
+            return False
+        return True
+
     def _skip_corrupt(self, segment: HourSegment, entry: WindowEntry,
                       error: CorruptSegment) -> None:
         """A record failed its CRC and no copy of it is left: count it and say so loudly;
         it is never handed out."""
-        slot, _, local_index, handle, offset, _ = entry
+        slot, _, local_index, handle, offset, _, _ = entry
         self.corrupt_records_skipped += 1
         log.error("event=record_corrupt file=%s offset=%d handle=%d slot_second=%d "
                   "local_index=%d error=%r", segment.path / "log", offset, handle, slot,
@@ -168,13 +276,15 @@ class DueWindow:
         """When the next message is due (see `Wheel.next_due_ms`)."""
         self.drop_stale_top(cursor)
         first = self.queue.first()
-        if self._loading is not None:  # what is not read yet may be due at its start
-            start_ms = self._loading.second * MS_PER_SECOND
-            return start_ms if first is None else min(start_ms, max(first[1], first[0]
-                                                                    * MS_PER_SECOND))
+        due_ms: int | None = None
         if first is not None:
             slot, deliver_at_ms = first[:2]
-            return max(deliver_at_ms, slot * MS_PER_SECOND)
+            due_ms = max(deliver_at_ms, slot * MS_PER_SECOND)
+        if self._walks:  # what a walk has not read yet may be due at its second's start
+            start_ms = self._walks[0].second * MS_PER_SECOND
+            due_ms = start_ms if due_ms is None else min(due_ms, start_ms)
+        if due_ms is not None:
+            return due_ms
         second = self._hours.next_occupied_second(self.scan_second)
         return None if second is None else second * MS_PER_SECOND
 
@@ -182,7 +292,7 @@ class DueWindow:
         """Pop entries behind the cursor, of deleted hours, or cancelled since loaded."""
         queue = self.queue
         while (first := queue.first()) is not None:
-            slot, _, local_index, handle, _, _ = first
+            slot, _, local_index, handle, _, _, _ = first
             segment = self._hours.segment(handle >> GLOBAL_INDEX_BITS, create=False)
             if (slot, local_index) < cursor or segment is None:
                 queue.pop()
@@ -193,36 +303,49 @@ class DueWindow:
             self._on_skip(slot, local_index)
 
     def load_until(self, limit_second: int, enough_msgs: int, cursor: Cursor) -> None:
-        """Load the chains of occupied seconds up to ``limit_second``, one hour at a time,
-        until the queue holds ``enough_msgs`` units (at most ``max_window_msgs``): the queue
-        stays small, and so do its operations, however large the backlog. Stops where the
-        take's ``max_load_units`` run out (a second too large for one take)."""
+        """Read on the walks (with half the take's ``max_load_units`` first), then load the
+        chains of occupied seconds up to ``limit_second``, one hour at a time, until the queue
+        holds ``enough_msgs`` units (at most ``max_window_msgs``): the queue stays small, and
+        so do its operations, however large the backlog. Walks get what is left of the
+        budget. A take's walks put at most ``enough_msgs`` units onto the queue."""
         enough_msgs = min(enough_msgs, self._config.max_window_msgs)
-        loading = self._loading
-        if loading is not None:
-            if loading.second < self.scan_second:
-                self._loading = None  # the cursor passed it
-            else:
-                segment = self._hours.existing(loading.second // SECONDS_PER_HOUR)
-                self._hours.map_for_reading(segment)
-                if not self._load_second(segment, loading.second, cursor):
-                    return
-                self.scan_second = loading.second + 1
-        while self.scan_second <= limit_second and len(self.queue) < enough_msgs:
+        if self._walks:
+            self._walk(enough_msgs, cursor, self._budget // 2)
+        while (self.scan_second <= limit_second and len(self.queue) < enough_msgs
+               and self._budget):
             second = self._hours.next_occupied_second(self.scan_second)
             if second is None or second > limit_second:
                 self.scan_second = limit_second + 1
-                return
+                break
             if not self._load_hour(second, limit_second, enough_msgs, cursor):
-                return
+                break
+        if self._walks and self._budget:
+            self._walk(enough_msgs, cursor, self._budget)
+
+    def _walk(self, enough_msgs: int, cursor: Cursor, budget: int) -> None:
+        """Read on the walks, oldest second first, with ``budget`` units of the take's, until
+        this take's walks have put ``enough_msgs`` units onto the queue; a walk read to its
+        end is done."""
+        self._budget -= budget
+        for walk in self._walks:
+            room = min(enough_msgs - self._walked,
+                       self._config.max_window_msgs - len(self.queue))
+            if budget <= 0 or room <= 0:
+                break
+            segment = self._hours.existing(walk.second // SECONDS_PER_HOUR)
+            self._hours.map_for_reading(segment)
+            budget, pushed = self._read_chain(segment, walk, cursor, budget, room)
+            self._walked += pushed
+        self._walks = [walk for walk in self._walks if not walk.done]
+        self._budget += budget
 
     def _load_hour(self, first_second: int, limit_second: int, enough_msgs: int,
                    cursor: Cursor) -> bool:
         """Load the occupied seconds of ``first_second``'s hour from it up to ``limit_second``,
-        second by second until the queue holds ``enough_msgs``, or in one index scan when the
-        span holds most of the hour's units and fits under ``max_window_msgs`` and what is
-        left of the take's ``max_load_units``. False when that budget ran out in the middle
-        of a second."""
+        second by second until the queue holds ``enough_msgs`` or the take's budget runs out,
+        or in one index scan when the span holds most of the hour's units and fits under
+        ``max_window_msgs`` and what is left of the take's ``max_load_units``. False when it
+        stopped at a second that waits for the next take (`_load_second`)."""
         hour = first_second // SECONDS_PER_HOUR
         segment = self._hours.existing(hour)
         self._hours.map_for_reading(segment)
@@ -239,10 +362,10 @@ class DueWindow:
         bits = segment.occupied >> (first_second - base_second)
         bits &= (1 << (last_second - first_second + 1)) - 1
         second = first_second
-        while bits and len(self.queue) < enough_msgs:
+        while bits and len(self.queue) < enough_msgs and self._budget:
             skip = (bits & -bits).bit_length() - 1
             second += skip
-            if not self._load_second(segment, second, cursor):
+            if not self._load_second(segment, second, cursor, enough_msgs):
                 self.scan_second = second
                 return False
             bits >>= skip + 1
@@ -252,51 +375,80 @@ class DueWindow:
             self.scan_second = last_second + 1
         return True
 
-    def _load_second(self, segment: HourSegment, slot: int, cursor: Cursor) -> bool:
-        """Read ``slot``'s chain (newest first) onto the queue, at most this take's budget of
-        it; False while the second is not whole (`_Loading`)."""
-        loading = self._loading
-        if loading is None or loading.second != slot:
-            loading = self._loading = _Loading(
-                slot, segment.heads[(slot % SECONDS_PER_HOUR) << 1])
+    def _load_second(self, segment: HourSegment, slot: int, cursor: Cursor,
+                     enough_msgs: int) -> bool:
+        """Read ``slot``'s chain (newest first) onto the queue: whole, in dispatch order,
+        when it holds no more units than a take may read (False, and nothing read, when what
+        is left of this take's budget is short of it and the queue holds something to take
+        meanwhile); otherwise as a walk: a share now, the rest as the dispatch takes it."""
+        second_of_hour = slot % SECONDS_PER_HOUR
+        walk = _Walk(slot, ALL_TAGS, segment.heads[second_of_hour << 1])
+        count = segment.heads[(second_of_hour << 1) + 1]
+        if count <= self._config.max_load_units:
+            if count > self._budget and self.queue:
+                return False
+            left, _ = self._read_chain(segment, walk, cursor, count, count)
+            self._budget = max(0, self._budget - (count - left))
+            return True
+        room = min(enough_msgs, self._config.max_window_msgs - len(self.queue))
+        self._budget, _ = self._read_chain(segment, walk, cursor, self._budget, room)
+        if not walk.done:
+            self._walks.append(walk)
+            self._walks.sort(key=_walk_order)
+        return True
+
+    def _read_chain(self, segment: HourSegment, walk: _Walk, cursor: Cursor, budget: int,
+                    room: int) -> tuple[int, int]:
+        """Read ``walk``'s chain on, at most ``budget`` units, until ``room`` are put onto
+        the queue: its units (of its tag), but those of parked tags (passed over) and
+        cancelled ones (skipped). Returns the budget left and how many went on."""
+        slot, only = walk.second, walk.tag
         done_below = cursor.local_index if slot == cursor.second else 0
-        tombstones = segment.tombstones
+        tombstones, parked = segment.tombstones, self.parked
         base = segment.hour << GLOBAL_INDEX_BITS
-        push, unit, budget = self.queue.push, loading.next_unit, self._budget
-        while unit >= 0 and budget:
-            offset, size, local_index, global_index, unit, deliver_at_ms, _, _ = (
+        push, unit, end = self.queue.push, walk.next_unit, walk.end_unit
+        pushed = 0
+        while unit > end and budget and pushed < room:
+            offset, size, local_index, global_index, older, deliver_at_ms, _, tag = (
                 segment.read_unit(unit))
             budget -= 1
             if local_index < done_below:
-                unit = -1
-            elif global_index not in tombstones:
-                push((slot, deliver_at_ms, local_index, base | global_index, offset, size))
-            else:
+                older = end
+            elif only not in (ALL_TAGS, tag):
+                pass
+            elif global_index in tombstones:
                 self._on_skip(slot, local_index)
-        self._budget = budget
-        loading.next_unit = unit
-        if unit >= 0:
-            return False
-        self._loading = None
-        return True
+            elif tag in parked:
+                self._pass_over(tag, slot, global_index)
+            else:
+                push((slot, deliver_at_ms, local_index, base | global_index, offset, size, tag))
+                pushed += 1
+            unit = older
+        walk.next_unit = unit
+        return budget, pushed
 
     def _load_span(self, segment: HourSegment, first_second: int, last_second: int,
                    cursor: Cursor) -> None:
         """Load every unit filed under ``first_second..last_second`` with one index scan."""
         base_second = segment.hour * SECONDS_PER_HOUR
-        tombstones = segment.tombstones
+        tombstones, parked = segment.tombstones, self.parked
         base = segment.hour << GLOBAL_INDEX_BITS
         loaded = [
-            (slot, deliver_at_ms, local_index, base | global_index, offset, size)
-            for offset, size, local_index, global_index, _, deliver_at_ms, second_of_hour, _
+            (slot, deliver_at_ms, local_index, base | global_index, offset, size, tag)
+            for offset, size, local_index, global_index, _, deliver_at_ms, second_of_hour, tag
             in segment.scan()
             if first_second <= (slot := base_second + second_of_hour) <= last_second
             and (slot, local_index) >= cursor
         ]
-        if tombstones:
-            for slot, _, local_index, handle, _, _ in loaded:
+        if tombstones or parked:
+            kept = []
+            for entry in loaded:
+                slot, _, local_index, handle, _, _, tag = entry
                 if handle & GLOBAL_INDEX_MASK in tombstones:
                     self._on_skip(slot, local_index)
-            loaded = [entry for entry in loaded
-                      if entry[3] & GLOBAL_INDEX_MASK not in tombstones]
+                elif tag in parked:
+                    self._pass_over_all(tag, slot, handle & GLOBAL_INDEX_MASK)
+                else:
+                    kept.append(entry)
+            loaded = kept
         self.queue.extend(loaded)

@@ -374,34 +374,49 @@ def test_walking_ahead_in_steps_changes_no_count_the_cursor_takes(tmp_path: Path
     direct.close()
 
 
-def take_through_loading(wheel: Wheel, now_ms: int) -> tuple[list, int]:
-    """Every due message, taking again while a second is still being loaded; and how many
-    takes found nothing to hand out because of that."""
-    taken, empty = [], 0
-    while True:
-        batch = wheel.take_due(now_ms, 1_000)
+def take_sized(wheel: Wheel, now_ms: int, max_msgs: int = 1_000) -> tuple[list, list[int]]:
+    """Every due message, take after take until one hands out nothing; and how many each
+    take handed out."""
+    taken, sizes = [], []
+    while batch := wheel.take_due(now_ms, max_msgs):
         taken += batch
-        if not batch:
-            if wheel.loading_second is None:
-                return taken, empty
-            empty += 1
+        sizes.append(len(batch))
+    return taken, sizes
 
 
-def test_a_second_larger_than_a_take_may_read_is_loaded_over_several_and_goes_out_in_order(
+def test_a_second_larger_than_a_take_may_read_goes_out_as_it_is_read_and_holds_back_nothing(
         tmp_path: Path) -> None:
     """A million messages due in one second were read in one take, on the Raft thread: for
     seconds no heartbeat went out, a follower won an election, and every new leader read the
-    second again. A take reads at most max_load_units of a second's chain; the second goes
-    onto the queue, in dispatch order, once it is whole."""
+    second again. Then it was read over several takes but went onto the queue whole: a
+    million units in memory, and every message due after them waited until they were all
+    read. Now a take reads at most max_load_units of the chain and hands out what it read,
+    and the next seconds load beside it."""
     config = WheelConfig(max_load_units=100)
     with Wheel.open(tmp_path, config) as wheel:
         dues = [NOW_MS + 5_000 + (i * 7_919) % 1_000 for i in range(1_050)]  # one second
         wheel.schedule([msg(f"m{i}", due) for i, due in enumerate(dues)], NOW_MS)
-        taken, empty = take_through_loading(wheel, NOW_MS + 6_000)
-    assert empty == 10  # 1,050 units read 100 a take: ten takes read and hand out nothing
-    assert sorted(m.id for m in taken) == sorted(f"m{i}" for i in range(1_050))
-    assert [(m.deliver_at_ms, m.local_index) for m in taken] == sorted(
-        (m.deliver_at_ms, m.local_index) for m in taken)
+        wheel.schedule([msg("after", NOW_MS + 6_100)], NOW_MS)
+        first = wheel.take_due(NOW_MS + 6_500, 1_000)
+        assert wheel.window_msgs == 0 and wheel.walking == 1
+        taken, sizes = take_sized(wheel, NOW_MS + 6_500)
+        taken = first + taken
+    assert max(sizes) <= 100  # never more than a take may read
+    assert sorted(m.id for m in taken) == sorted(["after", *(f"m{i}" for i in range(1_050))])
+    assert [m.id for m in taken].index("after") < 200  # not behind the whole long second
+    assert {m.id for m in first} == {f"m{i}" for i in range(950, 1_050)}  # newest first
+
+
+@pytest.mark.timeout(20)
+def test_a_short_second_that_does_not_fit_what_is_left_of_a_take_is_read_whole_after(
+        tmp_path: Path) -> None:
+    with Wheel.open(tmp_path, WheelConfig(max_load_units=10)) as wheel:
+        for second in (5, 6):
+            wheel.schedule([msg(f"s{second}-{i}", NOW_MS + second * 1_000 + 999 - i)
+                            for i in range(6)], NOW_MS)
+        taken = wheel.take_due(NOW_MS + 7_000, 100)  # looped forever once: neither read it
+    assert [m.id for m in taken] == [f"s{second}-{i}" for second in (5, 6)  # nor went on
+                                     for i in reversed(range(6))]  # each second whole, by due
 
 
 def test_what_is_filed_or_cancelled_in_a_second_while_it_loads_is_not_lost_nor_sent(
@@ -409,15 +424,70 @@ def test_what_is_filed_or_cancelled_in_a_second_while_it_loads_is_not_lost_nor_s
     config = WheelConfig(max_load_units=100)
     with Wheel.open(tmp_path, config) as wheel:
         handles = wheel.schedule([msg(f"m{i}", NOW_MS + 5_500) for i in range(500)], NOW_MS)
-        assert wheel.take_due(NOW_MS + 6_000, 1_000) == []  # 100 of 500 units read
-        assert wheel.loading_second == (NOW_MS + 5_500) // 1_000
+        first = wheel.take_due(NOW_MS + 6_000, 1_000)  # 100 of 500 units read
+        assert len(first) == 100 and wheel.walking == 1
         assert wheel.next_due_ms() == NOW_MS + 5_000  # what is not read yet may be due then
         wheel.schedule([msg("late", NOW_MS + 5_100)], NOW_MS)  # ahead of the chain's walk
         wheel.cancel(handles[0])  # not read yet (the chain goes newest first)
-        wheel.cancel(handles[499])  # read already
-        taken, _ = take_through_loading(wheel, NOW_MS + 6_000)
-        assert taken[0].id == "late"
-        assert sorted(m.id for m in taken) == sorted(["late", *(f"m{i}" for i in range(1, 499))])
+        rest, _ = take_sized(wheel, NOW_MS + 6_000)
+        taken = first + rest
+        assert rest[0].id == "late" and wheel.walking == 0
+        assert sorted(m.id for m in taken) == sorted(["late", *(f"m{i}" for i in range(1, 500))])
         wheel.rewind()  # a new leader's pass from the cursor (not moved): all again, once
-        again, _ = take_through_loading(wheel, NOW_MS + 6_000)
+        again, _ = take_sized(wheel, NOW_MS + 6_000)
         assert sorted(m.id for m in again) == sorted(m.id for m in taken)
+
+
+def schedule_tagged(wheel: Wheel, tag: int, names: list[str], due_ms: int) -> list[int]:
+    records = [encode_record(*msg(name, due_ms)) for name in names]
+    return wheel.schedule_records(records, [due_ms] * len(names), NOW_MS, [tag] * len(names))
+
+
+@pytest.mark.parametrize("max_load_units", [10_000, 100])
+def test_a_parked_tag_waits_in_the_wheel_and_the_others_go_on(tmp_path: Path,
+                                                             max_load_units: int) -> None:
+    """A topic whose consumers are behind is parked: its messages stay in the wheel, not in
+    memory; the other topics' messages, due with them or after, are taken meanwhile; once it
+    is taken again its messages come, each once. Both ways a second is read: whole and as a
+    walk of a long chain."""
+    with Wheel.open(tmp_path, WheelConfig(max_load_units=max_load_units)) as wheel:
+        burst = schedule_tagged(wheel, 7, [f"b{i}" for i in range(600)], NOW_MS + 5_000)
+        schedule_tagged(wheel, 3, [f"s{i}" for i in range(20)], NOW_MS + 5_000)
+        schedule_tagged(wheel, 3, [f"t{i}" for i in range(20)], NOW_MS + 6_000)
+        taken = wheel.take_due(NOW_MS + 7_000, 50)  # read before the tag is parked
+        wheel.park(frozenset({7}))
+        more, _ = take_sized(wheel, NOW_MS + 7_000, 50)
+        others = {m.id for m in more}
+        assert {f"s{i}" for i in range(20)} | {f"t{i}" for i in range(20)} <= {
+            m.id for m in taken + more}
+        assert not any(name.startswith("b") for name in others)  # parked: none taken
+        assert wheel.window_msgs == 0  # what was loaded before waits aside
+        assert wheel.drain_skipped() == []  # parked is not skipped: no cursor passes it
+        victim = next(i for i in range(600) if f"b{i}" not in {m.id for m in taken})
+        wheel.cancel(burst[victim])  # cancelled while parked: never taken
+        wheel.park(frozenset())
+        rest, _ = take_sized(wheel, NOW_MS + 7_000, 50)
+        ids = [m.id for m in taken + more + rest]
+    assert sorted(ids) == sorted([*(f"b{i}" for i in range(600) if i != victim),
+                                  *(f"s{i}" for i in range(20)), *(f"t{i}" for i in range(20))])
+    assert len(ids) == len(set(ids))
+
+
+def test_a_tag_parked_again_part_way_through_its_walk_goes_on_from_there(
+        tmp_path: Path) -> None:
+    """Parked and taken again every few takes, as a burst is paced by its consumers: every
+    message is taken once, and the chain is not read again from its start each time."""
+    with Wheel.open(tmp_path, WheelConfig(max_load_units=100)) as wheel:
+        schedule_tagged(wheel, 7, [f"b{i}" for i in range(1_000)], NOW_MS + 5_000)
+        wheel.park(frozenset({7}))
+        assert take_sized(wheel, NOW_MS + 7_000, 50)[0] == []
+        ids: list[str] = []
+        for _ in range(400):
+            wheel.park(frozenset())
+            ids += [m.id for m in wheel.take_due(NOW_MS + 7_000, 50)]
+            wheel.park(frozenset({7}))
+            ids += [m.id for m in wheel.take_due(NOW_MS + 7_000, 50)]
+            if len(ids) == 1_000:
+                break
+    assert sorted(ids) == sorted(f"b{i}" for i in range(1_000))
+    assert len(ids) == len(set(ids))
