@@ -17,10 +17,15 @@ consumer of its own: how the burst delays everybody else. Figures:
   that time;
 - ``burst_scheduled_s`` (how long scheduling took) and ``burst_scheduled_late_s`` (how far past
   T it finished: 0 when T was far enough ahead);
-- ``leader_peak_rss_mb``: the leader's peak resident memory (``VmHWM``) over the run, and
+- ``leader_peak_rss_mb``: the leader's peak resident memory (``VmHWM``) over the run,
+  ``leader_rss_at_due_mb`` its resident memory at T (what the scheduling left: the Raft log
+  since the last snapshot, the dedupe window), and
   ``leader_cpu_s`` from T to the last receipt;
 - ``steady_lateness_p50_ms`` / ``_p99_ms`` / ``_max_ms``: the steady topic's messages due
-  between T and the burst's last receipt.
+  between T and the burst's last receipt;
+- ``burst_peak_ready`` / ``burst_peak_leased``: the most messages the burst's group held ready
+  (readied, waiting for a lease) and leased, as the cluster answered every half second from T,
+  and ``burst_dropped``: how many it dropped (past ``max_ready_msgs``).
 
 It does not run in ``make test`` at its size; a test runs it with a few thousand messages.
 """
@@ -123,11 +128,12 @@ def _unpack(raw: Receipts) -> tuple[array[int], array[float], array[int]]:
     return numbers, arrivals, flags
 
 
-def _peak_rss_mb(pid: int) -> float:
+def _rss_mb(pid: int, field: str = "VmHWM") -> float:
+    """The process's peak (``VmHWM``) or current (``VmRSS``) resident memory."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return round(int(line.split()[1]) / 1024, 1)
-    raise RuntimeError(f"no VmHWM for {pid}")
+    raise RuntimeError(f"no {field} for {pid}")
 
 
 def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, consumers: int,
@@ -171,12 +177,18 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
     leader = cluster.leader()
     wait_for(lambda: now_ms() >= due_ms, max(0.0, (due_ms - now_ms()) / 1000) + 5, "T")
     leader_cpu_s = cpu_s(leader.pid)
+    rss_at_due_mb = _rss_mb(leader.pid, "VmRSS")
+    watched: dict[str, int] = {}
+    watcher = threading.Thread(target=_watch_group, args=(endpoint, "burst", steady_done,
+                                                          watched))
+    watcher.start()
     wait_for(lambda: received.value >= messages, 600, f"{messages} burst messages to arrive",
              poll_s=0.1)
     leader_cpu_s = cpu_s(leader.pid) - leader_cpu_s
     steady_done.set()
     steady.join()
-    peak_rss_mb = _peak_rss_mb(leader.pid)
+    watcher.join()
+    peak_rss_mb = _rss_mb(leader.pid)
     stop.set()
     tally = _tally([results.get(timeout=60) for _ in readers], due_ms)
     last_ms = tally.pop("last_ms")
@@ -192,8 +204,9 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
             "burst_delivered_per_s": round(tally["burst_delivered"] / max(last_after_s, 1e-3)),
             "burst_scheduled_s": round(scheduled_s, 1),
             "burst_scheduled_late_s": round(max(0, scheduled_ms - due_ms) / 1000, 2),
-            "leader_peak_rss_mb": peak_rss_mb, "leader_cpu_s": round(leader_cpu_s, 1),
-            **_steady_figures(lateness)}
+            "leader_rss_at_due_mb": rss_at_due_mb, "leader_peak_rss_mb": peak_rss_mb,
+            "leader_cpu_s": round(leader_cpu_s, 1),
+            **_steady_figures(lateness), **watched}
 
 
 def _tally(receipts: list[Receipts], due_ms: int) -> dict[str, float]:
@@ -232,6 +245,21 @@ def _steady(endpoint: Endpoint, rate: int, done: threading.Event) -> None:
                                              id=f"steady-{k}") for k in range(sent, due_now))
                 sent = due_now
             done.wait(0.01)
+
+
+def _watch_group(endpoint: Endpoint, topic: str, done: threading.Event,
+                 figures: dict[str, int]) -> None:
+    """Every half second until ``done``: the most ``topic``'s default group held ready and
+    leased, and how many it dropped, into ``figures``."""
+    figures.update(burst_peak_ready=0, burst_peak_leased=0, burst_dropped=0)
+    with _client(endpoint, 60) as client:
+        while not done.wait(0.5):
+            for group in client.cluster_info().groups:
+                if group.topic == topic:
+                    figures["burst_peak_ready"] = max(figures["burst_peak_ready"], group.ready)
+                    figures["burst_peak_leased"] = max(figures["burst_peak_leased"],
+                                                       group.leased)
+                    figures["burst_dropped"] = group.dropped
 
 
 def _steady_figures(lateness: list[float]) -> dict[str, float]:

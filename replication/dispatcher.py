@@ -96,6 +96,18 @@ class DispatchConfig:
     min_lead_ms`` (one handout, one Raft round, one hand-over to the sink), each message
     readied at least ``min_lead_ms`` ahead. A message due sooner (scheduled late, a backlog)
     is taken at the next turn."""
+    max_ready_ahead_msgs: int = 20_000
+    """A topic's messages wait in the wheel while one of its groups that consumers read holds
+    this many ready (readied and not leased, or on their way to it), and are readied again
+    once it is down to half: a burst is readied as fast as it is consumed, its groups never
+    reach ``max_ready_msgs``, and the other topics go on meanwhile. A step takes at most this
+    many."""
+
+    @classmethod
+    def ready_ahead_for(cls, max_ready_msgs: int) -> int:
+        """``max_ready_ahead_msgs`` for groups that keep ``max_ready_msgs``: at most half, so
+        that a step taken just below it, and the leases of a consumer that leaves, still fit."""
+        return max(1, min(cls().max_ready_ahead_msgs, max_ready_msgs // 2))
 
 
 class Dispatcher:
@@ -110,6 +122,7 @@ class Dispatcher:
         self._skipped: dict[int, set[int]] = {}
         self.unapplied = 0
         """Messages taken whose handout is not applied yet."""
+        self.unapplied_by_topic: dict[str, int] = {}
 
     @property
     def epoch(self) -> int:
@@ -127,6 +140,8 @@ class Dispatcher:
         self._taken = {second: set(indexes) for second, indexes in readied.items()}
         self._skipped.clear()
         self.unapplied = 0
+        self.unapplied_by_topic.clear()
+        wheel.park(frozenset())
         wheel.rewind()
 
     def end(self) -> None:
@@ -136,22 +151,40 @@ class Dispatcher:
         self._taken.clear()
         self._skipped.clear()
         self.unapplied = 0
+        self.unapplied_by_topic.clear()
 
     def take(self, wheel: Wheel, now_ms: int) -> list[DueMessage]:
         """Take what is due and not readied yet (at most ``max_take_msgs``)."""
-        room = min(self._config.max_take_msgs,
+        room = min(self._config.max_take_msgs, self._config.max_ready_ahead_msgs,
                    self._config.max_unapplied_msgs - self.unapplied)
         if not self._active or room <= 0:
             return []
         taken_positions = self._taken
-        taken = [message for message in wheel.take_due(now_ms, room)
-                 if message.local_index not in taken_positions.get(message.slot_second, ())]
+        taken: list[DueMessage] = []
+        # a walk of passed-over messages may read one again: each goes once a leadership
+        for message in wheel.take_due(now_ms, room):
+            positions = taken_positions.setdefault(message.slot_second, set())
+            if message.local_index not in positions:
+                positions.add(message.local_index)
+                taken.append(message)
         for second, local_index in wheel.drain_skipped():
             self._skipped.setdefault(second, set()).add(local_index)
-        for message in taken:
-            taken_positions.setdefault(message.slot_second, set()).add(message.local_index)
         self.unapplied += len(taken)
+        by_topic = self.unapplied_by_topic
+        for message in taken:
+            by_topic[message.topic] = by_topic.get(message.topic, 0) + 1
         return taken
+
+    def applied(self, topics: list[str]) -> None:
+        """The handout of messages of these topics (one each) is applied, or failed."""
+        self.unapplied -= len(topics)
+        by_topic = self.unapplied_by_topic
+        for topic in topics:
+            left = by_topic.get(topic, 0) - 1
+            if left > 0:
+                by_topic[topic] = left
+            else:
+                by_topic.pop(topic, None)
 
     def next_cursor(self, wheel: Wheel, readied: dict[int, set[int]], now_ms: int
                     ) -> tuple[Cursor, bool]:

@@ -45,6 +45,9 @@ _MAX_BATCH: Final = 256
 _MAX_KEPT_MSGS: Final = 50_000
 _MAX_KEPT_BYTES: Final = 64 << 20
 """Bounds of the bodies a leader keeps of messages readied and not granted yet."""
+STALLED_MS: Final = 10_000
+"""A group none of whose consumers was granted a message for this long no longer holds its
+topic's readying back (`Planner.reading`)."""
 
 
 def encode_receipt(lease: LeaseRef, shard: int = 0) -> str:
@@ -97,6 +100,8 @@ class ConsumerSlot:
 @dataclass(eq=False, slots=True)
 class _Demand:
     consumers: deque[ConsumerSlot] = field(default_factory=deque)
+    granted_ms: int = 0
+    """When a consumer of the group was last granted a message."""
     granting: set[int] = field(default_factory=set)
     """Handles in handouts proposed and not yet applied."""
     bytes_out: int = 0
@@ -172,6 +177,14 @@ class Planner:
 
     def has(self, key: int) -> bool:
         return key in self._consumers
+
+    def reading(self, now_ms: int) -> list[tuple[str, str]]:
+        """The groups whose consumers are taking messages: they have consumers, and one was
+        granted a message within `STALLED_MS`. A group whose consumers took nothing for that
+        long (stuck, or gone quiet) holds nothing back."""
+        since_ms = now_ms - STALLED_MS
+        return [key for key, demand in self._demand.items()
+                if demand.consumers and demand.granted_ms >= since_ms]
 
     # -- planning ---------------------------------------------------------------------------
 
@@ -289,6 +302,8 @@ class Planner:
             demand.bytes_out += len(message.body)
             count += 1
         slot.credits -= count
+        if count:
+            demand.granted_ms = now_ms
         return count > 0 and (bool(backlog) or bool(fresh))
 
     def _nonce(self) -> int:

@@ -38,6 +38,9 @@ log = logging.getLogger("tickwheel.replication")
 
 DAMAGE_RETRY_S = 1.0
 """How long the dispatch waits before asking again for a copy of damaged bytes it holds at."""
+PACED_LOG_MS = 60_000
+PACED_LOG_TOPICS = 1_024
+"""`event=topic_paced` comes at most once a minute per topic (of this many remembered)."""
 
 
 class Leadership:
@@ -60,6 +63,7 @@ class Leadership:
         self._proposed_cursor: Cursor | None = None
         self._last_cursor_sync = 0.0
         self._next_dispatch_s = 0.0
+        self._paced_logged: dict[str, int] = {}
         self.settled = False
         """Whether the last step's answer holds until its time if nothing changes: not while
         a new leader waits for its barrier or for its tenure, which answers may bring any
@@ -114,6 +118,7 @@ class Leadership:
         if not self.settled:
             return self._config.raft.heartbeat_ms / 1000
         lead_until_ms = now_ms + self._config.dispatch.lead_ms
+        self._pace(now_ms)
         taken = self._take_due(now_ms, lead_until_ms)
         self._hand_out(taken, now_ms, lead_until_ms)
         self._sync_cursor(now_ms)
@@ -156,7 +161,7 @@ class Leadership:
             def applied(done: Applied) -> None:
                 if self.dispatcher.epoch != epoch or self.planner is not planner:
                     return
-                self.dispatcher.unapplied -= len(plan.ready)
+                self.dispatcher.applied([item.topic for item in plan.ready])
                 if done.exception() is not None:
                     planner.failed(plan)
                     return
@@ -168,6 +173,45 @@ class Leadership:
         expired = planner.expired(groups, now_ms, self._read)
         if expired:
             self._sink.expired(expired)
+
+    def _pace(self, now_ms: int) -> None:
+        """Park the topics one of whose read groups (`Planner.reading`) holds
+        ``max_ready_ahead_msgs`` ready or on their way to it, until it is down to half: their
+        messages wait in the wheel (`Wheel.park`), the other topics' go on. Topics past
+        ``max_tracked_topics`` share one tag and are never parked: their groups keep at most
+        ``max_ready_msgs``."""
+        planner = self.planner
+        if planner is None:
+            return
+        wheel, groups, pending = self._state.wheel, self._state.groups, self._state.pending
+        ahead = self._config.dispatch.max_ready_ahead_msgs
+        unapplied = self.dispatcher.unapplied_by_topic
+        parked = wheel.parked
+        tags: set[int] = set()
+        for topic, name in planner.reading(now_ms):
+            group = groups.get(topic, name)
+            tag = pending.tag_of(topic)
+            if group is None or tag is None:
+                continue
+            level = len(group.ready) + unapplied.get(topic, 0)
+            if level >= ahead or (tag in parked and level >= ahead // 2):
+                tags.add(tag)
+                if tag not in parked:
+                    self._paced(topic, name, level, now_ms)
+        if tags != parked:
+            wheel.park(frozenset(tags))
+
+    def _paced(self, topic: str, group: str, level: int, now_ms: int) -> None:
+        """Say when a topic starts waiting for its consumers (at most every `PACED_LOG_MS`
+        per topic: a burst waits and goes on every few thousand messages)."""
+        if now_ms - self._paced_logged.get(topic, -PACED_LOG_MS) >= PACED_LOG_MS:
+            self._paced_logged[topic] = now_ms
+            log.info("event=topic_paced topic=%s group=%r ready=%d max_ready_ahead_msgs=%d "
+                     "reason=%r", topic, group, level,
+                     self._config.dispatch.max_ready_ahead_msgs,
+                     "its consumers are behind: its messages wait in the wheel")
+            if len(self._paced_logged) > PACED_LOG_TOPICS:
+                self._paced_logged.clear()
 
     def _read(self, handle: int) -> DueMessage | None:
         """A ready message's body, from the wheel (None, logged, if it cannot be read)."""

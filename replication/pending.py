@@ -52,6 +52,10 @@ class PendingCounts:
         """A copy of the tracked counts (``dict.copy`` is atomic, so any thread may call it)."""
         return self._counts.copy()
 
+    def tag_of(self, topic: str) -> int | None:
+        """``topic``'s own tag, if it has one (not `UNTRACKED_TAG`); assigns none."""
+        return self._tags.get(topic)
+
     def tag_for(self, topic: str) -> int:
         """The tag of ``topic``'s messages from now on: its own, a newly assigned one, or
         `UNTRACKED_TAG` when ``max_tracked_topics`` are tracked already."""

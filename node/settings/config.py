@@ -388,7 +388,9 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
                             preferred_leader=preferred_leader(
                                 list(self.member_map()), self.shard, self.shard_map().count)),
             dispatch=DispatchConfig(max_inflight_msgs=self.max_inflight_msgs,
-                                    max_inflight_bytes=self.max_inflight_bytes),
+                                    max_inflight_bytes=self.max_inflight_bytes,
+                                    max_ready_ahead_msgs=DispatchConfig.ready_ahead_for(
+                                        self.max_ready_msgs)),
             state=StateConfig(wheel=WheelConfig(max_delay_ms=self.max_delay_ms),
                               max_ready_msgs=self.max_ready_msgs, max_groups=self.max_groups,
                               max_moved_msgs=self.max_moved_msgs),
