@@ -31,10 +31,14 @@ the figures built on them:
   the start of the latest fault started after that entry and no later than the failover, else
   the failover's ``at_ms``; ``no_leader_ms = at_ms - lost_at_ms``; ``first_delivery_ms``, from
   ``lost_at_ms`` to the first ``delivered`` trail event of the new leader (by node name) in the
-  failover's term or later; ``delivery_gap_ms``, from the old leader's last ``delivered`` trail
-  event in the terms of the leadership the failover ends (from the term the runner first saw
-  it lead in, since the failover before, to before the failover's term), or ``lost_at_ms`` if
-  it has none, to that same first delivery of the new leader: how long nothing was delivered;
+  leadership the failover begins (its term or later, before the shard's next failover's);
+  ``delivery_gap_ms``, from the old leader's last ``delivered`` trail event in the terms of
+  the leadership the failover ends (from the term the runner first saw it lead in, since the
+  failover before, to before the failover's term) to that same first delivery of the new
+  leader: how long nothing was delivered. A leadership that delivered nothing before it was
+  deposed has no gap of its own (it counts as ``undelivered``) and hands its start on: the
+  next failover's gap runs from the last delivery before it (`gaps_in_turn`); the first
+  failover's, with none, from ``lost_at_ms``;
   ``catch_up_ms``, from the new leader's first ``dispatch_started``
   (``takeover_ms``) in a term >= the failover's to the first delivery of that term at most
   `CAUGHT_UP_MS` after its due time; ``duplicates``, by class, received in ``[lost_at_ms, the
@@ -110,10 +114,10 @@ from tickwheel.chaos.failovers import (
     LeaderChange,
     Leadership,
     catch_up_ms,
-    delivery_gap_ms,
     failover_index,
     find_failovers,
     first_delivery_ms,
+    gaps_in_turn,
     leaderships,
     per_fault,
     percentiles,
@@ -304,19 +308,21 @@ def _races(cancels: DataFrame, reschedules: DataFrame) -> dict[str, Any]:
 def _failover_figures(failovers: list[Failover], terms: list[Leadership],
                       receipts: DataFrame) -> list[dict[str, Any]]:
     per_failover = _duplicates_per_failover(failovers, receipts)
+    gaps = gaps_in_turn(failovers, terms)
     return [{"shard": failover.shard,
              "old_leader": failover.old_leader, "new_leader": failover.new_leader,
              "term": failover.term, "at_ms": failover.at_ms, "lost_at_ms": failover.lost_at_ms,
              "no_leader_ms": failover.at_ms - failover.lost_at_ms,
-             "first_delivery_ms": first_delivery_ms(failover, terms),
-             "delivery_gap_ms": delivery_gap_ms(failover, terms),
-             "catch_up_ms": catch_up_ms(failover, terms),
+             "first_delivery_ms": first_delivery_ms(failover, terms, until_term),
+             "delivery_gap_ms": gap,
+             "catch_up_ms": catch_up_ms(failover, terms, until_term),
              "duplicates": {key: counts[key] for key in ("total", *CLASSES)},
              "false_alarms": counts["false_alarms"],
              "false_alarms_unsent": counts["false_alarms_unsent"],
              "fault": None if failover.fault is None else {"fault": failover.fault.fault,
                                                            "node": failover.fault.node}}
-            for failover, counts in zip(failovers, per_failover, strict=True)]
+            for failover, counts, (gap, until_term)
+            in zip(failovers, per_failover, gaps, strict=True)]
 
 
 def _duplicates_per_failover(failovers: list[Failover],

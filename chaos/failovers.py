@@ -148,46 +148,92 @@ def leaderships(trails: DataFrame) -> list[Leadership]:
     return [Leadership(**row.asDict()) for row in rows]
 
 
-def _new_leaderships(failover: Failover, leaderships: list[Leadership]) -> list[Leadership]:
-    """The new leader's terms from the failover's on, in term order."""
+def _new_leaderships(failover: Failover, leaderships: list[Leadership],
+                     until_term: int | None = None) -> list[Leadership]:
+    """The new leader's terms from the failover's on (before ``until_term``, the next
+    failover's: the leadership this one begins), in term order."""
     term = failover.term or 0
     return sorted((leadership for leadership in leaderships
-                   if leadership.node_name == failover.new_leader and leadership.term >= term),
+                   if leadership.node_name == failover.new_leader and leadership.term >= term
+                   and (until_term is None or leadership.term < until_term)),
                   key=lambda leadership: leadership.term)
 
 
-def first_delivered_at_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
-    """The new leader's first trail delivery in the failover's term or later."""
+def first_delivered_at_ms(failover: Failover, leaderships: list[Leadership],
+                          until_term: int | None = None) -> int | None:
+    """The new leader's first trail delivery in the failover's term or later (before
+    ``until_term``)."""
     return min((leadership.first_delivered_at_ms
-                for leadership in _new_leaderships(failover, leaderships)
+                for leadership in _new_leaderships(failover, leaderships, until_term)
                 if leadership.first_delivered_at_ms is not None), default=None)
 
 
-def first_delivery_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
-    first = first_delivered_at_ms(failover, leaderships)
+def first_delivery_ms(failover: Failover, leaderships: list[Leadership],
+                      until_term: int | None = None) -> int | None:
+    first = first_delivered_at_ms(failover, leaderships, until_term)
     return None if first is None else first - failover.lost_at_ms
 
 
-def stopped_at_ms(failover: Failover, leaderships: list[Leadership]) -> int:
-    """When the old leader stopped delivering: its last trail delivery in the terms of the
-    leadership the failover ends (from ``old_term`` to before the failover's), else the loss."""
+def last_delivered_at_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
+    """The old leader's last trail delivery in the terms of the leadership the failover ends
+    (from ``old_term`` to before the failover's), if it delivered any."""
     low, high = failover.old_term, failover.term
-    delivered = [leadership.last_delivered_at_ms for leadership in leaderships
-                 if leadership.node_name == failover.old_leader
-                 and leadership.last_delivered_at_ms is not None
-                 and (low is None or leadership.term >= low)
-                 and (high is None or leadership.term < high)]
-    return max(delivered, default=failover.lost_at_ms)
+    return max((leadership.last_delivered_at_ms for leadership in leaderships
+                if leadership.node_name == failover.old_leader
+                and leadership.last_delivered_at_ms is not None
+                and (low is None or leadership.term >= low)
+                and (high is None or leadership.term < high)), default=None)
 
 
-def delivery_gap_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
-    """From `stopped_at_ms` to the new leader's first delivery (None if it never delivered)."""
-    first = first_delivered_at_ms(failover, leaderships)
-    return None if first is None else first - stopped_at_ms(failover, leaderships)
+def stopped_at_ms(failover: Failover, leaderships: list[Leadership]) -> int:
+    """When the old leader stopped delivering: `last_delivered_at_ms`, else the loss."""
+    last = last_delivered_at_ms(failover, leaderships)
+    return failover.lost_at_ms if last is None else last
 
 
-def catch_up_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
-    for leadership in _new_leaderships(failover, leaderships):
+def delivery_gap_ms(failover: Failover, leaderships: list[Leadership],
+                    until_term: int | None = None, stopped_ms: int | None = None
+                    ) -> int | None:
+    """From `stopped_at_ms` (or ``stopped_ms``) to the new leader's first delivery (None if
+    it never delivered in the leadership the failover begins)."""
+    first = first_delivered_at_ms(failover, leaderships, until_term)
+    if first is None:
+        return None
+    return first - (stopped_at_ms(failover, leaderships) if stopped_ms is None else stopped_ms)
+
+
+def gaps_in_turn(failovers: list[Failover], leaderships: list[Leadership]
+                 ) -> list[tuple[int | None, int | None]]:
+    """``(delivery_gap_ms, the next failover's term)`` of each failover, in order: each new
+    leadership ends at its shard's next failover, and a leader that delivered nothing before
+    it was deposed hands its gap on: the next gap of its shard runs from the last delivery
+    before it (a deposed leader's first delivery in a later leadership of its own is no end
+    of the gap it left)."""
+    nexts: list[int | None] = [None] * len(failovers)
+    following: dict[int, int] = {}
+    for index in reversed(range(len(failovers))):
+        nexts[index] = following.get(failovers[index].shard)
+        following[failovers[index].shard] = index
+    carried: dict[int, int] = {}
+    figures: list[tuple[int | None, int | None]] = []
+    for index, failover in enumerate(failovers):
+        until = nexts[index]
+        until_term = None if until is None else failovers[until].term
+        stopped = last_delivered_at_ms(failover, leaderships)
+        if stopped is None:
+            stopped = carried.pop(failover.shard, failover.lost_at_ms)
+        else:
+            carried.pop(failover.shard, None)
+        gap = delivery_gap_ms(failover, leaderships, until_term, stopped)
+        if gap is None:
+            carried[failover.shard] = stopped
+        figures.append((gap, until_term))
+    return figures
+
+
+def catch_up_ms(failover: Failover, leaderships: list[Leadership],
+                until_term: int | None = None) -> int | None:
+    for leadership in _new_leaderships(failover, leaderships, until_term):
         if leadership.takeover_ms is not None:  # the first new leadership that started
             if leadership.caught_up_at_ms is None:
                 return None

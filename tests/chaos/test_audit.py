@@ -66,6 +66,7 @@ from tickwheel.chaos.failovers import (
     delivery_gap_ms,
     find_failovers,
     first_delivery_ms,
+    gaps_in_turn,
     per_fault,
     percentiles,
 )
@@ -526,6 +527,24 @@ def test_the_gap_runs_from_the_old_leaders_last_delivery_in_the_ended_leadership
     assert delivery_gap_ms(to_c, quiet) == 1_200
     # the new leader never delivered
     assert delivery_gap_ms(to_c, terms[:3]) is None
+
+
+def test_a_leader_deposed_before_it_delivered_hands_its_gap_to_the_next_leader() -> None:
+    """A chaos run: a paused a; b won term 2, read a damaged record and was deposed 2 s
+    later having delivered nothing; c won term 3 and delivered. The audit counted b's first
+    delivery in a later leadership of its own (12.9 s) as the end of the first gap, and c's
+    gap from b's loss (8 ms): consumers had nothing from a's last delivery to c's first."""
+    def led(node: str, term: int, first_ms: int | None, last_ms: int | None) -> Leadership:
+        return Leadership(node, term, first_ms, first_ms, first_ms, last_ms)
+
+    to_b = Failover("a", "b", 2, 10_300, 10_000, None, old_term=1)
+    to_c = Failover("b", "c", 3, 12_300, 12_290, None, old_term=2)
+    to_b_again = Failover("c", "b", 4, 22_000, 21_500, None, old_term=3)
+    terms = [led("a", 1, 100, 9_900), led("b", 2, None, None), led("c", 3, 12_300, 21_400),
+             led("b", 4, 22_100, 30_000)]
+    assert gaps_in_turn([to_b, to_c, to_b_again], terms) == [
+        (None, 3), (12_300 - 9_900, 4), (22_100 - 21_400, None)]
+    assert first_delivery_ms(to_b, terms, until_term=3) is None
 
 
 def test_failovers_are_summed_up_by_fault() -> None:
