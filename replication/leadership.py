@@ -189,11 +189,13 @@ class Leadership:
         parked = wheel.parked
         tags: set[int] = set()
         for topic, name in planner.reading(now_ms):
-            group = groups.get(topic, name)
             tag = pending.tag_of(topic)
-            if group is None or tag is None:
+            if tag is None:
                 continue
-            level = len(group.ready) + unapplied.get(topic, 0)
+            # a topic's default group appears with its first handout's apply: until then
+            # what is on its way counts alone (steps follow each other faster under a burst)
+            group = groups.get(topic, name)
+            level = (0 if group is None else len(group.ready)) + unapplied.get(topic, 0)
             if level >= ahead or (tag in parked and level >= ahead // 2):
                 tags.add(tag)
                 if tag not in parked:
