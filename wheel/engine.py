@@ -117,11 +117,6 @@ class Wheel:
         """The tags whose messages `take_due` passes over (`park`)."""
         return self._window.parked
 
-    @property
-    def passed_seconds(self) -> int:
-        """Seconds, per parked tag, holding messages passed over."""
-        return self._window.passed
-
     def park(self, tags: frozenset[int]) -> None:
         """Pass over the messages of ``tags`` from now on, in this dispatch pass: they stay in
         the wheel, not in memory, neither taken nor skipped (so no cursor passes them); once

@@ -23,6 +23,7 @@ neither taken nor skipped, so no cursor passes it.
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Callable, Sequence
 
@@ -102,7 +103,8 @@ class DueWindow:
         """(tag, second) -> where the units of a parked tag were passed over in the second's
         chain (a stretch of it holds no unit of the tag that went onto the queue)."""
         self._aside: dict[int, list[WindowEntry]] = {}
-        """tag -> entries taken off the queue while the tag is parked (loaded before it was)."""
+        """tag -> entries taken off the queue while the tag is parked (loaded before it was),
+        each a heap: its first entry is its oldest, which `hours_in_use` reads every take."""
         self._walks: list[_Walk] = []
         """Chains to read on, oldest second first: long seconds the scan started, and the
         units passed over of tags no longer parked."""
@@ -116,7 +118,7 @@ class DueWindow:
         first = self.queue.first()
         seconds = [first[0] if first is not None else self.scan_second]
         seconds += [second for _, second in self._passed]
-        seconds += [entry[0] for entries in self._aside.values() for entry in entries]
+        seconds += [entries[0][0] for entries in self._aside.values()]
         if self._walks:
             seconds.append(self._walks[0].second)
         return min(seconds) // SECONDS_PER_HOUR, self.scan_second // SECONDS_PER_HOUR
@@ -125,11 +127,6 @@ class DueWindow:
     def walking(self) -> int:
         """Chains begun and not read to their end (long seconds, tags taken again)."""
         return len(self._walks)
-
-    @property
-    def passed(self) -> int:
-        """Seconds, per parked tag, holding units passed over."""
-        return len(self._passed)
 
     def rewind(self, cursor_second: int) -> None:
         """Forget everything loaded; scan again from ``cursor_second`` (which passes over the
@@ -226,7 +223,7 @@ class DueWindow:
             if (slot, local_index) < cursor:
                 continue
             if tag in parked:
-                self._aside.setdefault(tag, []).append(entry)
+                heapq.heappush(self._aside.setdefault(tag, []), entry)
                 continue
             if segment is None or handle >> GLOBAL_INDEX_BITS != segment_hour:
                 segment_hour = handle >> GLOBAL_INDEX_BITS
