@@ -120,9 +120,13 @@ class Dispatcher:
         self._taken: dict[int, set[int]] = {}
         """Positions taken by this leadership (readied or on their way to it)."""
         self._skipped: dict[int, set[int]] = {}
-        self.unapplied = 0
-        """Messages taken whose handout is not applied yet."""
         self.unapplied_by_topic: dict[str, int] = {}
+        """Messages taken whose handout is not applied yet, per topic."""
+
+    @property
+    def unapplied(self) -> int:
+        """Messages taken whose handout is not applied yet."""
+        return sum(self.unapplied_by_topic.values())
 
     @property
     def epoch(self) -> int:
@@ -139,7 +143,6 @@ class Dispatcher:
         self._active = True
         self._taken = {second: set(indexes) for second, indexes in readied.items()}
         self._skipped.clear()
-        self.unapplied = 0
         self.unapplied_by_topic.clear()
         wheel.park(frozenset())
         wheel.rewind()
@@ -150,7 +153,6 @@ class Dispatcher:
         self._active = False
         self._taken.clear()
         self._skipped.clear()
-        self.unapplied = 0
         self.unapplied_by_topic.clear()
 
     def take(self, wheel: Wheel, now_ms: int) -> list[DueMessage]:
@@ -169,7 +171,6 @@ class Dispatcher:
                 taken.append(message)
         for second, local_index in wheel.drain_skipped():
             self._skipped.setdefault(second, set()).add(local_index)
-        self.unapplied += len(taken)
         by_topic = self.unapplied_by_topic
         for message in taken:
             by_topic[message.topic] = by_topic.get(message.topic, 0) + 1
@@ -177,7 +178,6 @@ class Dispatcher:
 
     def applied(self, topics: list[str]) -> None:
         """The handout of messages of these topics (one each) is applied, or failed."""
-        self.unapplied -= len(topics)
         by_topic = self.unapplied_by_topic
         for topic in topics:
             left = by_topic.get(topic, 0) - 1
