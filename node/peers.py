@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
@@ -17,8 +18,10 @@ log = logging.getLogger("tickwheel.node.peers")
 
 FETCH_TIMEOUT_S = 30.0
 COPY_TIMEOUT_S = 2.0
-"""How long one peer may take to answer for a copy of damaged bytes (asked on the Raft
-thread: a leader that waited longer would miss its heartbeats)."""
+"""How long one peer may take to answer for a copy of damaged bytes."""
+COPY_ASKS_PER_PEER = 4
+"""Asks for copies one peer may have unanswered at once; past them, that peer is passed over
+(it has not answered the earlier ones), so a peer that hangs holds no more threads."""
 
 
 class ShortRead(Exception):
@@ -60,6 +63,8 @@ class PeerFiles:
         self._opening = threading.Lock()
         """A restore fetches from several threads at once (`FETCH_PARALLEL`): one channel a
         peer."""
+        self._asking: dict[str, threading.BoundedSemaphore] = {}
+        """Each peer's asks for copies not yet answered (`copies`)."""
 
     def __call__(self, peers: list[str], path: str, offset: int, size: int) -> bytes:
         return _first_answer(peers, lambda peer: self._read(peer, path, offset, size),
@@ -74,15 +79,38 @@ class PeerFiles:
 
     def copies(self, peers: list[str], path: str, offset: int, size: int
                ) -> Iterator[bytes | None]:
-        """What each of ``peers`` holds of ``path`` at ``offset``, asked once each, with a short
-        timeout (None for a peer that cannot answer or has fewer bytes there)."""
+        """What each of ``peers`` holds of ``path`` at ``offset``, in the order they answer
+        (None for a peer that cannot answer, has fewer bytes there, or still has
+        ``COPY_ASKS_PER_PEER`` asks unanswered). All are asked at once, each with a short
+        timeout: a mend runs on the Raft thread, and ends at the first good copy, so a paused
+        or cut-off peer (often the leader just lost) must not keep it waiting."""
+        answers: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         for peer in peers:
-            try:
-                yield self._read(peer, path, offset, size, COPY_TIMEOUT_S)
-            except (grpc.RpcError, ShortRead) as error:
+            with self._opening:
+                asking = self._asking.setdefault(peer, threading.BoundedSemaphore(
+                    COPY_ASKS_PER_PEER))
+            if not asking.acquire(blocking=False):
                 log.warning("event=peer_copy_failed peer=%s path=%s offset=%d error=%r", peer,
-                            path, offset, str(error))
-                yield None
+                            path, offset, f"{COPY_ASKS_PER_PEER} earlier asks unanswered")
+                answers.put(None)
+                continue
+            threading.Thread(target=self._copy, args=(asking, answers, peer, path, offset,
+                                                      size),
+                             name=f"peer-copy-{peer}", daemon=True).start()
+        for _ in peers:
+            yield answers.get()
+
+    def _copy(self, asking: threading.BoundedSemaphore, answers: queue.SimpleQueue[bytes | None],
+              peer: str, path: str, offset: int, size: int) -> None:
+        copy: bytes | None = None
+        try:
+            copy = self._read(peer, path, offset, size, COPY_TIMEOUT_S)
+        except (grpc.RpcError, ShortRead) as error:
+            log.warning("event=peer_copy_failed peer=%s path=%s offset=%d error=%r", peer,
+                        path, offset, str(error))
+        finally:
+            asking.release()
+            answers.put(copy)
 
     def _read_many(self, peer: str, ranges: list[tuple[str, int, int]]) -> list[bytes]:
         stub = tickwheel_pb2_grpc.PeerStub(self._channel(peer))

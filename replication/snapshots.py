@@ -50,9 +50,9 @@ PeerFetchMany = Callable[[list[str], list[tuple[str, int, int]]], list[bytes]]
 """``fetch_many(peers, ranges)``: the bytes of each ``(path, offset, size)`` range of state
 files, in one call to the first of ``peers`` that has them all (`PeerFetch`, batched)."""
 PeerCopies = Callable[[list[str], str, int, int], Iterator[bytes | None]]
-"""``copies(peers, path, offset, size)``: what each of ``peers`` in turn holds of a state file
-there, asked once (None for a peer that cannot answer now): where damaged bytes of this node's
-wheel are mended from (`tickwheel.wheel.mending`)."""
+"""``copies(peers, path, offset, size)``: what each of ``peers`` holds of a state file there,
+asked once, in the order they answer (None for a peer that cannot answer now): where damaged
+bytes of this node's wheel are mended from (`tickwheel.wheel.mending`)."""
 MEND_PATIENCE_S = 30.0
 """How long a node that does not lead keeps asking for a copy of damaged bytes while no peer
 can answer (they may be starting too) before it gives up and stops (exit 70)."""

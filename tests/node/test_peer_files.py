@@ -18,7 +18,7 @@ import pytest
 
 from tickwheel.client.credentials import Credentials
 from tickwheel.node.listeners import MAX_READ_RANGES, PeerService
-from tickwheel.node.peers import PeerFiles, ShortRead
+from tickwheel.node.peers import COPY_ASKS_PER_PEER, PeerFiles, ShortRead
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -114,5 +114,37 @@ def test_a_batch_too_large_is_refused_and_a_short_range_is_no_answer(
             short = [("wheel/hours/00000001/log", 0, len(files["wheel/hours/00000001/log"]) + 1)]
             with pytest.raises(ShortRead):  # a peer behind: the next one is asked
                 peers._read_many(PEER, short)
+        finally:
+            peers.close()
+
+
+class HangingPeer(PeerService):
+    """A member that takes every ask for bytes and never answers: paused (SIGSTOP) or cut off,
+    as the leader just deposed often is."""
+
+    async def ReadStateFile(self, request: Any, context: Any) -> Any:  # type: ignore[override]
+        self.asked = getattr(self, "asked", 0) + 1
+        await asyncio.sleep(3600)
+        yield pb.FileChunk()
+
+
+def test_a_copy_comes_from_the_peer_that_answers_without_waiting_for_one_that_hangs(
+        tmp_path: Path, files: dict[str, bytes]) -> None:
+    """A mend runs on the Raft thread: a new leader that asked the paused old leader first
+    waited out its timeout (2 s), missed its heartbeats and was deposed."""
+    node = SimpleNamespace(replica=Files(tmp_path), disk=None)
+    hanging = HangingPeer(node)  # type: ignore[arg-type]
+    path = "wheel/hours/00000003/log"
+    with _serve(hanging) as (stuck, _), _serve(PeerService(node)) as (good, _):  # type: ignore[arg-type]
+        peers = PeerFiles({"paused:7500": stuck, PEER: good}, Credentials(insecure=True), ())
+        try:
+            copies = peers.copies(["paused:7500", PEER], path, 10, 40)
+            assert next(copies) == files[path][10:50]  # the answer, not the silence first
+            assert next(copies) is None  # the hanging peer, once its timeout ran out
+            for _ in range(COPY_ASKS_PER_PEER + 3):  # a mend after another, the peer still hanging
+                asked = peers.copies(["paused:7500", PEER], path, 0, 8)
+                assert next(copy for copy in asked if copy is not None) == files[path][:8]
+            # the first ask (timed out), then no more threads held by it at once than the bound
+            assert hanging.asked == 1 + COPY_ASKS_PER_PEER
         finally:
             peers.close()
