@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from pyroaring import BitMap
+
 from tickwheel.replication.commands import LeaseRef
 from tickwheel.wheel import Cursor, DueMessage, Wheel
 from tickwheel.wheel.format import MS_PER_SECOND
@@ -117,7 +119,7 @@ class Dispatcher:
         self._config = config
         self._epoch = 0
         self._active = False
-        self._taken: dict[int, set[int]] = {}
+        self._taken: dict[int, BitMap] = {}
         """Positions taken by this leadership (readied or on their way to it)."""
         self._skipped: dict[int, set[int]] = {}
         self.unapplied_by_topic: dict[str, int] = {}
@@ -136,12 +138,12 @@ class Dispatcher:
     def active(self) -> bool:
         return self._active
 
-    def begin(self, wheel: Wheel, readied: dict[int, set[int]]) -> None:
+    def begin(self, wheel: Wheel, readied: dict[int, BitMap]) -> None:
         """Start a leadership: take again from the replicated cursor everything that no
         handout readied."""
         self._epoch += 1
         self._active = True
-        self._taken = {second: set(indexes) for second, indexes in readied.items()}
+        self._taken = {second: indexes.copy() for second, indexes in readied.items()}
         self._skipped.clear()
         self.unapplied_by_topic.clear()
         wheel.park(frozenset())
@@ -165,7 +167,9 @@ class Dispatcher:
         taken: list[DueMessage] = []
         # a walk of passed-over messages may read one again: each goes once a leadership
         for message in wheel.take_due(now_ms, room):
-            positions = taken_positions.setdefault(message.slot_second, set())
+            positions = taken_positions.get(message.slot_second)
+            if positions is None:
+                positions = taken_positions[message.slot_second] = BitMap()
             if message.local_index not in positions:
                 positions.add(message.local_index)
                 taken.append(message)
@@ -186,7 +190,7 @@ class Dispatcher:
             else:
                 by_topic.pop(topic, None)
 
-    def next_cursor(self, wheel: Wheel, readied: dict[int, set[int]], now_ms: int
+    def next_cursor(self, wheel: Wheel, readied: dict[int, BitMap], now_ms: int
                     ) -> tuple[Cursor, bool]:
         """How far the cursor may move over ``readied`` (applied) and skipped positions, and
         whether only a newer stamp holds it back (then a cursor command, which carries one,

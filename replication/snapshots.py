@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from pyroaring import BitMap
 from tenacity import (
     RetryCallState,
     retry,
@@ -128,15 +129,22 @@ class PeerFiles:
 
 
 def manifest_parts(manifest: Manifest) -> tuple[Any, ...]:
-    """The manifest as a snapshot pickles it: plain tuples, dicts and bytes."""
+    """The manifest as a snapshot pickles it: plain tuples, dicts and bytes (the readied
+    positions of a second as a tuple of ints, which the release before, which kept sets,
+    reads as it read them)."""
     return (tuple(manifest.cursor), manifest.stamp_ms, manifest.files, manifest.pending,
-            manifest.groups, manifest.readied, manifest.handle_key, manifest.moves,
+            manifest.groups,
+            {second: tuple(indexes) for second, indexes in manifest.readied.items()},
+            manifest.handle_key, manifest.moves,
             None if manifest.shard_map is None else tuple(manifest.shard_map))
 
 
 def manifest_of(parts: tuple[Any, ...]) -> Manifest:
-    """`manifest_parts` read back; a snapshot of an older release has fewer parts."""
+    """`manifest_parts` read back; a snapshot of an older release has fewer parts, and its
+    readied positions as sets."""
     cursor, stamp_ms, files, pending, *rest = parts
+    if len(rest) >= 2:
+        rest[1] = {second: BitMap(indexes) for second, indexes in rest[1].items()}
     if len(rest) >= 5 and rest[4] is not None:
         rest[4] = ShardMapRecord(*rest[4])
     return Manifest(Cursor(*cursor), stamp_ms, files, pending, *rest)

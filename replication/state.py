@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from pyroaring import BitMap
+
 from tickwheel.replication import commands
 from tickwheel.replication.commands import Kind, LeaseOp
 from tickwheel.replication.dedupe import DedupeWindow
@@ -117,7 +119,7 @@ class StateMachine:
         return self._s.groups
 
     @property
-    def readied(self) -> dict[int, set[int]]:
+    def readied(self) -> dict[int, BitMap]:
         """Positions at or past the cursor that left the wheel for their groups (`Stores`)."""
         return self._s.readied
 
@@ -254,8 +256,8 @@ class StateMachine:
         for second in [s for s in readied if s < cursor.second]:
             del readied[second]
         at_cursor = readied.get(cursor.second)
-        if at_cursor:
-            at_cursor.difference_update([i for i in at_cursor if i < cursor.local_index])
+        if at_cursor is not None:
+            at_cursor.remove_range(0, cursor.local_index)
             if not at_cursor:
                 del readied[cursor.second]
 
@@ -268,7 +270,7 @@ class StateMachine:
         files.update({f"{DEDUPE}/{path}": size for path, size in self.dedupe.files().items()})
         return Manifest(self.wheel.cursor, self.wheel.stamp_ms, files, self.pending.snapshot(),
                         self.groups.snapshot(),
-                        {second: set(indexes) for second, indexes in self.readied.items()},
+                        {second: indexes.copy() for second, indexes in self.readied.items()},
                         self.handle_key, dict(self.moves), self.shard_map)
 
     def snapshot_written(self, manifest: Manifest) -> None:
@@ -297,7 +299,7 @@ class StateMachine:
         self._s.wheel.reset_to(manifest.cursor, manifest.stamp_ms)
         self._s.pending.restore(manifest.pending)
         self._s.groups.restore(manifest.groups)
-        self._s.readied = {second: set(indexes) for second, indexes in manifest.readied.items()}
+        self._s.readied = {second: indexes.copy() for second, indexes in manifest.readied.items()}
         self._s.handle_key = manifest.handle_key
         self._s.moves = dict(manifest.moves)
         self.shard_map = manifest.shard_map

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from pyroaring import BitMap
+
 from tickwheel.common.errors import invariant
 from tickwheel.replication.groups import Snapshot as GroupsSnapshot
 from tickwheel.replication.pending import Snapshot as PendingSnapshot
@@ -62,7 +64,7 @@ class Manifest:
     files: dict[str, int]
     pending: PendingSnapshot
     groups: GroupsSnapshot = (1, [], {})
-    readied: dict[int, set[int]] = field(default_factory=dict)
+    readied: dict[int, BitMap] = field(default_factory=dict)
     handle_key: bytes | None = None
     moves: dict[int, int] = field(default_factory=dict)
     shard_map: ShardMapRecord | None = None

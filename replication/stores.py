@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pyroaring import BitMap
+
 from tickwheel.common.errors import InvalidMessage
 from tickwheel.replication.dedupe import DedupeWindow
 from tickwheel.replication.groups import Groups
@@ -28,10 +30,12 @@ class Stores:
     groups: Groups
     max_delay_ms: int
     """The wheel's ``max_delay_ms``: how far past the leader's stamp a message may be due."""
-    readied: dict[int, set[int]] = field(default_factory=dict)
+    readied: dict[int, BitMap] = field(default_factory=dict)
     """Positions at or past the cursor that a handout readied: they have left the wheel
     for their groups (a new leader does not take them again). Per second, local
-    indexes; the cursor passes them once their second is complete."""
+    indexes, as a compressed bitmap (a second of a million messages readied one by one
+    takes about 130 KiB, where a set of them took 66 MB); the cursor passes them once their
+    second is complete."""
     handle_key: bytes | None = None
     """The key of the handles clients see (`tickwheel.replication.handle_cipher`), set by the
     first barrier."""
@@ -59,7 +63,10 @@ class Stores:
         nothing noted) if it had already (`is_readied`)."""
         if self.is_readied(second, local_index):
             return False
-        self.readied.setdefault(second, set()).add(local_index)
+        positions = self.readied.get(second)
+        if positions is None:
+            positions = self.readied[second] = BitMap()
+        positions.add(local_index)
         return True
 
     def too_late(self, deliver_at_ms: int, stamp_ms: int,

@@ -25,6 +25,7 @@ from tickwheel.replication import (
 from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
 from tickwheel.replication.group_commit import GroupCommitter
 from tickwheel.replication.outcomes import Accepted, Rejected, Retried
+from tickwheel.replication.raft.link_protocol import safe_loads
 from tickwheel.replication.state import StateConfig, StateMachine
 from tickwheel.wheel import CancelResult, Cursor, NewMessage
 
@@ -322,6 +323,37 @@ def test_a_new_leader_takes_again_exactly_what_no_handout_readied(tmp_path: Path
     assert [m.id for m in again] == ["m0", "m5"]
     ready_all(state, again)
     assert new.next_cursor(state.wheel, state.readied, T0_MS + 200)[0] == Cursor(second, 8)
+    state.close()
+
+
+def test_readied_positions_go_through_a_snapshot_as_the_release_before_reads_them(
+        tmp_path: Path) -> None:
+    """Readied positions are compressed bitmaps in memory; a snapshot holds each second's as
+    a tuple, which the release before (sets) reads with ``set(indexes)`` and its restricted
+    unpickler accepts, and a snapshot of that release (sets) is read back as bitmaps."""
+    state = StateMachine.open(tmp_path, StateConfig(), fresh=True)
+    second = T0_MS // 1000
+    state.apply(schedule_command(T0_MS, [
+        NewMessage(f"m{i}", "t", b"x", T0_MS + i % 1000) for i in range(3_000)]))
+    dispatcher = Dispatcher(DispatchConfig())
+    dispatcher.begin(state.wheel, state.readied)
+    taken = [m for _ in range(3) for m in dispatcher.take(state.wheel, T0_MS + 999)]
+    ready_all(state, [m for m in taken if m.local_index % 3 and m.local_index != 2_000])
+    expected = {i for i in range(3_000) if i % 3 and i != 2_000}
+    parts = safe_loads(pickle.dumps(snapshots.manifest_parts(state.manifest())))
+    assert isinstance(parts, tuple)
+    assert {s: set(indexes) for s, indexes in parts[5].items()} == {second: expected}
+    assert snapshots.manifest_of(parts).readied == state.readied
+    older = (*parts[:5], {second: expected}, *parts[6:])
+    assert set(snapshots.manifest_of(older).readied[second]) == expected
+    # the cursor forgets what it passed, and a new leader takes again exactly the gaps
+    state.apply(commands.cursor(T0_MS + 999, Cursor(second, 1_000)))
+    assert set(state.readied[second]) == {i for i in expected if i >= 1_000}
+    again = Dispatcher(DispatchConfig())
+    again.begin(state.wheel, state.readied)
+    taken_again = [m for _ in range(3) for m in again.take(state.wheel, T0_MS + 999)]
+    assert sorted(m.local_index for m in taken_again) == [
+        i for i in range(1_000, 3_000) if i % 3 == 0 or i == 2_000]
     state.close()
 
 
