@@ -218,10 +218,11 @@ class RaftNode:
         self._core.forceLogCompaction()
 
     def postpone_election(self) -> None:
-        """Restart the election timer: after a long snapshot install the follower has heard
-        nothing for a while, through no fault of the leader's; standing for election then
-        would depose a healthy leader."""
-        self._pre_vote.postpone_election()
+        """After a long snapshot install: a follower has heard nothing for a while, through no
+        fault of its leader's, and waits a whole election timeout again; a node that has heard
+        no leader since it started stands through a PreVote round at its next tick
+        (`PreVote.after_stall`)."""
+        self._pre_vote.after_stall()
 
     def status(self) -> RaftStatus:
         raw = self._core.getStatus()

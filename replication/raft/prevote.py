@@ -38,6 +38,9 @@ SHAPES: dict[str, dict[str, type]] = {
     "append_entries": {"term": int},
 }
 """The fields this module (and `RaftNode`) reads of a message, and their exact types."""
+STALL_ROUND_DELAY_S = 0.05
+"""How soon after a stall a node that has heard no leader yet may run a round (`after_stall`):
+past pysyncobj's own check of the timer in the same tick."""
 
 
 def well_formed(message: dict[str, Any], shape: dict[str, type]) -> bool:
@@ -122,6 +125,20 @@ class PreVote:
     def postpone_election(self) -> None:
         self._core._SyncObj__raftElectionDeadline = (  # pysyncobj's clock
             raft_clock_s() + self._core._SyncObj__generateRaftTimeout())
+
+    def after_stall(self) -> None:
+        """The Raft thread stalled (a long snapshot install) and its election timer may have
+        run out meanwhile. A node that heard a leader since it started waits a whole timeout
+        again: standing now would depose a healthy leader for its own stall. A node that has
+        not (it is starting, as every member is after a restart of all) stands at its next
+        tick, through a round, which the followers of a live leader refuse. Either way
+        pysyncobj, which checks the timer right after an install, does not campaign without a
+        round."""
+        if self._leader_heard_s:
+            self.postpone_election()
+        else:
+            self._core._SyncObj__raftElectionDeadline = (  # pysyncobj's clock
+                raft_clock_s() + STALL_ROUND_DELAY_S)
 
     def _grants(self, node: Any, request: dict[str, Any]) -> bool:
         """Whether this node would vote for the asker (``node``) in an election now, and does

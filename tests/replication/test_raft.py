@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pysyncobj.pickle
 import pysyncobj.syncobj
 import pytest
+from pysyncobj.monotonic import monotonic as raft_clock_s
 
 from tickwheel.harness.local_cluster import wait_for
 from tickwheel.harness.ports import free_ports
@@ -28,7 +29,7 @@ from tickwheel.replication.raft import (
 )
 from tickwheel.replication.raft.clocks import PeerClocks
 from tickwheel.replication.raft.journal import AtomicJournal
-from tickwheel.replication.raft.prevote import PreVote
+from tickwheel.replication.raft.prevote import STALL_ROUND_DELAY_S, PreVote
 from tickwheel.replication.raft.tenure import ECHO, SENT, TenureClock
 
 
@@ -46,8 +47,32 @@ def test_pysyncobj_still_has_what_the_tenure_and_election_postponing_read() -> N
     assert "self.__raftElectionDeadline = monotonicTime() + self.__generateRaftTimeout()" in (
         source)
     assert hasattr(PreVote, "postpone_election")
+    # a tick loads the snapshot, then checks the timer (`PreVote.after_stall`)
+    assert source.index("self.__loadDumpFile(clearJournal=False)") < source.index(
+        "if self.__raftElectionDeadline < monotonicTime() and self.__connectedToAnyone():")
     # the hand-over (raft/handover.py): TimeoutNow, and the flag PreVote lets stand at once
     assert "'type': 'timeout_now'," in source and "self.__transferInProgress = True" in source
+
+
+def test_after_a_stall_a_follower_waits_a_timeout_and_a_node_starting_stands_at_once() -> None:
+    """A snapshot install at start (every member, after a restart of all) stalled the Raft
+    thread, and a whole election timeout more was waited before anyone stood."""
+
+    class Core:  # what PreVote reads of pysyncobj's SyncObj for this
+        raftCurrentTerm = 3
+        _SyncObj__raftElectionDeadline = 0.0
+
+        def _SyncObj__generateRaftTimeout(self) -> float:
+            return 0.6
+
+    core = Core()
+    vote = PreVote(core, 2, 500)  # type: ignore[arg-type]
+    vote.after_stall()
+    soon = core._SyncObj__raftElectionDeadline - raft_clock_s()
+    assert 0 < soon <= STALL_ROUND_DELAY_S  # past pysyncobj's own check, then a round
+    assert not vote.on_message(object(), "append_entries", {"term": 3})  # a leader heard
+    vote.after_stall()
+    assert core._SyncObj__raftElectionDeadline - raft_clock_s() > 0.5
 
 
 def test_what_pysyncobj_unpickles_is_plain_data_only() -> None:
