@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 Entry = TypeVar("Entry", bound=tuple[Any, ...])
@@ -64,6 +65,12 @@ class RunHeap(Generic[Entry]):
         if run and (not heap or run[0] <= heap[0]):
             return run.popleft()
         return heapq.heappop(heap)
+
+    def keep(self, wanted: Callable[[Entry], bool]) -> None:
+        """Drop every entry ``wanted`` refuses (a pass over all of them)."""
+        self._heap = [entry for entry in self._heap if wanted(entry)]
+        heapq.heapify(self._heap)
+        self._run = deque(entry for entry in self._run if wanted(entry))
 
     def unpop(self, entry: Entry) -> None:
         """Put back the entry `pop` just returned: it is no larger than any other, so it

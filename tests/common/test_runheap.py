@@ -15,6 +15,7 @@ operations = st.lists(st.one_of(
     st.tuples(st.just("pop"), st.none()),
     st.tuples(st.just("pop_unpop"), st.none()),
     st.tuples(st.just("clear"), st.none()),
+    st.tuples(st.just("keep"), st.integers(2, 4)),
 ), max_size=200)
 
 
@@ -31,6 +32,9 @@ def test_the_queue_gives_back_the_smallest_entry_every_time(steps: list) -> None
         elif kind == "clear":
             queue.clear()
             model.clear()
+        elif kind == "keep":  # drop the entries whose third field the divisor does not divide
+            queue.keep(lambda entry, divisor=value: entry[2] % divisor == 0)
+            model = [entry for entry in model if entry[2] % value == 0]
         elif model:
             expected = min(model)
             assert queue.first() == expected

@@ -17,6 +17,7 @@ from tickwheel.replication.dispatcher import DispatchConfig
 from tickwheel.replication.group import DURABLE, STREAM
 from tickwheel.replication.groups import Groups
 from tickwheel.replication.handout import (
+    MIN_DEADLINES_KEPT,
     TARGET_GROUP_PROPERTY,
     ConsumerSlot,
     Planner,
@@ -387,6 +388,32 @@ def test_an_expired_lease_of_this_leader_is_retried_from_the_message_it_sent(
     other.watch(T0_MS + 500, delivery.lease.group_id, a, delivery.lease.seq)
     (theirs,) = other.expired(state.groups, T0_MS + 30_000, read)
     assert theirs.message == delivery.message and reads == [a]
+
+
+def test_the_deadlines_of_leases_acked_long_before_they_run_out_are_not_kept_that_long(
+        tmp_path: Path) -> None:
+    """Each grant's deadline stayed queued until the visibility timeout passed, acked or not:
+    at 13,000 msg/s with 30 s, 390,000 entries (66 MB) on a leader draining a burst."""
+    state = StateMachine.open(tmp_path, StateConfig(), fresh=True)
+    handles = schedule(state, [NewMessage(f"m{i}", "orders", b"x", T0_MS)
+                               for i in range(3 * MIN_DEADLINES_KEPT)])
+    ready(state, handles, [grant(handle, nonce=i) for i, handle in enumerate(handles)])
+    group = state.groups.get("orders", "")
+    planner = Planner(DispatchConfig(), epoch=2)
+    for handle in handles:  # a new leader watches the leases it finds
+        planner.watch(T0_MS + 30_000, group.id, handle, 1)
+    held = handles[::1000]
+    acked = [LeaseRef(group.id, h, 1, i) for i, h in enumerate(handles) if h not in held]
+    assert all(state.apply(commands.leases(T0_MS, LeaseOp.ACK, acked)))
+
+    def read(handle: int) -> DueMessage | None:
+        return state.wheel.handles.read(handle)[0]
+
+    assert planner.expired(state.groups, T0_MS + 1, read) == []
+    assert len(planner._deadlines) == len(held)  # the acked leases' deadlines are gone
+    assert sorted(e.lease.handle for e in planner.expired(state.groups, T0_MS + 30_000, read)
+                  ) == sorted(held)
+    state.close()
 
 
 # -- reschedule: a move is a cancel and a schedule in one command, ordered with the handouts --
