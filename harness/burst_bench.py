@@ -19,8 +19,11 @@ consumer of its own: how the burst delays everybody else. Figures:
   T it finished: 0 when T was far enough ahead);
 - ``leader_peak_rss_mb``: the leader's peak resident memory (``VmHWM``) over the run,
   ``leader_rss_at_due_mb`` its resident memory at T (what the scheduling left: the Raft log
-  since the last snapshot, the dedupe window), and
-  ``leader_cpu_s`` from T to the last receipt;
+  since the last snapshot, the dedupe window), ``leader_rss_anon_at_due_mb`` and
+  ``leader_peak_rss_anon_mb`` / ``leader_peak_rss_file_mb`` (sampled every half second from
+  T) the parts of it that are the process's own memory and pages of the files it maps (the
+  wheel's log, read as messages go out: page cache, which the kernel takes back when it needs
+  it), and ``leader_cpu_s`` from T to the last receipt;
 - ``steady_lateness_p50_ms`` / ``_p99_ms`` / ``_max_ms``: the steady topic's messages due
   between T and the burst's last receipt;
 - ``burst_peak_ready`` / ``burst_peak_leased``: the most messages the burst's group held ready
@@ -129,7 +132,8 @@ def _unpack(raw: Receipts) -> tuple[array[int], array[float], array[int]]:
 
 
 def _rss_mb(pid: int, field: str = "VmHWM") -> float:
-    """The process's peak (``VmHWM``) or current (``VmRSS``) resident memory."""
+    """The process's peak (``VmHWM``) or current (``VmRSS``) resident memory, or the part of
+    the current one that is its own (``RssAnon``) or pages of files it maps (``RssFile``)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(f"{field}:"):
             return round(int(line.split()[1]) / 1024, 1)
@@ -178,9 +182,10 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
     wait_for(lambda: now_ms() >= due_ms, max(0.0, (due_ms - now_ms()) / 1000) + 5, "T")
     leader_cpu_s = cpu_s(leader.pid)
     rss_at_due_mb = _rss_mb(leader.pid, "VmRSS")
-    watched: dict[str, int] = {}
+    anon_at_due_mb = _rss_mb(leader.pid, "RssAnon")
+    watched: dict[str, float] = {}
     watcher = threading.Thread(target=_watch_group, args=(endpoint, "burst", steady_done,
-                                                          watched))
+                                                          watched, leader.pid))
     watcher.start()
     wait_for(lambda: received.value >= messages, 600, f"{messages} burst messages to arrive",
              poll_s=0.1)
@@ -205,6 +210,7 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
             "burst_scheduled_s": round(scheduled_s, 1),
             "burst_scheduled_late_s": round(max(0, scheduled_ms - due_ms) / 1000, 2),
             "leader_rss_at_due_mb": rss_at_due_mb, "leader_peak_rss_mb": peak_rss_mb,
+            "leader_rss_anon_at_due_mb": anon_at_due_mb,
             "leader_cpu_s": round(leader_cpu_s, 1),
             **_steady_figures(lateness), **watched}
 
@@ -248,12 +254,18 @@ def _steady(endpoint: Endpoint, rate: int, done: threading.Event) -> None:
 
 
 def _watch_group(endpoint: Endpoint, topic: str, done: threading.Event,
-                 figures: dict[str, int]) -> None:
+                 figures: dict[str, float], leader_pid: int) -> None:
     """Every half second until ``done``: the most ``topic``'s default group held ready and
-    leased, and how many it dropped, into ``figures``."""
-    figures.update(burst_peak_ready=0, burst_peak_leased=0, burst_dropped=0)
+    leased, how many it dropped, and the leader's largest resident memory of its own and of
+    mapped files, into ``figures``."""
+    figures.update(burst_peak_ready=0, burst_peak_leased=0, burst_dropped=0,
+                   leader_peak_rss_anon_mb=0.0, leader_peak_rss_file_mb=0.0)
     with _client(endpoint, 60) as client:
         while not done.wait(0.5):
+            for kind in ("anon", "file"):
+                figures[f"leader_peak_rss_{kind}_mb"] = max(
+                    figures[f"leader_peak_rss_{kind}_mb"],
+                    _rss_mb(leader_pid, f"Rss{kind.capitalize()}"))
             for group in client.cluster_info().groups:
                 if group.topic == topic:
                     figures["burst_peak_ready"] = max(figures["burst_peak_ready"], group.ready)

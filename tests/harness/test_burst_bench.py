@@ -18,6 +18,8 @@ def test_a_small_burst_is_delivered_once_and_on_time(capsys: pytest.CaptureFixtu
     assert figures["burst_unflagged_repeats"] == 0 and figures["burst_early"] == 0
     assert figures["burst_last_after_due_s"] >= 0 and figures["leader_peak_rss_mb"] > 0
     assert figures["steady_messages_during_burst"] >= 0
+    assert figures["leader_rss_anon_at_due_mb"] > 0
+    assert {"leader_peak_rss_anon_mb", "leader_peak_rss_file_mb"} <= figures.keys()
 
 
 def test_receipts_are_judged_in_the_order_they_arrived_whichever_consumer_had_them() -> None:
