@@ -4,7 +4,10 @@ A replicated state machine keeps per-tag pending counts with the cursor, the sam
 replica, so each cursor move must count the live (not cancelled) messages it passes. Reading a
 busy second's chain at once stalled every replica (a second of 20,000 messages took 12 ms);
 `walk_ahead` reads the next second's units in steps between turns, and a second the cursor
-crosses in several steps is read once: its units are kept until the cursor leaves it.
+crosses in several steps is read once: its units are kept until the cursor leaves it. A second
+read ahead and filed into afterwards by more than a step's units is read again in steps (a
+million-message burst filed into a second read while it was empty but for a few: the cursor
+command entering it read the million at once on every replica, and the leader lost office).
 """
 
 from __future__ import annotations
@@ -81,8 +84,14 @@ class CursorPassage:
         second = cursor_second
         for _ in range(2):
             segment = self._hours.segment(second // SECONDS_PER_HOUR, create=False)
-            if segment is not None and segment.heads[((second % SECONDS_PER_HOUR) << 1) + 1]:
+            if segment is not None and (
+                    count := segment.heads[((second % SECONDS_PER_HOUR) << 1) + 1]):
                 units = self._units(second)
+                if units.resume == _WALKED and count - len(units.tags) > max_units:
+                    # filed into since it was read (a burst scheduled into a second read
+                    # while it was still the next one holding messages): read again, in steps,
+                    # rather than all the new units in the cursor command that enters it
+                    units = self._passing[second] = _SecondUnits()
                 if units.resume != _WALKED:
                     self._walk(segment, second, units, max_units)
                     return
