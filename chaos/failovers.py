@@ -185,30 +185,15 @@ def last_delivered_at_ms(failover: Failover, leaderships: list[Leadership]) -> i
                 and (high is None or leadership.term < high)), default=None)
 
 
-def stopped_at_ms(failover: Failover, leaderships: list[Leadership]) -> int:
-    """When the old leader stopped delivering: `last_delivered_at_ms`, else the loss."""
-    last = last_delivered_at_ms(failover, leaderships)
-    return failover.lost_at_ms if last is None else last
-
-
-def delivery_gap_ms(failover: Failover, leaderships: list[Leadership],
-                    until_term: int | None = None, stopped_ms: int | None = None
-                    ) -> int | None:
-    """From `stopped_at_ms` (or ``stopped_ms``) to the new leader's first delivery (None if
-    it never delivered in the leadership the failover begins)."""
-    first = first_delivered_at_ms(failover, leaderships, until_term)
-    if first is None:
-        return None
-    return first - (stopped_at_ms(failover, leaderships) if stopped_ms is None else stopped_ms)
-
-
 def gaps_in_turn(failovers: list[Failover], leaderships: list[Leadership]
                  ) -> list[tuple[int | None, int | None]]:
-    """``(delivery_gap_ms, the next failover's term)`` of each failover, in order: each new
-    leadership ends at its shard's next failover, and a leader that delivered nothing before
-    it was deposed hands its gap on: the next gap of its shard runs from the last delivery
-    before it (a deposed leader's first delivery in a later leadership of its own is no end
-    of the gap it left)."""
+    """``(delivery_gap_ms, the next failover's term)`` of each failover, in order: from when
+    the old leader stopped delivering (`last_delivered_at_ms`, else the loss) to the new
+    leader's first delivery (None if it never delivered in the leadership the failover
+    begins). Each new leadership ends at its shard's next failover, and a leader that delivered
+    nothing before it was deposed hands its gap on: the next gap of its shard runs from the
+    last delivery before it (a deposed leader's first delivery in a later leadership of its
+    own is no end of the gap it left)."""
     nexts: list[int | None] = [None] * len(failovers)
     following: dict[int, int] = {}
     for index in reversed(range(len(failovers))):
@@ -224,10 +209,10 @@ def gaps_in_turn(failovers: list[Failover], leaderships: list[Leadership]
             stopped = carried.pop(failover.shard, failover.lost_at_ms)
         else:
             carried.pop(failover.shard, None)
-        gap = delivery_gap_ms(failover, leaderships, until_term, stopped)
-        if gap is None:
+        first = first_delivered_at_ms(failover, leaderships, until_term)
+        if first is None:
             carried[failover.shard] = stopped
-        figures.append((gap, until_term))
+        figures.append((None if first is None else first - stopped, until_term))
     return figures
 
 

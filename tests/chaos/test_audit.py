@@ -63,7 +63,6 @@ from tickwheel.chaos.failovers import (
     Fault,
     LeaderChange,
     Leadership,
-    delivery_gap_ms,
     find_failovers,
     first_delivery_ms,
     gaps_in_turn,
@@ -521,12 +520,12 @@ def test_the_gap_runs_from_the_old_leaders_last_delivery_in_the_ended_leadership
     to_c = Failover("a", "c", 5, 10_000, 9_000, None, old_term=3)
     terms = [led("a", 1, 100, 4_000), led("b", 2, 4_500, 6_000), led("a", 3, 6_500, 8_800),
              led("c", 5, 10_200, 12_000), led("a", 7, 13_000, 14_000)]
-    assert (first_delivery_ms(to_c, terms), delivery_gap_ms(to_c, terms)) == (1_200, 1_400)
+    assert (first_delivery_ms(to_c, terms), gaps_in_turn([to_c], terms)[0][0]) == (1_200, 1_400)
     # a delivered nothing in its leadership: from the loss, as first_delivery_ms.
     quiet = [terms[0], terms[1], led("a", 3, None, None), terms[3]]
-    assert delivery_gap_ms(to_c, quiet) == 1_200
+    assert gaps_in_turn([to_c], quiet)[0][0] == 1_200
     # the new leader never delivered
-    assert delivery_gap_ms(to_c, terms[:3]) is None
+    assert gaps_in_turn([to_c], terms[:3])[0][0] is None
 
 
 def test_a_leader_deposed_before_it_delivered_hands_its_gap_to_the_next_leader() -> None:
