@@ -31,7 +31,7 @@ from tickwheel.common.errors import InvalidMessage
 from tickwheel.common.runheap import RunHeap
 from tickwheel.replication.commands import Grant, LeaseRef, Ready
 from tickwheel.replication.dispatcher import Delivery, DispatchConfig, Expired
-from tickwheel.replication.group import DEFAULT_GROUP, DURABLE, STREAM, Group
+from tickwheel.replication.group import DEFAULT_GROUP, DURABLE, STREAM, Group, Lease
 from tickwheel.replication.groups import Groups
 from tickwheel.wheel import DueMessage
 
@@ -115,6 +115,17 @@ class Plan(NamedTuple):
     grants: list[Grant]
     sends: list[tuple[DueMessage, ConsumerSlot]]
     """Per grant, in order: the message and its consumer."""
+
+
+def _held(groups: Groups, deadline: tuple[int, int, int, int, int]) -> tuple[Group, Lease] | None:
+    """The group and lease a queued deadline ``(expire at ms, deadline_ms, group id, handle,
+    seq)`` is of, if that lease is still held as it was watched (None: the entry is stale)."""
+    _, deadline_ms, group_id, handle, seq = deadline
+    group = groups.by_id(group_id)
+    lease = group.leases.get(handle) if group is not None else None
+    if group is None or lease is None or lease.seq != seq or lease.deadline_ms != deadline_ms:
+        return None
+    return group, lease
 
 
 class Planner:
@@ -391,12 +402,12 @@ class Planner:
         if len(deadlines) > self._deadlines_kept:
             self._drop_stale_deadlines(groups)
         while (first := deadlines.first()) is not None and first[0] <= now_ms:
-            _, deadline_ms, group_id, handle, seq = deadlines.pop()
-            group = groups.by_id(group_id)
-            lease = group.leases.get(handle) if group is not None else None
-            if (group is None or lease is None or lease.seq != seq
-                    or lease.deadline_ms != deadline_ms or (group_id, handle) in self._expiring):
+            entry = deadlines.pop()
+            _, deadline_ms, group_id, handle, seq = entry
+            held_lease = _held(groups, entry)
+            if held_lease is None or (group_id, handle) in self._expiring:
                 continue
+            group, lease = held_lease
             sent_until_ms = self._sent.get((group_id, handle), 0)
             if sent_until_ms > now_ms:
                 deadlines.push((sent_until_ms, deadline_ms, group_id, handle, seq))
@@ -416,14 +427,7 @@ class Planner:
         grow to twice those before the next pass: a pass costs what the entries since the
         last one did, and the queue is bounded by the leases held, which the groups' budgets
         bound (`max_inflight_msgs`)."""
-
-        def held(entry: tuple[int, int, int, int, int]) -> bool:
-            _, deadline_ms, group_id, handle, seq = entry
-            group = groups.by_id(group_id)
-            lease = group.leases.get(handle) if group is not None else None
-            return lease is not None and lease.seq == seq and lease.deadline_ms == deadline_ms
-
-        self._deadlines.keep(held)
+        self._deadlines.keep(lambda entry: _held(groups, entry) is not None)
         self._deadlines_kept = max(MIN_DEADLINES_KEPT, 2 * len(self._deadlines))
 
     def next_deadline_ms(self) -> int | None:
