@@ -82,6 +82,8 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
                          credentials=credentials)
         self._settling: set[asyncio.Task[list[bool]]] = set()
         self._receive_turn = 0
+        self._stubs: dict[str, pb_grpc.TickwheelAsyncStub] = {}
+        """One per channel: a stub builds a callable for every method of the service."""
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -95,6 +97,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+        self._stubs.clear()
 
     async def schedule(self, topic: str, body: bytes | str, *, deliver_at_ms: int | None = None,
                        delay_ms: int | None = None, delay_level: int | None = None,
@@ -258,11 +261,12 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         return [answers[p] for p in range(len(where))]
 
     def _stub(self, address: str) -> pb_grpc.TickwheelAsyncStub:
-        channel = self._channels.get(address)
-        if channel is None:
+        stub = self._stubs.get(address)
+        if stub is None:
             channel = self._channels[address] = open_aio_channel(
                 address, self._credentials, CHANNEL_OPTIONS)
-        return pb_grpc.TickwheelStub(channel)
+            stub = self._stubs[address] = pb_grpc.TickwheelStub(channel)
+        return stub
 
     async def _call(self, rpc: Unary[RequestT, ResponseT], request: RequestT,
                     timeout_s: float | None = None, shard: int = 0) -> ResponseT:

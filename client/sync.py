@@ -96,6 +96,8 @@ class Client(ClientBase[grpc.Channel]):
         self._lock = threading.Lock()
         self._receive_turn = 0
         self._pool: ThreadPoolExecutor | None = None
+        self._stubs: dict[str, pb_grpc.TickwheelStub] = {}
+        """One per channel: a stub builds a callable for every method of the service."""
 
     def __enter__(self) -> Client:
         return self
@@ -111,6 +113,7 @@ class Client(ClientBase[grpc.Channel]):
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+            self._stubs.clear()
 
     def schedule(self, topic: str, body: bytes | str, *, deliver_at_ms: int | None = None,
                  delay_ms: int | None = None, delay_level: int | None = None,
@@ -340,11 +343,12 @@ class Client(ClientBase[grpc.Channel]):
 
     def _stub(self, address: str) -> pb_grpc.TickwheelStub:
         with self._lock:
-            channel = self._channels.get(address)
-            if channel is None:
+            stub = self._stubs.get(address)
+            if stub is None:
                 channel = self._channels[address] = open_channel(
                     address, self._credentials, CHANNEL_OPTIONS)
-        return pb_grpc.TickwheelStub(channel)
+                stub = self._stubs[address] = pb_grpc.TickwheelStub(channel)
+        return stub
 
     def _call(self, rpc: Unary[RequestT, ResponseT], request: RequestT,
               timeout_s: float | None = None, shard: int = 0,

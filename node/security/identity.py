@@ -24,15 +24,14 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from tickwheel.client.credentials import AUTHORIZATION_KEY, BEARER
 from tickwheel.common.errors import Unauthenticated
 from tickwheel.node.security.access import ANYONE, AccessFile, Principal, file_stamp
 
-AUTHORIZATION_KEY = "authorization"
 PEER_KEY = "tickwheel-peer"
 """A member's peer token, on calls to the peer listener."""
 PRINCIPAL_KEY = "tickwheel-principal"
 """On a forwarded call: the principal the forwarding member authenticated."""
-_BEARER = "Bearer "
 _PEER_TOKEN_LABEL = b"tickwheel peer listener v1"
 
 log = logging.getLogger("tickwheel.node.identity")
@@ -72,8 +71,8 @@ class ClientCallers:
         access = self._access.current
         authorization = metadata_value(context, AUTHORIZATION_KEY)
         if authorization is not None:
-            principal = (access.by_token(authorization[len(_BEARER):])
-                         if authorization.startswith(_BEARER) else None)
+            principal = (access.by_token(authorization[len(BEARER):])
+                         if authorization.startswith(BEARER) else None)
             if principal is None:
                 raise Unauthenticated("the bearer token is not one this cluster knows")
             return principal
