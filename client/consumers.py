@@ -10,9 +10,7 @@ shard grows too).
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-import time
 from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -188,6 +186,44 @@ class Consumer:
                 self._ready.notify_all()
 
 
+class Outbox:
+    """A consumer stream's requests waiting to be sent, and the wake-ups of the thread that
+    sends them (gRPC's, iterating `ShardStream._outgoing`): an ack wakes it only when nothing
+    waits, then it lingers `ACK_LINGER_S` and the acks that come meanwhile join without a
+    wake-up each (a `queue.Queue` woke it for every one: a consumer's thread hand-over per
+    message); a credit batch or the end wakes it at once."""
+
+    def __init__(self) -> None:
+        self._items: list[Queued | None] = []
+        self._changed = threading.Condition(threading.Lock())
+        self._urgent = False
+
+    def put(self, item: Queued | None) -> None:
+        with self._changed:
+            self._items.append(item)
+            if urgent(item):
+                self._urgent = True
+                self._changed.notify()
+            elif len(self._items) == 1:
+                self._changed.notify()
+
+    def take(self, linger_s: float) -> list[Queued | None]:
+        """What waits, once there is something and then ``linger_s`` has passed or something
+        urgent came; up to and with the first end (None), if any."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._items)
+            if not self._urgent:
+                self._changed.wait_for(lambda: self._urgent, linger_s)
+            items, self._items, self._urgent = self._items, [], False
+        if None in items:
+            del items[items.index(None) + 1:]
+        return items
+
+    def empty(self) -> bool:
+        with self._changed:
+            return not self._items
+
+
 class ShardStream:
     """The messages of one topic from one shard: a stream to its leader. Reconnects (to the
     leader, with back-off) whenever the stream breaks, for as long as it is iterated; messages
@@ -201,7 +237,7 @@ class ShardStream:
         self._subscribe = with_credits(subscribe, prefetch)
         self._credits = Credits(prefetch)
         self._buffer: deque[Received] = deque()
-        self._requests: queue.Queue[Queued | None] = queue.Queue()
+        self._requests = Outbox()
         self._stream: _CallIterator[pb.ReceiveResponse] | None = None
         self._read_lock = threading.Lock()
         self._closed = False
@@ -270,7 +306,7 @@ class ShardStream:
 
     def _connect(self) -> _CallIterator[pb.ReceiveResponse]:
         self._requests.put(None)  # ends the request generator of the previous stream
-        self._requests = queue.Queue()
+        self._requests = Outbox()
         self._credits.reset()
         if self._closed:  # closed from another thread since the check: end the new stream too
             self._requests.put(None)
@@ -296,26 +332,11 @@ class ShardStream:
             raise Reconnect from error
         self._buffer.extend(received(response, self._send))
 
-    def _outgoing(self, requests: queue.Queue[Queued | None]) -> Iterator[pb.ReceiveRequest]:
+    def _outgoing(self, requests: Outbox) -> Iterator[pb.ReceiveRequest]:
         yield self._subscribe
         while True:
-            item = requests.get()
-            if item is None:
-                return
-            items: list[Queued | None] = [item]
             # Acks wait up to ACK_LINGER_S for company; a credit batch or the end takes them.
-            linger_until = time.monotonic() + ACK_LINGER_S
-            while not urgent(items[-1]):
-                try:
-                    items.append(requests.get(timeout=max(0.0, linger_until
-                                                          - time.monotonic())))
-                except queue.Empty:
-                    break
-            while items[-1] is not None:
-                try:
-                    items.append(requests.get_nowait())
-                except queue.Empty:
-                    break
+            items = requests.take(ACK_LINGER_S)
             yield from merged_requests(i for i in items if i is not None)
             if items[-1] is None:
                 return
