@@ -5,7 +5,9 @@ or five hundred, so throughput is set by how many messages share an entry. Reque
 (from any thread); the Raft thread drains the queue and packs the messages, in arrival order,
 into entries of at most ``max_entry_bytes`` (a single larger message gets an entry of its own).
 While entries are in flight, new requests gather for the next ones: under load, batching comes
-for free; when idle, a lone request is proposed at once (no linger).
+for free; a lone request wakes the Raft thread and is proposed at once, unless the thread's
+next turn comes within ``schedule_linger_ms`` anyway (`Replica._wake_for_schedules`: while
+messages come due, the next dispatch step), which then proposes it with the step's handout.
 
 The replica keeps two committers: one for schedule commands and one for reschedule commands
 (retry copies of nacked messages); the parts differ, the packing does not.

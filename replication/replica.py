@@ -97,7 +97,8 @@ class Replica:
         """What every time this node stamps, dispatches and sends by is read from (any
         thread): the cluster's time while it leads (`tickwheel.replication.cluster_clock`)."""
         self._requests = Requests(self._config.raft.max_entry_bytes,
-                                  self._config.max_queued_msgs, self._raft.wake)
+                                  self._config.max_queued_msgs, self._raft.wake,
+                                  self._wake_for_schedules)
         self._proposals = Proposals(self._raft, self.leader_hint)
         self._leadership = Leadership(self._config, self._raft, self._state, self._clock, sink,
                                       self._proposals, self._requests, self.leader_hint)
@@ -108,6 +109,8 @@ class Replica:
         self._quiet_until_s = 0.0
         """Until when the last step's answer holds if nothing changes (0: no longer than
         this turn)."""
+        self._next_turn_s = 0.0
+        """When the Raft thread's next turn starts at the latest (its poller's timeout)."""
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tickwheel-raft", daemon=True)
 
@@ -348,13 +351,26 @@ class Replica:
         now_s = self._clock.monotonic_s()
         if now_s < self._quiet_until_s and self._quiet():
             self._leadership.renew_tenure()
+            self._next_turn_s = self._quiet_until_s
             return self._quiet_until_s - now_s
         self._changed = False
         wait_s = self._step()
         self._state.wheel.walk_ahead(WALK_AHEAD_UNITS)
         settled = self._leadership.term is None or self._leadership.settled
         self._quiet_until_s = now_s + wait_s if settled else 0.0
+        self._next_turn_s = now_s + wait_s
+        if self._requests.schedules.queued_msgs:  # came during the step, and did not wake it
+            wait_s = min(wait_s, self._config.schedule_linger_ms / 1000)
+            self._next_turn_s = now_s + wait_s
         return wait_s
+
+    def _wake_for_schedules(self) -> None:
+        """Wake the Raft thread for a schedule request unless its next turn comes within
+        ``schedule_linger_ms`` anyway: that turn proposes the request with whatever else it
+        carries (a dispatch step's handout, acks, other requests), one Raft round for all."""
+        if (self._next_turn_s - self._clock.monotonic_s()
+                > self._config.schedule_linger_ms / 1000):
+            self._raft.wake()
 
     def _quiet(self) -> bool:
         """Whether the step would find everything as it left it (but the time)."""

@@ -542,6 +542,38 @@ def test_reports_that_nothing_waits_for_do_not_wake_the_raft_thread(tmp_path: Pa
     replica.stop()
 
 
+def test_a_schedule_joins_a_turn_due_soon_and_wakes_a_leader_with_nothing_due(
+        tmp_path: Path) -> None:
+    """While messages come due the leader turns every dispatch step: a schedule request waits
+    for that turn, which proposes it with the step's handout (one Raft round for both, where
+    a wake made a round of its own per request); a leader with nothing due soon is woken."""
+    world, sink, wakes = World(), _Sink(), []
+    replica, cluster = _alone(tmp_path, world, sink, wakes)
+    linger_ms = ReplicaConfig().schedule_linger_ms
+    turns = partial(_turns, cluster, replica, world, 0.001)
+    cluster.elect("n0")
+    turns()
+    replica.join(ConsumerSlot(1, "t", "", 100_000, 30_000, 0))
+    now_ms = NodeClock(world).now_ms()
+    wakes.clear()
+    far = replica.schedule([NewMessage("far", "t", b"x", now_ms + 60_000)])
+    assert len(wakes) == 1  # nothing due: the next turn is cursor_sync_ms away
+    turns()
+    assert not far.result(0)[0].duplicate
+    replica.schedule([NewMessage(f"due{i}", "t", b"x", now_ms + 20 + i) for i in range(400)])
+    turns(40)  # dispatching: a step every lead_ms - min_lead_ms
+    wakes.clear()
+    answered = []
+    for i in range(100):
+        replica.schedule([NewMessage(f"joined{i}", "t", b"x", now_ms + 60_000)]
+                         ).add_done_callback(lambda _: answered.append(world.now_s))
+        turns(1)
+    assert wakes == []
+    turns(linger_ms + 1)
+    assert len(answered) == 100  # each within its linger
+    replica.stop()
+
+
 def test_a_turn_in_which_nothing_changed_skips_the_step(tmp_path: Path) -> None:
     """The leader's turn for a follower's answer that commits nothing: its step would find
     everything as it left it, so it is not run until the time it asked to be woken at."""
