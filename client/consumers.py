@@ -219,10 +219,6 @@ class Outbox:
             del items[items.index(None) + 1:]
         return items
 
-    def empty(self) -> bool:
-        with self._changed:
-            return not self._items
-
 
 class ShardStream:
     """The messages of one topic from one shard: a stream to its leader. Reconnects (to the
