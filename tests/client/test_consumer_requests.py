@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from tickwheel.client import consumers
 from tickwheel.client._core import ACK_LINGER_S, Credits, subscribe_request
 from tickwheel.client.aio_consumers import AsyncShardStream
 from tickwheel.client.consumers import Outbox, ShardStream
@@ -54,16 +55,22 @@ def test_acks_within_a_linger_wake_the_sending_thread_once(
     """A consumer acks every message it takes; the thread that sends them is woken for the
     first ack of a linger window, not for each (a wake-up is a hand-over of the GIL and two
     system calls: at 500 messages a second, 500 of them)."""
+    monkeypatch.setattr(consumers, "ACK_LINGER_S", 1.0)  # every ack below within one window
     consumer = ShardStream(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
-    outgoing = consumer._outgoing(consumer._requests)
+    requests = consumer._requests
+    outgoing = consumer._outgoing(requests)
     next(outgoing)  # the subscription
     sent: list[pb.ReceiveRequest] = []
     sender = threading.Thread(target=lambda: sent.append(next(outgoing)))
     sender.start()
     wakes = []
     notify = threading.Condition.notify
-    monkeypatch.setattr(threading.Condition, "notify",
-                        lambda condition, n=1: (wakes.append(n), notify(condition, n))[1])
+
+    def counted(condition: threading.Condition, n: int = 1) -> None:
+        if condition is requests._changed:  # not the other threads' of this worker
+            wakes.append(n)
+        notify(condition, n)
+    monkeypatch.setattr(threading.Condition, "notify", counted)
     for k in range(100):
         consumer._send("ack", f"r{k}")
     sender.join(5)
