@@ -108,7 +108,13 @@ async def while_attacked(attack: Attack[T], node: LocalNode, admin_count: int
     """Run ``attack`` and, once its calls are open, the admin's calls beside it."""
     under_way, admin_done = asyncio.Event(), asyncio.Event()
     attacking = asyncio.ensure_future(attack(under_way, admin_done))
-    await under_way.wait()
+    # An attack that fails before its calls are open fails the test now, not at its timeout.
+    opened = asyncio.ensure_future(under_way.wait())
+    await asyncio.wait([attacking, opened], return_when=asyncio.FIRST_COMPLETED)
+    if not opened.done():
+        opened.cancel()
+        attacking.result()  # raises what ended it
+        raise AssertionError("the attack ended before its calls were open")
     try:
         refused = await asyncio.to_thread(admin_calls, node, admin_count)
     finally:
@@ -176,7 +182,7 @@ def test_a_tenant_cannot_take_the_slots_others_need(node: LocalNode) -> None:
                 streams.append(opened[i % 11].stream_stream(
                     RECEIVE, pb.ReceiveRequest.SerializeToString, pb.ReceiveResponse.FromString,
                 )(subscribe_then_idle(f"idle-{i}", admin_done)))
-            await asyncio.wait_for(subscribed(node, "tenant", 256), 30)
+            await asyncio.wait_for(subscribed(node, "tenant", 256), 60)
             one_more = opened[0].stream_stream(RECEIVE)()
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await one_more.read()
