@@ -86,7 +86,7 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
                  "handshake_timeout_ms", "idle_connection_ms",
                  "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
                  "max_queued_msgs", "max_topic_labels", "max_ready_msgs", "max_groups",
-                 "max_moved_msgs", "min_free_bytes", "trail_max_bytes"):
+                 "max_moved_msgs", "min_free_bytes", "trail_max_bytes", "schedule_linger_ms"):
         serve.add_argument(f"--{name.replace('_', '-')}", type=int)
     serve.set_defaults(handler=_serve)
 

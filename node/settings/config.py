@@ -144,7 +144,7 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
             raise ValueError("must be positive")
         return value
 
-    @field_validator("min_free_bytes", "trail_max_bytes")
+    @field_validator("min_free_bytes", "trail_max_bytes", "schedule_linger_ms")
     @classmethod
     def _not_negative(cls, value: int) -> int:
         if value < 0:
@@ -394,7 +394,8 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
             state=StateConfig(wheel=WheelConfig(max_delay_ms=self.max_delay_ms),
                               max_ready_msgs=self.max_ready_msgs, max_groups=self.max_groups,
                               max_moved_msgs=self.max_moved_msgs),
-            max_queued_msgs=self.max_queued_msgs, shard=self.shard)
+            max_queued_msgs=self.max_queued_msgs, schedule_linger_ms=self.schedule_linger_ms,
+            shard=self.shard)
 
     @classmethod
     def settings_customise_sources(

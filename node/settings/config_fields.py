@@ -157,6 +157,10 @@ class LimitFields(BaseModel):
     max_inflight_msgs: int = DispatchConfig().max_inflight_msgs
     max_inflight_bytes: int = DispatchConfig().max_inflight_bytes
     max_queued_msgs: int = ReplicaConfig().max_queued_msgs
+    schedule_linger_ms: int = ReplicaConfig().schedule_linger_ms
+    """A schedule request waits for the leader's next turn when that comes within this long
+    (while messages come due: the next dispatch step), riding in its Raft round instead of
+    making one of its own; 0: every request is proposed at once."""
     max_ready_msgs: int = StateConfig().max_ready_msgs
     """Due messages a consumer group keeps for its consumers; past it the oldest unleased
     ones are dropped (logged, counted): the retention of a group nobody reads."""

@@ -127,6 +127,8 @@ def test_flags_override_the_environment_which_overrides_the_toml_file(
 def test_bad_configuration_names_the_setting(tmp_path: Path) -> None:
     run = tickwheel("serve", "--max-body-bytes", "0", "--data", str(tmp_path))
     assert run.returncode == 2 and "max_body_bytes" in run.stdout
+    run = tickwheel("serve", "--schedule-linger-ms", "-1", "--data", str(tmp_path))
+    assert run.returncode == 2 and "schedule_linger_ms" in run.stdout
 
 
 def test_durations() -> None:

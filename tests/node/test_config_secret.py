@@ -77,6 +77,13 @@ def test_the_secret_never_shows_in_the_settings_repr() -> None:
     assert SECRET not in str(settings.model_dump())
 
 
+def test_the_schedule_linger_reaches_the_replica_and_zero_turns_it_off() -> None:
+    assert NodeSettings().replica_config().schedule_linger_ms == 12
+    assert NodeSettings(schedule_linger_ms=0).replica_config().schedule_linger_ms == 0
+    with pytest.raises(ValidationError, match="must be 0 or more"):
+        NodeSettings(schedule_linger_ms=-1)
+
+
 def test_the_group_and_reschedule_bounds_reach_the_replicated_state() -> None:
     state = NodeSettings(max_ready_msgs=7, max_groups=3, max_moved_msgs=5).replica_config().state
     assert (state.max_ready_msgs, state.max_groups, state.max_moved_msgs) == (7, 3, 5)
