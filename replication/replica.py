@@ -358,6 +358,8 @@ class Replica:
         self._state.wheel.walk_ahead(WALK_AHEAD_UNITS)
         settled = self._leadership.term is None or self._leadership.settled
         self._quiet_until_s = now_s + wait_s if settled else 0.0
+        # Set before the queue is read: a request queued after the read sees this turn's
+        # time, and wakes the thread if it is too far off.
         self._next_turn_s = now_s + wait_s
         if self._requests.schedules.queued_msgs:  # came during the step, and did not wake it
             wait_s = min(wait_s, self._config.schedule_linger_ms / 1000)

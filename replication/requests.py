@@ -34,14 +34,12 @@ LeaseRequest = tuple[list[LeaseRef], list[int], Applied]
 
 class Requests:
     def __init__(self, max_entry_bytes: int, max_queued_msgs: int,
-                 wake: Callable[[], None], wake_for_schedules: Callable[[], None] | None = None,
-                 ) -> None:
+                 wake: Callable[[], None], wake_for_schedules: Callable[[], None]) -> None:
         """``wake``: wakes the Raft thread to propose at once; ``wake_for_schedules`` does for
         schedule requests (it may leave them to a turn due soon)."""
         self._max_queued = max_queued_msgs
         self._wake = wake
-        self.schedules = GroupCommitter(max_entry_bytes, max_queued_msgs,
-                                        wake_for_schedules or wake)
+        self.schedules = GroupCommitter(max_entry_bytes, max_queued_msgs, wake_for_schedules)
         self.retries = GroupCommitter(max_entry_bytes, max_queued_msgs, wake)
         self._handle_ops: deque[tuple[HandleCommand, Applied, TopicCheck | None]] = deque()
         self._lease_ops: dict[LeaseOp, deque[LeaseRequest]] = {op: deque() for op in LeaseOp}
