@@ -60,7 +60,7 @@ class JournalFile:
     def reserve(self, end: int) -> None:
         """Make the file (allocated on disk) and the map reach ``end``: double, by at most
         `GROWTH_STEP_MAX`, or grow by just what is needed when the step does not fit."""
-        size = self._map.size()
+        size = len(self._map)  # the map covers the file; ``size()`` would be an fstat a write
         if end <= size:
             return
         target = max(end, size + min(size, GROWTH_STEP_MAX))
