@@ -88,7 +88,7 @@ class Race:
 
     lead_ms: tuple[int, int] = (0, 100)
     """How long before its due time a message's call is sent, drawn uniformly (the leader
-    hands out 20 ms ahead of due, so both answers happen)."""
+    hands out 20-30 ms ahead of due, so both answers happen)."""
     cancel: float = 0.5
     """The share cancelled; the rest is rescheduled."""
     to_now: float = 0.3

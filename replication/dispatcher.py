@@ -66,7 +66,7 @@ class DeliverySink(Protocol):
 
     def deliver(self, deliveries: list[Delivery]) -> None:
         """Send these to their consumers (a consumer gone by now: release the lease), each
-        at its due time: a delivery may arrive up to ``DispatchConfig.lead_ms`` before it.
+        at its due time: a delivery may arrive up to ``DispatchConfig.slow_lead_ms`` before it.
         Report each send (`Replica.sent`): the lease's visibility timeout counts from it."""
 
     def expired(self, leases: list[Expired]) -> None:
@@ -98,6 +98,13 @@ class DispatchConfig:
     min_lead_ms`` (one handout, one Raft round, one hand-over to the sink), each message
     readied at least ``min_lead_ms`` ahead. A message due sooner (scheduled late, a backlog)
     is taken at the next turn."""
+    slow_lead_ms: int = 30
+    """A step that takes fewer than ``slow_step_msgs`` also takes what comes due within this
+    long (up to that many): a step costs about the same whatever it carries, so at a slow
+    rate one every ``slow_lead_ms - min_lead_ms`` (20 ms) halves the Raft rounds; at a rate
+    that fills steps they come every ``lead_ms - min_lead_ms`` as before."""
+    slow_step_msgs: int = 64
+    """How many messages a step carries at most for it to take ahead to ``slow_lead_ms``."""
     max_ready_ahead_msgs: int = 20_000
     """A topic's messages wait in the wheel while one of its groups that consumers read holds
     this many ready (readied and not leased, or on their way to it), and are readied again
@@ -157,10 +164,13 @@ class Dispatcher:
         self._skipped.clear()
         self.unapplied_by_topic.clear()
 
-    def take(self, wheel: Wheel, now_ms: int) -> list[DueMessage]:
-        """Take what is due and not readied yet (at most ``max_take_msgs``)."""
+    def take(self, wheel: Wheel, now_ms: int, max_msgs: int | None = None
+             ) -> list[DueMessage]:
+        """Take what is due and not readied yet (at most ``max_take_msgs``, or ``max_msgs``
+        if fewer)."""
         room = min(self._config.max_take_msgs, self._config.max_ready_ahead_msgs,
-                   self._config.max_unapplied_msgs - self.unapplied)
+                   self._config.max_unapplied_msgs - self.unapplied,
+                   self._config.max_take_msgs if max_msgs is None else max_msgs)
         if not self._active or room <= 0:
             return []
         taken_positions = self._taken

@@ -4,12 +4,12 @@ A new leader proposes a *barrier* (a cursor command that moves nothing); once it
 every entry of earlier terms is applied too, and dispatch starts from the replicated cursor.
 While its tenure holds (`tickwheel.replication.raft.tenure`), a step comes when the first
 message not yet taken is due within ``min_lead_ms``; it takes what comes due by ``now +
-lead_ms`` from the wheel and proposes one *handout*: those messages readied for their
-consumer groups, and leases granted to consumers with credits (`tickwheel.replication.handout`);
-once it is applied, the granted messages go to the sink. Leases whose deadline passed go to the
-sink to be retried. Every ``cursor_sync_ms`` the cursor is proposed if it moved. A node that
-stops leading ends dispatch at once, and every request and proposal still waiting fails with
-`NotLeader`.
+lead_ms`` from the wheel (by ``now + slow_lead_ms`` if that is few) and proposes one
+*handout*: those messages readied for their consumer groups, and leases granted to consumers
+with credits (`tickwheel.replication.handout`); once it is applied, the granted messages go to
+the sink. Leases whose deadline passed go to the sink to be retried. Every ``cursor_sync_ms``
+the cursor is proposed if it moved. A node that stops leading ends dispatch at once, and every
+request and proposal still waiting fails with `NotLeader`.
 
 Single-threaded (the Raft thread), but for `may_deliver`.
 """
@@ -117,9 +117,8 @@ class Leadership:
                         and self._clock.monotonic_s() < self._tenure_until_s)
         if not self.settled:
             return self._config.raft.heartbeat_ms / 1000
-        lead_until_ms = now_ms + self._config.dispatch.lead_ms
         self._pace(now_ms)
-        taken = self._take_due(now_ms, lead_until_ms)
+        taken, lead_until_ms = self._take_due(now_ms)
         self._hand_out(taken, now_ms, lead_until_ms)
         self._sync_cursor(now_ms)
         return self._sleep_s(now_ms, len(taken))
@@ -223,22 +222,30 @@ class Leadership:
             log.error("event=ready_message_unreadable handle=%d error=%r", handle, str(error))
             return None
 
-    def _take_due(self, now_ms: int, until_ms: int) -> list[DueMessage]:
-        """Messages due by ``until_ms``, once the first of them is due within
-        ``min_lead_ms``: a step costs about the same whether it carries one message or fifty
-        (a handout, its Raft round on every replica, the hand-over to the event loop), so
-        the messages that came within ``lead_ms`` since the last step go together."""
+    def _take_due(self, now_ms: int) -> tuple[list[DueMessage], int]:
+        """Messages due within ``lead_ms``, once the first of them is due within
+        ``min_lead_ms``, and the time they are taken up to: a step costs about the same
+        whether it carries one message or fifty (a handout, its Raft round on every replica,
+        the hand-over to the event loop), so the messages that came within ``lead_ms`` since
+        the last step go together. A step that finds few (under ``slow_step_msgs``) takes
+        what comes due within ``slow_lead_ms`` too: at a slow rate a step every 20 ms."""
+        dispatch = self._config.dispatch
+        until_ms = now_ms + dispatch.lead_ms
         now_s = self._clock.monotonic_s()
         if now_s < self._next_dispatch_s:
-            return []
+            return [], until_ms
         wheel = self._state.wheel
         due_ms = wheel.next_due_ms()
-        if due_ms is None or due_ms > now_ms + self._config.dispatch.min_lead_ms:
-            return []
+        if due_ms is None or due_ms > now_ms + dispatch.min_lead_ms:
+            return [], until_ms
         deliveries = self.dispatcher.take(wheel, until_ms)
+        if 0 < len(deliveries) < dispatch.slow_step_msgs and wheel.damage_held is None:
+            until_ms = now_ms + dispatch.slow_lead_ms
+            deliveries += self.dispatcher.take(wheel, until_ms,
+                                               dispatch.slow_step_msgs - len(deliveries))
         if wheel.damage_held is not None:
             self._next_dispatch_s = now_s + DAMAGE_RETRY_S  # nothing passes it meanwhile
-        return deliveries
+        return deliveries, until_ms
 
     def _sync_cursor(self, now_ms: int) -> None:
         now_s = self._clock.monotonic_s()

@@ -43,8 +43,9 @@ CREDITS = 1_000
 VISIBILITY_MS = 600_000
 
 
-LEAD_MS = ReplicaConfig().dispatch.lead_ms
-"""How long before its due time a replica may hand a delivery to its sink."""
+LEAD_MS = ReplicaConfig().dispatch.slow_lead_ms
+"""How long before its due time a replica may hand a delivery to its sink (a slow rate's
+steps take the furthest ahead)."""
 
 
 class RecordingSink:

@@ -478,14 +478,23 @@ def _turns(cluster: SimCluster, replica: Replica, world: World, step_s: float,
         world.now_s += step_s
 
 
+DISPATCH = ReplicaConfig().dispatch
+
+
+@pytest.mark.parametrize(("per_ms", "span_ms", "lead_ms"), [
+    (1, DISPATCH.slow_lead_ms - DISPATCH.min_lead_ms, DISPATCH.slow_lead_ms),
+    (10, DISPATCH.lead_ms - DISPATCH.min_lead_ms, DISPATCH.lead_ms)],
+    ids=["slow: steps of few take ahead", "fast: full steps come every 10 ms"])
 def test_at_a_steady_rate_a_dispatch_step_takes_what_came_within_the_lead(
-        tmp_path: Path) -> None:
-    """One handout every ``lead_ms - min_lead_ms``, not one per turn nor one per few ms; each
-    message readied ``min_lead_ms`` to ``lead_ms`` ahead of its due time."""
+        tmp_path: Path, per_ms: int, span_ms: int, lead_ms: int) -> None:
+    """One handout every ``span_ms``, not one per turn nor one per few ms; each message
+    readied ``min_lead_ms`` to ``lead_ms`` ahead of its due time. At 1,000 msg/s a step would
+    carry 10 (under ``slow_step_msgs``), so it takes ahead to ``slow_lead_ms`` and comes every
+    20 ms; at 10,000 msg/s steps are full and come every 10 ms, readied at most ``lead_ms``
+    ahead."""
     world, wakes = World(), []
     sink = _Sink(NodeClock(world))
     replica, cluster = _alone(tmp_path, world, sink, wakes)
-    dispatch = ReplicaConfig().dispatch
     cluster.elect("n0")
     handouts: list[int] = []
     apply = replica._state.apply
@@ -499,19 +508,21 @@ def test_at_a_steady_rate_a_dispatch_step_takes_what_came_within_the_lead(
         cluster.replicate()
         replica.turn(0.0)
         world.now_s += 0.001
-    replica.join(ConsumerSlot(1, "t", "", 10_000, 30_000, 0))
+    replica.join(ConsumerSlot(1, "t", "", 100_000, 30_000, 0))
     start_ms = NodeClock(world).now_ms() + 200
-    replica.schedule([NewMessage(f"m{i}", "t", b"x", start_ms + i) for i in range(1_000)])
+    count = 1_000 * per_ms
+    replica.schedule([NewMessage(f"m{i}", "t", b"x", start_ms + i // per_ms)
+                      for i in range(count)])
     while world.now_s * 1000 < start_ms - 1_800_000_000_000 + 1_000:
         cluster.replicate()
         replica.turn(0.0)
         world.now_s += 0.001  # a turn every millisecond, as replies and requests make them
-    assert len(sink.delivered) == 1_000
-    span_ms = dispatch.lead_ms - dispatch.min_lead_ms  # a step every span_ms + 1 (whole ms)
-    assert 1_000 / (span_ms + 2) <= len(handouts) <= 1_000 / span_ms + 3
+    assert len(sink.delivered) == count
+    # a step every span_ms + 1 (whole ms)
+    assert 1_000 / (span_ms + 2) <= len(handouts) <= 1_000 / span_ms + 3, len(handouts)
     ahead_ms = [d.message.deliver_at_ms - at_ms for d, at_ms in zip(
         sink.delivered, sink.at_ms, strict=True)]
-    assert dispatch.min_lead_ms - 2 <= min(ahead_ms) and max(ahead_ms) <= dispatch.lead_ms
+    assert DISPATCH.min_lead_ms - 2 <= min(ahead_ms) and max(ahead_ms) <= lead_ms
     replica.stop()
 
 
@@ -561,7 +572,7 @@ def test_a_schedule_joins_a_turn_due_soon_and_wakes_a_leader_with_nothing_due(
     turns()
     assert not far.result(0)[0].duplicate
     replica.schedule([NewMessage(f"due{i}", "t", b"x", now_ms + 20 + i) for i in range(400)])
-    turns(40)  # dispatching: a step every lead_ms - min_lead_ms
+    turns(40)  # dispatching: a step every 20 ms at this rate (slow_lead_ms - min_lead_ms)
     wakes.clear()
     answered = []
     for i in range(100):
