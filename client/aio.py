@@ -84,6 +84,8 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         self._receive_turn = 0
         self._stubs: dict[str, pb_grpc.TickwheelAsyncStub] = {}
         """One per channel: a stub builds a callable for every method of the service."""
+        self._metadata = self._credentials.call_metadata()
+        """The token, on every call (`open_aio_channel`'s channels carry none)."""
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -290,7 +292,8 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         address = router.choose()
         method: grpc.aio.UnaryUnaryMultiCallable[RequestT, ResponseT] = getattr(
             self._stub(address), rpc.name)
-        call = method(request, timeout=timeout_s or self._attempt_timeout_s)
+        call = method(request, timeout=timeout_s or self._attempt_timeout_s,
+                      metadata=self._metadata)
         try:
             response = await call
         except grpc.aio.AioRpcError as error:

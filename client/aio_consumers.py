@@ -41,6 +41,8 @@ class AsyncStreamClient(Protocol):
     """What a consumer asks of `tickwheel.client.AsyncClient`."""
 
     _shards: ShardRouters
+    _metadata: tuple[tuple[str, str], ...]
+    """What every call carries (the token)."""
 
     async def shards(self) -> ShardRouters: ...
 
@@ -245,7 +247,8 @@ class AsyncShardStream:
 
     def _connect(self) -> _Stream:
         self._address = self._client._shards.routers[self._shard].choose()
-        self._call = call = self._client._stub(self._address).Receive()
+        self._call = call = self._client._stub(self._address).Receive(
+            metadata=self._client._metadata)
         self._pending.clear()
         self._credits.reset()
         self._writer = asyncio.create_task(self._write(call))

@@ -71,15 +71,6 @@ class Credentials:
                         key_file=environ.get("TICKWHEEL_KEY_FILE") or None,
                         insecure=environ.get("TICKWHEEL_INSECURE", "").lower() in _TRUE)
 
-    def channel_credentials(self) -> grpc.ChannelCredentials | None:
-        """gRPC's credentials for a channel, the token as gRPC's call credentials (what
-        asyncio channels use); None: dial plaintext."""
-        tls = self.tls_credentials()
-        if tls is None or self.token is None:
-            return tls
-        return grpc.composite_channel_credentials(
-            tls, grpc.access_token_call_credentials(self.token))
-
     def tls_credentials(self) -> grpc.ChannelCredentials | None:
         """TLS alone (with the client certificate, if any); None: dial plaintext."""
         if self.insecure:
@@ -89,8 +80,9 @@ class Credentials:
         return grpc.ssl_channel_credentials(self.ca, key, chain)
 
     def call_metadata(self) -> tuple[tuple[str, str], ...]:
-        """What every call carries on a channel of `open_channel`: the bearer token, if any
-        (only ever over TLS: a token and ``insecure`` exclude each other)."""
+        """What every call carries: the bearer token, if any (only ever over TLS: a token and
+        ``insecure`` exclude each other). `open_channel` adds it; on a channel of
+        `open_aio_channel` the caller passes it with each call."""
         return () if self.token is None else ((AUTHORIZATION_KEY, BEARER + self.token),)
 
 
@@ -115,10 +107,10 @@ def open_channel(address: str, credentials: Credentials,
 
 def open_aio_channel(address: str, credentials: Credentials,
                      options: tuple[tuple[str, object], ...]) -> grpc.aio.Channel:
-    """`open_channel` for asyncio. The token goes as gRPC's call credentials, which start a
-    thread per call (`_Bearer`); an asyncio interceptor would wrap each call in tasks of its
-    own, and its cost against that thread is not measured."""
-    tls = credentials.channel_credentials()
+    """`open_channel` for asyncio, without the token: each call passes
+    ``metadata=credentials.call_metadata()``. gRPC's call credentials would start a thread
+    per call (`_Bearer`), and an asyncio interceptor wraps each call in a task of its own."""
+    tls = credentials.tls_credentials()
     if tls is None:
         return grpc.aio.insecure_channel(address, options=options)
     return grpc.aio.secure_channel(address, tls, options=options)

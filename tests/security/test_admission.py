@@ -93,9 +93,10 @@ def admin_calls(node: LocalNode, count: int) -> list[str]:
 
 
 def channels(node: LocalNode, credentials: Credentials, count: int) -> list[grpc.aio.Channel]:
-    """``count`` channels on connections of their own."""
+    """``count`` channels on connections of their own (TLS; a call passes the token,
+    ``credentials.call_metadata()``)."""
     options = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_send_message_length", 16 << 20)]
-    return [grpc.aio.secure_channel(node.grpc_address, credentials.channel_credentials(),
+    return [grpc.aio.secure_channel(node.grpc_address, credentials.tls_credentials(),
                                     options) for _ in range(count)]
 
 
@@ -172,6 +173,7 @@ def test_a_tenant_cannot_take_the_slots_others_need(node: LocalNode) -> None:
     and the admin's calls on the same node all succeed."""
     assert node.credentials.ca is not None
     tenant = Credentials(ca=node.credentials.ca, token=tenant_token(node))
+    token = tenant.call_metadata()
     peak = PeakRss(node.pid)
 
     async def attack(under_way: asyncio.Event, admin_done: asyncio.Event) -> dict[str, int]:
@@ -181,9 +183,9 @@ def test_a_tenant_cannot_take_the_slots_others_need(node: LocalNode) -> None:
             for i in range(HALF_SENT_CALLS):
                 streams.append(opened[i % 11].stream_stream(
                     RECEIVE, pb.ReceiveRequest.SerializeToString, pb.ReceiveResponse.FromString,
-                )(subscribe_then_idle(f"idle-{i}", admin_done)))
+                )(subscribe_then_idle(f"idle-{i}", admin_done), metadata=token))
             await asyncio.wait_for(subscribed(node, "tenant", 256), 60)
-            one_more = opened[0].stream_stream(RECEIVE)()
+            one_more = opened[0].stream_stream(RECEIVE)(metadata=token)
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await one_more.read()
             assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -239,7 +241,9 @@ def test_a_call_whose_request_never_arrives_is_ended(node: LocalNode) -> None:
         (channel,) = channels(node, node.credentials, 1)
         try:
             started = time.monotonic()
-            calls = (channel.stream_unary(SCHEDULE)(), channel.stream_stream(RECEIVE)())
+            token = node.credentials.call_metadata()
+            calls = (channel.stream_unary(SCHEDULE)(metadata=token),
+                     channel.stream_stream(RECEIVE)(metadata=token))
             return list(await asyncio.gather(*(ended_after(call, started) for call in calls)))
         finally:
             await channel.close()

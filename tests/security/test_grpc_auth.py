@@ -7,6 +7,7 @@ On the build before this, every call below succeeded: the port was plaintext and
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -18,6 +19,7 @@ import grpc
 import pytest
 
 from tickwheel.client import (
+    AsyncClient,
     CancelOutcome,
     Client,
     Credentials,
@@ -108,6 +110,42 @@ def test_a_token_rides_on_each_call_without_a_thread_per_call(
             monkeypatch.setattr(threading.Thread, "start", start)
         assert len({scheduled.handle for scheduled in handles}) == 20
         assert not any(scheduled.duplicate for scheduled in handles)
+        assert started == []
+
+
+def test_the_asyncio_client_sends_its_token_without_a_thread_per_call(
+        cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`AsyncClient` too: its calls and its consumer's stream carry the token as metadata
+    (gRPC's call credentials started a thread for each), through the leader and a
+    follower."""
+    started: list[threading.Thread] = []
+    start = threading.Thread.start
+
+    def counted(thread: threading.Thread) -> None:
+        started.append(thread)
+        start(thread)
+    tag = uuid.uuid4().hex[:8]
+
+    async def calls(node: LocalNode) -> tuple[list[int], str]:
+        async with AsyncClient(node.grpc_address, timeout_s=10,
+                               credentials=cluster.credentials("orders")) as orders:
+            await orders.schedule("orders", b"warm", delay_ms=60_000, id=f"w-{tag}-{node.raft}")
+            monkeypatch.setattr(threading.Thread, "start", counted)
+            handles = [(await orders.schedule("orders", b"x", delay_ms=60_000,
+                                              id=f"a-{tag}-{node.raft}-{i}")).handle
+                       for i in range(20)]
+            due = f"d-{tag}-{node.raft}"
+            await orders.schedule("orders", b"due", delay_ms=0, id=due)
+            async with orders.consume("orders", group="billing") as consumer:
+                async for message in consumer:
+                    message.ack()
+                    if message.id == due:
+                        break
+            monkeypatch.setattr(threading.Thread, "start", start)
+            return handles, due
+    for node in nodes(cluster):
+        handles, _ = asyncio.run(calls(node))
+        assert len(set(handles)) == 20
         assert started == []
 
 

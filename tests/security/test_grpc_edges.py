@@ -115,7 +115,7 @@ def test_made_up_topic_names_do_not_grow_metrics(node: LocalNode) -> None:
             stub = pb_grpc.TickwheelStub(channel)
             calls = []
             for topic in topics:
-                call = stub.Receive()
+                call = stub.Receive(metadata=node.credentials.call_metadata())
                 await call.write(pb.ReceiveRequest(subscribe=pb.Subscribe(topic=topic,
                                                                          credits=1)))
                 calls.append(call)
