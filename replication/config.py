@@ -16,11 +16,11 @@ class ReplicaConfig:
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     cursor_sync_ms: int = 50
     """The leader proposes the cursor this often, when it moved."""
-    schedule_linger_ms: int = 22
+    schedule_linger_ms: int = 12
     """A schedule request waits for the leader's next turn when that comes within this
-    long, rather than waking it for a Raft round of its own: while messages come due, the
-    next dispatch step (every 10 ms, or 20 at a slow rate: ``DispatchConfig.slow_lead_ms``)
-    or a follower's answer sooner; 0: every request wakes it."""
+    long, rather than waking it for a Raft round of its own; while messages come due, for
+    the next dispatch step too (every 10 ms, at a slow rate every 20: ``DispatchConfig.
+    slow_lead_ms``); 0: every request wakes it."""
     max_queued_msgs: int = 200_000
     """Schedule requests waiting for an entry; beyond it `schedule` raises `Overloaded`."""
     shard: int = 0

@@ -68,6 +68,9 @@ class Leadership:
         """Whether the last step's answer holds until its time if nothing changes: not while
         a new leader waits for its barrier or for its tenure, which answers may bring any
         turn."""
+        self.steps_next = False
+        """Whether the last step's answer is the time of the next dispatch step (messages
+        come due then), rather than of a cursor sync, a lease deadline or a heartbeat."""
 
     def may_deliver(self) -> bool:
         """Whether this node still holds its tenure (any thread)."""
@@ -115,6 +118,7 @@ class Leadership:
         self.renew_tenure()
         self.settled = (self.dispatcher.active
                         and self._clock.monotonic_s() < self._tenure_until_s)
+        self.steps_next = False
         if not self.settled:
             return self._config.raft.heartbeat_ms / 1000
         self._pace(now_ms)
@@ -276,14 +280,16 @@ class Leadership:
         if (delivered >= dispatch.max_take_msgs
                 and self.dispatcher.unapplied < dispatch.max_unapplied_msgs):
             return 0.0  # a backlog: take the next step at once
-        wait_s = self._config.cursor_sync_ms / 1000
+        wait_ms = self._config.cursor_sync_ms
         due_ms = self._state.wheel.next_due_ms()
-        if due_ms is not None:
-            due_ms -= dispatch.min_lead_ms
-        if self.planner is not None:
-            deadline_ms = self.planner.next_deadline_ms()
-            if deadline_ms is not None:
-                due_ms = deadline_ms if due_ms is None else min(due_ms, deadline_ms)
-        if due_ms is not None:
-            wait_s = min(wait_s, max(0, due_ms - now_ms) / 1000)
-        return max(wait_s, self._next_dispatch_s - self._clock.monotonic_s())
+        if due_ms is not None and due_ms - dispatch.min_lead_ms - now_ms < wait_ms:
+            wait_ms = max(0, due_ms - dispatch.min_lead_ms - now_ms)
+            self.steps_next = True
+        deadline_ms = None if self.planner is None else self.planner.next_deadline_ms()
+        if deadline_ms is not None and deadline_ms - now_ms < wait_ms:
+            wait_ms = max(0, deadline_ms - now_ms)
+            self.steps_next = False
+        held_s = self._next_dispatch_s - self._clock.monotonic_s()
+        if held_s > wait_ms / 1000:
+            self.steps_next = False
+        return max(wait_ms / 1000, held_s)

@@ -111,6 +111,10 @@ class Replica:
         this turn)."""
         self._next_turn_s = 0.0
         """When the Raft thread's next turn starts at the latest (its poller's timeout)."""
+        self._ride_s = 0.0
+        """How far off that turn may be for a schedule request to wait for it: the linger,
+        or the slow rate's step span (`DispatchConfig.slow_lead_ms`) if it is a dispatch
+        step."""
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tickwheel-raft", daemon=True)
 
@@ -361,17 +365,22 @@ class Replica:
         # Set before the queue is read: a request queued after the read sees this turn's
         # time, and wakes the thread if it is too far off.
         self._next_turn_s = now_s + wait_s
+        linger_s = self._config.schedule_linger_ms / 1000
+        dispatch = self._config.dispatch
+        # a step's time is whole milliseconds: up to one more than the span
+        self._ride_s = (max(linger_s, (dispatch.slow_lead_ms - dispatch.min_lead_ms + 1) / 1000)
+                        if linger_s and self._leadership.steps_next else linger_s)
         if self._requests.schedules.queued_msgs:  # came during the step, and did not wake it
-            wait_s = min(wait_s, self._config.schedule_linger_ms / 1000)
+            wait_s = min(wait_s, self._ride_s)
             self._next_turn_s = now_s + wait_s
         return wait_s
 
     def _wake_for_schedules(self) -> None:
         """Wake the Raft thread for a schedule request unless its next turn comes within
-        ``schedule_linger_ms`` anyway: that turn proposes the request with whatever else it
-        carries (a dispatch step's handout, acks, other requests), one Raft round for all."""
-        if (self._next_turn_s - self._clock.monotonic_s()
-                > self._config.schedule_linger_ms / 1000):
+        ``schedule_linger_ms`` anyway, or is a dispatch step (at a slow rate up to 20 ms off):
+        that turn proposes the request with whatever else it carries (a dispatch step's
+        handout, acks, other requests), one Raft round for all."""
+        if self._next_turn_s - self._clock.monotonic_s() > self._ride_s:
             self._raft.wake()
 
     def _quiet(self) -> bool:
