@@ -29,8 +29,9 @@ from tickwheel.replication import DURABLE, LeaseRef, Replica, decode_receipt
 IDLE_S = 60.0
 """A consumer without a call this long is dropped (its leases stay)."""
 LINGER_S = 0.03
-"""After the first messages, how long a call waits for more: a little over the hand-out's lead
-(20 ms), so messages granted in the same step as the first are not left behind."""
+"""After the first messages, how long a call waits for more: over the due times one hand-out
+spans (up to 20 ms, at a slow rate), so messages granted in the same step as the first are not
+left behind."""
 
 
 class UnaryConsumers:
