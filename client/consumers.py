@@ -97,8 +97,9 @@ class Consumer:
                     self._ready.wait()
                     stream = self._waiting(self._streams)
             message = stream.take()
-            with self._ready:
-                self._ready.notify_all()  # its reader may read on once it is emptied
+            if not stream.waiting:  # its reader may read on: wake it once, not per message
+                with self._ready:
+                    self._ready.notify_all()
             if message is not None:
                 return message
 
@@ -292,13 +293,31 @@ class ShardStream:
         self._requests.put((kind, receipt))
 
     def receive(self) -> None:
-        """Wait for the next batch, (re)connecting as needed."""
+        """Wait for the next batch, (re)connecting as needed: on an open stream, a read; once
+        it breaks, reconnections with back-off (tenacity's, set up only then: a few tens of
+        microseconds a batch otherwise)."""
+        if self._read_open():
+            return
         for attempt in Retrying(retry=retry_if_exception_type(Reconnect),
                                 wait=RECONNECT_WAIT, reraise=True):
             with attempt, self._read_lock:
                 if self._closed:
                     return
                 self._read_one(self._stream or self._connect())
+
+    def _read_open(self) -> bool:
+        """Read a batch from the open stream: True once read (or the consumer is closed),
+        False if there is no stream or it broke."""
+        with self._read_lock:
+            if self._closed:
+                return True
+            if self._stream is None:
+                return False
+            try:
+                self._read_one(self._stream)
+            except Reconnect:
+                return False
+            return True
 
     def _connect(self) -> _CallIterator[pb.ReceiveResponse]:
         self._requests.put(None)  # ends the request generator of the previous stream

@@ -12,7 +12,7 @@ import pytest
 from tickwheel.client import consumers
 from tickwheel.client._core import ACK_LINGER_S, Credits, subscribe_request
 from tickwheel.client.aio_consumers import AsyncShardStream
-from tickwheel.client.consumers import Outbox, ShardStream
+from tickwheel.client.consumers import Consumer, Outbox, ShardStream
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 SUBSCRIBE = subscribe_request("orders", 64, 0, "c1")
@@ -95,3 +95,40 @@ def test_the_async_consumer_credits_in_batches_and_lets_acks_wait() -> None:
 
     asyncio.run(run())
     assert ACK_LINGER_S <= 0.05  # acks wait briefly: a lease lasts seconds
+
+
+def test_taking_a_batch_wakes_its_reader_once_it_is_emptied(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The iterating thread wakes the shard's reader when it took the last message of a
+    batch (the reader then reads the next), not for each message it takes."""
+    consumer = Consumer(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
+    stream = ShardStream(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
+    stream._buffer.extend([f"m{k}" for k in range(8)])  # type: ignore[misc]
+    consumer._streams = [stream]
+    wakes = []
+    notify_all = threading.Condition.notify_all
+
+    def counted(condition: threading.Condition) -> None:
+        if condition is consumer._ready:  # not the other threads' of this worker
+            wakes.append(stream.waiting)
+        notify_all(condition)
+    monkeypatch.setattr(threading.Condition, "notify_all", counted)
+    assert [next(consumer) for _ in range(8)] == [f"m{k}" for k in range(8)]
+    assert wakes == [False]
+
+
+def test_a_read_on_an_open_stream_sets_up_no_retrying(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tenacity's retry loop is set up for a reconnection only: a batch read on an open
+    stream costs none of it."""
+    made = []
+    retrying = consumers.Retrying
+
+    def counted(*args: object, **kwargs: object) -> object:
+        made.append(kwargs)
+        return retrying(*args, **kwargs)  # type: ignore[arg-type]
+    monkeypatch.setattr(consumers, "Retrying", counted)
+    stream = ShardStream(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
+    stream._stream = iter([pb.ReceiveResponse()] * 3)  # type: ignore[assignment]
+    for _ in range(3):
+        stream.receive()
+    assert made == []
