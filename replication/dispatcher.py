@@ -101,8 +101,8 @@ class DispatchConfig:
     slow_lead_ms: int = 30
     """A step that takes fewer than ``slow_step_msgs`` also takes what comes due within this
     long (up to that many): a step costs about the same whatever it carries, so at a slow
-    rate one every ``slow_lead_ms - min_lead_ms`` (20 ms) halves the Raft rounds; at a rate
-    that fills steps they come every ``lead_ms - min_lead_ms`` as before."""
+    rate one every ``slow_lead_ms - min_lead_ms`` (20 ms) makes half the Raft rounds; at a
+    rate that fills steps they come every ``lead_ms - min_lead_ms``."""
     slow_step_msgs: int = 64
     """How many messages a step carries at most for it to take ahead to ``slow_lead_ms``."""
     max_ready_ahead_msgs: int = 20_000
@@ -168,9 +168,10 @@ class Dispatcher:
              ) -> list[DueMessage]:
         """Take what is due and not readied yet (at most ``max_take_msgs``, or ``max_msgs``
         if fewer)."""
-        room = min(self._config.max_take_msgs, self._config.max_ready_ahead_msgs,
-                   self._config.max_unapplied_msgs - self.unapplied,
-                   self._config.max_take_msgs if max_msgs is None else max_msgs)
+        limit = self._config.max_take_msgs
+        room = min(limit if max_msgs is None else min(limit, max_msgs),
+                   self._config.max_ready_ahead_msgs,
+                   self._config.max_unapplied_msgs - self.unapplied)
         if not self._active or room <= 0:
             return []
         taken_positions = self._taken

@@ -99,6 +99,7 @@ class Leadership:
                  self.dispatcher.epoch)
         self.term = None
         self.settled = False
+        self.steps_next = False
         self._tenure_until_s = 0.0
         self._sink.dispatch_stopped(self.dispatcher.epoch)
         self.dispatcher.end()
