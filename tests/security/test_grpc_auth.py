@@ -89,11 +89,17 @@ def test_a_caller_without_a_token_or_with_a_made_up_one_gets_nothing(
                         call(client)
 
 
+CALLS = 50
+"""Calls made with a token in the tests of threads started per call."""
+
+
 def test_a_token_rides_on_each_call_without_a_thread_per_call(
         cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """gRPC's call credentials start a thread for every call to fetch the token (a third of a
     unary call's CPU in the client); the client's channels send it as metadata instead, and
-    it still authenticates on the leader and through a follower."""
+    it still authenticates on the leader and through a follower. (grpcio starts a few
+    threads of its own now and then, named ``_run``: 2 and 6 in a loaded CI run; which of
+    its channels they served is not known. A thread per call would be ``CALLS``.)"""
     started: list[threading.Thread] = []
     start = threading.Thread.start
 
@@ -106,11 +112,11 @@ def test_a_token_rides_on_each_call_without_a_thread_per_call(
             orders.schedule("orders", b"warm", delay_ms=60_000, id=f"w-{tag}-{node.raft}")
             monkeypatch.setattr(threading.Thread, "start", counted)
             handles = [orders.schedule("orders", b"x", delay_ms=60_000,
-                                       id=f"t-{tag}-{node.raft}-{i}") for i in range(20)]
+                                       id=f"t-{tag}-{node.raft}-{i}") for i in range(CALLS)]
             monkeypatch.setattr(threading.Thread, "start", start)
-        assert len({scheduled.handle for scheduled in handles}) == 20
+        assert len({scheduled.handle for scheduled in handles}) == CALLS
         assert not any(scheduled.duplicate for scheduled in handles)
-        assert started == []
+        assert len(started) < CALLS // 5, started
 
 
 def test_the_asyncio_client_sends_its_token_without_a_thread_per_call(
@@ -133,7 +139,7 @@ def test_the_asyncio_client_sends_its_token_without_a_thread_per_call(
             monkeypatch.setattr(threading.Thread, "start", counted)
             handles = [(await orders.schedule("orders", b"x", delay_ms=60_000,
                                               id=f"a-{tag}-{node.raft}-{i}")).handle
-                       for i in range(20)]
+                       for i in range(CALLS)]
             due = f"d-{tag}-{node.raft}"
             await orders.schedule("orders", b"due", delay_ms=0, id=due)
             async with orders.consume("orders", group="billing") as consumer:
@@ -145,8 +151,8 @@ def test_the_asyncio_client_sends_its_token_without_a_thread_per_call(
             return handles, due
     for node in nodes(cluster):
         handles, _ = asyncio.run(calls(node))
-        assert len(set(handles)) == 20
-        assert started == []
+        assert len(set(handles)) == CALLS
+        assert len(started) < CALLS // 5, started
 
 
 def test_plaintext_reaches_nothing_on_a_tls_port(cluster: LocalCluster) -> None:
