@@ -115,6 +115,12 @@ class Replica:
         """How far off that turn may be for a schedule request to wait for it: the linger,
         or the slow rate's step span (`DispatchConfig.slow_lead_ms`) if it is a dispatch
         step."""
+        self._linger_s = self._config.schedule_linger_ms / 1000
+        dispatch = self._config.dispatch
+        # a step's time is whole milliseconds: up to one more than the span
+        self._step_ride_s = (max(self._linger_s,
+                                 (dispatch.slow_lead_ms - dispatch.min_lead_ms + 1) / 1000)
+                             if self._linger_s else 0.0)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tickwheel-raft", daemon=True)
 
@@ -365,11 +371,7 @@ class Replica:
         # Set before the queue is read: a request queued after the read sees this turn's
         # time, and wakes the thread if it is too far off.
         self._next_turn_s = now_s + wait_s
-        linger_s = self._config.schedule_linger_ms / 1000
-        dispatch = self._config.dispatch
-        # a step's time is whole milliseconds: up to one more than the span
-        self._ride_s = (max(linger_s, (dispatch.slow_lead_ms - dispatch.min_lead_ms + 1) / 1000)
-                        if linger_s and self._leadership.steps_next else linger_s)
+        self._ride_s = self._step_ride_s if self._leadership.steps_next else self._linger_s
         if self._requests.schedules.queued_msgs:  # came during the step, and did not wake it
             wait_s = min(wait_s, self._ride_s)
             self._next_turn_s = now_s + wait_s
