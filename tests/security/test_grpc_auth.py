@@ -8,6 +8,7 @@ On the build before this, every call below succeeded: the port was plaintext and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -93,64 +94,63 @@ CALLS = 50
 """Calls made with a token in the tests of threads started per call."""
 
 
-def test_a_token_rides_on_each_call_without_a_thread_per_call(
-        cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    """gRPC's call credentials start a thread for every call to fetch the token (a third of a
-    unary call's CPU in the client); the client's channels send it as metadata instead, and
-    it still authenticates on the leader and through a follower. (grpcio starts a few
-    threads of its own now and then, named ``_run``: 2 and 6 in a loaded CI run; which of
-    its channels they served is not known. A thread per call would be ``CALLS``.)"""
+@contextlib.contextmanager
+def threads_started() -> Iterator[list[threading.Thread]]:
+    """The threads started meanwhile, by any thread of this process."""
     started: list[threading.Thread] = []
     start = threading.Thread.start
 
     def counted(thread: threading.Thread) -> None:
         started.append(thread)
         start(thread)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threading.Thread, "start", counted)
+        yield started
+
+
+def test_a_token_rides_on_each_call_without_a_thread_per_call(cluster: LocalCluster) -> None:
+    """gRPC's call credentials start a thread for every call to fetch the token (a third of a
+    unary call's CPU in the client); the client's channels send it as metadata instead, and
+    it still authenticates on the leader and through a follower. (grpcio starts a few
+    threads of its own now and then, named ``_run``: 2 and 6 in a loaded CI run; which of
+    its channels they served is not known. A thread per call would be ``CALLS``.)"""
     tag = uuid.uuid4().hex[:8]
     for node in nodes(cluster):
         with client_of(cluster, node, cluster.credentials("orders")) as orders:
             orders.schedule("orders", b"warm", delay_ms=60_000, id=f"w-{tag}-{node.raft}")
-            monkeypatch.setattr(threading.Thread, "start", counted)
-            handles = [orders.schedule("orders", b"x", delay_ms=60_000,
-                                       id=f"t-{tag}-{node.raft}-{i}") for i in range(CALLS)]
-            monkeypatch.setattr(threading.Thread, "start", start)
+            with threads_started() as started:
+                handles = [orders.schedule("orders", b"x", delay_ms=60_000,
+                                           id=f"t-{tag}-{node.raft}-{i}") for i in range(CALLS)]
         assert len({scheduled.handle for scheduled in handles}) == CALLS
         assert not any(scheduled.duplicate for scheduled in handles)
         assert len(started) < CALLS // 5, started
 
 
 def test_the_asyncio_client_sends_its_token_without_a_thread_per_call(
-        cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+        cluster: LocalCluster) -> None:
     """`AsyncClient` too: its calls and its consumer's stream carry the token as metadata
     (gRPC's call credentials started a thread for each), through the leader and a
     follower."""
-    started: list[threading.Thread] = []
-    start = threading.Thread.start
-
-    def counted(thread: threading.Thread) -> None:
-        started.append(thread)
-        start(thread)
     tag = uuid.uuid4().hex[:8]
 
-    async def calls(node: LocalNode) -> tuple[list[int], str]:
+    async def calls(node: LocalNode) -> tuple[list[int], list[threading.Thread]]:
         async with AsyncClient(node.grpc_address, timeout_s=10,
                                credentials=cluster.credentials("orders")) as orders:
             await orders.schedule("orders", b"warm", delay_ms=60_000, id=f"w-{tag}-{node.raft}")
-            monkeypatch.setattr(threading.Thread, "start", counted)
-            handles = [(await orders.schedule("orders", b"x", delay_ms=60_000,
-                                              id=f"a-{tag}-{node.raft}-{i}")).handle
-                       for i in range(CALLS)]
-            due = f"d-{tag}-{node.raft}"
-            await orders.schedule("orders", b"due", delay_ms=0, id=due)
-            async with orders.consume("orders", group="billing") as consumer:
-                async for message in consumer:
-                    message.ack()
-                    if message.id == due:
-                        break
-            monkeypatch.setattr(threading.Thread, "start", start)
-            return handles, due
+            with threads_started() as started:
+                handles = [(await orders.schedule("orders", b"x", delay_ms=60_000,
+                                                  id=f"a-{tag}-{node.raft}-{i}")).handle
+                           for i in range(CALLS)]
+                due = f"d-{tag}-{node.raft}"
+                await orders.schedule("orders", b"due", delay_ms=0, id=due)
+                async with orders.consume("orders", group="billing") as consumer:
+                    async for message in consumer:
+                        message.ack()
+                        if message.id == due:
+                            break
+            return handles, started
     for node in nodes(cluster):
-        handles, _ = asyncio.run(calls(node))
+        handles, started = asyncio.run(calls(node))
         assert len(set(handles)) == CALLS
         assert len(started) < CALLS // 5, started
 
