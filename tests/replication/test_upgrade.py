@@ -164,4 +164,4 @@ def test_a_cluster_of_the_previous_build_upgraded_one_node_at_a_time_loses_nothi
             scheduled = producer.stop()
             wait_for(lambda: received >= scheduled, 60, "every scheduled message delivered")
         assert all(runs_this_build(node) for node in cluster.nodes)
-    assert len(scheduled) >= 1_200
+    assert len(scheduled) >= 1_000, "400 before the upgrade and 200 after each node's restart"
