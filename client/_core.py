@@ -5,7 +5,11 @@ keepalive, retry policy, and how consumer requests are merged (leader routing:
 from __future__ import annotations
 
 import enum
+import heapq
+import itertools
+import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Literal, NamedTuple, TypedDict, TypeVar, cast
@@ -298,6 +302,71 @@ def received(response: pb.ReceiveResponse,
                      m.node, send, m.group) for m in response.messages]
 
 
+class Arrivals:
+    """A consumer stream's messages received and not taken yet, in the order they may be taken.
+    One the leader sent ahead of its due time (``Delivered.hold_ms``) is held for its
+    ``hold_ms`` from the moment it arrived, on this host's monotonic clock: a clock set wrong
+    here or on the leader cannot release it early. The others may be taken at once.
+
+    Thread contract: `add` may be called from one thread (the stream's reader) while another
+    (the consumer's iterator) calls the rest: `add` only appends to a deque."""
+
+    def __init__(self, send: Callable[[Literal["ack", "nack"], str], None],
+                 clock_s: Callable[[], float] = time.monotonic) -> None:
+        self._send = send
+        self._clock_s = clock_s
+        self._incoming: deque[tuple[float, pb.ReceiveResponse]] = deque()
+        self._ready: deque[Received] = deque()
+        self._held: list[tuple[float, int, Received]] = []
+        """A heap of ``(release time, arrival order, message)``."""
+        self._order = itertools.count()
+
+    def add(self, response: pb.ReceiveResponse) -> None:
+        self._incoming.append((self._clock_s(), response))
+
+    @property
+    def waiting(self) -> bool:
+        """Whether messages wait to be taken now (or to be sorted): a stream reads its next
+        response once they are taken. Held messages do not count: the consumer's credits
+        bound them."""
+        return bool(self._ready) or bool(self._incoming)
+
+    def take(self) -> Received | None:
+        """The next message that may be taken now (None if none)."""
+        if not self._ready:
+            self.release()
+        return self._ready.popleft() if self._ready else None
+
+    def release(self) -> float | None:
+        """Make the held messages whose hold ended ready; the seconds until the next one's
+        hold ends (None if none is held)."""
+        while self._incoming:
+            arrived_s, response = self._incoming.popleft()
+            messages = received(response, self._send)
+            for message, delivered in zip(messages, response.messages, strict=True):
+                if delivered.hold_ms:
+                    heapq.heappush(self._held, (arrived_s + delivered.hold_ms / 1000,
+                                                next(self._order), message))
+                else:
+                    self._ready.append(message)
+        held = self._held
+        if not held:
+            return None
+        now_s = self._clock_s()
+        while held and held[0][0] <= now_s:
+            self._ready.append(heapq.heappop(held)[2])
+        return held[0][0] - now_s if held else None
+
+    def __len__(self) -> int:
+        return (len(self._ready) + len(self._held)
+                + sum(len(response.messages) for _, response in self._incoming))
+
+    def clear(self) -> None:
+        self._incoming.clear()
+        self._ready.clear()
+        self._held.clear()
+
+
 def receive_request(topic: str, consumer: str, group: str, max_messages: int,
                     invisible_duration_ms: int, wait_ms: int) -> pb.ReceiveMessagesRequest:
     return pb.ReceiveMessagesRequest(topic=topic, group=group, consumer=consumer,
@@ -316,7 +385,7 @@ def subscribe_request(topic: str, credits: int, visibility_timeout_ms: int,
                       name: str, group: str = "") -> pb.ReceiveRequest:
     return pb.ReceiveRequest(subscribe=pb.Subscribe(
         topic=topic, credits=credits, visibility_timeout_ms=visibility_timeout_ms,
-        consumer=name, group=group))
+        consumer=name, group=group, hold=True))
 
 
 def with_credits(subscribe: pb.ReceiveRequest, credits: int) -> pb.ReceiveRequest:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from typing import Literal, Protocol
 
 import grpc
@@ -16,12 +15,12 @@ from tickwheel.client._core import (
     ACK_LINGER_S,
     MAP_CHECK_S,
     RECONNECT_WAIT,
+    Arrivals,
     Credits,
     Queued,
     Received,
     Reconnect,
     merged_requests,
-    received,
     urgent,
     with_credits,
 )
@@ -66,6 +65,7 @@ class AsyncConsumer:
         self._ready = asyncio.Condition()
         self._readers: list[asyncio.Task[None]] = []
         self._turn = 0
+        self._held_s: float | None = None
         self._failure: BaseException | None = None
         self._closed = False
 
@@ -94,7 +94,9 @@ class AsyncConsumer:
                     raise self._failure
                 if self._closed:
                     raise StopAsyncIteration
-                await self._ready.wait()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._held_s):
+                        await self._ready.wait()
 
     async def close(self, timeout_s: float = 2.0) -> None:
         """See `tickwheel.client.Consumer.close`."""
@@ -135,12 +137,20 @@ class AsyncConsumer:
                 log.info("event=consumer_shards_added shards=%d", count)
 
     def _waiting(self, streams: list[AsyncShardStream] | None) -> AsyncShardStream | None:
+        """See `tickwheel.client.Consumer._waiting`."""
         streams = streams or []
+        self._held_s = None
         for offset in range(len(streams)):
             stream = streams[(self._turn + offset) % len(streams)]
+            was_waiting = stream.waiting
+            held_s = stream.release()
             if stream.waiting:
                 self._turn += offset + 1
                 return stream
+            if was_waiting:
+                self._ready.notify_all()
+            if held_s is not None and (self._held_s is None or held_s < self._held_s):
+                self._held_s = held_s
         return None
 
     async def _read(self, stream: AsyncShardStream) -> None:
@@ -171,7 +181,7 @@ class AsyncShardStream:
         self._client = client
         self._shard = shard
         self._subscribe = with_credits(subscribe, prefetch)
-        self._buffer: deque[Received] = deque()
+        self._arrivals = Arrivals(self._send)
         self._credits = Credits(prefetch)
         self._pending: list[Queued | None] = []
         self._wakeup = asyncio.Event()
@@ -182,24 +192,30 @@ class AsyncShardStream:
         self._closed = False
 
     def take(self) -> Received | None:
-        """The next message received, if one waits (None if not), and its credit."""
-        if self._buffer and self._call is not None and self._call.done():
+        """The next message received that may be taken now, if one waits (None if not), and
+        its credit."""
+        if self._call is not None and self._call.done() and len(self._arrivals):
             # As in the sync consumer: what a finished stream sent can no longer be
             # acknowledged, and the new leader sends it again, flagged.
             log.info("event=consumer_dropped_buffered messages=%d target=%s",
-                     len(self._buffer), self._address)
-            self._buffer.clear()
+                     len(self._arrivals), self._address)
+            self._arrivals.clear()
             self._drop_stream()
-        if not self._buffer:
+        message = self._arrivals.take()
+        if message is None:
             return None
         if credits := self._credits.handed_out():
             self._queue(("credit", credits))
-        return self._buffer.popleft()
+        return message
+
+    def release(self) -> float | None:
+        """`tickwheel.client._core.Arrivals.release`."""
+        return self._arrivals.release()
 
     @property
     def waiting(self) -> bool:
-        """Whether received messages wait to be taken."""
-        return bool(self._buffer)
+        """Whether received messages wait to be taken now (`Arrivals.waiting`)."""
+        return self._arrivals.waiting
 
     async def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (acks), end the stream, and wait up to ``timeout_s`` for the
@@ -294,4 +310,4 @@ class AsyncShardStream:
         if not isinstance(response, pb.ReceiveResponse):  # grpc.aio.EOF: the node ended it
             self._drop_stream()
             raise Reconnect
-        self._buffer.extend(received(response, self._send))
+        self._arrivals.add(response)

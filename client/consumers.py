@@ -1,17 +1,18 @@
 """The blocking client's consumer: a stream per shard, merged.
 
 A thread per shard reads its shard's stream (one response at a time, and only once what the
-last one brought has been taken), and the iterator takes from the shards in turn, so that
-every shard's messages flow and none waits behind another's. Another thread reads the shard
-map every `MAP_CHECK_S` and opens a stream to each shard a growth adds (a cluster of one
-shard grows too).
+last one brought has been taken, held messages aside), and the iterator takes from the shards
+in turn, so that every shard's messages flow and none waits behind another's. The streams
+subscribe with ``hold``: the leader sends a dispatch step's messages at once, and the iterator
+hands each out when its hold ends (`tickwheel.client._core.Arrivals`). Another thread reads
+the shard map every `MAP_CHECK_S` and opens a stream to each shard a growth adds (a cluster of
+one shard grows too).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -22,12 +23,12 @@ from tickwheel.client._core import (
     ACK_LINGER_S,
     MAP_CHECK_S,
     RECONNECT_WAIT,
+    Arrivals,
     Credits,
     Queued,
     Received,
     Reconnect,
     merged_requests,
-    received,
     urgent,
     with_credits,
 )
@@ -71,6 +72,7 @@ class Consumer:
         self._ready = threading.Condition()
         self._readers: list[threading.Thread] = []
         self._turn = 0
+        self._held_s: float | None = None
         self._failure: BaseException | None = None
         self._closed = False
 
@@ -94,7 +96,7 @@ class Consumer:
                         raise self._failure
                     if self._closed:
                         raise StopIteration
-                    self._ready.wait()
+                    self._ready.wait(self._held_s)
                     stream = self._waiting(self._streams)
             message = stream.take()
             if not stream.waiting:  # its reader may read on: wake it once, not per message
@@ -160,13 +162,22 @@ class Consumer:
                 reader.start()
 
     def _waiting(self, streams: list[ShardStream] | None) -> ShardStream | None:
-        """The next shard in turn with messages waiting."""
+        """The next shard in turn with a message to take now; `_held_s` is set to how long
+        until the first held message may be taken (None: none is held). Called with
+        ``_ready`` held: a reader whose response was all held is woken to read on."""
         streams = streams or []
+        self._held_s = None
         for offset in range(len(streams)):
             stream = streams[(self._turn + offset) % len(streams)]
+            was_waiting = stream.waiting
+            held_s = stream.release()
             if stream.waiting:
                 self._turn += offset + 1
                 return stream
+            if was_waiting:
+                self._ready.notify_all()
+            if held_s is not None and (self._held_s is None or held_s < self._held_s):
+                self._held_s = held_s
         return None
 
     def _read(self, stream: ShardStream) -> None:
@@ -233,36 +244,41 @@ class ShardStream:
         self._shard = shard
         self._subscribe = with_credits(subscribe, prefetch)
         self._credits = Credits(prefetch)
-        self._buffer: deque[Received] = deque()
+        self._arrivals = Arrivals(self._send)
         self._requests = Outbox()
         self._stream: _CallIterator[pb.ReceiveResponse] | None = None
         self._read_lock = threading.Lock()
         self._closed = False
 
     def take(self) -> Received | None:
-        """The next message received, if one waits (None if not), and its credit."""
+        """The next message received that may be taken now, if one waits (None if not), and
+        its credit. From the consumer's iterating thread only."""
         stream = self._stream
-        if self._buffer and stream is not None and not stream.is_active():
+        if stream is not None and not stream.is_active() and len(self._arrivals):
             self._drop_buffered()
-        if not self._buffer:
+        message = self._arrivals.take()
+        if message is None:
             return None
-        message = self._buffer.popleft()
         if credits := self._credits.handed_out():
             self._requests.put(("credit", credits))
         return message
 
+    def release(self) -> float | None:
+        """`Arrivals.release`, from the consumer's iterating thread."""
+        return self._arrivals.release()
+
     @property
     def waiting(self) -> bool:
-        """Whether received messages wait to be taken."""
-        return bool(self._buffer)
+        """Whether received messages wait to be taken now (`Arrivals.waiting`)."""
+        return self._arrivals.waiting
 
     def _drop_buffered(self) -> None:
         """The stream ended (its leader stepped down or died) while messages it sent wait
-        here: they can no longer be acknowledged, and the new leader sends them again
-        (flagged), so handing these out too would make an unflagged duplicate."""
-        log.info("event=consumer_dropped_buffered messages=%d target=%s", len(self._buffer),
+        here, held or not: they can no longer be acknowledged, and the new leader sends them
+        again (flagged), so handing these out too would make an unflagged duplicate."""
+        log.info("event=consumer_dropped_buffered messages=%d target=%s", len(self._arrivals),
                  self._address)
-        self._buffer.clear()
+        self._arrivals.clear()
         with self._read_lock:
             self._stream = None
 
@@ -345,7 +361,7 @@ class ShardStream:
             log.info("event=consumer_reconnect target=%s code=%s", self._address,
                      error.code().name)
             raise Reconnect from error
-        self._buffer.extend(received(response, self._send))
+        self._arrivals.add(response)
 
     def _outgoing(self, requests: Outbox) -> Iterator[pb.ReceiveRequest]:
         yield self._subscribe

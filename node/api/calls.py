@@ -242,7 +242,8 @@ def receive_response(batch: list[Sent], group: str, node: str,
                         deliver_at_ms=message.deliver_at_ms,
                         delivered_at_ms=sent.delivered_at_ms, attempt=sent.attempt,
                         possible_duplicate=delivery.possible_duplicate,
-                        receipt=sent.receipt, handle=handle, node=node, group=group)
+                        receipt=sent.receipt, handle=handle, node=node, group=group,
+                        hold_ms=sent.hold_ms)
         if sent.properties:
             delivered.properties.update(sent.properties)
     return response

@@ -166,7 +166,8 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                      subscribe.group)
             consumer = await node.courier.subscribe(subscribe.topic, subscribe.group,
                                                 subscribe.consumer or context.peer(),
-                                                subscribe.credits, timeout_ms)
+                                                subscribe.credits, timeout_ms,
+                                                hold=subscribe.hold)
         except NotLeader as error:
             async for response in self._proxy_receive(first, request_iterator, context, error,
                                                       principal):

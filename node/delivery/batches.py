@@ -25,8 +25,8 @@ around each message it passes on, and a margin."""
 DELIVERED_FIELDS_BYTES = 2 << 10
 """A `Delivered`'s fields other than its body and properties, at their largest, with its own
 framing in the response: id (256 bytes), topic (254: a dead-letter topic), group (128),
-receipt (32), the leader's address (a host name and a port: 259), four integers and a flag
-(41), tags and lengths (27); about 1 KiB in all."""
+receipt (32), the leader's address (a host name and a port: 259), five integers and a flag
+(46), tags and lengths (28); about 1 KiB in all."""
 PROPERTY_FRAMING_BYTES = 16
 """A property's map entry besides its key and value: tags and lengths (at most 12)."""
 

@@ -77,7 +77,8 @@ class CourierConfig:
     """A message granted ahead of its due time waits for the others of its hand-out due
     within this long after it, and goes with them at the last one's due time: one send (and
     one ack, one credit back) instead of one per due millisecond. A message with nothing due
-    soon after it goes at its own due time; one already due goes at once."""
+    soon after it goes at its own due time; one already due goes at once. To a consumer that
+    holds (``Subscribe.hold``) they all go at once, each with the wait it would have had."""
 
 
 class Courier:
@@ -141,10 +142,12 @@ class Courier:
         return self._epoch is not None
 
     async def subscribe(self, topic: str, group: str, name: str, credits: int,
-                        visibility_timeout_ms: int, mode: int = STREAM) -> Session:
-        """A new consumer of ``group`` of ``topic`` (the group is created if new); raises
-        `NotLeader` unless this node leads. A new leader takes consumers before it starts
-        dispatching, so they are ready when it does."""
+                        visibility_timeout_ms: int, mode: int = STREAM,
+                        hold: bool = False) -> Session:
+        """A new consumer of ``group`` of ``topic`` (the group is created if new), which
+        holds messages sent ahead of their due time if ``hold``; raises `NotLeader` unless
+        this node leads. A new leader takes consumers before it starts dispatching, so they
+        are ready when it does."""
         replica = self._replica
         if not replica.is_leader():
             raise NotLeader(replica.leader_hint())
@@ -156,12 +159,13 @@ class Courier:
             # be given a message: its stream would stay open and silent
             raise NotLeader(replica.leader_hint())
         consumer = Session(next(self._keys), topic, group, name, visibility_timeout_ms,
-                            credits, mode)
+                            credits, mode, hold)
         self._consumers[consumer.key] = consumer
         replica.join(ConsumerSlot(consumer.key, topic, group, credits, visibility_timeout_ms,
                                   mode))
         log.info("event=consumer_joined topic=%s group=%r consumer=%r credits=%d "
-                 "visibility_timeout_ms=%d", topic, group, name, credits, visibility_timeout_ms)
+                 "visibility_timeout_ms=%d hold=%s", topic, group, name, credits,
+                 visibility_timeout_ms, hold)
         if group == DEFAULT_GROUP and replica.groups().of_topic(topic):
             # a named group may have been created while this consumer was joining
             await self.ensure_group(topic, group)
@@ -262,8 +266,9 @@ class Courier:
 
     def _send_all(self, deliveries: list[Delivery]) -> None:
         """Send granted messages to their consumers, batched per consumer, while the leader's
-        tenure holds, each at its due time (the replica grants a little ahead, so the commit
-        round runs while they wait); a lease of a consumer gone meanwhile is released."""
+        tenure holds: each at its due time (the replica grants a little ahead, so the commit
+        round runs while they wait; `_windows` gathers the waits), or at once, with its wait
+        to hold, to a consumer that holds; a lease of a consumer gone meanwhile is released."""
         epoch = self._epoch
         deliveries = [d for d in deliveries if d.epoch == epoch]
         if not deliveries:
@@ -274,44 +279,58 @@ class Courier:
                 self._tenure_retry = self._loop.call_later(_RETRY_TENURE_S, self._send_held)
             return
         now_ms = self._clock_ms()
-        early = [d for d in deliveries if d.message.deliver_at_ms > now_ms]
-        if early:
-            deliveries = [d for d in deliveries if d.message.deliver_at_ms <= now_ms]
-            held_until_ms = min(d.message.deliver_at_ms for d in early) + self.config.max_hold_ms
-            send_ms = max(due_ms for d in early
-                          if (due_ms := d.message.deliver_at_ms) <= held_until_ms)
-            self._loop.call_later((send_ms - now_ms) / 1000, self._send_all, early)
         batches: dict[int, list[Sent]] = {}
         orphaned = []
-        receipts = encode_receipts([delivery.lease for delivery in deliveries],
-                                   self._replica.shard)
-        for delivery, receipt in zip(deliveries, receipts, strict=True):
-            consumer = self._consumers.get(delivery.consumer)
-            if consumer is None or consumer.closed is not None:
-                orphaned.append(delivery.lease)
-                continue
-            message = delivery.message
-            properties = message.properties
-            if TARGET_GROUP_PROPERTY in properties:
-                properties = {k: v for k, v in properties.items() if k != TARGET_GROUP_PROPERTY}
-            sent = Sent(delivery, receipt, message.attempt + delivery.lease.seq - 1, now_ms,
-                        properties)
-            consumer.unacked[sent.receipt] = sent
-            consumer.credits -= 1
-            batches.setdefault(consumer.key, []).append(sent)
+        for release_ms, group in self._sends_now(deliveries, now_ms):
+            receipts = encode_receipts([delivery.lease for delivery in group],
+                                       self._replica.shard)
+            for delivery, receipt in zip(group, receipts, strict=True):
+                consumer = self._consumers.get(delivery.consumer)
+                if consumer is None or consumer.closed is not None:
+                    orphaned.append(delivery.lease)
+                    continue
+                message = delivery.message
+                properties = message.properties
+                if TARGET_GROUP_PROPERTY in properties:
+                    properties = {k: v for k, v in properties.items()
+                                  if k != TARGET_GROUP_PROPERTY}
+                sent = Sent(delivery, receipt, message.attempt + delivery.lease.seq - 1,
+                            release_ms, properties, release_ms - now_ms)
+                consumer.unacked[sent.receipt] = sent
+                consumer.credits -= 1
+                batches.setdefault(consumer.key, []).append(sent)
         for key, batch in batches.items():
             consumer = self._consumers[key]
             for response in split(batch, self.config.max_batch_msgs,
                                   self.config.max_batch_bytes):
                 consumer.outbox.put_nowait(response)
             self._replica.sent(key, [sent.delivery.lease for sent in batch], now_ms)
-            self._trail.delivered(batch, consumer.group, self._term, now_ms)
+            self._trail.delivered(batch, consumer.group, self._term)
             self._metrics.observe_delivered(
                 consumer.topic, len(batch),
-                [max(0, now_ms - sent.delivery.message.deliver_at_ms)
+                [max(0, sent.delivered_at_ms - sent.delivery.message.deliver_at_ms)
                  for sent in batch if sent.attempt == 1])
         if orphaned:
             self._give_back(orphaned)
+
+    def _sends_now(self, deliveries: list[Delivery], now_ms: int
+                   ) -> list[tuple[int, list[Delivery]]]:
+        """What goes now, as ``(release time, deliveries)``: those due, and those of consumers
+        that hold, each with the end of its wait (`_windows`). The others granted ahead wait
+        here, for `_send_all` at their windows' times."""
+        early = [d for d in deliveries if d.message.deliver_at_ms > now_ms]
+        if not early:
+            return [(now_ms, deliveries)]
+        ahead: list[Delivery] = []
+        here: list[Delivery] = []
+        consumers = self._consumers
+        for delivery in early:
+            consumer = consumers.get(delivery.consumer)
+            (ahead if consumer is not None and consumer.hold else here).append(delivery)
+        for send_ms, window in _windows(here, self.config.max_hold_ms):
+            self._loop.call_later((send_ms - now_ms) / 1000, self._send_all, window)
+        due = [d for d in deliveries if d.message.deliver_at_ms <= now_ms]
+        return [(now_ms, due), *_windows(ahead, self.config.max_hold_ms)]
 
     def _send_held(self) -> None:
         self._tenure_retry = None
@@ -382,3 +401,20 @@ class Courier:
                     consumer.visibility_timeout_ms)
         consumer.stalled()
         self.unsubscribe(consumer)
+
+
+def _windows(early: list[Delivery], hold_ms: int) -> list[tuple[int, list[Delivery]]]:
+    """Messages granted ahead of their due time, as the sends they wait for (`CourierConfig.
+    max_hold_ms`): each send takes the first due message not taken yet and those due within
+    ``hold_ms`` after it, and goes at the last one's due time."""
+    early = sorted(early, key=lambda delivery: delivery.message.deliver_at_ms)
+    windows = []
+    start = 0
+    while start < len(early):
+        until_ms = early[start].message.deliver_at_ms + hold_ms
+        end = start + 1
+        while end < len(early) and early[end].message.deliver_at_ms <= until_ms:
+            end += 1
+        windows.append((early[end - 1].message.deliver_at_ms, early[start:end]))
+        start = end
+    return windows

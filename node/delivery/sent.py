@@ -20,7 +20,11 @@ class Sent:
     receipt: str
     attempt: int
     delivered_at_ms: int
+    """When the consumer may hand it to the application (the leader's clock): when it was
+    sent, or, sent ahead to a consumer that holds, the end of its hold."""
     properties: Mapping[str, str]
+    hold_ms: int = 0
+    """How long the consumer holds it after it arrives (``Delivered.hold_ms``)."""
     written: bool = False
     """Written to its consumer's stream: gRPC took the whole response, which a consumer that
     does not read stops (flow control) within a few megabytes."""

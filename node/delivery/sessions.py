@@ -22,6 +22,9 @@ class Session:
     credits: int
     mode: int = STREAM
     """Of its leases: `STREAM` (they end with it) or `DURABLE` (only at their deadline)."""
+    hold: bool = False
+    """It holds a message sent ahead of its due time until then (``Subscribe.hold``): the
+    courier sends it as soon as it is granted."""
     outbox: asyncio.Queue[list[Sent] | None] = field(default_factory=asyncio.Queue)
     """Batches to send; None once it is closed."""
     unacked: dict[str, Sent] = field(default_factory=dict)

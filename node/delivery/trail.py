@@ -97,7 +97,7 @@ class DeliveryTrail:
         self._write([DispatchStarted(event="dispatch_started", node=self._node, term=term,
                                      epoch=epoch, cursor=list(cursor), takeover_ms=takeover_ms)])
 
-    def delivered(self, batch: list[Sent], group: str, term: int, delivered_at_ms: int) -> None:
+    def delivered(self, batch: list[Sent], group: str, term: int) -> None:
         if self._file is None:
             return
         # The hottest line a leader writes (one per message sent): formatted by hand, since
@@ -110,7 +110,7 @@ class DeliveryTrail:
             f'{head}{s.delivery.epoch},"id":{encode_basestring_ascii(s.delivery.message.id)},'
             f'"topic":"{s.delivery.message.topic}","handle":{s.delivery.message.handle},'
             f'"deliver_at_ms":{s.delivery.message.deliver_at_ms},'
-            f'"delivered_at_ms":{delivered_at_ms},'
+            f'"delivered_at_ms":{s.delivered_at_ms},'
             f'"position":[{s.delivery.message.slot_second},{s.delivery.message.local_index}],'
             f'"lease":{s.delivery.lease.seq},'
             f'"possible_duplicate":{"true" if s.delivery.possible_duplicate else "false"},'

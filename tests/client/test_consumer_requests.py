@@ -6,16 +6,27 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
 from tickwheel.client import consumers
-from tickwheel.client._core import ACK_LINGER_S, Credits, subscribe_request
-from tickwheel.client.aio_consumers import AsyncShardStream
+from tickwheel.client._core import ACK_LINGER_S, Arrivals, Credits, Received, subscribe_request
+from tickwheel.client.aio_consumers import AsyncConsumer, AsyncShardStream
 from tickwheel.client.consumers import Consumer, Outbox, ShardStream
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 SUBSCRIBE = subscribe_request("orders", 64, 0, "c1")
+
+
+def batch(*ids: str, hold_ms: int = 0) -> pb.ReceiveResponse:
+    """A response a node sends: messages of these ids, each held ``hold_ms``."""
+    return pb.ReceiveResponse(messages=[pb.Delivered(id=id_, topic="orders", receipt=f"r-{id_}",
+                                                     hold_ms=hold_ms) for id_ in ids])
+
+
+def ids(messages: list[Received | None]) -> list[str | None]:
+    return [None if m is None else m.id for m in messages]
 
 
 def test_credits_go_back_a_batch_at_a_time_and_the_node_keeps_most_of_the_prefetch() -> None:
@@ -31,10 +42,10 @@ def test_credits_go_back_a_batch_at_a_time_and_the_node_keeps_most_of_the_prefet
 
 def test_a_consumer_that_empties_its_buffer_does_not_send_a_credit_for_each_batch() -> None:
     consumer = ShardStream(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
-    consumer._buffer.extend(["m1", "m2", "m3"])  # type: ignore[list-item]
-    assert [consumer.take() for _ in range(3)] == ["m1", "m2", "m3"]
+    consumer._arrivals.add(batch("m1", "m2", "m3"))
+    assert ids([consumer.take() for _ in range(3)]) == ["m1", "m2", "m3"]
     assert consumer._requests._items == []  # 3 of a batch of 8: nothing owed yet
-    consumer._buffer.extend(["m4", "m5", "m6", "m7", "m8"])  # type: ignore[list-item]
+    consumer._arrivals.add(batch("m4", "m5", "m6", "m7", "m8"))
     [consumer.take() for _ in range(5)]
     assert consumer._requests.take(0) == [("credit", 8)]
 
@@ -81,13 +92,13 @@ def test_acks_within_a_linger_wake_the_sending_thread_once(
 def test_the_async_consumer_credits_in_batches_and_lets_acks_wait() -> None:
     async def run() -> None:
         consumer = AsyncShardStream(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
-        consumer._buffer.extend(["m1", "m2", "m3"])  # type: ignore[list-item]
+        consumer._arrivals.add(batch("m1", "m2", "m3"))
         for _ in range(3):
             consumer.take()
         assert consumer._pending == []
         consumer._send("ack", "r1")
         assert consumer._wakeup.is_set() and not consumer._flush.is_set()
-        consumer._buffer.extend(["m4", "m5", "m6", "m7", "m8"])  # type: ignore[list-item]
+        consumer._arrivals.add(batch("m4", "m5", "m6", "m7", "m8"))
         for _ in range(5):
             consumer.take()
         assert consumer._pending == [("ack", "r1"), ("credit", 8)]
@@ -103,7 +114,7 @@ def test_taking_a_batch_wakes_its_reader_once_it_is_emptied(
     batch (the reader then reads the next), not for each message it takes."""
     consumer = Consumer(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
     stream = ShardStream(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
-    stream._buffer.extend([f"m{k}" for k in range(8)])  # type: ignore[misc]
+    stream._arrivals.add(batch(*(f"m{k}" for k in range(8))))
     consumer._streams = [stream]
     wakes = []
     notify_all = threading.Condition.notify_all
@@ -113,7 +124,7 @@ def test_taking_a_batch_wakes_its_reader_once_it_is_emptied(
             wakes.append(stream.waiting)
         notify_all(condition)
     monkeypatch.setattr(threading.Condition, "notify_all", counted)
-    assert [next(consumer) for _ in range(8)] == [f"m{k}" for k in range(8)]
+    assert ids([next(consumer) for _ in range(8)]) == [f"m{k}" for k in range(8)]
     assert wakes == [False]
 
 
@@ -132,3 +143,62 @@ def test_a_read_on_an_open_stream_sets_up_no_retrying(monkeypatch: pytest.Monkey
     for _ in range(3):
         stream.receive()
     assert made == []
+
+
+def test_a_held_message_is_taken_once_its_hold_ends_and_the_others_at_once() -> None:
+    """Held messages wait their ``hold_ms`` from their arrival, on the consumer's clock, and
+    come out in the order their holds end (arrival order among equals); a message without a
+    hold is taken at once, even behind held ones."""
+    now_s = [100.0]
+    arrivals = Arrivals(lambda kind, receipt: None, lambda: now_s[0])
+    arrivals.add(batch("late", hold_ms=30))
+    arrivals.add(batch("soon-1", "soon-2", hold_ms=10))
+    now_s[0] += 0.005
+    arrivals.add(batch("due"))
+    assert ids([arrivals.take(), arrivals.take()]) == ["due", None]
+    assert len(arrivals) == 3 and not arrivals.waiting  # the held ones do not stop the reader
+    assert arrivals.release() == pytest.approx(0.005)
+    now_s[0] += 0.0051
+    assert ids([arrivals.take(), arrivals.take(), arrivals.take()]) == ["soon-1", "soon-2", None]
+    assert arrivals.release() == pytest.approx(0.0199)
+    now_s[0] += 0.0198
+    assert arrivals.take() is None
+    now_s[0] += 0.0002
+    assert ids([arrivals.take()]) == ["late"]
+    assert arrivals.release() is None and len(arrivals) == 0
+
+
+def test_a_reader_whose_response_was_all_held_is_woken_to_read_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The iterating thread sorts a response that is all held as soon as it looks, and
+    wakes the shard's reader then: a message due now in the next response must not wait
+    behind the hold. It takes the held message once its hold ends."""
+    consumer = Consumer(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
+    stream = ShardStream(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
+    stream._arrivals.add(batch("held", hold_ms=50))
+    consumer._streams = [stream]
+    wakes = []
+    notify_all = threading.Condition.notify_all
+
+    def counted(condition: threading.Condition) -> None:
+        if condition is consumer._ready:  # not the other threads' of this worker
+            wakes.append(len(stream._arrivals))
+        notify_all(condition)
+    monkeypatch.setattr(threading.Condition, "notify_all", counted)
+    started_s = time.monotonic()
+    assert next(consumer).id == "held"
+    assert time.monotonic() - started_s >= 0.05
+    assert wakes == [1, 0]  # the reader woken while the message was held, and once it left
+
+
+def test_the_async_consumer_waits_out_a_hold() -> None:
+    async def run() -> float:
+        consumer = AsyncConsumer(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
+        stream = AsyncShardStream(None, SUBSCRIBE, 64)  # type: ignore[arg-type]
+        consumer._streams = [stream]
+        stream._arrivals.add(batch("held", hold_ms=50))
+        started_s = time.monotonic()
+        assert (await anext(consumer)).id == "held"
+        return time.monotonic() - started_s
+
+    assert asyncio.run(run()) >= 0.05

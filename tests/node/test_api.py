@@ -566,3 +566,103 @@ def test_pending_per_topic_is_replicated_falls_with_cancels_and_acks_and_survive
         shutil.rmtree(wiped.data)
         fresh.start(wiped)
         wait_pending(fresh.nodes, {"pa": 24, "pb": 17}, "on a wiped follower, from a snapshot")
+
+
+def _due_over_120_ms(client: Client, name: str, count: int = 60) -> int:
+    """Schedules ``count`` messages of topic ``name`` due 2 ms apart from 1.5 s on: the
+    leader grants a step's messages up to 30 ms ahead. Returns the first due time."""
+    first_ms = now_ms() + 1_500
+    client.schedule_many(Message(name, b"x", deliver_at_ms=first_ms + 2 * i, id=f"{name}-{i}")
+                         for i in range(count))
+    return first_ms
+
+
+@pytest.mark.cluster
+def test_only_a_stream_that_holds_gets_messages_before_they_are_due(
+        cluster: LocalCluster, client: Client) -> None:
+    """Two raw streams, in two groups of one topic. The one that did not subscribe with
+    ``hold`` (an older client, or one that hands messages out at once) never gets a message
+    before it is due. The one that did gets messages ahead, each with ``hold_ms``:
+    ``delivered_at_ms`` is the end of the hold, counted from when the leader sent it."""
+    name = topic()
+    for group in ("plain", "holding"):
+        client.create_group(name, group)
+    arrived: dict[str, list[tuple[int, int, pb.Delivered]]] = {"plain": [], "holding": []}
+    done = threading.Event()
+
+    def read(group: str) -> None:
+        def requests() -> Iterator[pb.ReceiveRequest]:
+            yield pb.ReceiveRequest(subscribe=pb.Subscribe(
+                topic=name, group=group, credits=100, hold=group == "holding"))
+            done.wait(30)
+        for response_number, response in enumerate(
+                cluster.leader().stub.Receive(requests(), timeout=30)):
+            arrived_ms = now_ms()
+            arrived[group] += [(response_number, arrived_ms, m) for m in response.messages]
+            if len(arrived[group]) >= 60:
+                return
+    readers = [threading.Thread(target=read, args=(group,)) for group in arrived]
+    for reader in readers:
+        reader.start()
+    wait_for(lambda: client.cluster_info() is not None and sum(
+        g.consumers for g in client.cluster_info().groups if g.topic == name) == 2, 10,
+        "both streams to subscribe")
+    _due_over_120_ms(client, name)
+    for reader in readers:
+        reader.join(30)
+    done.set()
+    plain, holding = arrived["plain"], arrived["holding"]
+    assert len(plain) == len(holding) == 60
+    for _, arrived_ms, message in plain:
+        assert message.hold_ms == 0
+        assert arrived_ms >= message.delivered_at_ms >= message.deliver_at_ms
+    ahead = [(arrived_ms, m) for _, arrived_ms, m in holding if m.hold_ms]
+    assert ahead, "the leader sent nothing ahead to the stream that holds"
+    for arrived_ms, message in ahead:
+        assert arrived_ms < message.deliver_at_ms  # it came early, and says how long to hold
+        assert message.delivered_at_ms >= message.deliver_at_ms
+        assert message.delivered_at_ms - message.hold_ms <= arrived_ms
+    assert len({n for n, _, _ in holding}) < len({n for n, _, _ in plain})
+
+
+def _taken_sync(client: Client, name: str) -> list[tuple[int, int]]:
+    """When the blocking consumer handed out each of `_due_over_120_ms`'s messages, and its
+    due time."""
+    taken = []
+    with client.consume(name) as consumer:
+        _due_over_120_ms(client, name)
+        for message in consumer:
+            taken.append((now_ms(), message.deliver_at_ms))
+            message.ack()
+            if len(taken) == 60:
+                break
+    return taken
+
+
+async def _taken_async(cluster: LocalCluster, client: Client, name: str
+                       ) -> list[tuple[int, int]]:
+    """`_taken_sync` for the asyncio consumer."""
+    taken = []
+    async with AsyncClient([n.grpc_address for n in cluster.nodes],
+                           credentials=cluster.credentials()) as aclient, \
+            aclient.consume(name) as consumer:
+        await asyncio.to_thread(_due_over_120_ms, client, name)
+        async for message in consumer:
+            taken.append((now_ms(), message.deliver_at_ms))
+            message.ack()
+            if len(taken) == 60:
+                break
+    return taken
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("kind", ["sync", "asyncio"])
+def test_a_library_consumer_hands_out_no_message_before_it_is_due(
+        cluster: LocalCluster, client: Client, kind: str) -> None:
+    """The library's consumers subscribe with ``hold`` and get messages ahead of their due
+    time: neither hands one to the application early."""
+    name = topic()
+    taken = (_taken_sync(client, name) if kind == "sync"
+             else asyncio.run(_taken_async(cluster, client, name)))
+    assert len(taken) == 60
+    assert [(at, due) for at, due in taken if at < due] == []

@@ -249,3 +249,40 @@ def test_messages_granted_ahead_go_out_together_when_the_last_of_a_few_ms_is_due
         for sent in batch:
             assert sent.delivered_at_ms >= sent.delivery.message.deliver_at_ms
     assert [count for count, _ in replica.reports] == [3, 1]
+
+
+def test_a_consumer_that_holds_gets_a_hand_out_at_once_with_the_wait_of_each_message(
+        tmp_path: Path) -> None:
+    """To a consumer that subscribed with ``hold`` the same hand-out goes in one send as soon
+    as it is granted, each message with its hold: the time left until its window's send
+    (the same windows as above), and ``delivered_at_ms`` the end of that hold."""
+    replica = LeadingReplica()
+
+    def now_ms() -> int:
+        return time.time_ns() // 1_000_000
+
+    async def deliver() -> tuple[int, list[object], int]:
+        courier = Courier(CourierConfig(max_hold_ms=4), RetryPolicy(parse_levels(DEFAULT_LEVELS)),
+                          now_ms, DeliveryTrail(tmp_path / "trail", "n0", 0), Metrics())
+        courier.attach(replica)  # type: ignore[arg-type]
+        courier.dispatch_started(1, 1, Cursor(0, 0), 0)
+        await asyncio.sleep(0)
+        consumer = await courier.subscribe("orders", "billing", "c1", 10, 30_000, hold=True)
+        first_ms = now_ms() + 200
+        dues = [first_ms + 40, first_ms, first_ms + 1, first_ms + 3, first_ms - 300]
+        courier.deliver([
+            Delivery(DueMessage(f"m{i}", "orders", b"x", {}, due_ms, i, due_ms // 1000, i),
+                     consumer.key, LeaseRef(1, i, 1, 7), False, 1)
+            for i, due_ms in enumerate(dues)])
+        batch = await asyncio.wait_for(consumer.next_batch(), 5)
+        return first_ms, batch, consumer.outbox.qsize()
+
+    first_ms, batch, left = asyncio.run(deliver())
+    assert left == 0
+    assert [sent.delivery.message.id for sent in batch] == ["m4", "m1", "m2", "m3", "m0"]
+    sent_ms = {sent.delivered_at_ms - sent.hold_ms for sent in batch}
+    assert len(sent_ms) == 1 and sent_ms.pop() < first_ms  # one send, long before any was due
+    assert [sent.delivered_at_ms for sent in batch][1:] == [first_ms + 3] * 3 + [first_ms + 40]
+    assert batch[0].hold_ms == 0  # already due: at once
+    assert all(sent.hold_ms > 0 for sent in batch[1:])
+    assert [count for count, _ in replica.reports] == [5]

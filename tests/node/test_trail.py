@@ -31,7 +31,7 @@ def test_delivered_lines_are_the_json_of_each_event(tmp_path_factory, ids: list[
                            1_700_000_000 + i, i) for i, id_ in enumerate(ids)]
     trail.delivered([Sent(Delivery(m, 9, LeaseRef(1, m.handle, 2, 77), duplicate, 3),
                             "receipt", attempt, 1_700_000_000_123, {}) for m in messages],
-                      group, 7, 1_700_000_000_123)
+                      group, 7)
     trail.dispatch_started(8, 4, Cursor(1_700_000_001, 2), 1_700_000_001_000)
     trail.close()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -57,7 +57,7 @@ def test_the_trail_rotates_and_never_holds_more_than_its_bound(tmp_path: Path) -
     path = tmp_path / "deliveries.jsonl"
     trail = DeliveryTrail(path, "n0", max_bytes=16_384)
     for start in range(0, 2_000, 20):
-        trail.delivered(_batch(start, 20), "", 1, 1_700_000_000_123)
+        trail.delivered(_batch(start, 20), "", 1)
         on_disk = sum(p.stat().st_size for p in files(tmp_path))
         assert on_disk <= 16_384 + 20 * 400, on_disk
     trail.close()
@@ -70,7 +70,7 @@ def test_the_trail_rotates_and_never_holds_more_than_its_bound(tmp_path: Path) -
 def test_a_trail_of_zero_bytes_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "deliveries.jsonl"
     trail = DeliveryTrail(path, "n0", max_bytes=0)
-    trail.delivered(_batch(0, 5), "", 1, 1_700_000_000_123)
+    trail.delivered(_batch(0, 5), "", 1)
     trail.dispatch_started(1, 1, Cursor(1, 0), 1)
     trail.close()
     assert files(tmp_path) == []
