@@ -53,12 +53,15 @@ DEFAULT_TARGET = "127.0.0.1:7400"
 
 CREDIT_BATCH_DIVISOR = 8
 """A consumer returns credits in batches of ``prefetch // CREDIT_BATCH_DIVISOR`` (at least 1)."""
-ACK_LINGER_S = 0.01
+ACK_LINGER_S = 0.025
 """How long a consumer stream's acks and nacks wait for others before they are sent, so that
 one request carries many: a request per delivery batch made the leader spend more on gRPC
 reads than on the messages, and the consumer as much on its writes (acks go to Raft with the
-leader's next turn, so an ack sent sooner is applied no sooner). Credits due and the end of
-the stream go at once, and take what waits with them."""
+leader's next turn, so an ack sent sooner is applied no sooner). A slow rate's dispatch step
+comes every 20 ms and its messages are handed out over that span: 25 ms takes a step's acks
+in about one request (10 ms took two or three; at 1,000 msg/s the leader spent 7 % and the
+clients 13 % less a message with 25). Credits due and the end of the stream go at once, and
+take what waits with them."""
 
 
 class Credits:
