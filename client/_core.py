@@ -285,6 +285,9 @@ class Received:
     """``send(kind, receipt)``: queue an "ack" or a "nack" on the consumer's stream."""
     group: str = ""
     """The consumer group it was handed out to ("" : the topic's default group)."""
+    hold_ms: int = 0
+    """How long the consumer held it after it arrived before handing it out (the leader
+    sent it ahead of its due time; `Arrivals`)."""
 
     @property
     def lateness_ms(self) -> int:
@@ -302,7 +305,7 @@ def received(response: pb.ReceiveResponse,
     return [Received(m.id, m.topic, m.body, dict(m.properties) if m.properties else {},
                      m.deliver_at_ms,
                      m.delivered_at_ms, m.attempt, m.possible_duplicate, m.receipt, m.handle,
-                     m.node, send, m.group) for m in response.messages]
+                     m.node, send, m.group, m.hold_ms) for m in response.messages]
 
 
 class Arrivals:
@@ -345,10 +348,9 @@ class Arrivals:
         hold ends (None if none is held)."""
         while self._incoming:
             arrived_s, response = self._incoming.popleft()
-            messages = received(response, self._send)
-            for message, delivered in zip(messages, response.messages, strict=True):
-                if delivered.hold_ms:
-                    heapq.heappush(self._held, (arrived_s + delivered.hold_ms / 1000,
+            for message in received(response, self._send):
+                if message.hold_ms:
+                    heapq.heappush(self._held, (arrived_s + message.hold_ms / 1000,
                                                 next(self._order), message))
                 else:
                     self._ready.append(message)
