@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
+import logging
 import time
 import uuid
 from collections import deque
@@ -24,6 +25,8 @@ from tickwheel.client.credentials import Credentials
 from tickwheel.client.errors import TickwheelClientError, retryable
 from tickwheel.client.routing import ShardRouters
 from tickwheel.v1 import tickwheel_pb2 as pb
+
+log = logging.getLogger("tickwheel.client")
 
 CONNECT_TIMEOUT_MS = 1_000
 """How long a new connection may take, handshake included (gRPC's default: 20 s). A call opened
@@ -314,14 +317,15 @@ class Arrivals:
     ``hold_ms`` from the moment it arrived, on this host's monotonic clock: a clock set wrong
     here or on the leader cannot release it early. The others may be taken at once.
 
-    Thread contract: `add` may be called from one thread (the stream's reader) while another
-    (the consumer's iterator) calls the rest: `add` only appends to a deque."""
+    Thread contract: `add` and `broke` may be called from one thread (the stream's reader)
+    while another (the consumer's iterator) calls the rest: they only append to a deque."""
 
     def __init__(self, send: Callable[[Literal["ack", "nack"], str], None],
                  clock_s: Callable[[], float] = time.monotonic) -> None:
         self._send = send
         self._clock_s = clock_s
-        self._incoming: deque[tuple[float, pb.ReceiveResponse]] = deque()
+        self._incoming: deque[tuple[float, pb.ReceiveResponse] | None] = deque()
+        """Responses not sorted yet, in order, and None where a stream broke."""
         self._ready: deque[Received] = deque()
         self._held: list[tuple[float, int, Received]] = []
         """A heap of ``(release time, arrival order, message)``."""
@@ -329,6 +333,14 @@ class Arrivals:
 
     def add(self, response: pb.ReceiveResponse) -> None:
         self._incoming.append((self._clock_s(), response))
+
+    def broke(self) -> None:
+        """The stream that brought what came so far ended, and another begins: what came
+        before is dropped, held or not. Its leases ended with its stream, and the next lease
+        of each message is flagged, so handing these out too would make an unflagged
+        duplicate (the reader reconnects while messages are held: held ones do not keep it
+        from reading)."""
+        self._incoming.append(None)
 
     @property
     def waiting(self) -> bool:
@@ -347,7 +359,15 @@ class Arrivals:
         """Make the held messages whose hold ended ready; the seconds until the next one's
         hold ends (None if none is held)."""
         while self._incoming:
-            arrived_s, response = self._incoming.popleft()
+            item = self._incoming.popleft()
+            if item is None:
+                if dropped := len(self._ready) + len(self._held):
+                    log.info("event=consumer_dropped_buffered messages=%d reason=reconnected",
+                             dropped)
+                self._ready.clear()
+                self._held.clear()
+                continue
+            arrived_s, response = item
             for message in received(response, self._send):
                 if message.hold_ms:
                     heapq.heappush(self._held, (arrived_s + message.hold_ms / 1000,
@@ -364,7 +384,7 @@ class Arrivals:
 
     def __len__(self) -> int:
         return (len(self._ready) + len(self._held)
-                + sum(len(response.messages) for _, response in self._incoming))
+                + sum(len(item[1].messages) for item in self._incoming if item is not None))
 
     def clear(self) -> None:
         self._incoming.clear()

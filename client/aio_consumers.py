@@ -267,6 +267,7 @@ class AsyncShardStream:
             metadata=self._client._metadata)
         self._pending.clear()
         self._credits.reset()
+        self._arrivals.broke()
         self._writer = asyncio.create_task(self._write(call))
         return call
 

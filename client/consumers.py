@@ -339,6 +339,7 @@ class ShardStream:
         self._requests.put(None)  # ends the request generator of the previous stream
         self._requests = Outbox()
         self._credits.reset()
+        self._arrivals.broke()
         if self._closed:  # closed from another thread since the check: end the new stream too
             self._requests.put(None)
         self._address, self._stream = self._client._open_stream(self._outgoing(self._requests),

@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 
+import grpc
 import pytest
 
 from tickwheel.client import consumers
@@ -202,3 +203,88 @@ def test_the_async_consumer_waits_out_a_hold() -> None:
         return time.monotonic() - started_s
 
     assert asyncio.run(run()) >= 0.05
+
+
+class Unavailable(grpc.RpcError):
+    """What a stream raises when its leader goes away."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "the leader went away"
+
+
+class Call:
+    """A consumer stream as grpc hands it out: its responses, then an error or a wait."""
+
+    def __init__(self, responses: list[pb.ReceiveResponse], error: bool) -> None:
+        self._responses = responses
+        self._error = error
+        self._ended = threading.Event()
+
+    def __iter__(self) -> Call:
+        return self
+
+    def __next__(self) -> pb.ReceiveResponse:
+        if self._responses:
+            return self._responses.pop(0)
+        if self._error:
+            raise Unavailable
+        self._ended.wait(30)
+        raise StopIteration
+
+    def is_active(self) -> bool:
+        return not self._ended.is_set()
+
+    def cancel(self) -> None:
+        self._ended.set()
+
+
+class Leaders:
+    """A client whose first stream brings a held message and breaks, and whose next one
+    (the new leader) brings another."""
+
+    def __init__(self) -> None:
+        self.calls = [Call([batch("old", hold_ms=50)], error=True), Call([batch("new")], False)]
+
+    def _open_stream(self, requests: object, shard: int) -> tuple[str, Call]:
+        return f"leader-{len(self.calls)}", self.calls.pop(0)
+
+    def _route_failed(self, address: str, error: object, shard: int) -> None:
+        pass
+
+
+def test_a_held_message_of_a_stream_that_broke_is_never_handed_out() -> None:
+    """Held messages do not keep a stream's reader from reading, so it can meet the stream's
+    end and reconnect while they are held. They came under leases that ended with that
+    stream (the next leader sends them again, flagged): handed out once their hold ended,
+    each would be an unflagged duplicate."""
+    now_s = [100.0]
+    client = Leaders()
+    consumer = Consumer(client, SUBSCRIBE, 64)  # type: ignore[arg-type]
+    stream = ShardStream(client, SUBSCRIBE, 64)  # type: ignore[arg-type]
+    stream._arrivals = Arrivals(stream._send, lambda: now_s[0])
+    consumer._streams = [stream]
+    reader = threading.Thread(target=consumer._read, args=(stream,), daemon=True)
+    reader.start()
+    try:
+        assert next(consumer).id == "new"
+        now_s[0] += 1  # the old message's hold is long over
+        assert stream.take() is None and len(stream._arrivals) == 0
+    finally:
+        consumer.close(0)  # cancels the open stream
+        reader.join(5)
+
+
+def test_what_came_before_a_break_is_dropped_and_what_came_after_is_kept() -> None:
+    """`Arrivals.broke` marks where one stream ended and the next began (both consumers,
+    sync and asyncio, mark it when they reconnect)."""
+    now_s = [100.0]
+    arrivals = Arrivals(lambda kind, receipt: None, lambda: now_s[0])
+    arrivals.add(batch("ready-old"))
+    arrivals.add(batch("held-old", hold_ms=10))
+    arrivals.broke()
+    arrivals.add(batch("held-new", hold_ms=10))
+    now_s[0] += 1
+    assert ids([arrivals.take(), arrivals.take()]) == ["held-new", None]
