@@ -13,7 +13,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Literal, NamedTuple, TypedDict, TypeVar, cast
+from typing import Generic, Literal, NamedTuple, Protocol, TypedDict, TypeVar, cast
 
 import grpc
 from tenacity import retry_if_exception, stop_after_delay, wait_random_exponential
@@ -390,6 +390,39 @@ class Arrivals:
         self._incoming.clear()
         self._ready.clear()
         self._held.clear()
+
+
+class Releasing(Protocol):
+    """A shard stream as a consumer's iterator sees it (`Arrivals`' view of it)."""
+
+    @property
+    def waiting(self) -> bool: ...
+
+    def release(self) -> float | None: ...
+
+
+StreamT = TypeVar("StreamT", bound=Releasing)
+
+
+def next_in_turn(streams: Sequence[StreamT], turn: int, wake: Callable[[], None]
+                 ) -> tuple[StreamT | None, int, float | None]:
+    """For a consumer's iterator, both kinds: the next of ``streams`` from ``turn`` with a
+    message to take now (None if none), the turn after it, and how long until the first
+    held message may be taken (None: none is held). ``wake`` (the readers' condition's
+    ``notify_all``, with it held) is called when a stream's response turned out all held:
+    its reader may read on."""
+    held_s: float | None = None
+    for offset in range(len(streams)):
+        stream = streams[(turn + offset) % len(streams)]
+        was_waiting = stream.waiting
+        stream_held_s = stream.release()
+        if stream.waiting:
+            return stream, turn + offset + 1, held_s
+        if was_waiting:
+            wake()
+        if stream_held_s is not None and (held_s is None or stream_held_s < held_s):
+            held_s = stream_held_s
+    return None, turn, held_s
 
 
 def receive_request(topic: str, consumer: str, group: str, max_messages: int,

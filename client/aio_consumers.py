@@ -21,6 +21,7 @@ from tickwheel.client._core import (
     Received,
     Reconnect,
     merged_requests,
+    next_in_turn,
     urgent,
     with_credits,
 )
@@ -138,20 +139,9 @@ class AsyncConsumer:
 
     def _waiting(self, streams: list[AsyncShardStream] | None) -> AsyncShardStream | None:
         """See `tickwheel.client.Consumer._waiting`."""
-        streams = streams or []
-        self._held_s = None
-        for offset in range(len(streams)):
-            stream = streams[(self._turn + offset) % len(streams)]
-            was_waiting = stream.waiting
-            held_s = stream.release()
-            if stream.waiting:
-                self._turn += offset + 1
-                return stream
-            if was_waiting:
-                self._ready.notify_all()
-            if held_s is not None and (self._held_s is None or held_s < self._held_s):
-                self._held_s = held_s
-        return None
+        stream, self._turn, self._held_s = next_in_turn(streams or [], self._turn,
+                                                        self._ready.notify_all)
+        return stream
 
     async def _read(self, stream: AsyncShardStream) -> None:
         """A shard's reader: receive a batch once the last one was taken, until closed."""

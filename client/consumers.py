@@ -29,6 +29,7 @@ from tickwheel.client._core import (
     Received,
     Reconnect,
     merged_requests,
+    next_in_turn,
     urgent,
     with_credits,
 )
@@ -162,23 +163,12 @@ class Consumer:
                 reader.start()
 
     def _waiting(self, streams: list[ShardStream] | None) -> ShardStream | None:
-        """The next shard in turn with a message to take now; `_held_s` is set to how long
-        until the first held message may be taken (None: none is held). Called with
-        ``_ready`` held: a reader whose response was all held is woken to read on."""
-        streams = streams or []
-        self._held_s = None
-        for offset in range(len(streams)):
-            stream = streams[(self._turn + offset) % len(streams)]
-            was_waiting = stream.waiting
-            held_s = stream.release()
-            if stream.waiting:
-                self._turn += offset + 1
-                return stream
-            if was_waiting:
-                self._ready.notify_all()
-            if held_s is not None and (self._held_s is None or held_s < self._held_s):
-                self._held_s = held_s
-        return None
+        """The next shard in turn with a message to take now (`next_in_turn`); `_held_s` is
+        set to how long until the first held message may be taken. Called with ``_ready``
+        held."""
+        stream, self._turn, self._held_s = next_in_turn(streams or [], self._turn,
+                                                        self._ready.notify_all)
+        return stream
 
     def _read(self, stream: ShardStream) -> None:
         """A shard's reader: receive a batch once the last one was taken, until closed."""
