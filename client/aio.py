@@ -45,6 +45,7 @@ from tickwheel.client._core import (
     subscribe_request,
 )
 from tickwheel.client.aio_consumers import AsyncConsumer
+from tickwheel.client.coalescing import AsyncCoalescer
 from tickwheel.client.credentials import Credentials, open_aio_channel
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
@@ -86,6 +87,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         """One per channel: a stub builds a callable for every method of the service."""
         self._metadata = self._credentials.call_metadata()
         """The token, on every call (`open_aio_channel`'s channels carry none)."""
+        self._coalescer = AsyncCoalescer(self.schedule_many)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -94,6 +96,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         await self.close()
 
     async def close(self) -> None:
+        await self._coalescer.wait_sent()
         if self._settling:
             await asyncio.gather(*self._settling, return_exceptions=True)
         for channel in self._channels.values():
@@ -105,10 +108,12 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
                        delay_ms: int | None = None, delay_level: int | None = None,
                        id: str | None = None, properties: Mapping[str, str] | None = None,
                        routing_key: str = "") -> Scheduled:
+        """See `tickwheel.client.Client.schedule`: calls from several tasks at once share
+        requests."""
         message = Message(topic, body, deliver_at_ms, delay_ms, properties=properties or {},
                           delay_level=delay_level, routing_key=routing_key,
                           **({"id": id} if id else {}))
-        return (await self.schedule_many([message]))[0]
+        return await self._coalescer.schedule(message)
 
     async def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
         batch = list(messages)

@@ -47,6 +47,7 @@ from tickwheel.client._core import (
     subscribe_request,
     trailers,
 )
+from tickwheel.client.coalescing import Coalescer
 from tickwheel.client.consumers import Consumer
 from tickwheel.client.credentials import Credentials, open_channel
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
@@ -98,6 +99,7 @@ class Client(ClientBase[grpc.Channel]):
         self._pool: ThreadPoolExecutor | None = None
         self._stubs: dict[str, pb_grpc.TickwheelStub] = {}
         """One per channel: a stub builds a callable for every method of the service."""
+        self._coalescer = Coalescer(self.schedule_many)
 
     def __enter__(self) -> Client:
         return self
@@ -120,11 +122,12 @@ class Client(ClientBase[grpc.Channel]):
                  id: str | None = None, properties: Mapping[str, str] | None = None,
                  routing_key: str = "") -> Scheduled:
         """Schedule one message; give exactly one of ``deliver_at_ms``, ``delay_ms`` and
-        ``delay_level``."""
+        ``delay_level``. Calls from several threads at once share requests
+        (`tickwheel.client.coalescing`); each gets its own message's answer."""
         message = Message(topic, body, deliver_at_ms, delay_ms, properties=properties or {},
                           delay_level=delay_level, routing_key=routing_key,
                           **({"id": id} if id else {}))
-        return self.schedule_many([message])[0]
+        return self._coalescer.schedule(message)
 
     def schedule_many(self, messages: Iterable[Message]) -> list[Scheduled]:
         """Schedule a batch in one request (one Raft entry, usually) per shard."""

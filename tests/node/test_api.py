@@ -29,6 +29,7 @@ from tickwheel.client import (
     InvalidArgument,
     Message,
     RescheduleOutcome,
+    Scheduled,
 )
 from tickwheel.client.credentials import open_channel
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
@@ -170,6 +171,44 @@ def test_bad_input_is_invalid_argument_naming_the_field_and_nothing_is_written(
     assert caught.value.details().startswith(f"{field}:"), caught.value.details()
     (result,) = cluster.schedule([good]).results
     assert not result.duplicate  # the good message of the rejected request was not written
+
+
+@pytest.mark.cluster
+def test_schedule_calls_from_many_threads_share_requests_and_each_gets_its_own_answer(
+        cluster: LocalCluster, client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An order service calls ``schedule`` from each of its request threads. The calls share
+    requests (`tickwheel.client.coalescing`), each answered with its own message's result;
+    a bad message among them fails its own call alone, with its field as if sent alone."""
+    name = topic()
+    requests: list[int] = []
+    send = client._coalescer._send
+
+    def counted(messages: list[Message]) -> list[Scheduled]:
+        requests.append(len(messages))
+        return send(messages)
+    monkeypatch.setattr(client._coalescer, "_send", counted)
+
+    def call(i: int) -> Scheduled | InvalidArgument:
+        try:
+            return client.schedule(name if i % 10 else "bad topic!", b"x", delay_ms=DAY_MS,
+                                   id=f"{name}-{i}")
+        except InvalidArgument as error:
+            return error
+    with ThreadPoolExecutor(16) as pool:
+        good = list(pool.map(call, range(1, 321, 10)))  # none bad: how requests are shared
+    assert [getattr(g, "id", g) for g in good] == [f"{name}-{i}" for i in range(1, 321, 10)]
+    assert len(requests) < len(good) // 2, requests
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(call, range(1, 321)))
+    refused = [i for i, g in enumerate(got, 1) if isinstance(g, InvalidArgument)]
+    assert refused == list(range(10, 321, 10))
+    assert {g.field for g in got if isinstance(g, InvalidArgument)} == {"messages[0].topic"}
+    answered = [g for g in got if isinstance(g, Scheduled)]
+    assert [s.id for s in answered] == [f"{name}-{i}" for i in range(1, 321) if i % 10]
+    assert [s.duplicate for s in answered] == [i % 10 == 1 for i in range(1, 321) if i % 10]
+    assert len({s.handle for s in answered}) == len(answered)
+    wait_for(lambda: (pending_of(cluster.leader()) or {}).get(name) == len(answered), 20,
+             f"{len(answered)} messages pending in {name}")
 
 
 @pytest.mark.cluster

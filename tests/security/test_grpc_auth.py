@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -203,6 +204,24 @@ def test_credentials_for_one_topic_cannot_schedule_read_cancel_or_ack_another(
         assert orders.ack_receipts("orders", "billing", [received.receipt]) == [True]
         # and the leaked handle's message was neither cancelled nor moved
         assert orders.cancel_outcomes([kept[0].handle]) == [CancelOutcome.CANCELLED]
+
+
+def test_a_refused_topic_fails_only_its_own_call_among_concurrent_schedules(
+        cluster: LocalCluster) -> None:
+    """``schedule`` calls from several threads share requests, and the node refuses a request
+    whole when one topic of it is not the caller's: each call still gets its own answer."""
+    tag = uuid.uuid4().hex[:8]
+
+    def call(i: int) -> str:
+        try:
+            return other.schedule("orders" if i % 4 == 0 else "other", b"x", delay_ms=60_000,
+                                  id=f"{tag}-{i}").id
+        except PermissionDenied as refused:
+            return refused.field
+    with client_of(cluster, cluster.leader(), cluster.credentials("other")) as other, \
+            ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(call, range(64)))
+    assert got == ["messages[0].topic" if i % 4 == 0 else f"{tag}-{i}" for i in range(64)]
 
 
 def test_grants_are_per_group_and_per_action(cluster: LocalCluster) -> None:
