@@ -5,7 +5,9 @@ A 3-node cluster of real processes on 127.0.0.1, 100-byte bodies. Figures:
 - ``grpc_schedule_msgs_per_s``: ``--producers`` processes of ``--threads`` threads, each sending
   batches of ``--batch`` messages with `Client.schedule_many`, saturating the cluster.
 - ``grpc_schedule_single_per_s``: ``--single-threads`` threads calling `Client.schedule` with one
-  message per call (group commit packs concurrent calls into one Raft entry).
+  message per call on one client, whose concurrent calls share requests (and the node's group
+  commit packs concurrent requests into one Raft entry); with ``cluster_cpu_us_per_msg_single``
+  and ``clients_cpu_us_per_msg_single``, the CPU a message costs the nodes and that client.
 - ``lateness_p50_ms`` / ``lateness_p99_ms`` / ``lateness_max_ms`` at 1,000, 5,000 and 20,000 due
   messages per second: a producer schedules at that rate, each message due ``LEAD_S`` after it is
   sent (so scheduling and delivery run together, as in steady state), and ``--consumers``
@@ -139,7 +141,10 @@ def schedule_batched(cluster: LocalCluster, total: int, producers: int, threads:
     return per_producer * producers * batch / (time.perf_counter() - began)
 
 
-def schedule_single(cluster: LocalCluster, seconds: float, threads: int) -> float:
+def schedule_single(cluster: LocalCluster, seconds: float, threads: int) -> dict[str, float]:
+    """``threads`` threads calling `Client.schedule` in a loop, one message a call, on one
+    client (whose calls share requests): messages a second, and the CPU a message costs the
+    cluster and this process."""
     due_ms = now_ms() + 3 * HOUR_MS
     counts = [0] * threads
     deadline = time.perf_counter() + seconds
@@ -151,10 +156,18 @@ def schedule_single(cluster: LocalCluster, seconds: float, threads: int) -> floa
                 client.schedule("bench", BODY, deliver_at_ms=due_ms + counts[thread],
                                 id=f"s{thread}-{counts[thread]}")
                 counts[thread] += 1
+        pids = [node.pid for node in cluster.nodes]
+        started_cpu_s = sum(map(cpu_s, pids)), time.process_time()
         began = time.perf_counter()
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(run, range(threads)))
-        return sum(counts) / (time.perf_counter() - began)
+        elapsed_s = time.perf_counter() - began
+        cluster_cpu_s = sum(map(cpu_s, pids)) - started_cpu_s[0]
+        clients_cpu_s = time.process_time() - started_cpu_s[1]
+    total = sum(counts)
+    return {"grpc_schedule_single_per_s": round(total / elapsed_s),
+            "cluster_cpu_us_per_msg_single": round(1e6 * cluster_cpu_s / total, 1),
+            "clients_cpu_us_per_msg_single": round(1e6 * clients_cpu_s / total, 1)}
 
 
 # -- lateness at a due rate -------------------------------------------------------------------
@@ -361,8 +374,7 @@ def _schedule_phase(root: Path, args: argparse.Namespace) -> Figures:
         return {"grpc_schedule_msgs_per_s": round(schedule_batched(
                     cluster, 40_000 if args.quick else 400_000, args.producers, args.threads,
                     args.batch)),
-                "grpc_schedule_single_per_s": round(schedule_single(
-                    cluster, 2.0 if args.quick else 10.0, args.single_threads))}
+                **schedule_single(cluster, 2.0 if args.quick else 10.0, args.single_threads)}
 
 
 def _lateness_phase(root: Path, args: argparse.Namespace) -> Figures:
