@@ -7,7 +7,9 @@ A 3-node cluster of real processes on 127.0.0.1, 100-byte bodies. Figures:
 - ``grpc_schedule_single_per_s``: ``--single-threads`` threads calling `Client.schedule` with one
   message per call on one client, whose concurrent calls share requests (and the node's group
   commit packs concurrent requests into one Raft entry); with ``cluster_cpu_us_per_msg_single``
-  and ``clients_cpu_us_per_msg_single``, the CPU a message costs the nodes and that client.
+  and ``clients_cpu_us_per_msg_single``, the CPU a message costs the nodes and that client;
+  ``grpc_schedule_single_async_per_s`` and its CPU figures (``..._single_async``): the same
+  with as many asyncio tasks on one `AsyncClient`.
 - ``lateness_p50_ms`` / ``lateness_p99_ms`` / ``lateness_max_ms`` at 1,000, 5,000 and 20,000 due
   messages per second: a producer schedules at that rate, each message due ``LEAD_S`` after it is
   sent (so scheduling and delivery run together, as in steady state), and ``--consumers``
@@ -47,6 +49,7 @@ A 3-node cluster of real processes on 127.0.0.1, 100-byte bodies. Figures:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
 import json
 import multiprocessing
@@ -55,6 +58,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.queues import Queue
 from multiprocessing.sharedctypes import Synchronized
@@ -62,7 +66,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import TypedDict
 
-from tickwheel.client import Client, Consumer, Credentials, Message
+from tickwheel.client import AsyncClient, Client, Consumer, Credentials, Message
 from tickwheel.client.shards import shard_of
 from tickwheel.harness import rocketmq_consumer
 from tickwheel.harness.bench_figures import CPU_FIGURES, cpu_figures, cpu_s, percentiles
@@ -156,18 +160,49 @@ def schedule_single(cluster: LocalCluster, seconds: float, threads: int) -> dict
                 client.schedule("bench", BODY, deliver_at_ms=due_ms + counts[thread],
                                 id=f"s{thread}-{counts[thread]}")
                 counts[thread] += 1
-        pids = [node.pid for node in cluster.nodes]
-        started_cpu_s = sum(map(cpu_s, pids)), time.process_time()
-        began = time.perf_counter()
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(run, range(threads)))
-        elapsed_s = time.perf_counter() - began
-        cluster_cpu_s = sum(map(cpu_s, pids)) - started_cpu_s[0]
-        clients_cpu_s = time.process_time() - started_cpu_s[1]
+
+        def threaded() -> None:
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(run, range(threads)))
+        return _single_figures("", cluster, threaded, counts)
+
+
+def schedule_single_async(cluster: LocalCluster, seconds: float, tasks: int
+                          ) -> dict[str, float]:
+    """`schedule_single` with ``tasks`` asyncio tasks on one `AsyncClient`."""
+    due_ms = now_ms() + 4 * HOUR_MS
+    counts = [0] * tasks
+    address, credentials = _endpoint(cluster)
+
+    async def calls() -> None:
+        async with AsyncClient(address, timeout_s=60, credentials=credentials) as client:
+            await client.cluster_info()
+            deadline = time.perf_counter() + seconds
+
+            async def run(task: int) -> None:
+                while time.perf_counter() < deadline:
+                    await client.schedule("bench", BODY, deliver_at_ms=due_ms + counts[task],
+                                          id=f"a{task}-{counts[task]}")
+                    counts[task] += 1
+            await asyncio.gather(*map(run, range(tasks)))
+    return _single_figures("_async", cluster, lambda: asyncio.run(calls()), counts)
+
+
+def _single_figures(suffix: str, cluster: LocalCluster, run: Callable[[], None],
+                    counts: list[int]) -> dict[str, float]:
+    """Messages a second over ``run`` (``counts``: each caller's messages), and the CPU a
+    message costs the cluster and this process meanwhile."""
+    pids = [node.pid for node in cluster.nodes]
+    cluster_cpu_s, clients_cpu_s = sum(map(cpu_s, pids)), time.process_time()
+    began = time.perf_counter()
+    run()
+    elapsed_s = time.perf_counter() - began
+    cluster_cpu_s = sum(map(cpu_s, pids)) - cluster_cpu_s
+    clients_cpu_s = time.process_time() - clients_cpu_s
     total = sum(counts)
-    return {"grpc_schedule_single_per_s": round(total / elapsed_s),
-            "cluster_cpu_us_per_msg_single": round(1e6 * cluster_cpu_s / total, 1),
-            "clients_cpu_us_per_msg_single": round(1e6 * clients_cpu_s / total, 1)}
+    return {f"grpc_schedule_single{suffix}_per_s": round(total / elapsed_s),
+            f"cluster_cpu_us_per_msg_single{suffix}": round(1e6 * cluster_cpu_s / total, 1),
+            f"clients_cpu_us_per_msg_single{suffix}": round(1e6 * clients_cpu_s / total, 1)}
 
 
 # -- lateness at a due rate -------------------------------------------------------------------
@@ -307,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--batch", type=int, default=500)
-    parser.add_argument("--single-threads", type=int, default=16)
+    parser.add_argument("--single-threads", type=int, default=16,
+                        help="threads, then asyncio tasks, calling schedule a message a call")
     parser.add_argument("--consumers", type=int, default=2)
     parser.add_argument("--rates", default="1000,5000,20000")
     parser.add_argument("--rocketmq-rates", default="200,500",
@@ -374,7 +410,9 @@ def _schedule_phase(root: Path, args: argparse.Namespace) -> Figures:
         return {"grpc_schedule_msgs_per_s": round(schedule_batched(
                     cluster, 40_000 if args.quick else 400_000, args.producers, args.threads,
                     args.batch)),
-                **schedule_single(cluster, 2.0 if args.quick else 10.0, args.single_threads)}
+                **schedule_single(cluster, 2.0 if args.quick else 10.0, args.single_threads),
+                **schedule_single_async(cluster, 2.0 if args.quick else 10.0,
+                                        args.single_threads)}
 
 
 def _lateness_phase(root: Path, args: argparse.Namespace) -> Figures:
