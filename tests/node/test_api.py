@@ -459,6 +459,43 @@ def test_the_client_retries_across_a_leader_kill_without_scheduling_twice(
 
 
 @pytest.mark.cluster
+def test_shared_schedule_requests_cut_by_a_leader_kill_answer_every_call_once(
+        tmp_path: Path) -> None:
+    """Threads calling ``schedule`` while the leader is killed: requests shared by several
+    calls are cut and retried on the new leader. Every call gets its own message's answer,
+    each message is stored once and delivered once, unflagged."""
+    threads, calls = 8, 60
+    with LocalCluster(tmp_path) as fresh, fresh.client(timeout_s=60) as client:
+        old = fresh.leader()
+        due_ms = now_ms() + 12_000  # after the takeover plus the skew allowance: no flag
+        answers: dict[str, Scheduled] = {}
+        killed = threading.Event()
+
+        def produce(thread: int) -> None:
+            for i in range(calls):
+                if i == calls // 4:
+                    killed.wait(10)
+                id_ = f"t-{thread}-{i}"
+                answers[id_] = client.schedule("t", b"x", deliver_at_ms=due_ms + i, id=id_)
+        with ThreadPoolExecutor(threads) as pool:
+            running = [pool.submit(produce, t) for t in range(threads)]
+            wait_for(lambda: len(answers) >= threads * calls // 5, 20, "a fifth answered")
+            fresh.signal(old, signal.SIGKILL)
+            killed.set()
+            for future in running:
+                future.result(60)
+        assert sorted(answers) == sorted(f"t-{t}-{i}" for t in range(threads)
+                                         for i in range(calls))
+        assert all(answer.id == id_ for id_, answer in answers.items())
+        assert len({answer.handle for answer in answers.values()}) == threads * calls
+        got = receive(client, "t", threads * calls, prefetch=500)
+    counts = Counter(m.id for m in got)
+    assert set(counts) == set(answers) and max(counts.values()) == 1
+    assert not any(m.possible_duplicate for m in got)
+    assert {m.id: m.handle for m in got} == {id_: a.handle for id_, a in answers.items()}
+
+
+@pytest.mark.cluster
 def test_a_new_leader_flags_exactly_the_leases_left_unacknowledged(tmp_path: Path) -> None:
     """One message stays unacknowledged when the leader is killed; the 19 acknowledged after
     it are done in the log. The new leader re-sends only the one, flagged (its lease was
