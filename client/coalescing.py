@@ -32,7 +32,8 @@ from tickwheel.client.errors import Unauthenticated, Unavailable
 
 MAX_REQUESTS = 2
 """Shared requests on their way at once, per client: a second goes while the first waits for
-its commit, so a caller never waits a whole round trip behind another's request."""
+its commit, so that a call made just after a request left need not wait out its round trip
+(with one, the cluster spent a sixth less a message; with four, a quarter more)."""
 MAX_MSGS = 1_000
 """Messages in one shared request."""
 MAX_BYTES = 1 << 20
@@ -92,10 +93,13 @@ def settle(batch: list[_Call], answers: list[Scheduled] | Exception) -> bool:
     """Give each call of ``batch`` its answer, or the request's error; False (nothing given)
     when the error may be one message's and the calls must be sent again one by one."""
     if isinstance(answers, Exception):
-        if len(batch) > 1 and not isinstance(answers, _CLUSTER_ERRORS):
+        if len(batch) == 1:
+            batch[0].error = answers
+            return True
+        if not isinstance(answers, _CLUSTER_ERRORS):
             return False
-        for call in batch:
-            call.error = answers
+        for call in batch:  # an exception each: each caller's raise sets its own traceback
+            call.error = type(answers)(answers.code, answers.details)
         return True
     for call, answer in zip(batch, answers, strict=True):
         call.answer = answer

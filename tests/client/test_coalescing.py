@@ -171,6 +171,9 @@ def test_a_cluster_error_fails_every_call_of_the_request_without_sending_each_ag
     callers.join()
     assert node.requests == [["m1"], ["m2", "m3"]]
     assert all(isinstance(got, Unavailable) for got in callers.got.values())
+    # each caller raises an exception of its own: one raised in two threads at once would
+    # carry both their tracebacks
+    assert len({id(got) for got in callers.got.values()}) == 3
 
 
 def test_a_thread_interrupted_while_sending_for_others_hands_their_calls_on() -> None:
