@@ -202,10 +202,11 @@ def test_a_tenant_cannot_take_the_slots_others_need(node: LocalNode) -> None:
     refused, ended = asyncio.run(while_attacked(attack, node, 20))
     growth_mb = peak.growth_mb()
     assert refused == []
-    # the refused ones ended at once: RESOURCE_EXHAUSTED, or INTERNAL where the client's
-    # write of the subscription raced the refusal
+    # the refused ones ended at once: RESOURCE_EXHAUSTED, or where the client's write of the
+    # subscription raced the refusal, the stream's reset as gRPC reports it (INTERNAL, or
+    # CANCELLED for a reset whose code is CANCEL: 1 of 844 in a CI run)
     assert ended.pop("open") == 256
-    assert set(ended) <= {"RESOURCE_EXHAUSTED", "INTERNAL"}, ended
+    assert set(ended) <= {"RESOURCE_EXHAUSTED", "INTERNAL", "CANCELLED"}, ended
     assert growth_mb <= GROWTH_LIMIT_MB, f"the node grew by {growth_mb:.0f} MB"
 
 
