@@ -361,11 +361,7 @@ class Arrivals:
         while self._incoming:
             item = self._incoming.popleft()
             if item is None:
-                if dropped := len(self._ready) + len(self._held):
-                    log.info("event=consumer_dropped_buffered messages=%d reason=reconnected",
-                             dropped)
-                self._ready.clear()
-                self._held.clear()
+                self._dropped(len(self._ready) + len(self._held), "reason=reconnected")
                 continue
             arrived_s, response = item
             for message in received(response, self._send):
@@ -386,8 +382,19 @@ class Arrivals:
         return (len(self._ready) + len(self._held)
                 + sum(len(item[1].messages) for item in self._incoming if item is not None))
 
-    def clear(self) -> None:
+    def drop(self, target: str) -> None:
+        """Drop everything received, held or not: the stream from ``target`` that sent it
+        ended (its leader stepped down or died), so it can no longer be acknowledged, and the
+        new leader sends it again, flagged; handing it out too would make an unflagged
+        duplicate."""
+        count = len(self)
         self._incoming.clear()
+        self._dropped(count, f"target={target}")
+
+    def _dropped(self, count: int, context: str) -> None:
+        """Drop what is sorted (ready and held), and say so when it was anything."""
+        if count:
+            log.info("event=consumer_dropped_buffered messages=%d %s", count, context)
         self._ready.clear()
         self._held.clear()
 

@@ -185,11 +185,7 @@ class AsyncShardStream:
         """The next message received that may be taken now, if one waits (None if not), and
         its credit."""
         if self._call is not None and self._call.done() and len(self._arrivals):
-            # As in the sync consumer: what a finished stream sent can no longer be
-            # acknowledged, and the new leader sends it again, flagged.
-            log.info("event=consumer_dropped_buffered messages=%d target=%s",
-                     len(self._arrivals), self._address)
-            self._arrivals.clear()
+            self._arrivals.drop(self._address)  # a finished stream's: see Arrivals.drop
             self._drop_stream()
         message = self._arrivals.take()
         if message is None:

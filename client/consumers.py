@@ -263,12 +263,8 @@ class ShardStream:
         return self._arrivals.waiting
 
     def _drop_buffered(self) -> None:
-        """The stream ended (its leader stepped down or died) while messages it sent wait
-        here, held or not: they can no longer be acknowledged, and the new leader sends them
-        again (flagged), so handing these out too would make an unflagged duplicate."""
-        log.info("event=consumer_dropped_buffered messages=%d target=%s", len(self._arrivals),
-                 self._address)
-        self._arrivals.clear()
+        """The stream ended while messages it sent wait here (`Arrivals.drop`)."""
+        self._arrivals.drop(self._address)
         with self._read_lock:
             self._stream = None
 
