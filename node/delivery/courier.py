@@ -318,18 +318,19 @@ class Courier:
         """What goes now, as ``(release time, deliveries)``: those due, and those of consumers
         that hold, each with the end of its wait (`_windows`). The others granted ahead wait
         here, for `_send_all` at their windows' times."""
-        early = [d for d in deliveries if d.message.deliver_at_ms > now_ms]
-        if not early:
-            return [(now_ms, deliveries)]
+        due: list[Delivery] = []
         ahead: list[Delivery] = []
         here: list[Delivery] = []
         consumers = self._consumers
-        for delivery in early:
-            consumer = consumers.get(delivery.consumer)
-            (ahead if consumer is not None and consumer.hold else here).append(delivery)
+        for delivery in deliveries:
+            if delivery.message.deliver_at_ms <= now_ms:
+                due.append(delivery)
+            elif (consumer := consumers.get(delivery.consumer)) is not None and consumer.hold:
+                ahead.append(delivery)
+            else:
+                here.append(delivery)
         for send_ms, window in _windows(here, self.config.max_hold_ms):
             self._loop.call_later((send_ms - now_ms) / 1000, self._send_all, window)
-        due = [d for d in deliveries if d.message.deliver_at_ms <= now_ms]
         return [(now_ms, due), *_windows(ahead, self.config.max_hold_ms)]
 
     def _send_held(self) -> None:
