@@ -13,7 +13,9 @@
     ├── Retryable               try again, maybe elsewhere
     │   ├── NotLeader           this node cannot order writes; ``leader_hint`` says who can
     │   └── Overloaded          a bounded queue is full
-    │       └── ConsumerStalled a consumer stream did not read what was sent to it
+    │       ├── ConsumerStalled a consumer stream did not read what was sent to it
+    │       └── QuotaExceeded   a principal is over a quota its access file sets;
+    │                           ``retry_after_ms`` says when a retry may pass
     └── InternalError           a bug or damaged storage; never the caller's fault
         ├── CorruptSegment      stored bytes fail their CRC or framing
         └── InvariantViolation  a rule that must never break did; the node must stop
@@ -128,6 +130,23 @@ class DiskLow(Overloaded):
                                    "ones are still delivered")
         self.limit = "min_free_bytes"
         self.member = member
+
+
+class QuotaExceeded(Overloaded):
+    """A principal is over one of its quotas (the access file's ``[principal.quota]``):
+    ``quota`` names the field (and so does ``limit``, as for any `Overloaded`),
+    ``quota_value`` is its value, ``retry_after_ms`` when a retry may pass. Other principals
+    are not affected (`tickwheel.node.security.quotas`)."""
+
+    def __init__(self, principal: str, quota: str, limit: int, retry_after_ms: int,
+                 why: str = "") -> None:
+        Retryable.__init__(self, f"quota exceeded: principal {principal!r} is over its "
+                                   f"{quota} of {limit}{why}; retry in {retry_after_ms} ms")
+        self.limit = quota
+        self.principal = principal
+        self.quota = quota
+        self.quota_value = limit
+        self.retry_after_ms = retry_after_ms
 
 
 class InternalError(TickwheelError):

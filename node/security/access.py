@@ -19,11 +19,21 @@ client certificate (its common name, when the node asks for client certificates)
     topics = ["orders", "%DLQ%orders"]
     groups = ["billing", "shipping"]
 
+    [principal.quota]                  # optional; a field left out bounds nothing
+    schedule_msgs_per_s = 500
+    schedule_bytes_per_s = 1048576
+    max_pending_msgs = 1000000
+    max_consumer_streams = 16
+
 Actions: ``schedule`` (Schedule, ScheduleStream), ``consume`` (Receive, ReceiveMessages,
 AckMessages, ChangeInvisibleDuration, CreateGroup: of a topic's named groups), ``cancel``
 (Cancel and Reschedule of a topic's messages) and ``admin`` (DeleteGroup, and everything the
 other three allow). Topic and group patterns are shell-style (``*``, ``?``, ``[...]``);
 a grant without ``groups`` covers every group. ``tickwheel token`` makes a token and its line.
+
+A principal's `Quota` bounds what it may do whatever its grants (a tenant of a shared cluster):
+`tickwheel.node.security.quotas` enforces it; docs/security.md, "Quotas", says what each field
+counts. A principal without one is bounded by the node's limits alone, as before quotas.
 
 RocketMQ clients sign with an AccessKey and a SecretKey (``MQv2-HMAC-SHA1``): the file names
 the access keys; each one's secret key is derived from the cluster's Raft secret
@@ -49,7 +59,14 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 log = logging.getLogger("tickwheel.node.security.access")
 
@@ -81,12 +98,40 @@ class Grant:
         return group is None or any(fnmatchcase(group, pattern) for pattern in self.groups)
 
 
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """What one principal may do at most, from its ``[principal.quota]``; None: no bound."""
+
+    schedule_msgs_per_s: int | None = None
+    """Messages scheduled a second (a token bucket on the leader)."""
+    schedule_bytes_per_s: int | None = None
+    """Bytes of schedule requests a second, as they arrived (their encoded size)."""
+    schedule_burst_msgs: int | None = None
+    """Messages the bucket holds when full: a second's worth (``schedule_msgs_per_s``) if
+    not given."""
+    schedule_burst_bytes: int | None = None
+    """Bytes the bucket holds when full: ``schedule_bytes_per_s`` if not given."""
+    max_pending_msgs: int | None = None
+    """Messages pending at once in the topics its ``schedule`` grants match."""
+    max_consumer_streams: int | None = None
+    """Consumer streams (``Receive``) open at once on the node that serves them."""
+
+    def bounds(self) -> bool:
+        """Whether any field is set."""
+        return self != NO_QUOTA
+
+
+NO_QUOTA = Quota()
+"""A principal without ``[principal.quota]``: bounded by the node's limits alone."""
+
+
 @dataclass(eq=False, slots=True)
 class Principal:
     """Someone the cluster knows, and what it may do."""
 
     name: str
     grants: tuple[Grant, ...]
+    quota: Quota = NO_QUOTA
     _decisions: dict[tuple[Action, str, str | None], bool] = field(default_factory=dict,
                                                                    repr=False)
 
@@ -136,6 +181,32 @@ class _GrantModel(BaseModel):
     groups: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
 
 
+_Limit = Annotated[int | None, Field(default=None, strict=True, gt=0, le=(1 << 63) - 1)]
+"""A quota's value: a positive whole number (a signed 64-bit one, as ``QuotaFailure``
+reports it); TOML's 1.5, "10" and true are refused, not rounded or read."""
+
+
+class _QuotaModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schedule_msgs_per_s: _Limit
+    schedule_bytes_per_s: _Limit
+    schedule_burst_msgs: _Limit
+    schedule_burst_bytes: _Limit
+    max_pending_msgs: _Limit
+    max_consumer_streams: _Limit
+
+    @model_validator(mode="after")
+    def _bursts_of_rates(self) -> _QuotaModel:
+        for burst, rate in (("schedule_burst_msgs", "schedule_msgs_per_s"),
+                            ("schedule_burst_bytes", "schedule_bytes_per_s")):
+            if getattr(self, burst) is not None and getattr(self, rate) is None:
+                raise ValueError(f"{burst} is the burst of {rate}, which is not set")
+        return self
+
+    def quota(self) -> Quota:
+        return Quota(**self.model_dump())
+
+
 class _PrincipalModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@/-]+$")
@@ -144,6 +215,7 @@ class _PrincipalModel(BaseModel):
     rocketmq_access_keys: list[Annotated[str, Field(pattern=ACCESS_KEY_PATTERN)]] = Field(
         default_factory=list)
     grant: list[_GrantModel] = Field(default_factory=list)
+    quota: _QuotaModel | None = None
 
     @field_validator("tokens")
     @classmethod
@@ -189,11 +261,16 @@ class Access:
     def parse(cls, text: str) -> Access:
         """Raises ValueError saying what is wrong."""
         try:
-            model = _AccessModel.model_validate(tomllib.loads(text))
-        except (tomllib.TOMLDecodeError, ValidationError) as error:
+            content = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as error:
             raise ValueError(str(error)) from None
+        try:
+            model = _AccessModel.model_validate(content)
+        except ValidationError as error:
+            raise ValueError(_problems(error, content)) from None
         return cls((Principal(p.name, tuple(
-            Grant(frozenset(g.actions), tuple(g.topics), tuple(g.groups)) for g in p.grant)),
+            Grant(frozenset(g.actions), tuple(g.topics), tuple(g.groups)) for g in p.grant),
+            p.quota.quota() if p.quota else NO_QUOTA),
             p.tokens, p.certificates, p.rocketmq_access_keys) for p in model.principal)
 
     def by_token(self, token: str) -> Principal | None:
@@ -210,6 +287,24 @@ class Access:
 
     def __len__(self) -> int:
         return len(self._by_name)
+
+
+def _problems(error: ValidationError, content: dict[str, object]) -> str:
+    """What is wrong, a line per problem, each naming the field as the file writes it, with
+    the principal's name (``principal 'orders' quota.max_pending_msgs: ...``)."""
+    principals = content.get("principal")
+    lines = []
+    for problem in error.errors():
+        where = [str(part) for part in problem["loc"]]
+        if len(where) >= 2 and where[0] == "principal" and isinstance(principals, list):
+            index = int(where[1])
+            name = principals[index].get("name") if isinstance(principals[index], dict) else None
+            where[:2] = [f"principal {name!r}" if isinstance(name, str)
+                         else f"principal[{index}]"]
+        head, rest = where[0] if where else "file", ".".join(where[1:])
+        lines.append(f"{head} {rest}: {problem['msg']}" if rest
+                     else f"{head}: {problem['msg']}")
+    return "; ".join(lines)
 
 
 class AccessFile:
