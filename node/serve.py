@@ -42,6 +42,7 @@ from tickwheel.node.security.identity import (
     PeerCallers,
     ServerCertificates,
 )
+from tickwheel.node.security.quotas import Quotas
 from tickwheel.node.settings.config import NodeSettings
 from tickwheel.replication import STORAGE_EXIT_CODE, Replica
 
@@ -100,6 +101,10 @@ async def serve(settings: NodeSettings) -> None:
                        UnaryConsumers(courier, replica, replica.clock.now_ms), disk,
                        Admission(settings.admission_limits()),
                        LiveShardMap(settings.shard_map(), lambda: replica.shard_map),
+                       Quotas(lambda: int(own_clock.monotonic_s() * 1000),
+                              lambda: replica.status().pending,
+                              lambda refused: metrics.quota_refusals.labels(
+                                  refused.principal, refused.quota).inc()),
                        settings.rocketmq_reach())
     servers, health_servicer = await start_server(node, _listeners(settings))
     replica.start()

@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import contextvars
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Never, Protocol
 
@@ -59,9 +59,11 @@ class CallContext(CallMetadata, Protocol):
     """What the gate and the services use of a call's context: any
     `grpc.aio.ServicerContext`, whatever its request and response types."""
 
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> Never: ...
+    async def abort(self, code: grpc.StatusCode, details: str = "",
+                    trailing_metadata: Sequence[tuple[str, str | bytes]] = ()) -> Never: ...
 
-    def set_trailing_metadata(self, trailing_metadata: tuple[tuple[str, str], ...]) -> None: ...
+    def set_trailing_metadata(self, trailing_metadata: Sequence[tuple[str, str | bytes]]
+                              ) -> None: ...
 
     def time_remaining(self) -> float | None:
         """None when the call has no deadline (grpc-stubs says float)."""

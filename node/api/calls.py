@@ -1,5 +1,7 @@
 """What each unary call does on the leader, once its caller is known: validate the request,
-authorize it as the caller's principal, and ask the replica or the consumer registry.
+authorize it as the caller's principal, hold a schedule to the principal's quotas (on the
+leader only: a follower forwards it, and the leader counts it), and ask the replica or the
+consumer registry.
 `TickwheelService.perform` runs these here, or forwards the call to the leader.
 """
 
@@ -21,6 +23,7 @@ from tickwheel.node.api.placement import refused_handle
 from tickwheel.node.api.shard_peers import ShardPeers
 from tickwheel.node.delivery.sent import Sent
 from tickwheel.node.security.access import Action, Principal
+from tickwheel.node.security.quotas import NOTHING_HELD
 from tickwheel.replication import Accepted, HandleCipher, MoveOutcome
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.wheel import CancelResult
@@ -100,7 +103,12 @@ class LeaderCalls:
         messages = checked.messages if not elsewhere else [
             m for index, m in enumerate(checked.messages) if index not in elsewhere]
         node.disk.check()
-        results = await committed(node.replica.schedule(messages, shards.version))
+        held = (node.quotas.admit_schedule(principal, len(messages), request.ByteSize)
+                if principal.quota.bounds() and node.replica.is_leader() else NOTHING_HELD)
+        try:
+            results = await committed(node.replica.schedule(messages, shards.version))
+        finally:
+            held.release()
         node.metrics.scheduled.inc(sum(1 for r in results if not r.duplicate))
         response = pb.ScheduleResponse()
         add = response.results.add  # in place: a ScheduleResult built apart is copied in

@@ -15,6 +15,7 @@ from tickwheel.node.delivery.levels import RetryPolicy
 from tickwheel.node.ops.disk import DiskWatch
 from tickwheel.node.ops.metrics import Metrics
 from tickwheel.node.security.identity import PeerCallers
+from tickwheel.node.security.quotas import Quotas
 from tickwheel.replication import Replica
 
 
@@ -42,6 +43,8 @@ class NodeContext:
     """Calls and request bytes held now, over every listener (`tickwheel.node.api.admission`)."""
     shard_map: LiveShardMap
     """Every shard's members, and this node's shard (`tickwheel.node.api.placement`)."""
+    quotas: Quotas
+    """What each principal holds against its quotas here (`tickwheel.node.security.quotas`)."""
     rocketmq_address: str = ""
     """Where the other members' RocketMQ routes name this node's RocketMQ listener; "" for
     none."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import grpc
 
 from tickwheel.client.credentials import Credentials, open_aio_channel
+from tickwheel.common.status_details import STATUS_DETAILS_KEY
 from tickwheel.node.delivery.batches import GRPC_MESSAGE_BYTES
 from tickwheel.node.security.access import Principal
 from tickwheel.node.security.identity import CallMetadata, PeerCallers
@@ -120,9 +121,23 @@ class Forwarder:
 
 
 class LeaderRefused(Exception):
-    """The leader answered a forwarded call with an error status."""
+    """The leader answered a forwarded call with an error status; ``trailers``: the status
+    details it carried (``grpc-status-details-bin``: a quota's ``RetryInfo``), to be passed on
+    to the caller as they came."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str,
+                 trailers: tuple[tuple[str, str | bytes], ...] = ()) -> None:
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
+        self.trailers = trailers
+
+    @classmethod
+    def of(cls, failed: grpc.aio.AioRpcError) -> LeaderRefused:
+        return cls(failed.code(), failed.details() or "", status_details(failed))
+
+
+def status_details(failed: grpc.aio.AioRpcError) -> tuple[tuple[str, str | bytes], ...]:
+    """The ``grpc-status-details-bin`` trailer of a failed call, if it has one."""
+    return tuple((key, value) for key, value in failed.trailing_metadata() or ()
+                 if key == STATUS_DETAILS_KEY)

@@ -31,22 +31,31 @@ from tickwheel.common.errors import (
     NotLeader,
     Overloaded,
     PermissionDenied,
+    QuotaExceeded,
     Retryable,
     TickwheelError,
     Unauthenticated,
     WrongShard,
     invariant,
 )
+from tickwheel.common.status_details import STATUS_DETAILS_KEY, quota_details
 from tickwheel.node.api import validation
 from tickwheel.node.api.admission import CALLER, CallContext, keep_request, release_request
 from tickwheel.node.api.calls import LeaderCalls, answer_of, receive_response, require
 from tickwheel.node.api.commits import WRITE_TIMEOUT_S
 from tickwheel.node.api.context import NodeContext
-from tickwheel.node.api.forward import LEADER_KEY, LeaderRefused, forwarded, was_forwarded
+from tickwheel.node.api.forward import (
+    LEADER_KEY,
+    LeaderRefused,
+    forwarded,
+    status_details,
+    was_forwarded,
+)
 from tickwheel.node.api.info import cluster_info, describe
 from tickwheel.node.api.shard_peers import ShardPeers
 from tickwheel.node.delivery.sessions import Session
 from tickwheel.node.security.access import Action, Principal
+from tickwheel.node.security.quotas import Reservation
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -159,15 +168,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         principal = await self._principal(context)
         try:
             first = await self._first_request(request_iterator)
-            subscribe = first.subscribe
-            timeout_ms = validation.check_subscribe(
-                subscribe, node.limits, node.courier.config.default_visibility_timeout_ms)
-            require(principal, Action.CONSUME, subscribe.topic, "subscribe.topic",
-                     subscribe.group)
-            consumer = await node.courier.subscribe(subscribe.topic, subscribe.group,
-                                                subscribe.consumer or context.peer(),
-                                                subscribe.credits, timeout_ms,
-                                                hold=subscribe.hold)
+            stream, consumer = await self._subscribe(first.subscribe, principal, context)
         except NotLeader as error:
             async for response in self._proxy_receive(first, request_iterator, context, error,
                                                       principal):
@@ -190,6 +191,27 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         finally:
             reader.cancel()
             node.courier.unsubscribe(consumer)
+            stream.release()
+
+    async def _subscribe(self, subscribe: pb.Subscribe, principal: Principal,
+                         context: CallContext) -> tuple[Reservation, Session]:
+        """A consumer of the courier for ``subscribe``, and the stream it holds against its
+        principal's ``max_consumer_streams`` here; `NotLeader` on a follower (which passes
+        the stream to the leader: that counts it)."""
+        node = self._node
+        timeout_ms = validation.check_subscribe(
+            subscribe, node.limits, node.courier.config.default_visibility_timeout_ms)
+        require(principal, Action.CONSUME, subscribe.topic, "subscribe.topic", subscribe.group)
+        stream = node.quotas.open_stream(principal)
+        try:
+            consumer = await node.courier.subscribe(subscribe.topic, subscribe.group,
+                                                    subscribe.consumer or context.peer(),
+                                                    subscribe.credits, timeout_ms,
+                                                    hold=subscribe.hold)
+        except BaseException:
+            stream.release()
+            raise
+        return stream, consumer
 
     async def _first_request(self, request_iterator: AsyncIterator[pb.ReceiveRequest]
                              ) -> pb.ReceiveRequest:
@@ -251,8 +273,8 @@ class TickwheelService(pb_grpc.TickwheelServicer):
             response = answer_of(method, await self.perform(context, method, request, principal),
                                  answer)
         except LeaderRefused as refused:
-            self._set_leader(context)
-            await context.abort(refused.code, refused.details)
+            await context.abort(refused.code, refused.details,
+                                (*self._leader_trailer(), *refused.trailers))
         except TickwheelError as error:
             self._set_leader(context)  # a member of another shard finds the leader by it
             await self._abort(context, error)
@@ -277,7 +299,7 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         try:
             response: Message = await call
         except grpc.aio.AioRpcError as failed:
-            raise LeaderRefused(failed.code(), failed.details() or "") from None
+            raise LeaderRefused.of(failed) from None
         return response
 
     # -- consumers --------------------------------------------------------------------------
@@ -333,8 +355,8 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                 async for response in call:
                     yield response
             except grpc.aio.AioRpcError as failed:
-                self._set_leader(context)
-                await context.abort(failed.code(), failed.details() or "")
+                await context.abort(failed.code(), failed.details() or "",
+                                    (*self._leader_trailer(), *status_details(failed)))
             except asyncio.CancelledError:
                 if not passage.moved:
                     raise
@@ -364,14 +386,23 @@ class TickwheelService(pb_grpc.TickwheelServicer):
     def _set_leader(self, context: CallContext) -> None:
         """The leader's gRPC address in the trailers, "" if unknown: a client tells by it that
         the node answered (a refusal, not a broken connection) and need not be passed over."""
+        context.set_trailing_metadata(self._leader_trailer())
+
+    def _leader_trailer(self) -> tuple[tuple[str, str], ...]:
         leader = self._node.leader_grpc(self._node.replica.leader_hint())
-        context.set_trailing_metadata(((LEADER_KEY, leader or ""),))
+        return ((LEADER_KEY, leader or ""),)
 
     async def _abort(self, context: CallContext, error: TickwheelError) -> Never:
+        """Answer ``error``'s status code (`_STATUS`); a refusal over a quota carries its
+        ``RetryInfo`` and ``QuotaFailure`` (`tickwheel.common.status_details`)."""
         code = next(code for kind, code in _STATUS if isinstance(error, kind))
         self._node.metrics.rejected.labels(code.name).inc()
-        self._set_leader(context)
-        await context.abort(code, str(error))
+        trailers: tuple[tuple[str, str | bytes], ...] = self._leader_trailer()
+        if isinstance(error, QuotaExceeded):
+            trailers += ((STATUS_DETAILS_KEY, quota_details(
+                str(error), error.principal, error.quota, error.quota_value,
+                error.retry_after_ms)),)
+        await context.abort(code, str(error), trailers)
 
 
 def add_tickwheel_service(service: TickwheelService, server: grpc.aio.Server) -> None:

@@ -102,7 +102,7 @@ class ShardPeers:
                 timeout=max(0.05, deadline - time.monotonic()))
         except grpc.aio.AioRpcError as failed:
             if failed.code() != grpc.StatusCode.UNAVAILABLE:
-                raise LeaderRefused(failed.code(), failed.details() or "") from None
+                raise LeaderRefused.of(failed) from None
             hinted = self._hinted(shard, failed)
             self._leader[shard] = (hinted if hinted not in (None, index)
                                    else (index + 1) % len(peers))

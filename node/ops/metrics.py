@@ -6,7 +6,7 @@ the server's housekeeping task, and a topic that is gone from them is gone from 
 Topic labels are bounded: the first ``max_topic_labels`` topics a node sees get their own label,
 and every later one is counted under ``topic="%other%"`` (not a valid topic name), so a client
 that makes up topic names cannot grow ``/metrics`` without bound. No label ever carries a
-message id.
+message id; a principal label names one of the access file's principals.
 """
 
 from __future__ import annotations
@@ -101,6 +101,11 @@ class Metrics:
                                    "new due time while pending.", registry=r)
         self.rejected = Counter("tickwheel_rejected_requests", "Requests refused, by gRPC "
                                 "status code.", ["code"], registry=r)
+        self.quota_refusals = Counter("tickwheel_quota_refusals", "Calls refused because "
+                                      "their principal was over a quota of its access file, "
+                                      "by principal and quota (principals are the access "
+                                      "file's: the labels are bounded).",
+                                      ["principal", "quota"], registry=r)
         self.delivered = Counter("tickwheel_delivered_messages", "Deliveries to consumers, "
                                  "every attempt.", ["topic"], registry=r)
         self.redelivered = Counter("tickwheel_redelivered_messages", "Messages released "

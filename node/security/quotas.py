@@ -17,7 +17,9 @@ counted against anything.
 - **Pending** (``max_pending_msgs``): the replicated pending counts of the topics the
   principal's ``schedule`` grants match, plus what it has on its way to the log here (so
   that concurrent requests cannot overshoot together). Read, not replicated: no command or
-  snapshot changes.
+  snapshot changes. The counts are read at most every `PENDING_READ_MS` (reading them costs
+  the replica's status); what the principal had answered since the last read is counted
+  with what is on its way, so a cached read never lets it past its quota.
 - **Consumer streams** (``max_consumer_streams``): the ``Receive`` streams of the principal
   this node serves (the leader's; a follower passes a stream through to it).
 
@@ -46,6 +48,9 @@ or are cancelled, which no node can foresee."""
 WAIT_FOR_STREAM_MS = 1_000
 """The retry a ``max_consumer_streams`` refusal advises: a stream ends when its consumer
 closes it."""
+PENDING_READ_MS = 100
+"""How long a read of the pending counts serves: they trail deliveries by the cursor sync
+(50 ms, and a second is left only once it is closed) anyway."""
 LOG_EVERY_MS = 10_000
 """A principal's refusals over one quota are logged at most this often (the rest counted)."""
 
@@ -101,6 +106,9 @@ class _Tenant:
     messages: TokenBucket | None = None
     request_bytes: TokenBucket | None = None
     on_the_way_msgs: int = 0
+    """Admitted, not yet answered."""
+    answered_msgs: int = 0
+    """Answered since the pending counts were last read (perhaps not in that read)."""
 
 
 class Reservation:
@@ -122,35 +130,40 @@ NOTHING_HELD = Reservation()
 
 class Quotas:
     """Every principal's quotas on this node. ``monotonic_ms`` is the injected clock's
-    monotonic reading; ``refused`` is told of every refusal (the metrics)."""
+    monotonic reading; ``pending`` reads the pending messages per topic (the replica's);
+    ``refused`` is told of every refusal (the metrics)."""
 
     def __init__(self, monotonic_ms: Callable[[], int],
+                 pending: Callable[[], Mapping[str, int]],
                  refused: Callable[[QuotaExceeded], None] = lambda error: None) -> None:
         self._monotonic_ms = monotonic_ms
+        self._read_pending = pending
+        self._pending: Mapping[str, int] = {}
+        self._pending_read_ms: int | None = None
         self._refused = refused
         self._tenants: dict[str, _Tenant] = {}
         self._streams: Counter[str] = Counter()
         self._logged: dict[tuple[str, str], tuple[int, int]] = {}
         """(principal, quota) -> (when last logged, refusals since)."""
 
-    def admit_schedule(self, principal: Principal, msgs: int, request_bytes: Callable[[], int],
-                       pending: Callable[[], Mapping[str, int]]) -> Reservation:
+    def admit_schedule(self, principal: Principal, msgs: int,
+                       request_bytes: Callable[[], int]) -> Reservation:
         """Admit a schedule request of ``msgs`` messages (``request_bytes``, its encoded size,
-        and ``pending``, the pending messages per topic, are read only if a quota needs them)
-        or raise `QuotaExceeded`; `InvalidMessage` for a request that no wait would let
-        through. The reservation holds its messages as on their way to the log until the
-        answer."""
+        is read only if a quota needs it) or raise `QuotaExceeded`; `InvalidMessage` for a
+        request that no wait would let through. The reservation holds its messages as on
+        their way to the log until the answer."""
         quota = principal.quota
         if not quota.bounds():
             return NOTHING_HELD
         tenant = self._tenant(principal)
         if quota.max_pending_msgs is not None:
-            self._check_pending(principal, quota.max_pending_msgs, msgs, tenant, pending())
+            self._check_pending(principal, quota.max_pending_msgs, msgs, tenant)
         self._take_rates(principal, tenant, msgs, request_bytes)
         tenant.on_the_way_msgs += msgs
 
         def release() -> None:
             tenant.on_the_way_msgs -= msgs
+            tenant.answered_msgs += msgs
         return Reservation(release)
 
     def open_stream(self, principal: Principal) -> Reservation:
@@ -182,18 +195,29 @@ class Quotas:
                                        quota.schedule_burst_bytes, now_ms)
         return tenant
 
-    def _check_pending(self, principal: Principal, limit: int, msgs: int, tenant: _Tenant,
-                       by_topic: Mapping[str, int]) -> None:
+    def _check_pending(self, principal: Principal, limit: int, msgs: int,
+                       tenant: _Tenant) -> None:
         if msgs > limit:
             raise InvalidMessage("messages", f"has {msgs} messages, above max_pending_msgs "
                                  f"({limit}) of principal {principal.name!r}: split the batch")
-        pending = tenant.on_the_way_msgs + sum(
+        by_topic = self._pending_by_topic()
+        pending = tenant.on_the_way_msgs + tenant.answered_msgs + sum(
             count for topic, count in by_topic.items()
             if principal.may(Action.SCHEDULE, topic))
         if pending + msgs > limit:
             self._refuse(QuotaExceeded(principal.name, "max_pending_msgs", limit,
                                        WAIT_FOR_PENDING_MS, f" ({pending} pending in its "
                                        f"topics, {msgs} more asked)"))
+
+    def _pending_by_topic(self) -> Mapping[str, int]:
+        """The pending counts, read again if the last read is `PENDING_READ_MS` old; a new
+        read holds every answer given before it (a schedule is answered once applied)."""
+        now_ms = self._monotonic_ms()
+        if self._pending_read_ms is None or now_ms - self._pending_read_ms >= PENDING_READ_MS:
+            self._pending, self._pending_read_ms = self._read_pending(), now_ms
+            for tenant in self._tenants.values():
+                tenant.answered_msgs = 0
+        return self._pending
 
     def _take_rates(self, principal: Principal, tenant: _Tenant, msgs: int,
                     request_bytes: Callable[[], int]) -> None:

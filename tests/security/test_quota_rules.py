@@ -17,7 +17,7 @@ from tickwheel.common.status_details import STATUS_DETAILS_KEY, RetryAdvice, quo
 from tickwheel.node.security import quotas as quotas_module
 from tickwheel.node.security.access import NO_QUOTA, Access, Principal, Quota
 from tickwheel.node.security.dev_credentials import DevCredentials
-from tickwheel.node.security.quotas import LOG_EVERY_MS, Quotas, TokenBucket
+from tickwheel.node.security.quotas import LOG_EVERY_MS, PENDING_READ_MS, Quotas, TokenBucket
 from tickwheel.node.settings.config import NodeSettings
 
 GRANTS = '''
@@ -129,13 +129,13 @@ def test_a_principal_over_its_rate_is_refused_with_a_retry_that_passes_and_other
         ) -> None:
     clock = Clock()
     refused: list[QuotaExceeded] = []
-    quotas = Quotas(clock, refused.append)
+    quotas = Quotas(clock, dict, refused.append)
     parsed = access({"orders": "schedule_msgs_per_s = 10", "billing": ""})
     orders, billing = parsed.by_name("orders"), parsed.by_name("billing")
     assert orders is not None and billing is not None
 
     def schedule(principal: Principal, msgs: int) -> None:
-        quotas.admit_schedule(principal, msgs, lambda: 0, dict).release()
+        quotas.admit_schedule(principal, msgs, lambda: 0).release()
     schedule(orders, 10)
     with pytest.raises(QuotaExceeded) as over:
         schedule(orders, 5)
@@ -152,46 +152,58 @@ def test_a_principal_over_its_rate_is_refused_with_a_retry_that_passes_and_other
 
 def test_both_rates_must_pass_and_a_refusal_takes_from_neither_bucket() -> None:
     clock = Clock()
-    quotas = Quotas(clock)
+    quotas = Quotas(clock, dict)
     orders = access({"orders": "schedule_msgs_per_s = 100\nschedule_bytes_per_s = 1000"}
                     ).by_name("orders")
     assert orders is not None
-    quotas.admit_schedule(orders, 10, lambda: 900, dict)
+    quotas.admit_schedule(orders, 10, lambda: 900)
     with pytest.raises(QuotaExceeded) as over:
-        quotas.admit_schedule(orders, 10, lambda: 400, dict)
+        quotas.admit_schedule(orders, 10, lambda: 400)
     assert over.value.quota == "schedule_bytes_per_s"
     assert over.value.retry_after_ms == 300  # 300 bytes missing at 1,000 a second
     clock.now_ms = 300
-    quotas.admit_schedule(orders, 90, lambda: 400, dict)  # the 10 refused were not taken
+    quotas.admit_schedule(orders, 90, lambda: 400)  # the 10 refused were not taken
     with pytest.raises(QuotaExceeded) as both:
-        quotas.admit_schedule(orders, 50, lambda: 500, dict)
+        quotas.admit_schedule(orders, 50, lambda: 500)
     assert both.value.quota == "schedule_msgs_per_s"  # the first refusing, the longer wait
     assert both.value.retry_after_ms == 500
 
 
 def test_pending_counts_the_topics_its_schedule_grants_match_and_what_is_on_its_way() -> None:
-    quotas = Quotas(Clock())
+    clock = Clock()
+    pending = {"orders": 50, "orders.eu": 30, "billing": 1_000_000}
+    reads: list[int] = []
+
+    def read() -> dict[str, int]:
+        reads.append(clock.now_ms)
+        return dict(pending)
+    quotas = Quotas(clock, read)
     orders = access({"orders": "max_pending_msgs = 100"}).by_name("orders")
     assert orders is not None
-    pending = {"orders": 50, "orders.eu": 30, "billing": 1_000_000}
-    first = quotas.admit_schedule(orders, 15, lambda: 0, lambda: pending)
+    first = quotas.admit_schedule(orders, 15, lambda: 0)
     with pytest.raises(QuotaExceeded) as over:  # 80 pending and 15 on their way
-        quotas.admit_schedule(orders, 10, lambda: 0, lambda: pending)
+        quotas.admit_schedule(orders, 10, lambda: 0)
     assert over.value.quota == "max_pending_msgs" and over.value.quota_value == 100
     assert "(95 pending in its topics, 10 more asked)" in str(over.value)
     first.release()
     first.release()  # once only
-    quotas.admit_schedule(orders, 20, lambda: 0, lambda: pending).release()
+    with pytest.raises(QuotaExceeded):  # answered, and not in the counts last read: counted
+        quotas.admit_schedule(orders, 10, lambda: 0)
+    pending["orders"] += 15  # applied before it was answered
+    clock.now_ms = PENDING_READ_MS  # read again: in the counts now, counted once
+    quotas.admit_schedule(orders, 5, lambda: 0).release()
+    assert reads == [0, PENDING_READ_MS]
     pending["orders"] = 0  # delivered or cancelled
-    quotas.admit_schedule(orders, 70, lambda: 0, lambda: pending).release()
+    clock.now_ms = 2 * PENDING_READ_MS
+    quotas.admit_schedule(orders, 65, lambda: 0).release()
     with pytest.raises(InvalidMessage, match=r"messages: has 101 messages, above "
                        r"max_pending_msgs \(100\) of principal 'orders': split the batch"):
-        quotas.admit_schedule(orders, 101, lambda: 0, dict)
+        quotas.admit_schedule(orders, 101, lambda: 0)
 
 
 def test_consumer_streams_are_counted_per_principal_and_a_stream_closed_frees_its_place(
         ) -> None:
-    quotas = Quotas(Clock())
+    quotas = Quotas(Clock(), dict)
     parsed = access({"orders": "max_consumer_streams = 2", "billing": ""})
     orders, billing = parsed.by_name("orders"), parsed.by_name("billing")
     assert orders is not None and billing is not None
@@ -207,29 +219,29 @@ def test_consumer_streams_are_counted_per_principal_and_a_stream_closed_frees_it
 
 def test_a_quota_changed_in_the_file_takes_effect_at_the_next_call() -> None:
     clock = Clock()
-    quotas = Quotas(clock)
+    quotas = Quotas(clock, dict)
     slow = access({"orders": "schedule_msgs_per_s = 1"}).by_name("orders")
     assert slow is not None
-    quotas.admit_schedule(slow, 1, lambda: 0, dict)
+    quotas.admit_schedule(slow, 1, lambda: 0)
     with pytest.raises(QuotaExceeded):
-        quotas.admit_schedule(slow, 1, lambda: 0, dict)
+        quotas.admit_schedule(slow, 1, lambda: 0)
     reread = access({"orders": "schedule_msgs_per_s = 1"}).by_name("orders")
     assert reread is not None
     with pytest.raises(QuotaExceeded):  # the same quota reread: the same bucket, still empty
-        quotas.admit_schedule(reread, 1, lambda: 0, dict)
+        quotas.admit_schedule(reread, 1, lambda: 0)
     raised = access({"orders": "schedule_msgs_per_s = 1000"}).by_name("orders")
     assert raised is not None
-    quotas.admit_schedule(raised, 1_000, lambda: 0, dict)  # a new bucket, full
+    quotas.admit_schedule(raised, 1_000, lambda: 0)  # a new bucket, full
     unbounded = access({"orders": ""}).by_name("orders")
     assert unbounded is not None
     for _ in range(10):
-        quotas.admit_schedule(unbounded, 10_000, lambda: 0, dict)
+        quotas.admit_schedule(unbounded, 10_000, lambda: 0)
 
 
 def test_refusals_are_logged_once_a_while_per_principal_and_quota(
         caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
-    quotas = Quotas(clock)
+    quotas = Quotas(clock, dict)
     orders = access({"orders": "max_consumer_streams = 1"}).by_name("orders")
     assert orders is not None
     quotas.open_stream(orders)
