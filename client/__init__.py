@@ -2,9 +2,11 @@
 
 `Client` blocks; `AsyncClient` is the same for asyncio. Both find the leader on their own
 (every response names it), and retry with jittered back-off (tenacity) on ``UNAVAILABLE`` and
-leader changes; scheduling is idempotent because every message carries an id (generated here
+leader changes, and after the wait a node advises when the caller is over a quota of its
+principal; scheduling is idempotent because every message carries an id (generated here
 when you give none). Errors: `InvalidArgument` (``.field`` names what to fix), `Unavailable`
-(no leader through every retry), `RequestTooLarge` (a batch above the node's
+(no leader through every retry), `QuotaExceeded` (an `Unavailable`: still over a quota when
+the call's time ran out; ``.quota`` names it), `RequestTooLarge` (a batch above the node's
 ``max_request_bytes``: split it), `Unauthenticated` and `PermissionDenied`, all
 `TickwheelClientError`.
 
@@ -34,6 +36,7 @@ from tickwheel.client.credentials import Credentials
 from tickwheel.client.errors import (
     InvalidArgument,
     PermissionDenied,
+    QuotaExceeded,
     RequestTooLarge,
     TickwheelClientError,
     Unauthenticated,
@@ -55,6 +58,7 @@ __all__ = [
     "Member",
     "Message",
     "PermissionDenied",
+    "QuotaExceeded",
     "Received",
     "RequestTooLarge",
     "RescheduleOutcome",

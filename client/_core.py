@@ -1,6 +1,6 @@
 """What the sync and asyncio clients share: what a client holds, messages, results, the
-keepalive, retry policy, and how consumer requests are merged (leader routing:
-`tickwheel.client.routing`; errors: `tickwheel.client.errors`). No I/O here."""
+keepalive, and how consumer requests are merged (leader routing: `tickwheel.client.routing`;
+errors: `tickwheel.client.errors`; retries: `tickwheel.client.retries`). No I/O here."""
 
 from __future__ import annotations
 
@@ -13,16 +13,12 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Literal, NamedTuple, Protocol, TypedDict, TypeVar, cast
+from typing import Generic, Literal, NamedTuple, Protocol, TypeVar
 
 import grpc
-from tenacity import retry_if_exception, stop_after_delay, wait_random_exponential
-from tenacity.retry import retry_base
-from tenacity.stop import stop_base
-from tenacity.wait import wait_base
 
 from tickwheel.client.credentials import Credentials
-from tickwheel.client.errors import TickwheelClientError, retryable
+from tickwheel.client.errors import TickwheelClientError
 from tickwheel.client.routing import ShardRouters
 from tickwheel.v1 import tickwheel_pb2 as pb
 
@@ -104,27 +100,6 @@ def urgent(item: Queued | None) -> bool:
 MAP_CHECK_S = 5.0
 """How often a consumer reads the shard map again, to open a stream to each shard a growth
 adds (docs/shards.md)."""
-
-RECONNECT_WAIT = wait_random_exponential(multiplier=0.05, max=0.25)
-"""Between attempts: jittered, growing from 50 ms to at most 250 ms. An election takes about a
-second; a longer back-off would only add to the time without delivery after it."""
-
-
-class RetryPolicy(TypedDict):
-    """The arguments of tenacity's ``Retrying`` and ``AsyncRetrying`` for a call."""
-
-    retry: retry_base
-    wait: wait_base
-    stop: stop_base
-    reraise: bool
-
-
-def retry_policy(timeout_s: float) -> RetryPolicy:
-    """tenacity arguments: jittered exponential back-off on retryable codes, for up to
-    ``timeout_s``. Safe for scheduling because every message carries an id."""
-    return {"retry": retry_if_exception(retryable), "wait": RECONNECT_WAIT,
-            "stop": stop_after_delay(timeout_s), "reraise": True}
-
 
 # -- messages ---------------------------------------------------------------------------------
 
@@ -485,16 +460,6 @@ def merged_requests(items: Iterable[Queued]) -> list[pb.ReceiveRequest]:
 
 
 # -- routing ----------------------------------------------------------------------------------
-
-def trailers(error: grpc.RpcError) -> Iterable[tuple[str, str | bytes]] | None:
-    """A failed call's trailing metadata; None from an error that is no call (or has none)."""
-    try:
-        # grpc's stubs type these as objects with .key and .value; gRPC gives (key, value)
-        # tuples, as every Call's trailing_metadata() does.
-        return cast("Iterable[tuple[str, str | bytes]]", error.trailing_metadata())
-    except (AttributeError, ValueError):
-        return None
-
 
 ChannelT = TypeVar("ChannelT", grpc.Channel, grpc.aio.Channel)
 

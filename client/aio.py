@@ -37,7 +37,6 @@ from tickwheel.client._core import (
     received,
     reschedule_request,
     reschedule_results,
-    retry_policy,
     schedule_request,
     scheduled,
     settle_request,
@@ -49,6 +48,7 @@ from tickwheel.client.coalescing import AsyncCoalescer
 from tickwheel.client.credentials import Credentials, open_aio_channel
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
+from tickwheel.client.retries import retry_policy
 from tickwheel.client.routing import ShardRouters, receive_slices, split
 from tickwheel.client.rpcs import (
     ACK_MESSAGES,

@@ -14,7 +14,6 @@ from tenacity import AsyncRetrying, retry_if_exception_type
 from tickwheel.client._core import (
     ACK_LINGER_S,
     MAP_CHECK_S,
-    RECONNECT_WAIT,
     Arrivals,
     Credits,
     Queued,
@@ -26,6 +25,7 @@ from tickwheel.client._core import (
     with_credits,
 )
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
+from tickwheel.client.retries import CONSUMER_WAIT
 from tickwheel.client.routing import ShardRouters
 from tickwheel.client.shards import shard_prefetch
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -236,7 +236,7 @@ class AsyncShardStream:
     async def receive(self) -> None:
         """Wait for the next batch, (re)connecting as needed."""
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(Reconnect),
-                                           wait=RECONNECT_WAIT, reraise=True):
+                                           wait=CONSUMER_WAIT, reraise=True):
             with attempt:
                 if self._closed:
                     return

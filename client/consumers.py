@@ -22,7 +22,6 @@ from tenacity import Retrying, retry_if_exception_type
 from tickwheel.client._core import (
     ACK_LINGER_S,
     MAP_CHECK_S,
-    RECONNECT_WAIT,
     Arrivals,
     Credits,
     Queued,
@@ -34,6 +33,7 @@ from tickwheel.client._core import (
     with_credits,
 )
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
+from tickwheel.client.retries import CONSUMER_WAIT
 from tickwheel.client.routing import ShardRouters
 from tickwheel.client.shards import shard_prefetch
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -301,7 +301,7 @@ class ShardStream:
         if self._read_open():
             return
         for attempt in Retrying(retry=retry_if_exception_type(Reconnect),
-                                wait=RECONNECT_WAIT, reraise=True):
+                                wait=CONSUMER_WAIT, reraise=True):
             with attempt, self._read_lock:
                 if self._closed:
                     return

@@ -39,19 +39,18 @@ from tickwheel.client._core import (
     received,
     reschedule_request,
     reschedule_results,
-    retry_policy,
     schedule_request,
     scheduled,
     settle_request,
     stale_map,
     subscribe_request,
-    trailers,
 )
 from tickwheel.client.coalescing import Coalescer
 from tickwheel.client.consumers import Consumer
 from tickwheel.client.credentials import Credentials, open_channel
-from tickwheel.client.errors import TickwheelClientError, retryable, translate
+from tickwheel.client.errors import TickwheelClientError, retryable, trailers, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
+from tickwheel.client.retries import retry_policy
 from tickwheel.client.routing import Router, ShardRouters, receive_slices, split
 from tickwheel.client.rpcs import (
     ACK_MESSAGES,
