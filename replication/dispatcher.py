@@ -103,6 +103,10 @@ class DispatchConfig:
     long (up to that many): a step costs about the same whatever it carries, so at a slow
     rate one every ``slow_lead_ms - min_lead_ms`` (20 ms) makes half the Raft rounds; at a
     rate that fills steps they come every ``lead_ms - min_lead_ms``."""
+    topic_share_msgs: int = 250
+    """A step takes at most this many of one topic's due messages before every other
+    topic's due messages (then that topic fills the room they leave): a backlog due before
+    everything else, a burst, still leaves each step room for the others."""
     slow_step_msgs: int = 64
     """How many messages a step carries at most for it to take ahead to ``slow_lead_ms``."""
     max_ready_ahead_msgs: int = 20_000
@@ -176,8 +180,10 @@ class Dispatcher:
             return []
         taken_positions = self._taken
         taken: list[DueMessage] = []
+        # a step behind a backlog has the room its handouts just applied made: a share of it
+        share = max(1, min(self._config.topic_share_msgs, room // 4))
         # a walk of passed-over messages may read one again: each goes once a leadership
-        for message in wheel.take_due(now_ms, room):
+        for message in wheel.take_due(now_ms, room, share):
             positions = taken_positions.get(message.slot_second)
             if positions is None:
                 positions = taken_positions[message.slot_second] = BitMap()

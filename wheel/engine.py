@@ -194,17 +194,19 @@ class Wheel:
         """
         return self._window.next_due_ms(self._cursor)
 
-    def take_due(self, now_ms: int, max_msgs: int) -> list[DueMessage]:
+    def take_due(self, now_ms: int, max_msgs: int, share_msgs: int = 0) -> list[DueMessage]:
         """Hand out up to ``max_msgs`` messages due at ``now_ms``, in dispatch order (but for
         a second too large for one take, whose messages go as they are read, and the parked
-        tags' messages, which go once their tag is taken again).
+        tags' messages, which go once their tag is taken again). With ``share_msgs``, one
+        tag (a topic) gets at most that many before the other tags' due messages, and the
+        room they leave (`DueWindow.take`).
 
         A message is handed out once per dispatch pass; `rewind` starts a new pass from the
         cursor. Cancelled messages and messages behind the cursor are never handed out. Reading
         the body happens here, not before.
         """
         invariant(max_msgs > 0, f"take_due max_msgs={max_msgs}")
-        taken = self._window.take(now_ms, max_msgs, self._cursor)
+        taken = self._window.take(now_ms, max_msgs, self._cursor, share_msgs)
         self._release_maps()
         return taken
 

@@ -8,7 +8,7 @@ stops at ``max_window_msgs`` units, or at the preload horizon; a span that holds
 hour's units is read in one index scan instead of chain by chain.
 
 A second's chain is read whole unless it holds more than a take may read
-(`WheelConfig.max_load_units`): then the rest of it becomes a *walk* (`_Walk`), read a take's
+(`WheelConfig.max_load_units`): then the rest of it becomes a *walk* (`Walk`), read a take's
 share at a time and only as fast as the dispatch takes it, and the scan goes on to the next
 seconds. So a million messages due at once never sit in memory whole, and the messages due
 after them are not held behind them; within such a second messages go out in the order they
@@ -27,58 +27,32 @@ import heapq
 import logging
 from collections.abc import Callable, Sequence
 
-from tickwheel.common.errors import CorruptSegment
 from tickwheel.common.runheap import RunHeap
+from tickwheel.wheel.chains import (
+    ALL_TAGS,
+    Stretch,
+    Walk,
+    WindowEntry,
+    pass_over,
+    pass_over_all,
+    rewalk,
+    walk_order,
+)
 from tickwheel.wheel.format import MS_PER_SECOND, SECONDS_PER_HOUR
 from tickwheel.wheel.hours import HourSet
 from tickwheel.wheel.mending import Unmended
 from tickwheel.wheel.segment import HourSegment
+from tickwheel.wheel.shares import Shares
 from tickwheel.wheel.types import Cursor, DueMessage, WheelConfig
 
 log = logging.getLogger("tickwheel.wheel")
 
+_new = tuple.__new__
+"""A namedtuple's own constructor is a Python call per message."""
+
 GLOBAL_INDEX_BITS = 32
 GLOBAL_INDEX_MASK = (1 << GLOBAL_INDEX_BITS) - 1
 """A handle is ``hour << GLOBAL_INDEX_BITS | global_index``."""
-
-WindowEntry = tuple[int, int, int, int, int, int, int]
-"""``(slot_second, deliver_at_ms, local_index, handle, log_offset, record_size, tag)``. Their
-order is dispatch order; the handle makes every entry unique."""
-
-
-ALL_TAGS = -1
-"""A walk of every unit of its second (the rest of a long chain), not of one tag's."""
-
-
-class _Walk:
-    """``second``'s chain from ``next_unit`` down to ``end_unit`` (exclusive; -1: to the
-    chain's end), to read for the units of ``tag`` (`ALL_TAGS`: of every tag not parked). A
-    walk is done when ``next_unit`` reaches ``end_unit``."""
-
-    __slots__ = ("end_unit", "next_unit", "second", "tag")
-
-    def __init__(self, second: int, tag: int, next_unit: int, end_unit: int = -1) -> None:
-        self.second = second
-        self.tag = tag
-        self.next_unit = next_unit
-        self.end_unit = end_unit
-
-    @property
-    def done(self) -> bool:
-        return self.next_unit <= self.end_unit
-
-
-def _walk_order(walk: _Walk) -> tuple[int, bool]:
-    """Oldest second first; in a second, what was passed over before the rest of its chain."""
-    return walk.second, walk.tag == ALL_TAGS
-
-
-_Stretch = list[int]
-"""``[first unit, end unit]`` of a chain where a parked tag's units were passed over: the end
-is `_OPEN` while the walk passing over them goes on (it ends where that walk is when the tag
-is taken again)."""
-_OPEN = -2
-
 
 class DueWindow:
     """The queue of loaded units and how far the scan has gone. ``on_skip(slot, local_index)``
@@ -99,19 +73,23 @@ class DueWindow:
         self.held: str | None = None
         """Why the last `take` stopped at damage it could not mend yet (None: it did not)."""
         self.parked: frozenset[int] = frozenset()
-        self._passed: dict[tuple[int, int], list[_Stretch]] = {}
+        self._passed: dict[tuple[int, int], list[Stretch]] = {}
         """(tag, second) -> where the units of a parked tag were passed over in the second's
         chain (a stretch of it holds no unit of the tag that went onto the queue)."""
         self._aside: dict[int, list[WindowEntry]] = {}
         """tag -> entries taken off the queue while the tag is parked (loaded before it was),
         each a heap: its first entry is its oldest, which `hours_in_use` reads every take."""
-        self._walks: list[_Walk] = []
+        self._walks: list[Walk] = []
         """Chains to read on, oldest second first: long seconds the scan started, and the
         units passed over of tags no longer parked."""
+        self._segment: HourSegment | None = None
+        """The hour segment the take read last."""
+        self.shares = Shares(config.max_load_units)
+        """The backlogs of fair takes (`take` with ``share_msgs``)."""
         hours.in_use = self.hours_in_use
 
     def __len__(self) -> int:
-        return len(self.queue)
+        return len(self.queue) + len(self.shares)
 
     def hours_in_use(self) -> tuple[int, int]:
         """The first and last hour the window reads from."""
@@ -119,6 +97,7 @@ class DueWindow:
         seconds = [first[0] if first is not None else self.scan_second]
         seconds += [second for _, second in self._passed]
         seconds += [entries[0][0] for entries in self._aside.values()]
+        seconds += [entry[0] for entry in self.shares.firsts()]
         if self._walks:
             seconds.append(self._walks[0].second)
         return min(seconds) // SECONDS_PER_HOUR, self.scan_second // SECONDS_PER_HOUR
@@ -132,6 +111,7 @@ class DueWindow:
         """Forget everything loaded; scan again from ``cursor_second`` (which passes over the
         parked tags' units again)."""
         self.queue.clear()
+        self.shares.clear()
         self._passed.clear()
         self._aside.clear()
         self._walks.clear()
@@ -144,41 +124,9 @@ class DueWindow:
             return
         resumed = self.parked - tags
         self.parked = tags
-        walks = [walk for walk in self._walks if walk.tag not in tags]
-        for walk in self._walks:
-            if walk.tag in tags:  # its tag is parked again: go on from there when it is not
-                self._passed.setdefault((walk.tag, walk.second), []).append(
-                    [walk.next_unit, walk.end_unit])
-        reading = {walk.second: walk.next_unit for walk in walks if walk.tag == ALL_TAGS}
-        for (tag, second), stretches in list(self._passed.items()):
-            if tag in resumed:
-                del self._passed[tag, second]
-                for first, end in stretches:
-                    # an open stretch ends where the second's walk is: it reads on from there
-                    walks.append(_Walk(second, tag, first,
-                                       reading.get(second, -1) if end == _OPEN else end))
+        self._walks = rewalk(self._walks, self._passed, tags, resumed)
         for tag in resumed & self._aside.keys():
             self.queue.extend(self._aside.pop(tag))
-        walks.sort(key=_walk_order)
-        self._walks = [walk for walk in walks if not walk.done]
-
-    def _pass_over(self, tag: int, second: int, unit: int) -> None:
-        """A unit of parked ``tag`` in ``second``'s chain is passed over by the walk reading
-        it: it begins a stretch, unless that walk passed over the tag's units before it
-        (the chain runs newest first, the walk down it)."""
-        stretches = self._passed.setdefault((tag, second), [])
-        if not stretches or stretches[-1][1] != _OPEN:
-            stretches.append([unit, _OPEN])
-
-    def _pass_over_all(self, tag: int, second: int, unit: int) -> None:
-        """A unit of parked ``tag`` in ``second`` is passed over by one scan of its hour,
-        which reads every unit of the second (in index order, oldest first): the stretch
-        runs from the newest of them to the chain's end."""
-        stretches = self._passed.setdefault((tag, second), [])
-        if stretches:
-            stretches[-1][0] = max(stretches[-1][0], unit)
-        else:
-            stretches.append([unit, -1])
 
     def add_filed(self, slots: list[int], deliver_at_ms: Sequence[int],
                   records: Sequence[bytes], local_indexes: list[int], first_handle: int,
@@ -193,56 +141,107 @@ class DueWindow:
                       tags[i]))
             offset += len(record)
 
-    def take(self, now_ms: int, max_msgs: int, cursor: Cursor) -> list[DueMessage]:
+    def take(self, now_ms: int, max_msgs: int, cursor: Cursor, share_msgs: int = 0
+             ) -> list[DueMessage]:
         """Pop up to ``max_msgs`` messages due at ``now_ms`` (see `Wheel.take_due`), loading
         as needed, and read their bodies. Damage that may yet be mended (`Unmended`, not
         everywhere) stops the take there, and is kept in ``held``: what lies behind it is
         neither taken nor skipped, so no cursor passes it. A record damaged everywhere is
-        skipped (and counted): no copy of it exists any more."""
+        skipped (and counted): no copy of it exists any more.
+
+        With ``share_msgs``, a fair take (`tickwheel.wheel.shares`): each tag gets at most
+        ``share_msgs`` before the other tags' due messages, and then the room they leave."""
         self.held = None
         self._budget = self._config.max_load_units
         self._walked = 0
+        taken: list[DueMessage] = []
+        self.shares.begin()
+        if not share_msgs:
+            self.queue.extend(self.shares.drain())  # backlogs of fair takes: in order again
+            self._take(self.queue, now_ms, max_msgs, cursor, taken)
+            return taken
+        heavy = self.shares.in_turn()
+        for side in heavy:  # each backlog its share first
+            if self.held is None:
+                self._take(side, now_ms, min(max_msgs, len(taken) + share_msgs), cursor, taken)
+        if self.held is None:
+            self._take(self.queue, now_ms, max_msgs, cursor, taken, share_msgs)
+        for side in self.shares.in_turn():  # then the room the others left
+            if self.held is None and len(taken) < max_msgs:
+                self._take(side, now_ms, max_msgs, cursor, taken)
+        self.shares.drop_empty()
+        return taken
+
+    def _take(self, source: RunHeap[WindowEntry], now_ms: int, max_msgs: int, cursor: Cursor,
+              taken: list[DueMessage], share_msgs: int = 0) -> None:
+        """Pop ``source`` into ``taken`` until it holds ``max_msgs``, loading as needed when
+        ``source`` is the window's queue. With ``share_msgs``, a tag that has had its share
+        of ``taken`` is a backlog: its entries go to its own queue (`Shares.defer`)."""
         limit_second = (now_ms + self._config.preload_ms) // MS_PER_SECOND
         now_second = now_ms // MS_PER_SECOND
-        queue, taken = self.queue, list[DueMessage]()
+        queue = self.queue
         parked = self.parked
-        new = tuple.__new__  # a namedtuple's own constructor is a Python call per message
-        segment: HourSegment | None = None
-        segment_hour = -1
+        shares = self.shares
+        counts: dict[int, int] = {}
+        self._segment = None
         while len(taken) < max_msgs:
-            # walks read older seconds than what the queue may hold ahead: read them on too
-            if not queue or (self._walks and self._budget and self._walked < max_msgs):
+            # walks read older seconds than what the queue may hold ahead: read them on too,
+            # once due (a second not due yet is read on as it is taken, not ahead of it)
+            if source is queue and (not queue or (
+                    self._walks and self._budget and self._walked < max_msgs
+                    and self._walks[0].second <= now_second)):
                 if not self._fill(limit_second, max_msgs - len(taken), cursor) or not queue:
                     break
-                segment_hour = -1
-            entry = queue.pop()
-            slot, deliver_at_ms, local_index, handle, offset, size, tag = entry
+                self._segment = None
+            if not source:
+                break
+            entry = source.pop()
+            slot, deliver_at_ms, local_index, _, _, _, tag = entry
             if deliver_at_ms > now_ms or slot > now_second:
-                queue.unpop(entry)
+                source.unpop(entry)
                 break
             if (slot, local_index) < cursor:
                 continue
             if tag in parked:
                 heapq.heappush(self._aside.setdefault(tag, []), entry)
                 continue
-            if segment is None or handle >> GLOBAL_INDEX_BITS != segment_hour:
-                segment_hour = handle >> GLOBAL_INDEX_BITS
-                segment = self._hours.existing(segment_hour)
-            if handle & GLOBAL_INDEX_MASK in segment.tombstones:
-                self._on_skip(slot, local_index)
-                continue
-            try:
-                fields = segment.record(offset, size)
-            except Unmended as error:
-                if not error.everywhere:
-                    queue.unpop(entry)
-                    self.held = str(error)
-                    break
-                self._skip_corrupt(segment, entry, error)
-                self._on_skip(slot, local_index)
-                continue
-            taken.append(new(DueMessage, (*fields[:5], handle, slot, local_index, fields[5])))
-        return taken
+            if share_msgs:
+                count = counts.get(tag, 0)
+                if count >= share_msgs or tag in shares.heavy:
+                    if not shares.defer(tag, entry):
+                        source.unpop(entry)
+                        break
+                    continue
+                counts[tag] = count + 1
+            if not self._read(entry, taken):
+                source.unpop(entry)
+                break
+
+    def _read(self, entry: WindowEntry, taken: list[DueMessage]) -> bool:
+        """Read ``entry``'s record into ``taken``, or skip it (cancelled; damaged on every
+        copy); False when damage that may yet be mended stops the take (kept in ``held``)."""
+        slot, _, local_index, handle, offset, size, _ = entry
+        hour = handle >> GLOBAL_INDEX_BITS
+        segment = self._segment
+        if segment is None or segment.hour != hour:
+            segment = self._segment = self._hours.existing(hour)
+        if handle & GLOBAL_INDEX_MASK in segment.tombstones:
+            self._on_skip(slot, local_index)
+            return True
+        try:
+            fields = segment.record(offset, size)
+        except Unmended as error:
+            if not error.everywhere:
+                self.held = str(error)
+                return False
+            self.corrupt_records_skipped += 1  # no copy of it is left: never handed out
+            log.error("event=record_corrupt file=%s offset=%d handle=%d slot_second=%d "
+                      "local_index=%d error=%r", segment.path / "log", offset, handle, slot,
+                      local_index, str(error))
+            self._on_skip(slot, local_index)
+            return True
+        taken.append(_new(DueMessage, (*fields[:5], handle, slot, local_index, fields[5])))
+        return True
 
     def _fill(self, limit_second: int, wanted: int, cursor: Cursor) -> bool:
         """Load for a take (`load_until`); False when there is nothing to load, or damage
@@ -259,24 +258,15 @@ class DueWindow:
             return False
         return True
 
-    def _skip_corrupt(self, segment: HourSegment, entry: WindowEntry,
-                      error: CorruptSegment) -> None:
-        """A record failed its CRC and no copy of it is left: count it and say so loudly;
-        it is never handed out."""
-        slot, _, local_index, handle, offset, _, _ = entry
-        self.corrupt_records_skipped += 1
-        log.error("event=record_corrupt file=%s offset=%d handle=%d slot_second=%d "
-                  "local_index=%d error=%r", segment.path / "log", offset, handle, slot,
-                  local_index, str(error))
-
     def next_due_ms(self, cursor: Cursor) -> int | None:
         """When the next message is due (see `Wheel.next_due_ms`)."""
         self.drop_stale_top(cursor)
-        first = self.queue.first()
         due_ms: int | None = None
-        if first is not None:
-            slot, deliver_at_ms = first[:2]
-            due_ms = max(deliver_at_ms, slot * MS_PER_SECOND)
+        for first in (self.queue.first(), *self.shares.firsts()):
+            if first is not None:
+                slot, deliver_at_ms = first[:2]
+                first_ms = max(deliver_at_ms, slot * MS_PER_SECOND)
+                due_ms = first_ms if due_ms is None else min(due_ms, first_ms)
         if self._walks:  # what a walk has not read yet may be due at its second's start
             start_ms = self._walks[0].second * MS_PER_SECOND
             due_ms = start_ms if due_ms is None else min(due_ms, start_ms)
@@ -379,7 +369,7 @@ class DueWindow:
         is left of this take's budget is short of it and the queue holds something to take
         meanwhile); otherwise as a walk: a share now, the rest as the dispatch takes it."""
         second_of_hour = slot % SECONDS_PER_HOUR
-        walk = _Walk(slot, ALL_TAGS, segment.heads[second_of_hour << 1])
+        walk = Walk(slot, ALL_TAGS, segment.heads[second_of_hour << 1])
         count = segment.heads[(second_of_hour << 1) + 1]
         if count <= self._config.max_load_units:
             if count > self._budget and self.queue:
@@ -391,10 +381,10 @@ class DueWindow:
         self._budget, _ = self._read_chain(segment, walk, cursor, self._budget, room)
         if not walk.done:
             self._walks.append(walk)
-            self._walks.sort(key=_walk_order)
+            self._walks.sort(key=walk_order)
         return True
 
-    def _read_chain(self, segment: HourSegment, walk: _Walk, cursor: Cursor, budget: int,
+    def _read_chain(self, segment: HourSegment, walk: Walk, cursor: Cursor, budget: int,
                     room: int) -> tuple[int, int]:
         """Read ``walk``'s chain on, at most ``budget`` units, until ``room`` are put onto
         the queue: its units (of its tag), but those of parked tags (passed over) and
@@ -416,7 +406,7 @@ class DueWindow:
             elif global_index in tombstones:
                 self._on_skip(slot, local_index)
             elif tag in parked:
-                self._pass_over(tag, slot, global_index)
+                pass_over(self._passed, tag, slot, global_index)
             else:
                 push((slot, deliver_at_ms, local_index, base | global_index, offset, size, tag))
                 pushed += 1
@@ -444,7 +434,7 @@ class DueWindow:
                 if handle & GLOBAL_INDEX_MASK in tombstones:
                     self._on_skip(slot, local_index)
                 elif tag in parked:
-                    self._pass_over_all(tag, slot, handle & GLOBAL_INDEX_MASK)
+                    pass_over_all(self._passed, tag, slot, handle & GLOBAL_INDEX_MASK)
                 else:
                     kept.append(entry)
             loaded = kept

@@ -1,7 +1,7 @@
 """Parked tags, attacked with random schedules: whatever the order of parking, taking again,
-cancelling, filing late and rewinding, every message is taken exactly once per pass, none
-while its tag is parked, none cancelled before it was taken, and no position is reported
-skipped that was not cancelled."""
+cancelling, filing late and rewinding, with fair shares per tag or without, every message
+is taken exactly once per pass, none while its tag is parked, none cancelled before it was
+taken, and no position is reported skipped that was not cancelled."""
 
 from __future__ import annotations
 
@@ -30,10 +30,11 @@ operations = st.lists(st.one_of(
 @given(first=st.lists(st.tuples(st.sampled_from(TAGS), st.integers(0, 2_500)),
                       min_size=1, max_size=400),
        steps=operations, max_load_units=st.sampled_from([7, 50, 10_000]),
-       rewind_at=st.one_of(st.none(), st.integers(0, 60)))
+       rewind_at=st.one_of(st.none(), st.integers(0, 60)),
+       share_msgs=st.sampled_from([0, 1, 3]))
 def test_every_message_is_taken_once_and_never_while_its_tag_is_parked(
         first: list[tuple[int, int]], steps: list[tuple], max_load_units: int,
-        rewind_at: int | None) -> None:
+        rewind_at: int | None, share_msgs: int) -> None:
     with tempfile.TemporaryDirectory() as root, \
             Wheel.open(Path(root), WheelConfig(max_load_units=max_load_units,
                                                max_window_msgs=60)) as wheel:
@@ -57,7 +58,7 @@ def test_every_message_is_taken_once_and_never_while_its_tag_is_parked(
         cancelled: set[str] = set()
 
         def take(max_msgs: int) -> None:
-            for message in wheel.take_due(now_ms, max_msgs):
+            for message in wheel.take_due(now_ms, max_msgs, share_msgs):
                 assert message.id not in taken, f"{message.id} taken twice in one pass"
                 assert tag_of[message.id] not in wheel.parked, f"{message.id} is parked"
                 assert message.id not in cancelled

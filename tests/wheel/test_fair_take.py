@@ -1,0 +1,75 @@
+"""A fair take: one tag's backlog, due before everything else, leaves room in every take for
+the other tags' due messages, and a tag alone still gets whole takes."""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tickwheel.wheel import NewMessage, Wheel, WheelConfig
+from tickwheel.wheel.format import encode_record
+
+NOW_MS = 1_000 * 3_600_000
+BURST, STEADY = 1, 2
+
+
+@contextmanager
+def _wheel(max_load_units: int) -> Iterator[Wheel]:
+    with tempfile.TemporaryDirectory() as root, \
+            Wheel.open(Path(root), WheelConfig(max_load_units=max_load_units)) as wheel:
+        yield wheel
+
+
+def _file(wheel: Wheel, tag: int, prefix: str, dues_ms: list[int]) -> None:
+    records = [encode_record(*NewMessage(f"{prefix}{i}", prefix, b"x", due_ms, {}))
+               for i, due_ms in enumerate(dues_ms)]
+    wheel.schedule_records(records, dues_ms, NOW_MS - 60_000, [tag] * len(dues_ms))
+
+
+@pytest.mark.parametrize("max_load_units", [10_000, 500])  # read at once, or walked
+def test_a_backlog_leaves_each_take_room_for_the_other_topics(max_load_units: int) -> None:
+    with _wheel(max_load_units) as wheel:
+        _file(wheel, BURST, "burst", [NOW_MS] * 6_000)
+        _file(wheel, STEADY, "steady", [NOW_MS + 100 * k for k in range(1, 9)])
+        first = wheel.take_due(NOW_MS + 1_000, 1_000, share_msgs=250)
+        tags = Counter(message.topic for message in first)
+        # a take reads at most max_load_units units: the steady ones first, the burst after
+        assert tags == {"steady": 8, "burst": min(1_000, max_load_units) - 8}, tags
+        taken = {message.id for message in first}
+        while batch := wheel.take_due(NOW_MS + 1_000, 1_000, share_msgs=250):
+            assert all(message.topic == "burst" for message in batch)
+            taken.update(message.id for message in batch)
+        assert len(taken) == 6_008
+
+
+def test_without_a_share_the_backlog_comes_first() -> None:
+    """What a fair take changes: the same wheel, taken without a share."""
+    with _wheel(10_000) as wheel:
+        _file(wheel, BURST, "burst", [NOW_MS] * 6_000)
+        _file(wheel, STEADY, "steady", [NOW_MS + 100 * k for k in range(1, 9)])
+        first = wheel.take_due(NOW_MS + 1_000, 1_000)
+        assert {message.topic for message in first} == {"burst"}
+
+
+def test_many_small_topics_each_get_their_due_messages_in_the_first_take() -> None:
+    with _wheel(10_000) as wheel:
+        _file(wheel, BURST, "burst", [NOW_MS] * 5_000)
+        for tag in range(2, 202):
+            _file(wheel, tag, f"t{tag}-", [NOW_MS + 200, NOW_MS + 400])
+        first = wheel.take_due(NOW_MS + 500, 1_000, share_msgs=250)
+        small = Counter(message.topic for message in first if message.topic != "burst")
+        assert len(small) == 200 and set(small.values()) == {2}
+        assert len(first) == 1_000
+
+
+def test_messages_not_yet_due_are_not_taken_for_fairness() -> None:
+    with _wheel(10_000) as wheel:
+        _file(wheel, BURST, "burst", [NOW_MS] * 2_000)
+        _file(wheel, STEADY, "steady", [NOW_MS + 5_000])
+        taken = wheel.take_due(NOW_MS + 1_000, 1_000, share_msgs=250)
+        assert len(taken) == 1_000 and {m.topic for m in taken} == {"burst"}
