@@ -224,6 +224,7 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
         metrics.set_pending(status.pending, status.pending_untracked)
         metrics.set_storage(status.mended, status.damage_held)
         metrics.set_clocks(node.replica.clock.observe())
+        metrics.raft_steps.summary = status.raft_steps
         spaces = node.disk.spaces()
         metrics.set_disks(spaces)
         if disk_ok != (not spaces[0].low):

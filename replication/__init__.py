@@ -1,7 +1,8 @@
 """The Raft state machine over the wheel: group commit, cursor sync, lease, hand-over (issue 3).
 
 Its face, what the layers above use: the `Replica` (the one object a node drives) with its
-settings and status; what its calls answer (`Accepted`, `Rejected`, `Retried`, `MoveOutcome`;
+settings and status (its Raft thread's steps too, `StepSummary`); what its calls answer
+(`Accepted`, `Rejected`, `Retried`, `MoveOutcome`;
 `Delivery` and `Expired` for the hand-out it makes); the cluster's time it reads
 (`ClusterClock`, `MemberOffset`); lease receipts (`LeaseRef`,
 `encode_receipt`, `encode_receipts`, `decode_receipt`); the shard map a command set
@@ -27,6 +28,7 @@ from tickwheel.replication.handout import (
     encode_receipts,
 )
 from tickwheel.replication.outcomes import Accepted, MoveOutcome, Rejected, Retried
+from tickwheel.replication.raft import StepSummary
 from tickwheel.replication.replica import Replica
 from tickwheel.replication.state import StateConfig
 from tickwheel.replication.state_files import ShardMapRecord
@@ -57,6 +59,7 @@ __all__ = [
     "Retried",
     "ShardMapRecord",
     "StateConfig",
+    "StepSummary",
     "decode_receipt",
     "encode_receipt",
     "encode_receipts",

@@ -324,7 +324,8 @@ class Replica:
             pending=self._state.pending.by_topic(),
             pending_untracked=self._state.pending.untracked,
             mended=replace(self._state.mended),
-            damage_held=self._state.wheel.damage_held if dispatching else None)
+            damage_held=self._state.wheel.damage_held if dispatching else None,
+            raft_steps=raft.steps)
 
     # -- the loop (the Raft thread) -------------------------------------------------------
 

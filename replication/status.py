@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tickwheel.replication.group import GroupSummary
+from tickwheel.replication.raft.port import StepSummary
 from tickwheel.wheel import Cursor
 from tickwheel.wheel.mending import MendCounts
 
@@ -40,3 +41,5 @@ class ReplicaStatus:
     """Damaged stored units and records this node mended from its peers' copies."""
     damage_held: str | None
     """On the leader: the damage the dispatch waits at until a peer can give a good copy."""
+    raft_steps: StepSummary
+    """How long this node's Raft thread worked between its waits (`raft.steps`)."""

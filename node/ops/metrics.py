@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from tickwheel.node.ops.disk import Space
-    from tickwheel.replication import GroupSummary, MemberOffset
+    from tickwheel.replication import GroupSummary, MemberOffset, StepSummary
     from tickwheel.wheel import MendCounts
 
 OTHER_TOPICS = "%other%"
@@ -64,6 +64,32 @@ class BatchHistogram(Collector):
                             cumulative))
         yield HistogramMetricFamily(self._name, self._documentation, buckets=buckets,
                                     sum_value=sum_ms / 1000)
+
+
+class RaftSteps(Collector):
+    """The Raft thread's steps (`ReplicaStatus.raft_steps`), as the housekeeping last read
+    them: a histogram and the longest step lately."""
+
+    def __init__(self) -> None:
+        self.summary: StepSummary | None = None
+
+    def collect(self) -> Iterator[HistogramMetricFamily | GaugeMetricFamily]:
+        summary = self.summary
+        if summary is None or not summary.counts:
+            return
+        cumulative, buckets = 0, []
+        for bound_ms, count in zip((*summary.bounds_ms, float("inf")), summary.counts,
+                                   strict=True):
+            cumulative += count
+            buckets.append((str(bound_ms / 1000) if bound_ms != float("inf") else "+Inf",
+                            cumulative))
+        yield HistogramMetricFamily(
+            "tickwheel_raft_step_seconds", "How long the Raft thread worked between two "
+            "waits: it answers nothing meanwhile (the election timeout is 0.5 s).",
+            buckets=buckets, sum_value=summary.sum_ms / 1000)
+        yield GaugeMetricFamily(
+            "tickwheel_raft_step_longest_seconds", "The longest Raft-thread step within the "
+            "last 5-10 s.", value=summary.longest_ms / 1000)
 
 
 class TopicLabels:
@@ -172,6 +198,9 @@ class Metrics:
                                  "latest answer).", ["member"], registry=r)
         self.disk_low = Gauge("tickwheel_disk_low", "1 while new messages are refused because "
                               "a member's free space is below its reserve.", registry=r)
+        self.raft_steps = RaftSteps()
+        """``metrics.raft_steps.summary = status.raft_steps``: the housekeeping's read."""
+        r.register(self.raft_steps)
 
     def observe_delivered(self, topic: str, count: int, first_lateness_ms: list[int]) -> None:
         """``count`` messages of ``topic`` sent; ``first_lateness_ms``: how late the first

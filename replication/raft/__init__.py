@@ -18,7 +18,7 @@ from tickwheel.replication.raft.journal import (
     rewind_journal,
 )
 from tickwheel.replication.raft.node import PICKLE_PROTOCOL, RaftNode
-from tickwheel.replication.raft.port import OnResult, RaftPort, RaftStatus, Role
+from tickwheel.replication.raft.port import OnResult, RaftPort, RaftStatus, Role, StepSummary
 from tickwheel.replication.raft.snapshot import (
     SNAPSHOT_FILE,
     SnapshotDamaged,
@@ -28,5 +28,5 @@ from tickwheel.replication.raft.snapshot import (
 
 __all__ = ["DISK_FULL", "JOURNAL_FILE", "MAX_MESSAGE_ENTRY_BYTES", "PICKLE_PROTOCOL",
            "SNAPSHOT_FILE", "InsecureCluster", "OnResult", "RaftConfig", "RaftNode", "RaftPort",
-           "RaftStatus", "Role", "SnapshotDamaged", "SyncLedger", "fsync_files",
+           "RaftStatus", "Role", "SnapshotDamaged", "StepSummary", "SyncLedger", "fsync_files",
            "journal_first_index", "read_snapshot", "rewind_journal", "write_snapshot"]

@@ -80,6 +80,7 @@ from tickwheel.replication.raft.snapshot import (
     DurableSerializer,
     ReceivingSerializer,
 )
+from tickwheel.replication.raft.steps import StepTimes
 from tickwheel.replication.raft.tenure import TenureClock
 from tickwheel.replication.raft.transport import LinkTransport
 
@@ -156,6 +157,9 @@ class RaftNode:
             pysyncobj.syncobj.createJournal, pysyncobj.syncobj.Serializer = journal, serializer
         self._pre_vote = PreVote(self._core, len(peers), config.election_min_ms)
         self._core._SyncObj__transport.setOnMessageReceivedCallback(self._on_message)
+        self.steps = StepTimes()
+        """How long this node's Raft thread works between waits (`raft.steps`)."""
+        self.steps.wrap(self._core._poller)
         self._notifier = PipeNotifier(self._core._poller)
         self._woken = False
         """A wake's byte is in the pipe, or the tick it ends has not returned yet."""
@@ -235,7 +239,8 @@ class RaftNode:
             connected=tuple(peer for peer in self._peers
                             if raw.get(f"partner_node_status_server_{peer}") == 2),
             match_index={peer: raw[f"match_idx_server_{peer}"] for peer in self._peers
-                         if f"match_idx_server_{peer}" in raw})
+                         if f"match_idx_server_{peer}" in raw},
+            steps=self.steps.summary())
 
     def close(self) -> None:
         self._core.destroy()

@@ -20,6 +20,17 @@ class Role(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class StepSummary:
+    """The Raft thread's steps so far (`tickwheel.replication.raft.steps`): how many took at
+    most each of ``bounds_ms`` (and above the last), their sum, and the longest lately."""
+
+    bounds_ms: tuple[float, ...] = ()
+    counts: tuple[int, ...] = ()
+    sum_ms: float = 0.0
+    longest_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class RaftStatus:
     role: Role
     term: int
@@ -33,6 +44,7 @@ class RaftStatus:
     """Peers this node has an authenticated link to."""
     match_index: dict[str, int]
     """On the leader: the last entry each follower is known to hold."""
+    steps: StepSummary = StepSummary()
 
 
 @dataclass(frozen=True, slots=True)
