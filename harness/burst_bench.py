@@ -40,10 +40,12 @@ import ctypes
 import json
 import multiprocessing
 import multiprocessing.sharedctypes
+import re
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from array import array
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.queues import Queue
@@ -169,7 +171,9 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
         process.start()
     time.sleep(3)  # the producers build their batches and connect; the clock starts below
     steady_done = threading.Event()
-    steady = threading.Thread(target=_steady, args=(endpoint, steady_rate, steady_done))
+    steady_calls: list[tuple[float, float]] = []
+    steady = threading.Thread(target=_steady, args=(endpoint, steady_rate, steady_done,
+                                                    steady_calls))
     steady.start()
     began = time.monotonic()
     start.set()
@@ -184,8 +188,9 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
     rss_at_due_mb = _rss_mb(leader.pid, "VmRSS")
     anon_at_due_mb = _rss_mb(leader.pid, "RssAnon")
     watched: dict[str, float] = {}
+    urls = [f"http://{node.metrics_address}/metrics" for node in cluster.nodes]
     watcher = threading.Thread(target=_watch_group, args=(endpoint, "burst", steady_done,
-                                                          watched, leader.pid))
+                                                          watched, leader.pid, urls))
     watcher.start()
     wait_for(lambda: received.value >= messages, 600, f"{messages} burst messages to arrive",
              poll_s=0.1)
@@ -197,10 +202,8 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
     stop.set()
     tally = _tally([results.get(timeout=60) for _ in readers], due_ms)
     last_ms = tally.pop("last_ms")
-    steady_numbers, steady_arrivals, _ = _unpack(steady_results.get(timeout=60))
-    lateness = sorted(arrived - due for due, arrived in zip(steady_numbers, steady_arrivals,
-                                                            strict=True)
-                      if due_ms <= due <= last_ms)
+    steady_figures = _steady_figures(steady_results.get(timeout=60), steady_calls, due_ms,
+                                     last_ms)
     for process in [*readers, steady_reader]:
         process.join(10)
     last_after_s = (last_ms - due_ms) / 1000
@@ -212,7 +215,7 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
             "leader_rss_at_due_mb": rss_at_due_mb, "leader_peak_rss_mb": peak_rss_mb,
             "leader_rss_anon_at_due_mb": anon_at_due_mb,
             "leader_cpu_s": round(leader_cpu_s, 1),
-            **_steady_figures(lateness), **watched}
+            **steady_figures, **watched}
 
 
 def _tally(receipts: list[Receipts], due_ms: int) -> dict[str, float]:
@@ -239,29 +242,54 @@ def _tally(receipts: list[Receipts], due_ms: int) -> dict[str, float]:
             "burst_flagged": flagged, "burst_early": early, "last_ms": last_ms}
 
 
-def _steady(endpoint: Endpoint, rate: int, done: threading.Event) -> None:
-    """``rate`` messages a second on the steady topic, each due a second after it is sent."""
+def _steady(endpoint: Endpoint, rate: int, done: threading.Event,
+            calls: list[tuple[float, float]]) -> None:
+    """``rate`` messages a second on the steady topic, each due a second after it is sent;
+    each call's start (ms) and how long it took (ms) into ``calls``."""
     with _client(endpoint, 60) as client:
         sent = 0
         began = time.monotonic()
         while not done.is_set():
             due_now = int((time.monotonic() - began) * rate) + 1
             if due_now > sent:
-                client.schedule_many(Message("steady", BODY, deliver_at_ms=now_ms() + 1_000,
+                called_ms, called_s = now_ms(), time.monotonic()
+                client.schedule_many(Message("steady", BODY, deliver_at_ms=called_ms + 1_000,
                                              id=f"steady-{k}") for k in range(sent, due_now))
+                calls.append((called_ms, (time.monotonic() - called_s) * 1000))
                 sent = due_now
             done.wait(0.01)
 
 
+def _scrape(urls: list[str], name: str) -> list[float]:
+    """Each node's value of the metric ``name`` (one without labels)."""
+    values = []
+    for url in urls:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+        if found is None:
+            raise RuntimeError(f"{url} has no {name}")
+        values.append(float(found.group(1)))
+    return values
+
+
 def _watch_group(endpoint: Endpoint, topic: str, done: threading.Event,
-                 figures: dict[str, float], leader_pid: int) -> None:
+                 figures: dict[str, float], leader_pid: int, urls: list[str]) -> None:
     """Every half second until ``done``: the most ``topic``'s default group held ready and
-    leased, how many it dropped, and the leader's largest resident memory of its own and of
-    mapped files, into ``figures``."""
+    leased, how many it dropped, the leader's largest resident memory of its own and of
+    mapped files, the longest Raft-thread step of any node (each node's longest within the
+    last 5-10 s, sampled), and how many elections the nodes' terms counted, into
+    ``figures``."""
     figures.update(burst_peak_ready=0, burst_peak_leased=0, burst_dropped=0,
-                   leader_peak_rss_anon_mb=0.0, leader_peak_rss_file_mb=0.0)
+                   leader_peak_rss_anon_mb=0.0, leader_peak_rss_file_mb=0.0,
+                   raft_step_max_ms=0.0)
+    first_term = max(_scrape(urls, "tickwheel_raft_term"))
     with _client(endpoint, 60) as client:
-        while not done.wait(0.5):
+        while not done.is_set():
+            done.wait(0.5)
+            figures["raft_step_max_ms"] = max(figures["raft_step_max_ms"], 1000 * max(
+                _scrape(urls, "tickwheel_raft_step_longest_seconds")))
+            figures["elections_during_burst"] = max(_scrape(urls, "tickwheel_raft_term")
+                                                    ) - first_term
             for kind in ("anon", "file"):
                 figures[f"leader_peak_rss_{kind}_mb"] = max(
                     figures[f"leader_peak_rss_{kind}_mb"],
@@ -274,12 +302,23 @@ def _watch_group(endpoint: Endpoint, topic: str, done: threading.Event,
                     figures["burst_dropped"] = group.dropped
 
 
-def _steady_figures(lateness: list[float]) -> dict[str, float]:
-    if not lateness:
-        return {"steady_messages_during_burst": 0}
-    figures = percentiles("", lateness)
-    return {"steady_messages_during_burst": len(lateness),
-            **{f"steady_lateness_{key}_ms": figures[key] for key in ("p50", "p99", "max")}}
+def _steady_figures(receipts: Receipts, calls: list[tuple[float, float]], due_ms: int,
+                    last_ms: float) -> dict[str, float]:
+    """The lateness of the steady topic's messages due from T to the burst's last receipt,
+    and how long its schedule calls made in that time took."""
+    numbers, arrivals, _ = _unpack(receipts)
+    lateness = sorted(arrived - due for due, arrived in zip(numbers, arrivals, strict=True)
+                      if due_ms <= due <= last_ms)
+    schedule_ms = sorted(took_ms for called_ms, took_ms in calls
+                         if due_ms <= called_ms <= last_ms)
+    figures: dict[str, float] = {"steady_messages_during_burst": len(lateness)}
+    if lateness:
+        spread = percentiles("", lateness)
+        figures.update({f"steady_lateness_{key}_ms": spread[key] for key in ("p50", "p99", "max")})
+    if schedule_ms:
+        spread = percentiles("", schedule_ms)
+        figures.update({f"steady_schedule_{key}_ms": spread[key] for key in ("p50", "p99", "max")})
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="messages a second the burst is scheduled at, before it is due")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tickwheel-burst-bench-") as root, \
-            LocalCluster(Path(root)) as cluster:
+            LocalCluster(Path(root), metrics=True) as cluster:
         cluster.leader(30)
         figures = burst(cluster, args.messages, args.producers, args.threads, args.consumers,
                         args.steady_rate, args.schedule_rate)

@@ -20,6 +20,7 @@ def test_a_small_burst_is_delivered_once_and_on_time(capsys: pytest.CaptureFixtu
     assert figures["steady_messages_during_burst"] >= 0
     assert figures["leader_rss_anon_at_due_mb"] > 0
     assert {"leader_peak_rss_anon_mb", "leader_peak_rss_file_mb"} <= figures.keys()
+    assert figures["raft_step_max_ms"] > 0 and figures["elections_during_burst"] >= 0
 
 
 def test_receipts_are_judged_in_the_order_they_arrived_whichever_consumer_had_them() -> None:
