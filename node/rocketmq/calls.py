@@ -19,7 +19,7 @@ from tenacity import (
 )
 
 from tickwheel.client.shards import receipt_shard
-from tickwheel.common.errors import Retryable, TickwheelError
+from tickwheel.common.errors import QuotaExceeded, Retryable, TickwheelError
 from tickwheel.node.api.calls import answer_of
 from tickwheel.node.api.context import NodeContext
 from tickwheel.node.api.forward import LeaderRefused
@@ -171,8 +171,11 @@ def _budget_s(context: Context | None) -> float:
 
 
 def _no_leader(error: BaseException) -> bool:
-    """No leader yet, or the one named cannot be reached (it just died)."""
-    return isinstance(error, Retryable) or (
+    """No leader yet, or the one named cannot be reached (it just died). Not a refusal over
+    the principal's quota: that is answered at once, as ``TOO_MANY_REQUESTS``, which
+    RocketMQ's clients back off on themselves (retried here, it passed once the bucket had
+    refilled, and the quota bounded nothing)."""
+    return (isinstance(error, Retryable) and not isinstance(error, QuotaExceeded)) or (
         isinstance(error, LeaderRefused) and error.code == grpc.StatusCode.UNAVAILABLE)
 
 

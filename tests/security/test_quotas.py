@@ -23,10 +23,14 @@ from pathlib import Path
 import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
+from rocketmqtests import TOPIC, delay_message, signed
 
 from tickwheel.client import Client, Message, QuotaExceeded
 from tickwheel.client.credentials import open_channel
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
+from tickwheel.rocketmq.v2 import definition_pb2 as rmq
+from tickwheel.rocketmq.v2 import service_pb2 as svc
+from tickwheel.rocketmq.v2 import service_pb2_grpc as svc_grpc
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -40,6 +44,7 @@ PRINCIPALS = {
     "streams": [{"actions": ["consume"], "topics": ["streams"]}],
     "changed": [{"actions": ["schedule"], "topics": ["changed"]}],
     "forwarded": [{"actions": ["schedule"], "topics": ["forwarded"]}],
+    "sender": [{"actions": ["schedule"], "topics": [TOPIC]}],
 }
 QUOTAS = {
     "paced": "schedule_msgs_per_s = 2",
@@ -48,6 +53,7 @@ QUOTAS = {
     "streams": "max_consumer_streams = 2",
     "changed": "schedule_msgs_per_s = 1",
     "forwarded": "schedule_msgs_per_s = 2",
+    "sender": "schedule_msgs_per_s = 2",
 }
 """``neighbour`` (and ``admin``) have none."""
 QUOTA_TABLE = "\n[principal.quota]\n"
@@ -76,7 +82,7 @@ def rewrite(path: Path, text: str) -> None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     cluster = LocalCluster(tmp_path_factory.mktemp("quotas"), principals=PRINCIPALS,
-                           metrics=True)
+                           metrics=True, rocketmq=True)
     assert cluster.security is not None
     access = cluster.security.access_file
     rewrite(access, with_quotas(access.read_text(), QUOTAS))
@@ -308,3 +314,25 @@ def test_a_schedule_through_a_follower_is_bounded_by_the_leader_the_same(
         for _ in range(4):
             client.schedule("forwarded", b"x", delay_ms=600_000)
     assert time.monotonic() - started >= 1.9  # 2 + 4 at 2 a second, 2 held at most
+
+
+def test_a_rocketmq_producer_is_bounded_by_its_principals_rate_through_any_node(
+        cluster: LocalCluster) -> None:
+    """A RocketMQ send is a schedule of the principal its signature names: through a
+    follower's RocketMQ listener and the leader's, it is refused over the rate, as RocketMQ's
+    ``TOO_MANY_REQUESTS`` (its clients retry that with their own back-off)."""
+    assert cluster.security is not None
+    credentials = grpc.ssl_channel_credentials(cluster.security.ca_file.read_bytes())
+    for node in (follower(cluster), cluster.leader()):
+        assert node.rocketmq_address is not None
+        with grpc.secure_channel(node.rocketmq_address, credentials) as channel:
+            sender = svc_grpc.MessagingServiceStub(channel)
+            answers = []
+            for _ in range(10):  # 2 messages a send, 2 a second: the second send or so
+                answers.append(sender.SendMessage(svc.SendMessageRequest(messages=[
+                    delay_message(int(time.time()) + 600) for _ in range(2)]),
+                    metadata=signed(cluster, "sender"), timeout=10).status)
+                if answers[-1].code != rmq.Code.OK:
+                    break
+        assert answers[-1].code == rmq.Code.TOO_MANY_REQUESTS, answers
+        assert "principal 'sender' is over its schedule_msgs_per_s of 2" in answers[-1].message
