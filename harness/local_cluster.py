@@ -248,14 +248,24 @@ class LocalCluster:
     def start_shards(self, count: int, timeout_s: float = 60.0) -> list[list[LocalNode]]:
         """Start the nodes of ``count`` more shards with the grown map (the first step of a
         growth, docs/shards.md#growing-a-running-cluster) and wait for their leaders; the
-        new shards' nodes."""
-        before = len(self.shards)
+        new shards' nodes. If one does not start, it stops those it started and leaves the
+        cluster as it was (the old shards were told nothing yet) before it raises."""
+        before, map_before = len(self.shards), (self.map_version, self.grown_from)
         added = self._add_shards(count)
         self.map_version, self.grown_from = self.map_version + 1, before
-        for node in added:
-            self.start(node)
-        for shard in range(before, before + count):
-            self.leader(timeout_s, shard=shard)
+        try:
+            for node in added:
+                self.start(node)
+            for shard in range(before, before + count):
+                self.leader(timeout_s, shard=shard)
+        except BaseException:
+            for node in added:
+                self.stop(node)
+                if node._channel is not None:
+                    node._channel.close()
+            del self.nodes[-len(added):], self.shards[before:]
+            self.map_version, self.grown_from = map_before
+            raise
         return self.shards[before:]
 
     def grow(self, count: int, timeout_s: float = 60.0) -> int:
