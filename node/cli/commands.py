@@ -5,6 +5,7 @@
     tickwheel serve [--config FILE] [flags]       one node (default: a single-node cluster)
     tickwheel cluster up --nodes 3                 a local multi-process cluster, until Ctrl-C
                                                    (tickwheel.cli)
+    tickwheel cluster grow --shards 4              more shards for the cluster up running
     tickwheel schedule --topic T --in 10s --body "hello"     (or --at ISO8601, --level N;
                                                               --file FILE)
     tickwheel consume --topic T [--count N] [--nack]         (T may be '%DLQ%orders')
