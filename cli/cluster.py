@@ -34,7 +34,7 @@ from tickwheel.cli.cluster_state import (
     layout_refusal,
     read_state,
 )
-from tickwheel.client import Client, TickwheelClientError
+from tickwheel.client import Client
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode
 from tickwheel.node import console
 
@@ -128,7 +128,7 @@ class _Running:
             reply({"ok": True, **self._grow(wanted, reply)})
         except _Refused as refused:
             reply({"ok": False, "refused": True, "error": str(refused)})
-        except (TickwheelClientError, TimeoutError, RuntimeError) as error:
+        except Exception as error:  # whatever failed, the cluster runs on and says so
             reply({"ok": False, "error": f"{error}; {self._after_failure(wanted)}"})
 
     def _grow(self, wanted: int, reply: Reply) -> dict[str, Any]:
@@ -164,7 +164,7 @@ class _Running:
         if self.unfinished:
             return (f"the new shards' nodes run: run cluster grow --shards {wanted} again to "
                     "finish the growth")
-        return "no node was started, nothing changed"
+        return "the new nodes were stopped: nothing changed"
 
     def _record(self, state: ClusterState) -> None:
         self.state = state

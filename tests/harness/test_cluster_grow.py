@@ -2,7 +2,8 @@
 process, a producer and a consumer on the client library, then ``tickwheel cluster grow
 --shards 4`` from another process while the producer goes on. Nothing is lost, the shards
 added serve, and SIGTERM to ``cluster up`` stops every node, those the growth started too
-(checked by PID, and by every process on the machine that names the data folder). Then what
+(checked by PID, and by every process on the machine that names the data folder). A growth
+whose new node cannot start (its port taken) changes nothing and cluster up runs on. Then what
 the folder remembers: ``cluster up`` again on it runs the grown cluster, and refuses the
 layout it started with."""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -169,6 +171,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
         seen: dict = {"data": data, "base_port": base_port,
                       "not_more": tickwheel("cluster", "grow", "--shards", "2", "--data",
                                             str(data))}
+        with socket.socket() as taken:  # the gRPC port of the first node a growth adds
+            taken.bind(("127.0.0.1", base_port + 2))
+            seen["failed"] = tickwheel("cluster", "grow", "--shards", "4", "--data", str(data))
+        seen["after_failed"] = (up.process.poll(), node_processes(data))
         load = Load(up)
         try:
             wait_for(lambda: load.scheduled_more_than(300), 60, "300 messages before growing")
@@ -263,3 +269,13 @@ def test_cluster_up_again_runs_the_grown_cluster_and_refuses_the_first_layout(
             wait_for(received_all, 60, "a message of each shard")
     finally:
         assert up.stop() == 0
+
+
+def test_a_growth_whose_node_does_not_start_changes_nothing(run: dict) -> None:
+    """A new node that cannot bind its port: the growth stops the nodes it started, and
+    cluster up runs on with the two shards it had (grown once the port was free)."""
+    failed = run["failed"]
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "nothing changed" in failed.stdout
+    running, nodes = run["after_failed"]
+    assert running is None and len(nodes) == 2
