@@ -78,7 +78,8 @@ class ShardMap:
     def place(self, requested: Sequence[pb.Message], checked: list[NewMessage]) -> None:
         """Check that every message of a `Schedule` request is this shard's, by its routing
         key or id; a message sent without an id was given a random one (`validation`), now
-        one of this shard. Raises `WrongShard` naming the first message of another."""
+        one of this shard. Raises `WrongShard` naming the first message of another: the
+        whole request is refused (docs/shards.md), this shard's messages in it too."""
         count, shard = self.count, self.shard
         if count == 1:
             return

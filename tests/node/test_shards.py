@@ -164,6 +164,47 @@ def test_a_node_refuses_a_message_or_handle_of_another_shard(cluster: LocalClust
     assert client.cancel_many([r.handle for r in answer.results] + [handle]) == [True] * 11
 
 
+def test_one_message_of_another_shard_refuses_the_whole_request(cluster: LocalCluster,
+                                                                client: Client) -> None:
+    """What docs/shards.md says a third party's client meets: the first message of another
+    shard is named, and none of the request is scheduled, this shard's messages neither; an
+    ack naming another shard's receipt is refused whole as well (INVALID_ARGUMENT)."""
+    topic = f"whole-{uuid.uuid4().hex[:8]}"
+    own, other = ([f"{topic}-{n}" for n in range(100) if shard_of(f"{topic}-{n}", SHARDS) == k]
+                  for k in (0, 1))
+    stub = cluster.leader(shard=0).stub
+    far_ms = int(time.time() * 1000) + 3_600_000
+
+    def message(message_id: str, routing_key: str = "") -> pb.Message:
+        return pb.Message(id=message_id, topic=topic, body=b"x", deliver_at_ms=far_ms,
+                          routing_key=routing_key)
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Schedule(pb.ScheduleRequest(messages=[message(own[0]), message(other[0]),
+                                                   message(own[1]), message(other[1])]),
+                      timeout=10)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.value.details() == (f"messages[1].id: {other[0]!r} belongs to shard 1 of 2, "
+                                       "not to this node's shard 0: schedule it there")
+    with pytest.raises(grpc.RpcError) as keyed:  # the routing key places it, not the id
+        stub.Schedule(pb.ScheduleRequest(messages=[message(own[2], routing_key=other[2])]),
+                      timeout=10)
+    assert keyed.value.details().startswith("messages[0].routing_key: ")
+    again = stub.Schedule(pb.ScheduleRequest(messages=[message(own[0]), message(own[1])]),
+                          timeout=10)
+    assert [r.duplicate for r in again.results] == [False, False]  # not scheduled before
+    client.schedule(topic, "x", delay_ms=0, id=other[3])
+    received = wait_for(lambda: client.receive(topic, consumer="c", wait_ms=500), 30,
+                        "the message of shard 1")
+    assert receipt_shard(received[0].receipt) == 1
+    with pytest.raises(grpc.RpcError) as ack:
+        stub.AckMessages(pb.SettleRequest(topic=topic, receipts=[received[0].receipt]),
+                         timeout=10)
+    assert ack.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ack.value.details() == ("receipts[0]: is a receipt of shard '1', not of this shard "
+                                   "(0): ack it there")
+    received[0].ack()
+
+
 def test_one_shards_leader_killed_the_other_shard_delivers_on_time_throughout(
         cluster: LocalCluster, client: Client) -> None:
     topic = f"failover-{uuid.uuid4().hex[:8]}"
