@@ -1,13 +1,14 @@
 """Where a message lives in a cluster of several shards (independent Raft groups), and which
 shard a handle or a receipt names: the placement rules clients and nodes share.
 
-A message belongs to shard ``jump_hash(blake2b-64(key), shards)``, where the key is its routing
+A message belongs to shard ``jump_hash(key_hash(key), shards)``, where the key is its routing
 key, or its id when it has none: stable (the same id always lands on the same shard, which
 keeps scheduling idempotent by id), spread evenly, and with the fewest moves when shards are
 added (jump consistent hash, Lamping and Veach, 2014: growing from n to m shards moves only the
-keys the new shards take). A handle of shard 0 is a number below 2^62, as in a cluster of one
-shard; a handle of shard k >= 1 has bit 62 set and k in bits 54-61. A receipt of shard k >= 1
-starts with ``k.``; one of shard 0 has no prefix.
+keys the new shards take). docs/shards.md spells the rule out for clients in other languages,
+with worked examples that the tests check against this module. A handle of shard 0 is a
+number below 2^62, as in a cluster of one shard; a handle of shard k >= 1 has bit 62 set and k
+in bits 54-61. A receipt of shard k >= 1 starts with ``k.``; one of shard 0 has no prefix.
 """
 
 from __future__ import annotations
@@ -26,13 +27,17 @@ _WORD: Final = (1 << 64) - 1
 
 
 def key_hash(key: str) -> int:
-    """The 64-bit hash a key is placed by: BLAKE2b of its UTF-8 bytes, 8 bytes, little-endian.
-    The same in every process and on every machine (Python's ``hash`` is salted per process)."""
+    """The 64-bit hash a key is placed by: BLAKE2b of its UTF-8 bytes with an 8-byte digest
+    (``digest_size=8``, which is not BLAKE2b-512 cut to 8 bytes), read as a little-endian
+    unsigned integer. The same in every process and on every machine (Python's ``hash`` is
+    salted per process)."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
 def jump_hash(key: int, buckets: int) -> int:
-    """Jump consistent hash: the bucket of 64-bit ``key`` among ``buckets``."""
+    """Jump consistent hash (Lamping and Veach, 2014): the bucket of unsigned 64-bit ``key``
+    among ``buckets``; the key's steps wrap modulo 2^64, the jump is in IEEE 754 doubles,
+    truncated, as in the paper's C++."""
     bucket, jump = -1, 0
     while jump < buckets:
         bucket = jump

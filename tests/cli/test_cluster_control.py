@@ -1,10 +1,12 @@
 """What ``tickwheel cluster up`` records in its data folder and how ``cluster grow`` asks it,
 without a node: the layout a folder keeps, the growths refused before any node starts, and
-the control socket's conversation (threads and a Unix socket, no process)."""
+the control socket's conversation (threads and a Unix socket, no process); and the table
+of docs/shards.md that says which node of ``cluster up --shards`` serves which shard."""
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import threading
 from pathlib import Path
@@ -20,7 +22,9 @@ from tickwheel.cli.cluster_state import (
     layout_refusal,
     read_state,
 )
+from tickwheel.harness.local_cluster import LocalCluster
 
+SHARDS_DOC = Path(__file__).resolve().parents[2] / "docs" / "shards.md"
 STATE = ClusterState(pid=1, control="/nowhere", nodes=3, shards=2, base_port=7400)
 
 
@@ -119,3 +123,17 @@ def test_a_data_path_too_long_for_a_socket_gets_a_private_folder(tmp_path: Path)
     finally:
         server.close()
     assert not server.path.parent.exists()
+
+
+def test_the_documented_layout_of_cluster_up_is_the_harness(tmp_path: Path) -> None:
+    """docs/shards.md's table of which node of ``cluster up --shards 2 --nodes 3`` (grown to
+    4) is which: the harness makes the nodes of a growth as it makes those it starts with."""
+    row = r"^\| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| `([\w-]+)` \|$"
+    rows = re.findall(row, SHARDS_DOC.read_text(), re.M)
+    assert len(rows) >= 8
+    nodes = LocalCluster(tmp_path, 3, base_port=7400, shards=4, insecure_grpc=True).nodes
+    for j, shard, member, grpc, raft, peer, data in rows:
+        node = nodes[int(j)]
+        assert (node.shard, node.grpc_address, node.raft, node.peer_address, node.data.name) == (
+            int(shard), f"127.0.0.1:{grpc}", f"127.0.0.1:{raft}", f"127.0.0.1:{peer}", data)
+        assert int(j) % 3 == int(member)

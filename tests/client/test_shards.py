@@ -3,8 +3,12 @@ a receipt carry, and how a node's settings name the shards. No process starts he
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -34,6 +38,40 @@ def test_an_id_lands_on_the_same_shard_in_every_process_and_release() -> None:
     assert [shard_of(f"order-{n}", 4) for n in range(12)] == [3, 1, 3, 0, 1, 3, 3, 1, 1, 0, 0, 3]
     assert [shard_of(f"order-{n}", 2) for n in range(12)] == [1, 1, 1, 0, 1, 1, 0, 1, 1, 0, 0, 0]
     assert shard_of("anything", 1) == 0
+
+
+SHARDS_DOC = Path(__file__).resolve().parents[2] / "docs" / "shards.md"
+
+
+def _documented_rule() -> dict[str, Any]:
+    """The functions of docs/shards.md's code block, as a third party would copy them."""
+    code = re.search(r"```python\n(.*?def jump_hash.*?)```", SHARDS_DOC.read_text(), re.S)
+    assert code is not None
+    namespace: dict[str, Any] = {}
+    exec(compile(code.group(1), str(SHARDS_DOC), "exec"), namespace)
+    return namespace
+
+
+@given(st.text(min_size=1, max_size=40), st.integers(1, MAX_SHARDS))
+def test_the_documented_code_places_keys_as_the_nodes_do(key: str, shards: int) -> None:
+    documented = _documented_rule()
+    assert documented["key_hash"](key) == key_hash(key)
+    assert documented["shard_of"](key, shards) == shard_of(key, shards)
+
+
+def test_the_documented_worked_examples_are_the_rule() -> None:
+    text = SHARDS_DOC.read_text()
+    rows = re.findall(r"^\| `([^`]+)` \| `([0-9a-f]{16})` \| `(0x[0-9a-f]{16})` \| (\d+) \| "
+                      r"(\d+) \| (\d+) \|$", text, re.M)
+    assert len(rows) >= 6
+    assert any(not key.isascii() for key, *_ in rows)  # UTF-8, not Latin-1 or UTF-16
+    for key, digest, number, *shards in rows:
+        assert hashlib.blake2b(key.encode("utf-8"), digest_size=8).hexdigest() == digest, key
+        assert key_hash(key) == int(number, 16), key
+        assert [shard_of(key, count) for count in (2, 3, 4)] == [int(s) for s in shards], key
+    # the contrast the page draws: BLAKE2b-512 cut to 8 bytes is another hash
+    assert f"`{hashlib.blake2b(b'order-42').hexdigest()[:16]}`" in text
+    assert "`" + "café-7".encode().hex() + "`" in text
 
 
 def test_ids_spread_evenly_over_the_shards() -> None:
