@@ -18,15 +18,19 @@ ALL_TAGS = -1
 class Walk:
     """``second``'s chain from ``next_unit`` down to ``end_unit`` (exclusive; -1: to the
     chain's end), to read for the units of ``tag`` (`ALL_TAGS`: of every tag not parked). A
-    walk is done when ``next_unit`` reaches ``end_unit``."""
+    walk is done when ``next_unit`` reaches ``end_unit``. ``due_ms``: when none of the units
+    its last read put onto the queue was due, the earliest of their due times (else 0); it
+    is read on once that has come, so a second not due yet is not read into memory take
+    after take."""
 
-    __slots__ = ("end_unit", "next_unit", "second", "tag")
+    __slots__ = ("due_ms", "end_unit", "next_unit", "second", "tag")
 
     def __init__(self, second: int, tag: int, next_unit: int, end_unit: int = -1) -> None:
         self.second = second
         self.tag = tag
         self.next_unit = next_unit
         self.end_unit = end_unit
+        self.due_ms = 0
 
     @property
     def done(self) -> bool:

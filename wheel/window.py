@@ -28,16 +28,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 from tickwheel.common.runheap import RunHeap
-from tickwheel.wheel.chains import (
-    ALL_TAGS,
-    Stretch,
-    Walk,
-    WindowEntry,
-    pass_over,
-    pass_over_all,
-    rewalk,
-    walk_order,
-)
+from tickwheel.wheel import chains
+from tickwheel.wheel.chains import ALL_TAGS, Stretch, Walk, WindowEntry
 from tickwheel.wheel.format import MS_PER_SECOND, SECONDS_PER_HOUR
 from tickwheel.wheel.hours import HourSet
 from tickwheel.wheel.mending import Unmended
@@ -68,7 +60,9 @@ class DueWindow:
         self._budget = 0
         """Units the current take may still read from chains."""
         self._walked = 0
-        """Units the current take's walks put onto the queue."""
+        """Units the current take's walks put onto the queue (and the backlogs held)."""
+        self._now_ms = 0
+        """The current take's time."""
         self.corrupt_records_skipped = 0
         self.held: str | None = None
         """Why the last `take` stopped at damage it could not mend yet (None: it did not)."""
@@ -124,7 +118,7 @@ class DueWindow:
             return
         resumed = self.parked - tags
         self.parked = tags
-        self._walks = rewalk(self._walks, self._passed, tags, resumed)
+        self._walks = chains.rewalk(self._walks, self._passed, tags, resumed)
         for tag in resumed & self._aside.keys():
             self.queue.extend(self._aside.pop(tag))
 
@@ -153,7 +147,8 @@ class DueWindow:
         ``share_msgs`` before the other tags' due messages, and then the room they leave."""
         self.held = None
         self._budget = self._config.max_load_units
-        self._walked = 0
+        self._walked = len(self.shares)  # a backlog in memory is read already: walk no more
+        self._now_ms = now_ms
         taken: list[DueMessage] = []
         self.shares.begin()
         if not share_msgs:
@@ -187,9 +182,7 @@ class DueWindow:
         while len(taken) < max_msgs:
             # walks read older seconds than what the queue may hold ahead: read them on too,
             # once due (a second not due yet is read on as it is taken, not ahead of it)
-            if source is queue and (not queue or (
-                    self._walks and self._budget and self._walked < max_msgs
-                    and self._walks[0].second <= now_second)):
+            if source is queue and (not queue or self._reads_walk(now_ms, max_msgs)):
                 if not self._fill(limit_second, max_msgs - len(taken), cursor) or not queue:
                     break
                 self._segment = None
@@ -243,6 +236,15 @@ class DueWindow:
         taken.append(_new(DueMessage, (*fields[:5], handle, slot, local_index, fields[5])))
         return True
 
+    def _reads_walk(self, now_ms: int, max_msgs: int) -> bool:
+        """Whether the take reads on the first walk (older seconds than what the queue may
+        hold ahead): a take's worth, once its second has come and what it read last is
+        due (messages of such a second go in the order they are read)."""
+        if not self._walks or not self._budget or self._walked >= max_msgs:
+            return False
+        walk = self._walks[0]
+        return max(walk.second * MS_PER_SECOND, walk.due_ms) <= now_ms
+
     def _fill(self, limit_second: int, wanted: int, cursor: Cursor) -> bool:
         """Load for a take (`load_until`); False when there is nothing to load, or damage
         that may yet be mended stopped it (kept in ``held``)."""
@@ -267,8 +269,9 @@ class DueWindow:
                 slot, deliver_at_ms = first[:2]
                 first_ms = max(deliver_at_ms, slot * MS_PER_SECOND)
                 due_ms = first_ms if due_ms is None else min(due_ms, first_ms)
-        if self._walks:  # what a walk has not read yet may be due at its second's start
-            start_ms = self._walks[0].second * MS_PER_SECOND
+        if self._walks:  # what a walk has not read may be due once it reads on
+            walk = self._walks[0]
+            start_ms = max(walk.second * MS_PER_SECOND, walk.due_ms)
             due_ms = start_ms if due_ms is None else min(due_ms, start_ms)
         if due_ms is not None:
             return due_ms
@@ -381,7 +384,7 @@ class DueWindow:
         self._budget, _ = self._read_chain(segment, walk, cursor, self._budget, room)
         if not walk.done:
             self._walks.append(walk)
-            self._walks.sort(key=walk_order)
+            self._walks.sort(key=chains.walk_order)
         return True
 
     def _read_chain(self, segment: HourSegment, walk: Walk, cursor: Cursor, budget: int,
@@ -395,6 +398,7 @@ class DueWindow:
         base = segment.hour << GLOBAL_INDEX_BITS
         push, unit, end = self.queue.push, walk.next_unit, walk.end_unit
         pushed = 0
+        due_ms = 1 << 62
         while unit > end and budget and pushed < room:
             offset, size, local_index, global_index, older, deliver_at_ms, _, tag = (
                 segment.read_unit(unit))
@@ -406,11 +410,13 @@ class DueWindow:
             elif global_index in tombstones:
                 self._on_skip(slot, local_index)
             elif tag in parked:
-                pass_over(self._passed, tag, slot, global_index)
+                chains.pass_over(self._passed, tag, slot, global_index)
             else:
                 push((slot, deliver_at_ms, local_index, base | global_index, offset, size, tag))
                 pushed += 1
+                due_ms = min(due_ms, deliver_at_ms)
             unit = older
+        walk.due_ms = due_ms if pushed and due_ms > self._now_ms else 0
         walk.next_unit = unit
         return budget, pushed
 
@@ -434,7 +440,7 @@ class DueWindow:
                 if handle & GLOBAL_INDEX_MASK in tombstones:
                     self._on_skip(slot, local_index)
                 elif tag in parked:
-                    pass_over_all(self._passed, tag, slot, handle & GLOBAL_INDEX_MASK)
+                    chains.pass_over_all(self._passed, tag, slot, handle & GLOBAL_INDEX_MASK)
                 else:
                     kept.append(entry)
             loaded = kept

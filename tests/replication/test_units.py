@@ -335,7 +335,7 @@ def test_readied_positions_go_through_a_snapshot_as_the_release_before_reads_the
     second = T0_MS // 1000
     state.apply(schedule_command(T0_MS, [
         NewMessage(f"m{i}", "t", b"x", T0_MS + i % 1000) for i in range(3_000)]))
-    dispatcher = Dispatcher(DispatchConfig())
+    dispatcher = Dispatcher(DispatchConfig(max_take_msgs=1_000, max_unapplied_msgs=3_000))
     dispatcher.begin(state.wheel, state.readied)
     taken = [m for _ in range(3) for m in dispatcher.take(state.wheel, T0_MS + 999)]
     ready_all(state, [m for m in taken if m.local_index % 3 and m.local_index != 2_000])
@@ -349,7 +349,7 @@ def test_readied_positions_go_through_a_snapshot_as_the_release_before_reads_the
     # the cursor forgets what it passed, and a new leader takes again exactly the gaps
     state.apply(commands.cursor(T0_MS + 999, Cursor(second, 1_000)))
     assert set(state.readied[second]) == {i for i in expected if i >= 1_000}
-    again = Dispatcher(DispatchConfig())
+    again = Dispatcher(DispatchConfig(max_take_msgs=1_000, max_unapplied_msgs=3_000))
     again.begin(state.wheel, state.readied)
     taken_again = [m for _ in range(3) for m in again.take(state.wheel, T0_MS + 999)]
     assert sorted(m.local_index for m in taken_again) == [

@@ -73,3 +73,17 @@ def test_messages_not_yet_due_are_not_taken_for_fairness() -> None:
         _file(wheel, STEADY, "steady", [NOW_MS + 5_000])
         taken = wheel.take_due(NOW_MS + 1_000, 1_000, share_msgs=250)
         assert len(taken) == 1_000 and {m.topic for m in taken} == {"burst"}
+
+
+def test_a_long_second_whose_messages_are_not_due_yet_is_not_read_take_after_take() -> None:
+    """Before: from its second's start, every take (every dispatch step, and the steps of
+    requests and acks) read another take's worth of a long second whose messages were due
+    later in it, and the dispatch stepped at once again, until the window held
+    max_window_msgs of them."""
+    with _wheel(1_000) as wheel:
+        _file(wheel, BURST, "burst", [NOW_MS + 600] * 20_000)
+        for now_ms in range(NOW_MS, NOW_MS + 600, 5):
+            assert wheel.take_due(now_ms, 1_000, share_msgs=250) == []
+            assert wheel.window_msgs <= 1_000
+        assert wheel.next_due_ms() == NOW_MS + 600  # not the second's start: no step at once
+        assert len(wheel.take_due(NOW_MS + 600, 1_000, share_msgs=250)) == 1_000
