@@ -5,7 +5,8 @@ Producer processes schedule ``--messages`` messages (100-byte bodies) at ``--sch
 all due at one time T, chosen far enough ahead for the scheduling to finish before it;
 ``--consumers`` consumer processes receive and acknowledge them. Beside the burst, a steady
 topic gets ``--steady-rate`` messages a second, each due a second after it is sent, read by a
-consumer of its own: how the burst delays everybody else. Figures:
+consumer of its own (or ``--steady-topics`` topics share that rate, a consumer each): how the
+burst delays everybody else. Figures:
 
 - ``burst_delivered``, ``burst_repeated`` (receipts of an id already received),
   ``burst_retried`` (of those, retries: ``attempt`` above 1, their visibility timeout ran
@@ -53,7 +54,7 @@ from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
-from tickwheel.client import Message
+from tickwheel.client import Client, Message
 from tickwheel.harness.bench_figures import cpu_s, percentiles
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
 from tickwheel.harness.node_bench import (
@@ -101,27 +102,38 @@ Receipts = tuple[bytes, bytes, bytes]
 """A consumer's receipts: id numbers (or due times), arrival times and flags, packed."""
 
 
-def _consume(endpoint: Endpoint, topic: str, received: Synchronized[int],
+def _consume(endpoint: Endpoint, topics: list[str], received: Synchronized[int],
              seen: ctypes.Array[ctypes.c_bool] | None, stop: Event,
              results: Queue[Receipts]) -> None:
-    """Receive and ack ``topic``; report each receipt's id number (or due time, for the steady
-    topic), arrival time and flags (`POSSIBLE_DUPLICATE`, `RETRY`). ``received`` counts the
-    ids received for the first time by any consumer (``seen``, shared), or every receipt."""
+    """Receive and ack ``topics`` (a consumer of each, on a thread of its own); report each
+    receipt's id number (or due time, for the steady topics), arrival time and flags
+    (`POSSIBLE_DUPLICATE`, `RETRY`). ``received`` counts the ids received for the first time
+    by any consumer (``seen``, shared), or every receipt."""
     numbers, arrivals, flags = array("q"), array("d"), array("b")
-    with _client(endpoint, 120) as client:
+    noted = threading.Lock()
+
+    def read(client: Client, topic: str) -> None:
         for message in _consumer_until(client, topic, f"burst-{topic}", stop):
-            arrivals.append(time.time_ns() / 1e6)
+            arrived_ms = time.time_ns() / 1e6
             number = (int(message.id.rsplit("-", 1)[1]) if seen is not None
                       else message.deliver_at_ms)
-            numbers.append(number)
-            flags.append(POSSIBLE_DUPLICATE * message.possible_duplicate
-                         + RETRY * (message.attempt > 1))
+            with noted:
+                arrivals.append(arrived_ms)
+                numbers.append(number)
+                flags.append(POSSIBLE_DUPLICATE * message.possible_duplicate
+                             + RETRY * (message.attempt > 1))
             message.ack()
             with received.get_lock():
                 if seen is None or not seen[number]:
                     received.value += 1
                 if seen is not None:
                     seen[number] = True
+    with _client(endpoint, 120) as client:
+        readers = [threading.Thread(target=read, args=(client, topic)) for topic in topics]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join()
     results.put((numbers.tobytes(), arrivals.tobytes(), flags.tobytes()))
 
 
@@ -143,7 +155,7 @@ def _rss_mb(pid: int, field: str = "VmHWM") -> float:
 
 
 def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, consumers: int,
-          steady_rate: int, schedule_rate: int) -> dict[str, float]:
+          steady_rate: int, schedule_rate: int, steady_topics: int = 1) -> dict[str, float]:
     context = multiprocessing.get_context("spawn")
     endpoint = _endpoint(cluster)
     received: Synchronized[int] = context.Value(ctypes.c_longlong, 0)
@@ -152,14 +164,17 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
     results: Queue[Receipts] = context.Queue()
     steady_results: Queue[Receipts] = context.Queue()
     seen = multiprocessing.sharedctypes.RawArray(ctypes.c_bool, messages)
-    readers = [context.Process(target=_consume, args=(endpoint, "burst", received, seen, stop,
-                                                      results)) for _ in range(consumers)]
-    steady_reader = context.Process(target=_consume, args=(endpoint, "steady", steady_received,
+    readers = [context.Process(target=_consume, args=(endpoint, ["burst"], received, seen,
+                                                      stop, results)) for _ in range(consumers)]
+    steadies = (["steady"] if steady_topics == 1
+                else [f"steady-{k}" for k in range(steady_topics)])
+    steady_reader = context.Process(target=_consume, args=(endpoint, steadies, steady_received,
                                                            None, stop, steady_results))
     for process in [*readers, steady_reader]:
         process.start()
-    wait_for(lambda: (_subscribed(cluster, "burst"), _subscribed(cluster, "steady"))
-             == (consumers, 1), 60, "the consumers to subscribe")
+    wait_for(lambda: _subscribed(cluster, "burst") == consumers
+             and _topics_read(cluster, steadies) == len(steadies), 60,
+             "the consumers to subscribe")
     start = context.Event()
     due_ms = now_ms() + int((5 + 1.2 * messages / schedule_rate) * 1000)
     share = -(-messages // producers)
@@ -173,7 +188,7 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
     steady_done = threading.Event()
     steady_calls: list[tuple[float, float]] = []
     steady = threading.Thread(target=_steady, args=(endpoint, steady_rate, steady_done,
-                                                    steady_calls))
+                                                    steady_calls, steadies))
     steady.start()
     began = time.monotonic()
     start.set()
@@ -242,10 +257,18 @@ def _tally(receipts: list[Receipts], due_ms: int) -> dict[str, float]:
             "burst_flagged": flagged, "burst_early": early, "last_ms": last_ms}
 
 
+def _topics_read(cluster: LocalCluster, topics: list[str]) -> int:
+    """How many of ``topics`` the leader counts a consumer of (0 while it does not answer)."""
+    info = cluster.leader().info()
+    wanted = set(topics)
+    return 0 if info is None else sum(1 for t in info.topics
+                                      if t.topic in wanted and t.consumers)
+
+
 def _steady(endpoint: Endpoint, rate: int, done: threading.Event,
-            calls: list[tuple[float, float]]) -> None:
-    """``rate`` messages a second on the steady topic, each due a second after it is sent;
-    each call's start (ms) and how long it took (ms) into ``calls``."""
+            calls: list[tuple[float, float]], topics: list[str]) -> None:
+    """``rate`` messages a second on the steady topics (in turn), each due a second after it
+    is sent; each call's start (ms) and how long it took (ms) into ``calls``."""
     with _client(endpoint, 60) as client:
         sent = 0
         began = time.monotonic()
@@ -253,7 +276,8 @@ def _steady(endpoint: Endpoint, rate: int, done: threading.Event,
             due_now = int((time.monotonic() - began) * rate) + 1
             if due_now > sent:
                 called_ms, called_s = now_ms(), time.monotonic()
-                client.schedule_many(Message("steady", BODY, deliver_at_ms=called_ms + 1_000,
+                client.schedule_many(Message(topics[k % len(topics)], BODY,
+                                             deliver_at_ms=called_ms + 1_000,
                                              id=f"steady-{k}") for k in range(sent, due_now))
                 calls.append((called_ms, (time.monotonic() - called_s) * 1000))
                 sent = due_now
@@ -329,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--consumers", type=int, default=2)
     parser.add_argument("--steady-rate", type=int, default=100)
+    parser.add_argument("--steady-topics", type=int, default=1,
+                        help="topics the steady rate is spread over, a consumer each")
     parser.add_argument("--schedule-rate", type=int, default=SCHEDULE_RATE,
                         help="messages a second the burst is scheduled at, before it is due")
     args = parser.parse_args(argv)
@@ -336,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             LocalCluster(Path(root), metrics=True) as cluster:
         cluster.leader(30)
         figures = burst(cluster, args.messages, args.producers, args.threads, args.consumers,
-                        args.steady_rate, args.schedule_rate)
+                        args.steady_rate, args.schedule_rate, args.steady_topics)
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
