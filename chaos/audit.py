@@ -103,10 +103,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from tickwheel.chaos import deliveries, report
+from tickwheel.chaos.aggregates import only_row, percentile, spread
 from tickwheel.chaos.deliveries import CLASSES, DELIVERY
 from tickwheel.chaos.failovers import (
     Failover,
@@ -126,8 +127,6 @@ from tickwheel.chaos.run_logs import Logs, Run, load_logs, read_run
 
 MAX_IDS = 50
 """At most this many example ids per problem class in the summary."""
-PERCENTILE_ACCURACY = 10_000_000
-"""``percentile_approx`` is exact while there are fewer first receipts than this."""
 SHUFFLE_PARTITIONS = 4
 """The logs of one run fit one machine; Spark's default of 200 only adds overhead."""
 
@@ -173,7 +172,7 @@ def summarize(logs: Logs) -> dict[str, Any]:
         "cancelled_but_delivered": late_cancels["count"],
         "contrary_to_reschedule": contrary["count"],
         "delivered_early": early["count"],
-        "lateness_ms": _lateness_percentiles(first),
+        "lateness_ms": spread(first),
         "groups": _per_group(owed, receipts, first, lost),
         "idle": _idle(run, messages, logs.received),
         "races": _races(logs.cancels, logs.reschedules),
@@ -219,21 +218,13 @@ def _message_counts(messages: DataFrame, cancels: DataFrame, moves: DataFrame, o
               .crossJoin(owed.agg(F.count("*").alias("owed")))
               .crossJoin(received.agg(F.count_distinct(*DELIVERY).alias("received_unique"),
                                       F.count("*").alias("receipts"))))
-    return _only_row(counts).asDict()
+    return only_row(counts).asDict()
 
 
 def _problem(ids: DataFrame) -> dict[str, Any]:
     """``{"count": rows, "ids": the first MAX_IDS distinct ids, sorted}``."""
-    row = _only_row(ids.agg(F.count("*").alias("count"), _first_ids(F.col("id")).alias("ids")))
+    row = only_row(ids.agg(F.count("*").alias("count"), _first_ids(F.col("id")).alias("ids")))
     return {"count": row["count"], "ids": row["ids"]}
-
-
-def _only_row(aggregate: DataFrame) -> Row:
-    """The row of an aggregate over the whole frame: Spark gives one even without input."""
-    row = aggregate.first()
-    if row is None:
-        raise RuntimeError("an aggregate over a whole frame came back without a row")
-    return row
 
 
 def _first_ids(ids: Column) -> Column:
@@ -244,21 +235,13 @@ def _first_ids(ids: Column) -> Column:
 def _duplicate_counts(duplicates: DataFrame) -> tuple[dict[str, int], list[str]]:
     """The ``duplicates`` figures, and example ids of unflagged duplicates."""
     unflagged = F.col("class") == CLASSES[2]
-    row = _only_row(duplicates.agg(
+    row = only_row(duplicates.agg(
         F.count("*").alias("total"),
         *(F.count_if(F.col("class") == name).alias(name) for name in CLASSES),
         F.count_if("after_ack").alias("after_ack"),
         _first_ids(F.when(unflagged, F.col("id"))).alias("unflagged_ids"))).asDict()
     unflagged_ids = row.pop("unflagged_ids")
     return row, unflagged_ids
-
-
-def _lateness_percentiles(rows: DataFrame, column: str = "lateness_ms") -> dict[str, int | None]:
-    """Exact nearest-rank p50 and p99 of ``column``, and its maximum (all None without rows)."""
-    row = _only_row(rows.agg(F.percentile_approx(column, [0.5, 0.99], PERCENTILE_ACCURACY)
-                             .alias("percentiles"), F.max(column).alias("max")))
-    p50, p99 = row.percentiles or (None, None)
-    return {"p50": p50, "p99": p99, "max": row.max}
 
 
 def _per_group(owed: DataFrame, receipts: DataFrame, first: DataFrame,
@@ -272,8 +255,8 @@ def _per_group(owed: DataFrame, receipts: DataFrame, first: DataFrame,
             F.count_distinct("id").alias("received"),
             *(F.count_if(duplicate & (F.col("class") == name)).alias(name) for name in CLASSES),
             F.count_if(deliveries.false_alarm()).alias("false_alarms")), keys, "full")
-        .join(first.groupBy(*keys).agg(F.percentile_approx(
-            "lateness_ms", 0.99, PERCENTILE_ACCURACY).alias("p99")), keys, "left")
+        .join(first.groupBy(*keys).agg(percentile("lateness_ms", 0.99).alias("p99")), keys,
+              "left")
         .join(lost.groupBy(*keys).agg(F.count("*").alias("lost")), keys, "left"))
     figures = ("owed", "received", "lost", *CLASSES, "false_alarms")
     return {f"{row.topic}/{row.group}": {name: row[name] or 0 for name in figures}
@@ -302,7 +285,7 @@ def _races(cancels: DataFrame, reschedules: DataFrame) -> dict[str, Any]:
     answers = (raced.select("sent_ms", "done_ms")
                .unionByName(reschedules.select("sent_ms", "done_ms"))
                .select((F.col("done_ms") - F.col("sent_ms")).alias("answer_ms")))
-    return outcomes | {"answer_ms": _lateness_percentiles(answers, "answer_ms")}
+    return outcomes | {"answer_ms": spread(answers, "answer_ms")}
 
 
 def _failover_figures(failovers: list[Failover], terms: list[Leadership],
@@ -387,8 +370,7 @@ def _per_shard(run: Run, placed: DataFrame, owed: DataFrame, receipts: DataFrame
               "unflagged": by_shard(receipts.filter(F.col("duplicate")),
                                     F.count_if(F.col("class") == CLASSES[2])),
               "delivered_early": by_shard(early, F.count("*")),
-              "p99": by_shard(first, F.percentile_approx("lateness_ms", 0.99,
-                                                         PERCENTILE_ACCURACY))}
+              "p99": by_shard(first, percentile("lateness_ms", 0.99))}
     return {str(number): {name: figures.get(number, None if name == "p99" else 0)
                           for name, figures in counts.items()}
             | {"failovers": sum(f["shard"] == number for f in failovers),
