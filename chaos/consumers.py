@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from tickwheel.chaos.events import EventLog, ReceivedEvent
+from tickwheel.chaos.events import EventWriter, ReceivedEvent
 from tickwheel.chaos.workload import Endpoint, now_ms
 from tickwheel.client import Consumer, Received, TickwheelClientError
 
@@ -28,6 +28,8 @@ class Behaviour:
     """Per message: drop it unacknowledged, close the stream, come back after ``restart_s``."""
     restart_s: float = 1.0
     visibility_timeout_ms: int = 5_000
+    prefetch: int = 32
+    """Messages a stream may have on their way at once."""
     unary: bool = False
     """Receive without a stream (`Client.receive`: a batch per call, each message under a
     durable lease); a "crash" leaves the message's lease to run out."""
@@ -52,7 +54,7 @@ class ConsumerWorker(threading.Thread):
     receives."""
 
     def __init__(self, cluster: Endpoint, topic: str, group: str, behaviour: Behaviour,
-                 seed: int, names: dict[str, str], received: EventLog[ReceivedEvent],
+                 seed: int, names: dict[str, str], received: EventWriter[ReceivedEvent],
                  stop: threading.Event) -> None:
         super().__init__(name=f"consumer-{topic}-{group or 'default'}-{behaviour.name}",
                          daemon=True)
@@ -83,7 +85,8 @@ class ConsumerWorker(threading.Thread):
         """A stream at a time until stopped; after a "crash", a new one ``restart_s`` later."""
         while not self._halt.is_set():
             self._consumer = consumer = self._client.consume(
-                self._topic, prefetch=32, name=self.name, group=self._group,
+                self._topic, prefetch=self._behaviour.prefetch, name=self.name,
+                group=self._group,
                 visibility_timeout_ms=self._behaviour.visibility_timeout_ms)
             crashed = self._consume(consumer)
             consumer.close(timeout_s=1)

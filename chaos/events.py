@@ -1,6 +1,7 @@
 """The runner's event logs: one JSON-lines file per kind of event, one `TypedDict` per kind.
 
-The runner's threads write them (`EventLog`, flushed line by line) and the audit
+The runner's threads write them (`EventLog`, flushed line by line; a burst's process through
+the runner, thousands of lines at a time, `tickwheel.chaos.burst`) and the audit
 (`tickwheel.chaos.audit`) reads them back with Spark; the audit's docstring says what each
 field means. Times are Unix milliseconds on the runner's clock.
 """
@@ -11,7 +12,7 @@ import json
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Generic, TextIO, TypedDict, TypeVar
+from typing import Generic, Protocol, TextIO, TypedDict, TypeVar
 
 
 class ScheduledEvent(TypedDict):
@@ -95,6 +96,14 @@ class FaultEvent(TypedDict):
 
 
 Event = TypeVar("Event", bound=Mapping[str, object])
+Written_contra = TypeVar("Written_contra", bound=Mapping[str, object], contravariant=True)
+
+
+class EventWriter(Protocol[Written_contra]):
+    """Where a worker writes its events: an `EventLog`, or a sink that passes them on to the
+    runner's logs from another process (`tickwheel.chaos.burst`)."""
+
+    def write(self, event: Written_contra) -> None: ...
 
 
 class EventLog(Generic[Event]):
@@ -113,6 +122,14 @@ class EventLog(Generic[Event]):
             self._file.write(line)
             self._file.flush()
             self.lines += 1
+
+    def write_many(self, events: list[Event]) -> None:
+        """Several events, flushed once (a burst's thousands of lines at a time)."""
+        text = "".join(json.dumps(event, separators=(",", ":")) + "\n" for event in events)
+        with self._lock:
+            self._file.write(text)
+            self._file.flush()
+            self.lines += len(events)
 
     def close(self) -> None:
         with self._lock:
