@@ -3,7 +3,7 @@
 ::
 
     python -m tickwheel.chaos run --out chaos-out --duration 120 --rate 200 --seed 7 \\
-        --faults kill,pause,partition [--nodes 5] [--shards 2]
+        --faults kill,pause,partition [--nodes 5] [--shards 2] [--burst 200000 [--burst-at 60]]
     python -m tickwheel.chaos.audit chaos-out          # the verdict, from the logs alone
 """
 
@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from tickwheel.chaos.burst import BurstConfig, default_lead_s
 from tickwheel.chaos.nemesis import FAULTS, NemesisConfig
 from tickwheel.chaos.runner import RunConfig, run
 from tickwheel.chaos.workload import Mix
@@ -33,6 +34,21 @@ def _faults(text: str) -> tuple[str, ...]:
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return faults
+
+
+def _burst(parser: argparse.ArgumentParser, args: argparse.Namespace) -> BurstConfig | None:
+    """The burst asked for, if any: it must come due while production runs, so that the
+    drain waits for it and the audit owes every message of it."""
+    if args.burst <= 0:
+        return None
+    at_s = args.duration / 2 if args.burst_at is None else args.burst_at
+    lead_s = default_lead_s(args.burst) if args.burst_lead is None else args.burst_lead
+    if at_s < 0 or lead_s <= 0:
+        parser.error("--burst-at must be 0 or more, --burst-lead above 0")
+    if at_s + lead_s >= args.duration:
+        parser.error(f"the burst would come due at {at_s + lead_s:g} s, after the run's "
+                     f"{args.duration:g} s: give a longer --duration or an earlier --burst-at")
+    return BurstConfig(messages=args.burst, at_s=at_s, lead_s=lead_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--snapshot-min-entries", type=int,
                             help="the nodes' setting (snapshots sooner: more for the storage "
                                  "faults to damage and mend)")
+    run_parser.add_argument("--burst", type=int, default=0, metavar="N",
+                            help="N messages on a topic of their own (burst), all due at once, "
+                                 "scheduled in the middle of the run")
+    run_parser.add_argument("--burst-at", type=float, metavar="S",
+                            help="seconds into production the burst's scheduling begins "
+                                 "(default: half the duration)")
+    run_parser.add_argument("--burst-lead", type=float, metavar="S",
+                            help="seconds from then to its due time (default: 5 + N / 8,000)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -70,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--nodes must be at least 3: the faults need a majority to survive")
     if not 1 <= args.shards <= MAX_SHARDS:
         parser.error(f"--shards must be 1 to {MAX_SHARDS}")
+    burst = _burst(parser, args)
     config = RunConfig(
         out=args.out, nodes=args.nodes, shards=args.shards, duration_s=args.duration,
         rate=args.rate,
@@ -77,11 +102,16 @@ def main(argv: list[str] | None = None) -> int:
         snapshot_min_entries=args.snapshot_min_entries,
         mix=Mix(near_max_ms=args.near_max_ms),
         nemesis=NemesisConfig(faults=args.faults, warmup_s=args.warmup,
-                              interval_s=args.interval, max_skew_ms=args.max_skew_ms))
+                              interval_s=args.interval, max_skew_ms=args.max_skew_ms),
+        burst=burst)
     record = run(config)
     summary = record["summary"]
     print(f"faults inflicted: {', '.join(summary['inflicted']) or 'none'}; leader changes seen: "
           f"{summary['leader_changes']}; lines: {summary['lines']}")
+    if (burst_record := record["burst"]) is not None:
+        print(f"burst: {burst_record['acked']:,} of {burst_record['messages']:,} accepted on "
+              f"{burst_record['topic']}, due {burst_record['due_ms'] - record['started_ms']:,} "
+              "ms into the run")
     print(f"next: python -m tickwheel.chaos.audit {args.out}")
     missing = set(args.faults) - set(summary["inflicted"])
     if missing:

@@ -2,7 +2,8 @@
 
 `run` starts ``nodes`` ``tickwheel serve`` processes (for each of ``shards`` shards) behind Raft
 proxies, subscribes consumers,
-then produces for ``duration_s`` while the `Nemesis` inflicts faults. When production stops it
+then produces for ``duration_s`` while the `Nemesis` inflicts faults, and, with a ``burst``,
+schedules it in the middle (`tickwheel.chaos.burst`). When production stops it
 lets delivery drain (until every accepted, uncancelled message due by then has arrived, or
 ``drain_max_s``), stops everything it started, and writes ``OUT/run.json`` beside the event
 logs. Verdicts are the audit's job (``python -m tickwheel.chaos.audit OUT``).
@@ -24,6 +25,7 @@ from typing import Protocol, TypedDict
 from rich.console import Console
 from rich.progress import Progress
 
+from tickwheel.chaos.burst import Burst, BurstConfig, BurstRecord
 from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.consumers import SUBSCRIPTIONS, ConsumerWorker
 from tickwheel.chaos.events import (
@@ -64,6 +66,9 @@ read the same clock in whole milliseconds, and the leader extrapolates each foll
 on its monotonic clock from the latest answer, while NTP may slew the real clock against the
 monotonic one by up to 500 ppm (0.25 ms over the 0.5 s an answer is used): 1 ms for that
 slew and 1 for a floor to the millisecond on either side."""
+BURST_SCHEDULING_MAX_S = 120
+"""How long production's end waits for a burst's scheduling to end (it is meant to end before
+the burst is due, well within the run)."""
 CHAOS_TRAIL_MAX_BYTES = 2 << 30
 """The nodes' ``trail_max_bytes``: the audit reads every delivery of a run, so no trail
 may rotate within one (a 10-minute run writes ~100 MiB on the busiest node)."""
@@ -93,13 +98,22 @@ class RunConfig:
     """The nodes' ``--snapshot-min-entries``; None: their default."""
     mix: Mix = field(default_factory=Mix)
     nemesis: NemesisConfig = field(default_factory=NemesisConfig)
+    burst: BurstConfig | None = None
+    """A burst on a topic of its own, in the middle of the run; None: none."""
+
+    @property
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """The consumed topics and their groups: the workload's, and the burst's default
+        group."""
+        return GROUPS | ({} if self.burst is None else {self.burst.topic: ("",)})
 
 
 class _Expected:
     """Which accepted messages are still owed a delivery to which group; read to know when to
     stop draining. Fed by wrapping the event logs' writers."""
 
-    def __init__(self) -> None:
+    def __init__(self, groups: dict[str, tuple[str, ...]]) -> None:
+        self._topic_groups = groups
         self._lock = threading.Lock()
         self._due: dict[tuple[str, str], int] = {}
         self._groups: dict[str, tuple[str, ...]] = {}
@@ -109,7 +123,7 @@ class _Expected:
     def scheduled(self, event: ScheduledEvent) -> None:
         if event["acked"]:
             with self._lock:
-                self._groups[event["id"]] = groups = GROUPS.get(event["topic"], ())
+                self._groups[event["id"]] = groups = self._topic_groups.get(event["topic"], ())
                 for group in groups:
                     self._due[(event["id"], group)] = event["deliver_at_ms"]
 
@@ -152,6 +166,11 @@ class _TappedLog(EventLog[Event]):
     def write(self, event: Event) -> None:
         super().write(event)
         self._tap(event)
+
+    def write_many(self, events: list[Event]) -> None:
+        super().write_many(events)
+        for event in events:
+            self._tap(event)
 
 
 class _File(Protocol):
@@ -220,6 +239,7 @@ class RunRecord(TypedDict):
     groups: dict[str, tuple[str, ...]]
     idle_topics: list[str]
     allowed_early_ms: int
+    burst: BurstRecord | None
     config: dict[str, object]
     summary: Summary
 
@@ -229,7 +249,7 @@ def run(config: RunConfig, console: Console | None = None) -> RunRecord:
     console = console or Console(stderr=True)
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
-    expected = _Expected()
+    expected = _Expected(config.groups)
     logs = _Logs.open(out, expected)
     started_ms = now_ms()
     try:
@@ -240,8 +260,8 @@ def run(config: RunConfig, console: Console | None = None) -> RunRecord:
         with ChaosCluster(out / "cluster", config.nodes, out / "trails", node_args,
                           disk_size=disk_size, power_cuts="power-cut" in config.nemesis.faults,
                           shards=config.shards) as cluster:
-            ended_ms, drained_due_ms, summary = _scenario(config, cluster, logs, expected,
-                                                          console)
+            ended_ms, drained_due_ms, summary, burst = _scenario(config, cluster, logs,
+                                                                 expected, console)
             nodes = [NodeRecord(name=cluster.name(n), raft=n.raft, grpc=n.grpc_address,
                                 shard=n.shard) for n in cluster.nodes]
     finally:
@@ -254,7 +274,8 @@ def run(config: RunConfig, console: Console | None = None) -> RunRecord:
         seed=config.seed, shards=config.shards, nodes=nodes,
         faults=list(config.nemesis.faults),
         grace_ms=config.grace_ms, max_skew_ms=summary["max_skew_ms"],
-        groups=GROUPS, idle_topics=[IDLE_TOPIC], allowed_early_ms=ALLOWED_EARLY_MS,
+        groups=config.groups, idle_topics=[IDLE_TOPIC], allowed_early_ms=ALLOWED_EARLY_MS,
+        burst=burst,
         config={key: value for key, value in asdict(config).items() if key != "out"}
         | {"out": str(out)}, summary=summary)
     (out / "run.json").write_text(json.dumps(record, indent=2, default=str))
@@ -262,22 +283,58 @@ def run(config: RunConfig, console: Console | None = None) -> RunRecord:
 
 
 def _scenario(config: RunConfig, cluster: ChaosCluster, logs: _Logs, expected: _Expected,
-              console: Console) -> tuple[int, int, Summary]:
-    """``(ended_ms, drained_due_ms, summary)``: when the run ended, the due time it drained
-    to, and what it did."""
+              console: Console) -> tuple[int, int, Summary, BurstRecord | None]:
+    """``(ended_ms, drained_due_ms, summary, burst)``: when the run ended, the due time it
+    drained to, what it did, and the burst's record."""
     targets = Endpoint([node.grpc_address for node in cluster.nodes], cluster.credentials())
     cluster.leaders(30)
-    stop_all, stop_producing = threading.Event(), threading.Event()
+    stop_all = threading.Event()
     monitors = [LeaderMonitor({cluster.name(n): n.grpc_address for n in members},
                               targets.credentials, logs.leaders, stop_all, shard=shard)
                 for shard, members in enumerate(cluster.shards)]
     consumers = [ConsumerWorker(targets, topic, group, behaviour, config.seed * 1_000 + i,
                                 cluster.names, logs.received, stop_all)
                  for i, (topic, group, behaviour) in enumerate(SUBSCRIPTIONS)]
+    burst = None if config.burst is None else Burst(
+        config.burst, targets, cluster.names, config.seed * 1_000 + 900, config.shards,
+        logs.scheduled, logs.received)
     for thread in (*monitors, *consumers):
         thread.start()
-    streams = sum(not behaviour.unary for _, _, behaviour in SUBSCRIPTIONS)
-    wait_for(lambda: _subscribed(cluster) >= streams, 30, "every consumer to subscribe")
+    try:
+        if burst is not None:
+            burst.start()
+        streams = sum(not behaviour.unary for _, _, behaviour in SUBSCRIPTIONS) + (
+            0 if config.burst is None else config.burst.consumers)
+        wait_for(lambda: _subscribed(cluster) >= streams, 30, "every consumer to subscribe")
+        produced_ms, nemesis = _produce(config, cluster, targets, logs, monitors, burst,
+                                        console)
+        try:
+            wait_for(lambda: expected.missing(produced_ms) == 0, config.drain_max_s,
+                     "every accepted message due by the end of production", poll_s=0.2)
+        except TimeoutError:
+            log.warning("event=drain_incomplete missing=%d", expected.missing(produced_ms))
+    finally:
+        stop_all.set()
+        for consumer in consumers:
+            consumer.close()
+        if burst is not None:
+            burst.stop()
+    for thread in (*monitors, *consumers):
+        thread.join(30)
+    return now_ms(), produced_ms, Summary(
+        inflicted=nemesis.inflicted, max_skew_ms=nemesis.max_skew_ms,
+        leader_changes=sum(monitor.changes for monitor in monitors),
+        consumer_crashes=sum(c.crashes for c in consumers),
+        lines={name: event_log.lines for name, event_log in logs.files().items()}), (
+        None if burst is None else burst.record)
+
+
+def _produce(config: RunConfig, cluster: ChaosCluster, targets: Endpoint, logs: _Logs,
+             monitors: list[LeaderMonitor], burst: Burst | None,
+             console: Console) -> tuple[int, Nemesis]:
+    """Produce and inflict faults for ``duration_s``, the burst fired in the middle; returns
+    when production ended (the burst's scheduling with it) and the nemesis."""
+    stop_producing = threading.Event()
     accepted: deque[Accepted] = deque()
     producers = [Producer(i, targets, config.rate / config.producers, config.mix,
                           config.seed * 100 + i, logs.scheduled, accepted, stop_producing,
@@ -291,28 +348,17 @@ def _scenario(config: RunConfig, cluster: ChaosCluster, logs: _Logs, expected: _
     production = [*producers, canceller, racer, nemesis]
     for thread in production:
         thread.start()
+    if burst is not None and config.burst is not None:
+        burst.fire(now_ms() + round(config.burst.at_s * 1000))
     _watch(config, logs, monitors, console)
     stop_producing.set()
     for thread in production:
         thread.join(120)
     if nemesis.error is not None:
         raise RuntimeError("the nemesis failed") from nemesis.error
-    produced_ms = now_ms()
-    try:
-        wait_for(lambda: expected.missing(produced_ms) == 0, config.drain_max_s,
-                 "every accepted message due by the end of production", poll_s=0.2)
-    except TimeoutError:
-        log.warning("event=drain_incomplete missing=%d", expected.missing(produced_ms))
-    stop_all.set()
-    for consumer in consumers:
-        consumer.close()
-    for thread in (*monitors, *consumers):
-        thread.join(30)
-    return now_ms(), produced_ms, Summary(
-        inflicted=nemesis.inflicted, max_skew_ms=nemesis.max_skew_ms,
-        leader_changes=sum(monitor.changes for monitor in monitors),
-        consumer_crashes=sum(c.crashes for c in consumers),
-        lines={name: event_log.lines for name, event_log in logs.files().items()})
+    if burst is not None and not burst.wait_scheduled(BURST_SCHEDULING_MAX_S):
+        log.warning("event=burst_unscheduled waited_s=%d", BURST_SCHEDULING_MAX_S)
+    return now_ms(), nemesis
 
 
 def _subscribed(cluster: ChaosCluster) -> int:
