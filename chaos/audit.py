@@ -51,6 +51,9 @@ the figures built on them:
 - **shards** (several shards only): per shard, by the shard of each message's id: deliveries
   ``owed``, ``received`` and ``lost``, ``unflagged`` duplicates, receipts ``delivered_early``,
   the lateness ``p99`` of first receipts, its ``failovers`` and their ``delivery_gap_ms``.
+- **burst** (a run with one, `tickwheel.chaos.burst_audit`): its deliveries owed, received
+  and lost, how long it took to drain, and the other topics' lateness p50, p99 and max (and
+  per group) while it drained.
 - **verdict**: ``clean`` iff nothing is lost, no duplicate is unflagged, nothing arrived early,
   nothing was delivered after a ``cancelled`` answer or contrary to a ``rescheduled`` one; else
   ``dirty``.
@@ -81,6 +84,10 @@ The summary (`audit` returns it; ``--json`` prints it)::
                            delivery_gap_ms: {p50, p99, max}}},
      "shards": {shard: {owed, received, lost, unflagged, delivered_early, p99, failovers,
                         delivery_gap_ms: {p50, p99, max}}},  # several shards only
+     "burst": {topic, messages, acked, owed, received, lost, at_ms, due_ms, scheduling_ms,
+               drained_ms, others_messages, others_p50_ms, others_p99_ms, others_max_ms,
+               others_groups: {"topic/group": {messages, p99, max}},
+               faults: [{fault, node, started_ms}], failovers} | null,
      "faults": [{fault, node, started_ms, ended_ms, detail}],
      "examples": {unflagged_duplicates, cancelled_but_delivered, contrary_to_reschedule,
                   delivered_early}}  # ids
@@ -108,6 +115,7 @@ from pyspark.sql import functions as F
 
 from tickwheel.chaos import deliveries, report
 from tickwheel.chaos.aggregates import only_row, percentile, spread
+from tickwheel.chaos.burst_audit import burst_figures
 from tickwheel.chaos.deliveries import CLASSES, DELIVERY
 from tickwheel.chaos.failovers import (
     Failover,
@@ -180,6 +188,7 @@ def summarize(logs: Logs) -> dict[str, Any]:
         "per_fault": per_fault(failover_figures),
         "shards": _per_shard(run, placed, owed, receipts, first, lost, early_receipts,
                              failover_figures),
+        "burst": burst_figures(run, messages, owed, first, lost, faults, failover_figures),
         "faults": [dataclasses.asdict(fault) for fault in faults],
         "examples": {"unflagged_duplicates": unflagged_ids,
                      "cancelled_but_delivered": late_cancels["ids"],

@@ -8,8 +8,9 @@ recomputed. Times in the report are seconds since the run started.
   below zero) against when it arrived, a dashed line at each failover (when the runner saw the
   new leader) and the fault windows shaded.
 - ``duplicates.png``: duplicate receipts per failover, stacked by class.
-- ``report.md``: the verdict, the overall figures, the per-group, race, per-fault failover,
-  failover and fault tables, the plots, and up to `MAX_EXAMPLES` ids for each problem class.
+- ``report.md``: the verdict, the overall figures, the per-group table, the burst's figures
+  (a run with one), the race, per-fault failover, failover and fault tables, the plots, and
+  up to `MAX_EXAMPLES` ids for each problem class.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ PER_FAULT_HEADER = ["fault", "failovers", "no leader p50 / p99 / max (ms)",
                     "no delivery p50 / p99 / max (ms)", "never delivered"]
 GROUP_HEADER = ["topic/group", "owed", "received", "lost", "duplicates f / r / u",
                 "false alarms", "lateness p99 (ms)"]
+BURST_GROUP_HEADER = ["other topic/group, during the burst", "messages", "lateness p99 (ms)",
+                      "max (ms)", "the leader's send alone: p99 (ms)"]
 SHARD_HEADER = ["shard", "owed", "received", "lost", "unflagged", "early",
                 "lateness p99 (ms)", "failovers", "no delivery p50 / p99 / max (ms)"]
 def write_report(audit_dir: Path, summary: dict[str, Any],
@@ -62,6 +65,10 @@ def render_markdown(summary: dict[str, Any]) -> str:
              "", "## Consumer groups", "", _markdown_table(GROUP_HEADER, group_rows(summary)),
              *(["", "## Shards", "", _markdown_table(SHARD_HEADER, shard_rows(summary))]
                if summary.get("shards") else []),
+             *(["", "## The burst", "",
+                _markdown_table(["figure", "value"], [list(row) for row in burst_rows(summary)]),
+                "", _markdown_table(BURST_GROUP_HEADER, burst_group_rows(summary))]
+               if summary.get("burst") else []),
              "", "## Cancels and reschedules just before due", "", _races_markdown(summary),
              "", "## Failovers", "",
              _markdown_table(PER_FAULT_HEADER, per_fault_rows(summary)) if summary["failovers"]
@@ -94,6 +101,15 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         for row in shard_rows(summary):
             shards.add_row(*row)
         console.print(shards)
+    if summary.get("burst"):
+        burst = Table("figure", "value", title="the burst")
+        for name, value in burst_rows(summary):
+            burst.add_row(name, value)
+        console.print(burst)
+        others = Table(*BURST_GROUP_HEADER, title="the other topics during the burst")
+        for row in burst_group_rows(summary):
+            others.add_row(*row)
+        console.print(others)
     if summary["failovers"]:
         kinds = Table(*PER_FAULT_HEADER, title="failovers by fault")
         for row in per_fault_rows(summary):
@@ -166,6 +182,37 @@ def group_rows(summary: dict[str, Any]) -> list[list[str]]:
     return rows + [[f"{topic} (idle: nobody reads it)", f"{idle['acked']:,} acked",
                     _value(idle["received"]), "-", "-", "-", "-"]
                    for topic, idle in summary["idle"].items()]
+
+
+def burst_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(figure, value)`` rows of the burst's figures (`tickwheel.chaos.burst_audit`)."""
+    burst, started_ms = summary["burst"], summary["run"]["started_ms"]
+    faults = ", ".join(f"{_fault_name(fault)} at {_seconds(fault['started_ms'], started_ms)}"
+                       for fault in burst["faults"])
+    return [
+        ("topic", burst["topic"]),
+        ("messages asked / accepted", f"{burst['messages']:,} / {burst['acked']:,}"),
+        ("deliveries owed / received / lost",
+         " / ".join(_value(burst[key]) for key in ("owed", "received", "lost"))),
+        ("scheduling began / due (s)",
+         f"{_seconds(burst['at_ms'], started_ms)} / {_seconds(burst['due_ms'], started_ms)}"),
+        ("scheduled in (ms)", _value(burst["scheduling_ms"])),
+        ("drained in (ms: from its due time to its last first receipt)",
+         _value(burst["drained_ms"])),
+        ("other topics' messages due meanwhile", _value(burst["others_messages"])),
+        ("their lateness p50 / p99 / max (ms)",
+         " / ".join(_value(burst[f"others_{key}_ms"]) for key in ("p50", "p99", "max"))),
+        ("of it, the leader's send alone: p99 / max (ms)",
+         " / ".join(_value(burst[f"others_sent_{key}_ms"]) for key in ("p99", "max"))),
+        ("faults from its scheduling to its last receipt (s)", faults or "none"),
+        ("failovers then", _value(burst["failovers"])),
+    ]
+
+
+def burst_group_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """One row per other consumer group, under `BURST_GROUP_HEADER`."""
+    return [[name, *(_value(group[key]) for key in ("messages", "p99", "max", "sent_p99"))]
+            for name, group in summary["burst"]["others_groups"].items()]
 
 
 def plot_lateness(summary: dict[str, Any], points: list[tuple[int, int]]) -> Figure:

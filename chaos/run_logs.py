@@ -9,6 +9,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -36,6 +37,21 @@ TRAIL_NAME = r"([^/]+)\.\d+\.jsonl$"
 
 
 @dataclass(frozen=True, slots=True)
+class BurstPlan:
+    """``run.json``'s ``burst``: a topic's messages, all due at one time (`tickwheel.chaos.burst`
+    has the whole record)."""
+
+    topic: str
+    messages: int
+    """Asked for (``scheduled.jsonl`` says which the cluster accepted)."""
+    due_ms: int
+    at_ms: int
+    """When their scheduling began."""
+    scheduled_ms: int | None = None
+    """When it ended (None: it did not)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     """``run.json``: the run's window and the tolerances it is judged by."""
 
@@ -53,6 +69,8 @@ class Run:
     idle_topics: list[str] = dataclasses.field(default_factory=list)
     shards: int = 1
     """The cluster's shards (Raft groups): a message is its id's shard's."""
+    burst: BurstPlan | None = None
+    """The run's burst, if it had one."""
 
     @property
     def lost_cutoff_ms(self) -> int:
@@ -91,7 +109,19 @@ def read_run(out_dir: Path, grace_ms: int | None = None,
                allowed_early_ms=(raw["allowed_early_ms"] if allowed_early_ms is None
                                  else allowed_early_ms),
                drained_due_ms=raw.get("drained_due_ms"), groups=raw.get("groups"),
-               idle_topics=raw.get("idle_topics", []), shards=raw.get("shards", 1))
+               idle_topics=raw.get("idle_topics", []), shards=raw.get("shards", 1),
+               burst=_burst(raw.get("burst")))
+
+
+def _burst(raw: dict[str, Any] | None) -> BurstPlan | None:
+    """``run.json``'s ``burst``, its fields the audit reads."""
+    if raw is None:
+        return None
+    missing = [key for key in ("topic", "messages", "due_ms", "at_ms") if raw.get(key) is None]
+    if missing:
+        raise ValueError(f"run.json's burst: missing {', '.join(missing)}")
+    return BurstPlan(topic=raw["topic"], messages=raw["messages"], due_ms=raw["due_ms"],
+                     at_ms=raw["at_ms"], scheduled_ms=raw.get("scheduled_ms"))
 
 
 def load_logs(spark: SparkSession, out_dir: Path, run: Run) -> Logs:
