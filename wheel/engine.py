@@ -259,8 +259,8 @@ class Wheel:
         return self._passage.live_tags_between(self._cursor, cursor)
 
     def walk_ahead(self, max_units: int) -> None:
-        """Read up to ``max_units`` index units of the next second the cursor will pass, so
-        that the cursor command entering it finds them read (`CursorPassage`); the Raft thread
+        """Read up to ``max_units`` index units of the seconds the cursor will pass next, so
+        that the cursor command entering one finds it read (`CursorPassage`); the Raft thread
         calls this between turns."""
         self._passage.walk_ahead(self._cursor.second, max_units)
 

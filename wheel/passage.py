@@ -16,7 +16,7 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tickwheel.common.errors import invariant
+from tickwheel.common.errors import CorruptSegment, invariant
 from tickwheel.wheel.format import SECONDS_PER_HOUR
 from tickwheel.wheel.hours import HourSet
 from tickwheel.wheel.segment import HourSegment
@@ -24,6 +24,12 @@ from tickwheel.wheel.types import Cursor
 
 _WALKED = -1
 """`_SecondUnits.resume` once the whole chain is read."""
+WHOLE_SECOND_RATIO = 8
+"""A whole second is counted from its running counts when its hour holds fewer cancelled
+messages than an eighth of the second's (each is read to see whether it is the second's)."""
+AHEAD_SECONDS = 120
+"""How far past the cursor's second `CursorPassage.walk_ahead` reads: 6 bytes a message due
+within it (at 20,000 due msg/s, 14 MB)."""
 
 
 @dataclass(slots=True)
@@ -36,6 +42,9 @@ class _SecondUnits:
     global_indexes: array[int] = field(default_factory=lambda: array("I"))
     tags: array[int] = field(default_factory=lambda: array("H"))
     resume: int | None = None
+    counts: Counter[int] = field(default_factory=Counter)
+    """How many of the units read are of each tag, counted as they are read: a cursor that
+    passes the whole second counts it without a pass over a million tags at once."""
 
 
 class CursorPassage:
@@ -64,6 +73,16 @@ class CursorPassage:
             if segment is not None:
                 units = self._units_of(segment, second)
                 stop = end.local_index if second == end.second else len(units.tags)
+                whole = (None if local_index or stop < len(units.tags)
+                         or len(segment.tombstones) * WHOLE_SECOND_RATIO >= stop
+                         else _live(segment, second, units.counts))
+                if whole is not None:
+                    counts.update(whole)
+                    following = self._hours.next_occupied_second(second + 1)
+                    if following is None:
+                        break
+                    second, local_index = following, 0
+                    continue
                 passed = units.global_indexes[local_index:stop]
                 if segment.tombstones and not segment.tombstones.isdisjoint(passed):
                     tombstones = segment.tombstones
@@ -79,10 +98,16 @@ class CursorPassage:
         return dict(counts)
 
     def walk_ahead(self, cursor_second: int, max_units: int) -> None:
-        """Read up to ``max_units`` index units of the next second the cursor will pass (the
-        cursor's own, then the next one holding messages); nothing once that one is read."""
-        second = cursor_second
-        for _ in range(2):
+        """Read up to ``max_units`` index units of the seconds the cursor will pass next (the
+        seconds holding messages from its own on, up to ``AHEAD_SECONDS`` past the first, in
+        order); nothing once they are read. A second of a million messages is read over the
+        turns before its time comes, not by the cursor command entering it (which held every
+        replica's Raft thread 100-250 ms when only the next second was read ahead), and the
+        seconds a cursor held at a burst's second jumps over when the burst is out are read
+        already."""
+        second = self._hours.next_occupied_second(cursor_second)
+        last_second = -1 if second is None else second + AHEAD_SECONDS
+        while second is not None and second <= last_second and max_units:
             segment = self._hours.segment(second // SECONDS_PER_HOUR, create=False)
             if segment is not None and (
                     count := segment.heads[((second % SECONDS_PER_HOUR) << 1) + 1]):
@@ -93,12 +118,10 @@ class CursorPassage:
                     # rather than all the new units in the cursor command that enters it
                     units = self._passing[second] = _SecondUnits()
                 if units.resume != _WALKED:
+                    before = len(units.tags)
                     self._walk(segment, second, units, max_units)
-                    return
-            following = self._hours.next_occupied_second(second + 1)
-            if following is None:
-                return
-            second = following
+                    max_units -= len(units.tags) - before
+            second = self._hours.next_occupied_second(second + 1)
 
     def _units_of(self, segment: HourSegment, second: int) -> _SecondUnits:
         """The global index and tag of each message filed under ``second``, by local index:
@@ -115,6 +138,7 @@ class CursorPassage:
             newer_tags.reverse()
             units.global_indexes += newer_globals
             units.tags += newer_tags
+            units.counts.update(newer_tags)
         invariant(len(units.tags) == count,
                   f"second {second} chains {len(units.tags)} units of {count}")
         return units
@@ -128,7 +152,9 @@ class CursorPassage:
         self._hours.map_for_reading(segment)
         start = (segment.heads[(second % SECONDS_PER_HOUR) << 1] if units.resume is None
                  else units.resume)
+        read = len(units.tags)
         resume = segment.walk_chain(start, 0, max_units, units.global_indexes, units.tags)
+        units.counts.update(units.tags[read:])
         if resume < 0:
             units.global_indexes.reverse()
             units.tags.reverse()
@@ -141,3 +167,19 @@ class CursorPassage:
         if units is None:
             units = self._passing[second] = _SecondUnits()
         return units
+
+
+def _live(segment: HourSegment, second: int, counts: Counter[int]) -> Counter[int] | None:
+    """``counts`` of a whole second, less its cancelled messages (the hour's tombstones that
+    are units of ``second``); None if a tombstone's unit cannot be read (the second is then
+    counted unit by unit)."""
+    live = Counter(counts)
+    second_of_hour = second % SECONDS_PER_HOUR
+    for global_index in segment.tombstones:
+        try:
+            unit = segment.read_unit(global_index)
+        except CorruptSegment:
+            return None
+        if unit[6] == second_of_hour:
+            live[unit[7]] -= 1
+    return +live
