@@ -19,6 +19,9 @@ takes"). Its figures, ``summary["burst"]`` (None for a run without one):
   where lateness counts from): a consumer's own queue is not in it (the workload's slow
   consumers, 20-150 ms a message with 32 on their way, hold up to 3 s of them at any time);
   ``others_groups``, per ``topic/group``: ``messages``, ``p99``, ``max`` and ``sent_p99``;
+  ``others_seconds``, their ``messages``, ``p50``, ``p99`` and ``max`` lateness apart for
+  those due within the burst's own second (``its_second``: the wheel files them in the same
+  chain as the burst, docs/wheel.md) and those due after it (``later``);
 - ``faults``: the faults that overlapped the burst, from its scheduling to its last receipt
   (``fault``, ``node``, ``started_ms``), and ``failovers``, the failovers seen then.
 
@@ -77,11 +80,12 @@ def _others(plan: BurstPlan, others: DataFrame, last_ms: int | None) -> dict[str
     if last_ms is None:
         return {"others_messages": 0, **dict.fromkeys(
             ("others_p50_ms", "others_p99_ms", "others_max_ms", "others_sent_p99_ms",
-             "others_sent_max_ms")), "others_groups": {}}
+             "others_sent_max_ms")), "others_groups": {}, "others_seconds": {}}
     ready_ms = F.greatest("deliver_at_ms", "accepted_ms")
     during = (others.filter(ready_ms.between(plan.due_ms, last_ms))
               .withColumn("send_lateness_ms", F.col("delivered_at_ms") - ready_ms))
     received, sent = spread(during), spread(during, "send_lateness_ms")
+    in_its_second = ready_ms < (plan.due_ms // 1000 + 1) * 1000
     groups = (during.groupBy("topic", "group")
               .agg(F.count("*").alias("messages"), percentile("lateness_ms", 0.99).alias("p99"),
                    F.max("lateness_ms").alias("max"), percentile("send_lateness_ms", 0.99)
@@ -93,4 +97,7 @@ def _others(plan: BurstPlan, others: DataFrame, last_ms: int | None) -> dict[str
             "others_sent_max_ms": sent["max"],
             "others_groups": {f"{row.topic}/{row.group}": {
                 "messages": row.messages, "p99": row.p99, "max": row.max,
-                "sent_p99": row.sent_p99} for row in groups}}
+                "sent_p99": row.sent_p99} for row in groups},
+            "others_seconds": {name: {"messages": part.count(), **spread(part)}
+                               for name, part in (("its_second", during.filter(in_its_second)),
+                                                  ("later", during.filter(~in_its_second)))}}

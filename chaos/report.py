@@ -204,6 +204,10 @@ def burst_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
          " / ".join(_value(burst[f"others_{key}_ms"]) for key in ("p50", "p99", "max"))),
         ("of it, the leader's send alone: p99 / max (ms)",
          " / ".join(_value(burst[f"others_sent_{key}_ms"]) for key in ("p99", "max"))),
+        *((f"of them, due {label}: messages; lateness p50 / p99 / max (ms)",
+           f"{_value(part['messages'])}; {_spread(part)}")
+          for label, part in zip(("in its own second", "after it"),
+                                 burst["others_seconds"].values(), strict=True)),
         ("faults from its scheduling to its last receipt (s)", faults or "none"),
         ("failovers then", _value(burst["failovers"])),
     ]

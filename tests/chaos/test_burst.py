@@ -7,7 +7,8 @@ accepted (``burst-4``'s call failed: not owed). They arrive at 20,100, 20,400, 2
 23,000 (drained in 3,000 ms); ``burst-1`` comes again, flagged, at 25,000 (after the drain:
 it does not count). The other topics' first receipts whose lateness counts from within
 [20,000, 23,000]: ``o-1`` 30 ms late, ``o-2`` 300, ``o-accepted`` (scheduled already due,
-accepted at 21,500) 20, all of ``orders/a``; ``r-1`` 100, of ``reminders/``. Left out:
+accepted at 21,500) 20, all of ``orders/a``; ``r-1`` 100, of ``reminders/``; of them, only
+``o-1`` is due within the burst's own second. Left out:
 ``o-before`` (due 19,000) and ``o-after`` (due 23,500). A kill from 15,000 to 18,000 overlaps
 the burst, a pause from 30,000 does not; node0 -> node1 at 16,000 is its one failover.
 """
@@ -111,6 +112,8 @@ def test_the_burst_figures_of_a_hand_made_run(spark: SparkSession, tmp_path: Pat
         "others_groups": {"orders/a": {"messages": 3, "p99": 300, "max": 300, "sent_p99": 299},
                           "reminders/": {"messages": 1, "p99": 100, "max": 100,
                                          "sent_p99": 99}},
+        "others_seconds": {"its_second": {"messages": 1, "p50": 30, "p99": 30, "max": 30},
+                           "later": {"messages": 3, "p50": 100, "p99": 300, "max": 300}},
         "faults": [{"fault": "kill", "node": "node0", "started_ms": t(15_000)}],
         "failovers": 1}
     assert summary["groups"]["burst/"]["received"] == 4
@@ -118,6 +121,8 @@ def test_the_burst_figures_of_a_hand_made_run(spark: SparkSession, tmp_path: Pat
     report = (tmp_path / "audit" / "report.md").read_text()
     assert "| drained in (ms: from its due time to its last first receipt) | 3,000 |" in report
     assert "| orders/a | 3 | 300 | 300 | 299 |" in report
+    assert ("| of them, due after it: messages; lateness p50 / p99 / max (ms) "
+            "| 3; 100 / 300 / 300 |") in report
     without = in_background(audit, spark, write_run(tmp_path / "none", None))
     assert without["burst"] is None
     assert without["messages"] == summary["messages"]
