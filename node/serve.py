@@ -51,6 +51,8 @@ log = logging.getLogger("tickwheel.node")
 HOUSEKEEPING_S = 0.2
 GC_YOUNG_THRESHOLD = 10_000
 """Allocations between collections of the youngest generation (Python's default is 700)."""
+GC_PAUSE_LOG_MS = 50.0
+"""A collection this long is logged."""
 GIL_SWITCH_INTERVAL_S = 0.001
 """How long a thread holding the GIL keeps it while another waits (Python's default is 5 ms).
 The Raft thread (commits, dispatch) and the event loop (validating a 5,000-message request
@@ -185,6 +187,24 @@ def _settle_gc() -> None:
     gc.freeze()
     _, middle, oldest = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, oldest)
+    gc.callbacks.append(_GcPauses().observe)
+
+
+class _GcPauses:
+    """Logs a collection of ``GC_PAUSE_LOG_MS`` or more (``event=gc_pause``): every thread
+    stops for it, the Raft thread's heartbeats included."""
+
+    def __init__(self) -> None:
+        self._started_s = 0.0
+
+    def observe(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started_s = time.perf_counter()
+            return
+        pause_ms = (time.perf_counter() - self._started_s) * 1000
+        if pause_ms >= GC_PAUSE_LOG_MS:
+            log.warning("event=gc_pause generation=%d pause_ms=%.1f collected=%d",
+                        info["generation"], pause_ms, info["collected"])
 
 
 async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthServicer,

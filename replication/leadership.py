@@ -38,6 +38,8 @@ log = logging.getLogger("tickwheel.replication")
 
 DAMAGE_RETRY_S = 1.0
 """How long the dispatch waits before asking again for a copy of damaged bytes it holds at."""
+BLOCKED_WAIT_S = 0.002
+"""How long the Raft thread waits for sockets while taking waits for handouts to apply."""
 PACED_LOG_MS = 60_000
 PACED_LOG_TOPICS = 1_024
 """`event=topic_paced` comes at most once a minute per topic (of this many remembered)."""
@@ -278,8 +280,11 @@ class Leadership:
         if (self.planner is not None and self.planner.waiting
                 and self._requests.consumer_ops_queued):
             return 0.0  # credits queued unwoken while this step found messages waiting
-        if (delivered >= dispatch.max_take_msgs
-                and self.dispatcher.unapplied < dispatch.max_unapplied_msgs):
+        if self.dispatcher.unapplied >= dispatch.max_unapplied_msgs:
+            # taking waits for a handout's apply, which a tick brings (an answer wakes it):
+            # a wait of nothing spun the Raft thread through empty turns meanwhile
+            return BLOCKED_WAIT_S
+        if delivered >= dispatch.max_take_msgs:
             return 0.0  # a backlog: take the next step at once
         wait_ms = self._config.cursor_sync_ms
         due_ms = self._state.wheel.next_due_ms()
