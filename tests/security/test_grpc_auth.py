@@ -113,8 +113,9 @@ def test_a_token_rides_on_each_call_without_a_thread_per_call(cluster: LocalClus
     """gRPC's call credentials start a thread for every call to fetch the token (a third of a
     unary call's CPU in the client); the client's channels send it as metadata instead, and
     it still authenticates on the leader and through a follower. (grpcio starts a few
-    threads of its own now and then, named ``_run``: 2 and 6 in a loaded CI run; which of
-    its channels they served is not known. A thread per call would be ``CALLS``.)"""
+    threads of its own now and then, named ``_run``: 2 and 6 in a loaded CI run, 16 in a
+    full ``make test`` beside a chaos run's Spark; which of its channels they served is not
+    known. A thread per call would be ``CALLS``.)"""
     tag = uuid.uuid4().hex[:8]
     for node in nodes(cluster):
         with client_of(cluster, node, cluster.credentials("orders")) as orders:
@@ -124,7 +125,7 @@ def test_a_token_rides_on_each_call_without_a_thread_per_call(cluster: LocalClus
                                            id=f"t-{tag}-{node.raft}-{i}") for i in range(CALLS)]
         assert len({scheduled.handle for scheduled in handles}) == CALLS
         assert not any(scheduled.duplicate for scheduled in handles)
-        assert len(started) < CALLS // 5, started
+        assert len(started) < CALLS // 2, started
 
 
 def test_the_asyncio_client_sends_its_token_without_a_thread_per_call(
