@@ -41,8 +41,10 @@ class Shares:
         return sum(len(queue) for queue in self.heavy.values())
 
     def begin(self) -> None:
-        """A take begins: it may move ``max_moved_msgs`` entries."""
+        """A take begins: it may move ``max_moved_msgs`` entries, and the backlogs are asked
+        from one further on (`in_turn`)."""
         self._moved = 0
+        self._turn += 1
 
     def defer(self, tag: int, entry: Entry) -> bool:
         """Move ``entry`` to its tag's queue; False when this take moved all it may."""
@@ -56,12 +58,11 @@ class Shares:
         return True
 
     def in_turn(self) -> list[RunHeap[Entry]]:
-        """The backlogs' queues, from one further on each call."""
+        """The backlogs' queues, in this take's turn: the same order for each of its calls,
+        starting one further at each take."""
         queues = list(self.heavy.values())
-        if not queues:
-            return queues
-        self._turn = (self._turn + 1) % len(queues)
-        return queues[self._turn:] + queues[:self._turn]
+        first = self._turn % len(queues) if queues else 0
+        return queues[first:] + queues[:first]
 
     def drop_empty(self) -> None:
         """A backlog whose queue is empty is a tag like any other again."""

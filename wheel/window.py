@@ -155,8 +155,7 @@ class DueWindow:
             self.queue.extend(self.shares.drain())  # backlogs of fair takes: in order again
             self._take(self.queue, now_ms, max_msgs, cursor, taken)
             return taken
-        heavy = self.shares.in_turn()
-        for side in heavy:  # each backlog its share first
+        for side in self.shares.in_turn():  # each backlog its share first
             if self.held is None:
                 self._take(side, now_ms, min(max_msgs, len(taken) + share_msgs), cursor, taken)
         if self.held is None:

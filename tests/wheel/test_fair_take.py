@@ -7,6 +7,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,17 @@ def test_a_long_second_whose_messages_are_not_due_yet_is_not_read_take_after_tak
             assert wheel.window_msgs <= 1_000
         assert wheel.next_due_ms() == NOW_MS + 600  # not the second's start: no step at once
         assert len(wheel.take_due(NOW_MS + 600, 1_000, share_msgs=250)) == 1_000
+
+
+def test_backlogs_take_turns_at_being_asked_first() -> None:
+    """Two topics' backlogs and takes of one share each: the first backlog asked gets the
+    take, and it changes from take to take. (It turned twice a take once, so with two
+    backlogs the same one came first every time.)"""
+    with _wheel(10_000) as wheel:
+        _file(wheel, BURST, "a", [NOW_MS] * 2_000)
+        _file(wheel, STEADY, "b", [NOW_MS] * 2_000)
+        wheel.take_due(NOW_MS + 1_000, 1_000, share_msgs=10)  # both are backlogs now
+        firsts = [wheel.take_due(NOW_MS + 1_000, 10, share_msgs=10)[0].topic
+                  for _ in range(6)]
+    assert sorted(firsts) == ["a"] * 3 + ["b"] * 3, firsts
+    assert all(x != y for x, y in pairwise(firsts)), firsts
