@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tickwheel.common.errors import CorruptSegment, invariant
@@ -76,21 +77,8 @@ class CursorPassage:
                 whole = (None if local_index or stop < len(units.tags)
                          or len(segment.tombstones) * WHOLE_SECOND_RATIO >= stop
                          else _live(segment, second, units.counts))
-                if whole is not None:
-                    counts.update(whole)
-                    following = self._hours.next_occupied_second(second + 1)
-                    if following is None:
-                        break
-                    second, local_index = following, 0
-                    continue
-                passed = units.global_indexes[local_index:stop]
-                if segment.tombstones and not segment.tombstones.isdisjoint(passed):
-                    tombstones = segment.tombstones
-                    counts.update(tag for global_index, tag
-                                  in zip(passed, units.tags[local_index:stop], strict=True)
-                                  if global_index not in tombstones)
-                else:  # nothing cancelled among them: counted in C
-                    counts.update(units.tags[local_index:stop])
+                counts.update(_live_between(segment, units, local_index, stop)
+                              if whole is None else whole)
             following = self._hours.next_occupied_second(second + 1)
             if following is None:
                 break
@@ -183,3 +171,15 @@ def _live(segment: HourSegment, second: int, counts: Counter[int]) -> Counter[in
         if unit[6] == second_of_hour:
             live[unit[7]] -= 1
     return +live
+
+
+def _live_between(segment: HourSegment, units: _SecondUnits, start: int, stop: int
+                  ) -> Iterable[int]:
+    """The tags of the second's units from local index ``start`` to ``stop``, less the
+    cancelled ones, unit by unit."""
+    passed = units.global_indexes[start:stop]
+    if segment.tombstones and not segment.tombstones.isdisjoint(passed):
+        tombstones = segment.tombstones
+        return (tag for global_index, tag in zip(passed, units.tags[start:stop], strict=True)
+                if global_index not in tombstones)
+    return units.tags[start:stop]  # nothing cancelled among them: counted in C

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,7 +21,6 @@ from tickwheel.wheel import (
     repair,
 )
 from tickwheel.wheel.format import UNIT, UNIT_SIZE, encode_record, pack_unit
-from tickwheel.wheel.segment import HourSegment
 from tickwheel.wheel.types import DAY_MS
 
 HOUR_MS = 3_600_000
@@ -374,37 +372,6 @@ def test_walking_ahead_in_steps_changes_no_count_the_cursor_takes(tmp_path: Path
             wheel.advance_cursor(cursor)
     walked.close()
     direct.close()
-
-
-def test_a_second_filed_into_after_it_was_read_ahead_is_read_again_ahead(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A burst scheduled into a second that was read ahead while it held a few messages: the
-    cursor command entering it read every new unit at once, on every replica (a million in a
-    burst: the leader's Raft thread stalled and it lost office)."""
-    second = NOW_MS // 1_000 + 5
-    with Wheel.open(tmp_path) as wheel:
-        def file(count: int, start: int) -> None:
-            batch = [msg(f"m{start + i}", second * 1_000) for i in range(count)]
-            wheel.schedule_records([encode_record(*m) for m in batch],
-                                   [m.deliver_at_ms for m in batch], NOW_MS, [1] * count)
-
-        file(10, 0)
-        wheel.walk_ahead(100)  # all ten read ahead
-        file(2_000, 10)
-        for _ in range(30):  # the turns between the burst's filing and the cursor's move
-            wheel.walk_ahead(100)
-        read_by_the_cursor: list[int] = []
-        walk_chain = HourSegment.walk_chain
-
-        def counting(self: HourSegment, *args: Any) -> int:
-            before = len(args[3])
-            resume = walk_chain(self, *args)
-            read_by_the_cursor.append(len(args[3]) - before)
-            return resume
-
-        monkeypatch.setattr(HourSegment, "walk_chain", counting)
-        assert wheel.live_tags_until(Cursor(second, 1_500)) == {1: 1_500}
-        assert sum(read_by_the_cursor) == 0  # everything it passes was read ahead
 
 
 def take_sized(wheel: Wheel, now_ms: int, max_msgs: int = 1_000) -> tuple[list, list[int]]:
