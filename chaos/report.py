@@ -16,6 +16,7 @@ recomputed. Times in the report are seconds since the run started.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,40 +86,26 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
-    """The verdict, the overall figures, the shards, the failovers by fault and one by one, as
-    terminal tables."""
+    """The verdict, the overall figures, the shards, the burst, the failovers by fault and one
+    by one, as terminal tables."""
     console = console or Console()
-    overall = Table("figure", "value", title=f"delivery audit: {summary['verdict']}")
-    for name, value in overall_rows(summary):
-        overall.add_row(name, value)
-    console.print(overall)
-    groups = Table(*GROUP_HEADER, title="consumer groups")
-    for row in group_rows(summary):
-        groups.add_row(*row)
-    console.print(groups)
+    tables: list[tuple[Sequence[str], str, Iterable[Sequence[str]]]] = [
+        (("figure", "value"), f"delivery audit: {summary['verdict']}", overall_rows(summary)),
+        (GROUP_HEADER, "consumer groups", group_rows(summary))]
     if summary.get("shards"):
-        shards = Table(*SHARD_HEADER, title="shards")
-        for row in shard_rows(summary):
-            shards.add_row(*row)
-        console.print(shards)
+        tables.append((SHARD_HEADER, "shards", shard_rows(summary)))
     if summary.get("burst"):
-        burst = Table("figure", "value", title="the burst")
-        for name, value in burst_rows(summary):
-            burst.add_row(name, value)
-        console.print(burst)
-        others = Table(*BURST_GROUP_HEADER, title="the other topics during the burst")
-        for row in burst_group_rows(summary):
-            others.add_row(*row)
-        console.print(others)
+        tables += [(("figure", "value"), "the burst", burst_rows(summary)),
+                   (BURST_GROUP_HEADER, "the other topics during the burst",
+                    burst_group_rows(summary))]
     if summary["failovers"]:
-        kinds = Table(*PER_FAULT_HEADER, title="failovers by fault")
-        for row in per_fault_rows(summary):
-            kinds.add_row(*row)
-        console.print(kinds)
-        failovers = Table(*FAILOVER_HEADER, title="failovers")
-        for row in failover_rows(summary):
-            failovers.add_row(*row)
-        console.print(failovers)
+        tables += [(PER_FAULT_HEADER, "failovers by fault", per_fault_rows(summary)),
+                   (FAILOVER_HEADER, "failovers", failover_rows(summary))]
+    for header, title, rows in tables:
+        table = Table(*header, title=title)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
 
 
 def overall_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:

@@ -56,8 +56,9 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+from sparktests import QUICK_JVM, spark_session
 
-from tickwheel.chaos.audit import audit, build_session, lateness_points, verdict
+from tickwheel.chaos.audit import audit, lateness_points, verdict
 from tickwheel.chaos.failovers import (
     Failover,
     Fault,
@@ -74,8 +75,6 @@ from tickwheel.chaos.run_logs import load_logs, read_run
 T0_MS = 1_700_000_000_000
 SENT_MS = 1_000
 ACKED_MS = 1_010
-QUICK_JVM = ("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
-"""Spark's JVMs here live seconds on tiny logs: the quick JIT tier alone halves their CPU."""
 pytestmark = pytest.mark.timeout(600)
 """The JVMs run in the background (`in_background`): beside other workers' nodes they wait
 for the CPU, and the first test's setup starts four of them."""
@@ -276,12 +275,7 @@ def groups_run(out_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def spark(in_background: Callable[..., Any]) -> Iterator[SparkSession]:
-    """Its JVM started in the background (it counts no seconds), and so runs there."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(*QUICK_JVM)
-        session = in_background(build_session, "local[2]")
-    yield session
-    session.stop()
+    yield from spark_session(in_background)
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,12 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+from sparktests import QUICK_JVM, spark_session
 
-from tickwheel.chaos.audit import audit, build_session
+from tickwheel.chaos.audit import audit
 from tickwheel.chaos.report import write_report
 
 T0_MS = 1_700_000_000_000
-QUICK_JVM = ("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
-"""As in test_audit.py: Spark's JVMs here live seconds, the quick JIT tier alone is enough."""
 pytestmark = pytest.mark.cluster
 
 
@@ -93,11 +92,7 @@ BURST = {"topic": "burst", "group": "", "messages": 5, "acked": 4, "at_ms": t(10
 
 @pytest.fixture(scope="module")
 def spark(in_background: Callable[..., Any]) -> Iterator[SparkSession]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(*QUICK_JVM)
-        session = in_background(build_session, "local[2]")
-    yield session
-    session.stop()
+    yield from spark_session(in_background)
 
 
 def test_the_burst_figures_of_a_hand_made_run(spark: SparkSession, tmp_path: Path,
