@@ -1,1 +1,1 @@
-"""The chaos runner and the PySpark delivery audit (issue 5)."""
+"""The chaos runner and the PySpark delivery audit."""

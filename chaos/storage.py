@@ -1,4 +1,4 @@
-"""Damage to a stopped node's files, as an operator's bad day brings it (issue 18).
+"""Damage to a stopped node's files, as an operator's bad day brings it.
 
 Each function damages the data folder of a node that is not running and says what it did.
 Damage a node repairs by itself: flipped bytes in hour logs and index units (mended from the

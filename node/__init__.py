@@ -1,5 +1,5 @@
-"""The process: gRPC server, consumer delivery, config, CLI, metrics (issue 4), in rooms by
-concern (issue 38), each importing only the rooms below it (pyproject.toml's contracts)::
+"""The process: gRPC server, consumer delivery, config, CLI, metrics, in rooms by concern,
+each importing only the rooms below it (pyproject.toml's contracts)::
 
     cli/          the node's commands of ``tickwheel`` (``cluster up`` is added from above)
     serve         assembles one node and runs it until SIGTERM

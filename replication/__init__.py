@@ -1,4 +1,4 @@
-"""The Raft state machine over the wheel: group commit, cursor sync, lease, hand-over (issue 3).
+"""The Raft state machine over the wheel: group commit, cursor sync, lease, hand-over.
 
 Its face, what the layers above use: the `Replica` (the one object a node drives) with its
 settings and status (its Raft thread's steps too, `StepSummary`); what its calls answer

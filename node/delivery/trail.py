@@ -1,9 +1,10 @@
 """The delivery trail: one JSON line per event a node's dispatch produces.
 
-The PySpark audit (issue 5) reads these files. Lines: ``{"event": "dispatch_started", ...}`` when
-this node starts dispatching (with the cursor it starts from), and ``{"event": "delivered", ...}``
-per message and attempt, written when the message is sent to a consumer (with its consumer group
-and the number of its lease in that group: above 1, an earlier lease may have reached a consumer).
+The PySpark audit (`tickwheel.chaos.audit`) reads these files. Lines:
+``{"event": "dispatch_started", ...}`` when this node starts dispatching (with the cursor it
+starts from), and ``{"event": "delivered", ...}`` per message and attempt, written when the
+message is sent to a consumer (with its consumer group and the number of its lease in that
+group: above 1, an earlier lease may have reached a consumer).
 
 Bounded: at half of ``max_bytes`` the file becomes ``<name>.1`` (replacing the one before) and a
 new one is begun, so a node that runs for months keeps the last stretch of evidence and never

@@ -44,7 +44,7 @@ class JournalFile:
     """The journal's file, mapped into memory as pysyncobj's ``ResizableFile`` maps it, except
     that every byte the map covers is allocated on disk first (``posix_fallocate``). pysyncobj
     grows the file with ``ftruncate``, which allocates nothing: on a full disk the first write
-    to a new page killed the process with SIGBUS (issue 18: exit 135, no word why). Here growth
+    to a new page killed the process with SIGBUS (exit 135, no word why). Here growth
     that finds no space raises ``OSError(ENOSPC)`` before anything is written."""
 
     def __init__(self, path: str, default_content: bytes) -> None:
