@@ -55,17 +55,17 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 
 from tickwheel.client import Client, Message
-from tickwheel.harness.bench_figures import cpu_s, percentiles
-from tickwheel.harness.local_cluster import LocalCluster, wait_for
-from tickwheel.harness.node_bench import (
+from tickwheel.harness.bench_clients import (
     BODY,
     Endpoint,
-    _client,
-    _consumer_until,
-    _endpoint,
-    _subscribed,
+    client_of,
+    consumer_until,
+    endpoint_of,
     now_ms,
+    subscribed,
 )
+from tickwheel.harness.bench_figures import cpu_s, percentiles
+from tickwheel.harness.local_cluster import LocalCluster, wait_for
 
 ALLOWED_EARLY_MS = 2
 """As the chaos audit: the consumers and the nodes read the same clock in whole ms."""
@@ -83,7 +83,7 @@ def _produce(endpoint: Endpoint, first: int, count: int, threads: int, rate: flo
     batches = [[Message("burst", BODY, deliver_at_ms=due_ms, id=f"burst-{k}")
                 for k in range(at, min(at + BATCH, first + count))]
                for at in range(first, first + count, BATCH)]
-    with _client(endpoint, 120) as client:
+    with client_of(endpoint, 120) as client:
         client.cluster_info()
         start.wait()
         began = time.monotonic()
@@ -113,7 +113,7 @@ def _consume(endpoint: Endpoint, topics: list[str], received: Synchronized[int],
     noted = threading.Lock()
 
     def read(client: Client, topic: str) -> None:
-        for message in _consumer_until(client, topic, f"burst-{topic}", stop):
+        for message in consumer_until(client, topic, f"burst-{topic}", stop):
             arrived_ms = time.time_ns() / 1e6
             number = (int(message.id.rsplit("-", 1)[1]) if seen is not None
                       else message.deliver_at_ms)
@@ -128,7 +128,7 @@ def _consume(endpoint: Endpoint, topics: list[str], received: Synchronized[int],
                     received.value += 1
                 if seen is not None:
                     seen[number] = True
-    with _client(endpoint, 120) as client:
+    with client_of(endpoint, 120) as client:
         readers = [threading.Thread(target=read, args=(client, topic)) for topic in topics]
         for reader in readers:
             reader.start()
@@ -157,7 +157,7 @@ def _rss_mb(pid: int, field: str = "VmHWM") -> float:
 def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, consumers: int,
           steady_rate: int, schedule_rate: int, steady_topics: int = 1) -> dict[str, float]:
     context = multiprocessing.get_context("spawn")
-    endpoint = _endpoint(cluster)
+    endpoint = endpoint_of(cluster)
     received: Synchronized[int] = context.Value(ctypes.c_longlong, 0)
     steady_received: Synchronized[int] = context.Value(ctypes.c_longlong, 0)
     stop = context.Event()
@@ -172,7 +172,7 @@ def burst(cluster: LocalCluster, messages: int, producers: int, threads: int, co
                                                            None, stop, steady_results))
     for process in [*readers, steady_reader]:
         process.start()
-    wait_for(lambda: _subscribed(cluster, "burst") == consumers
+    wait_for(lambda: subscribed(cluster, "burst") == consumers
              and _topics_read(cluster, steadies) == len(steadies), 60,
              "the consumers to subscribe")
     start = context.Event()
@@ -269,7 +269,7 @@ def _steady(endpoint: Endpoint, rate: int, done: threading.Event,
             calls: list[tuple[float, float]], topics: list[str]) -> None:
     """``rate`` messages a second on the steady topics (in turn), each due a second after it
     is sent; each call's start (ms) and how long it took (ms) into ``calls``."""
-    with _client(endpoint, 60) as client:
+    with client_of(endpoint, 60) as client:
         sent = 0
         began = time.monotonic()
         while not done.is_set():
@@ -307,7 +307,7 @@ def _watch_group(endpoint: Endpoint, topic: str, done: threading.Event,
                    leader_peak_rss_anon_mb=0.0, leader_peak_rss_file_mb=0.0,
                    raft_step_max_ms=0.0)
     first_term = max(_scrape(urls, "tickwheel_raft_term"))
-    with _client(endpoint, 60) as client:
+    with client_of(endpoint, 60) as client:
         while not done.is_set():
             done.wait(0.5)
             figures["raft_step_max_ms"] = max(figures["raft_step_max_ms"], 1000 * max(

@@ -55,7 +55,6 @@ import json
 import multiprocessing
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -66,13 +65,21 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import TypedDict
 
-from tickwheel.client import AsyncClient, Client, Consumer, Credentials, Message
+from tickwheel.client import AsyncClient, Message
 from tickwheel.client.shards import shard_of
 from tickwheel.harness import rocketmq_consumer
+from tickwheel.harness.bench_clients import (
+    BODY,
+    Endpoint,
+    client_of,
+    consumer_until,
+    endpoint_of,
+    now_ms,
+    subscribed,
+)
 from tickwheel.harness.bench_figures import CPU_FIGURES, cpu_figures, cpu_s, percentiles
 from tickwheel.harness.local_cluster import LocalCluster, wait_for
 
-BODY = b"x" * 100
 HOUR_MS = 3_600_000
 LEAD_S = 2.0
 """How long before its due time each message of the lateness runs is scheduled."""
@@ -88,26 +95,9 @@ Figures = dict[str, float | str]
 """Figures by name (a few are words: how the run was secured, why a part was not run)."""
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-Endpoint = tuple[list[str], Credentials]
-"""The nodes' gRPC addresses, and the credentials to call them with (picklable: producer and
-consumer processes are given it)."""
-
-
-def _endpoint(cluster: LocalCluster) -> Endpoint:
-    return [node.grpc_address for node in cluster.nodes], cluster.credentials()
-
-
 def _body(due_ms: int) -> bytes:
     """A 100-byte body that carries its due time: the RocketMQ consumer reads it from there."""
     return f"{due_ms}:".encode().ljust(len(BODY), b"x")
-
-
-def _client(endpoint: Endpoint, timeout_s: float) -> Client:
-    return Client(endpoint[0], timeout_s=timeout_s, credentials=endpoint[1])
 
 
 # -- schedule throughput ----------------------------------------------------------------------
@@ -117,7 +107,7 @@ def _produce(endpoint: Endpoint, prefix: str, requests: int, batch: int, threads
     """One producer process: ``threads`` threads sharing ``requests`` batches."""
     batches = [[Message("bench", BODY, deliver_at_ms=due_ms + (r * batch + i) % HOUR_MS,
                         id=f"{prefix}-{r}-{i}") for i in range(batch)] for r in range(requests)]
-    with _client(endpoint, 120) as client:
+    with client_of(endpoint, 120) as client:
         client.cluster_info()  # connected, before the clock starts
         start.wait()
         with ThreadPoolExecutor(threads) as pool:
@@ -131,7 +121,7 @@ def schedule_batched(cluster: LocalCluster, total: int, producers: int, threads:
     due_ms = now_ms() + 2 * HOUR_MS
     per_producer = total // batch // producers
     processes = [context.Process(target=_produce, args=(
-        _endpoint(cluster), f"b{p}", per_producer, batch, threads, due_ms, start))
+        endpoint_of(cluster), f"b{p}", per_producer, batch, threads, due_ms, start))
         for p in range(producers)]
     for process in processes:
         process.start()
@@ -152,7 +142,7 @@ def schedule_single(cluster: LocalCluster, seconds: float, threads: int) -> dict
     due_ms = now_ms() + 3 * HOUR_MS
     counts = [0] * threads
     deadline = time.perf_counter() + seconds
-    with _client(_endpoint(cluster), 60) as client:
+    with client_of(endpoint_of(cluster), 60) as client:
         client.cluster_info()
 
         def run(thread: int) -> None:
@@ -172,7 +162,7 @@ def schedule_single_async(cluster: LocalCluster, seconds: float, tasks: int
     """`schedule_single` with ``tasks`` asyncio tasks on one `AsyncClient`."""
     due_ms = now_ms() + 4 * HOUR_MS
     counts = [0] * tasks
-    address, credentials = _endpoint(cluster)
+    address, credentials = endpoint_of(cluster)
 
     async def calls() -> None:
         async with AsyncClient(address, timeout_s=60, credentials=credentials) as client:
@@ -207,25 +197,13 @@ def _single_figures(suffix: str, cluster: LocalCluster, run: Callable[[], None],
 
 # -- lateness at a due rate -------------------------------------------------------------------
 
-def _consumer_until(client: Client, topic: str, name: str, stop: Event) -> Consumer:
-    """A consumer of ``topic`` (prefetch 2,000) that closes once ``stop`` is set, ending its
-    iteration."""
-    consumer = client.consume(topic, prefetch=2_000, name=name)
-
-    def close_when_stopped() -> None:
-        stop.wait()
-        consumer.close(0.5)
-    threading.Thread(target=close_when_stopped, daemon=True).start()
-    return consumer
-
-
 def _consume(endpoint: Endpoint, topic: str, received: Synchronized[int], stop: Event,
              results: Queue[tuple[list[float], float]]) -> None:
     """One consumer process: receive and ack, noting each message's lateness on receipt."""
     lateness: list[float] = []
     last_arrival_ms = 0.0
-    with _client(endpoint, 120) as client:
-        consumer = _consumer_until(client, topic, f"bench-{topic}", stop)
+    with client_of(endpoint, 120) as client:
+        consumer = consumer_until(client, topic, f"bench-{topic}", stop)
         for message in consumer:
             last_arrival_ms = time.time_ns() / 1e6
             lateness.append(last_arrival_ms - message.deliver_at_ms)
@@ -243,7 +221,7 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
     topic = f"due-{rate}"
     received, stop = context.Value(ctypes.c_longlong, 0), context.Event()
     results: Queue[tuple[list[float], float]] = context.Queue()
-    processes = [context.Process(target=_consume, args=(_endpoint(cluster), topic, received,
+    processes = [context.Process(target=_consume, args=(endpoint_of(cluster), topic, received,
                                                          stop, results))
                  for _ in range(consumers)]
     rocketmq_received = context.Value(ctypes.c_longlong, 0)
@@ -255,7 +233,7 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
         for _ in range(rocketmq_consumers)]
     for process in processes + rocketmq_processes:
         process.start()
-    wait_for(lambda: _subscribed(cluster, topic) == consumers, 30, "the consumers to subscribe")
+    wait_for(lambda: subscribed(cluster, topic) == consumers, 30, "the consumers to subscribe")
     if rocketmq_consumers:
         _warm_up(cluster, f"{topic}-warmup", warmed, rocketmq_consumers)
     total = int(rate * seconds)
@@ -266,7 +244,7 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
     client_pids = [pid for process in processes + rocketmq_processes
                    if (pid := process.pid) is not None]  # every one: all are started
     clients_cpu_s = time.process_time() + sum(map(cpu_s, client_pids))
-    with _client(_endpoint(cluster), 60) as client:
+    with client_of(endpoint_of(cluster), 60) as client:
         began = time.monotonic()
         first_due_ms = now_ms() + int(LEAD_S * 1000)
         sent = 0
@@ -306,14 +284,6 @@ def lateness_at(cluster: LocalCluster, rate: int, seconds: float, consumers: int
     return figures
 
 
-def _subscribed(cluster: LocalCluster, topic: str) -> int:
-    """The consumers of ``topic`` every shard's leader counts, the fewest (0 while one does
-    not answer)."""
-    infos = [leader.info() for leader in cluster.leaders()]
-    return min(0 if info is None else sum(t.consumers for t in info.topics if t.topic == topic)
-               for info in infos)
-
-
 def _per_shard(topic: str, total: int, shards: int) -> list[int]:
     """How many of the lateness run's messages (ids ``topic-k``) each shard holds."""
     counts = Counter(shard_of(f"{topic}-{k}", shards) for k in range(total))
@@ -325,7 +295,7 @@ def _warm_up(cluster: LocalCluster, topic: str, warmed: Synchronized[int],
     """Send messages due now to ``topic`` until the RocketMQ consumers have taken ``consumers``
     of them: their long polls are running before the clock starts (competing in one group,
     one of them may take several; enough for the client to be past its start-up)."""
-    with _client(_endpoint(cluster), 60) as client:
+    with client_of(endpoint_of(cluster), 60) as client:
         deadline = time.monotonic() + 60
         while warmed.value < consumers:
             if time.monotonic() > deadline:
