@@ -21,14 +21,7 @@ Every answer is the library's own type, never a generated protobuf message: `clu
 answers a `ClusterInfo` (with its `Member`, `TopicDue`, `TopicPending` and `GroupInfo`).
 """
 
-from tickwheel.client._core import (
-    CancelOutcome,
-    Message,
-    Received,
-    Rescheduled,
-    RescheduleOutcome,
-    Scheduled,
-)
+from tickwheel.client._core import Received
 from tickwheel.client.aio import AsyncClient
 from tickwheel.client.aio_consumers import AsyncConsumer
 from tickwheel.client.consumers import Consumer
@@ -43,6 +36,13 @@ from tickwheel.client.errors import (
     Unavailable,
 )
 from tickwheel.client.info import ClusterInfo, GroupInfo, Member, TopicDue, TopicPending
+from tickwheel.client.messages import (
+    CancelOutcome,
+    Message,
+    Rescheduled,
+    RescheduleOutcome,
+    Scheduled,
+)
 from tickwheel.client.sync import Client
 
 __all__ = [

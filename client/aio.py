@@ -26,19 +26,10 @@ from tenacity import AsyncRetrying
 from tickwheel.client._core import (
     CHANNEL_OPTIONS,
     DEFAULT_TARGET,
-    CancelOutcome,
     ClientBase,
-    Message,
     Received,
-    Rescheduled,
-    Scheduled,
-    cancel_outcomes,
     receive_request,
     received,
-    reschedule_request,
-    reschedule_results,
-    schedule_request,
-    scheduled,
     settle_request,
     stale_map,
     subscribe_request,
@@ -48,6 +39,17 @@ from tickwheel.client.coalescing import AsyncCoalescer
 from tickwheel.client.credentials import Credentials, open_aio_channel
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
 from tickwheel.client.info import ClusterInfo, cluster_info
+from tickwheel.client.messages import (
+    CancelOutcome,
+    Message,
+    Rescheduled,
+    Scheduled,
+    cancel_outcomes,
+    reschedule_request,
+    reschedule_results,
+    schedule_request,
+    scheduled,
+)
 from tickwheel.client.retries import retry_policy
 from tickwheel.client.routing import ShardRouters, receive_slices, split
 from tickwheel.client.rpcs import (

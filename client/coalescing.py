@@ -27,8 +27,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from tickwheel.client._core import Message, Scheduled
 from tickwheel.client.errors import Unauthenticated, Unavailable
+from tickwheel.client.messages import Message, Scheduled
 
 MAX_REQUESTS = 2
 """Shared requests on their way at once, per client: a second goes while the first waits for

@@ -14,9 +14,9 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from tickwheel.client._core import Message, Scheduled
 from tickwheel.client.coalescing import AsyncCoalescer, Coalescer
 from tickwheel.client.errors import InvalidArgument, Unavailable
+from tickwheel.client.messages import Message, Scheduled
 
 WAIT_S = 10.0
 
