@@ -240,7 +240,9 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
         metrics.commit_index.set(status.commit_index)
         metrics.cursor_lag.set(cursor_lag_ms(status, node.clock.now_ms()) / 1000)
         metrics.set_topics(node.courier.topics())
-        metrics.set_dropped(status.groups)
+        metrics.set_groups(status.groups)
+        metrics.set_member_lag(status.commit_index,
+                               status.match_index if status.role == "leader" else {})
         metrics.set_pending(status.pending, status.pending_untracked)
         metrics.set_storage(status.mended, status.damage_held)
         metrics.set_clocks(node.replica.clock.observe())

@@ -27,43 +27,56 @@ if TYPE_CHECKING:
 
 OTHER_TOPICS = "%other%"
 """The label of every topic beyond ``max_topic_labels``."""
+DEFAULT_GROUP_LABEL = "%default%"
+"""The group label of a topic's default group (named ``""``, which Prometheus reads as no
+label); not a valid group name. Every group of a topic counted under `OTHER_TOPICS` is
+counted under ``group="%other%"``."""
 LATENESS_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                       10.0, 30.0, 60.0)
 _LATENESS_BUCKETS_MS = tuple(round(bound * 1000, 1) for bound in LATENESS_BUCKETS_S)
 
 
 class BatchHistogram(Collector):
-    """A histogram observed a batch at a time: one lock and one bisect per value, where
-    prometheus-client's `Histogram.observe` costs a call, a lock and a scan of the buckets per
-    value (a tenth of the delivery path at 20,000 msg/s). Values are observed in milliseconds
-    and exported in seconds."""
+    """A histogram with one label, observed a batch at a time: one lock and one bisect per
+    value, where prometheus-client's `Histogram.observe` costs a call, a lock and a scan of the
+    buckets per value (a tenth of the delivery path at 20,000 msg/s). Values are observed in
+    milliseconds and exported in seconds; a label value stays exported once observed."""
 
-    def __init__(self, name: str, documentation: str, bounds_ms: tuple[float, ...]) -> None:
+    def __init__(self, name: str, documentation: str, label: str,
+                 bounds_ms: tuple[float, ...]) -> None:
         self._name = name
         self._documentation = documentation
+        self._label = label
         self._bounds_ms = bounds_ms
-        self._counts = [0] * (len(bounds_ms) + 1)
-        self._sum_ms = 0
+        self._counts: dict[str, list[int]] = {}
+        self._sums_ms: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def observe_ms(self, values_ms: list[int]) -> None:
+    def observe_ms(self, label: str, values_ms: list[int]) -> None:
         where = bisect.bisect_left
-        bounds, counts = self._bounds_ms, self._counts
+        bounds = self._bounds_ms
         with self._lock:
+            counts = self._counts.get(label)
+            if counts is None:
+                counts = self._counts[label] = [0] * (len(bounds) + 1)
+                self._sums_ms[label] = 0
             for value_ms in values_ms:
                 counts[where(bounds, value_ms)] += 1
-            self._sum_ms += sum(values_ms)
+            self._sums_ms[label] += sum(values_ms)
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         with self._lock:
-            counts, sum_ms = list(self._counts), self._sum_ms
-        cumulative, buckets = 0, []
-        for bound_ms, count in zip((*self._bounds_ms, float("inf")), counts, strict=True):
-            cumulative += count
-            buckets.append((str(bound_ms / 1000) if bound_ms != float("inf") else "+Inf",
-                            cumulative))
-        yield HistogramMetricFamily(self._name, self._documentation, buckets=buckets,
-                                    sum_value=sum_ms / 1000)
+            figures = [(label, list(counts), self._sums_ms[label])
+                       for label, counts in self._counts.items()]
+        family = HistogramMetricFamily(self._name, self._documentation, labels=[self._label])
+        for label, counts, sum_ms in figures:
+            cumulative, buckets = 0, []
+            for bound_ms, count in zip((*self._bounds_ms, float("inf")), counts, strict=True):
+                cumulative += count
+                buckets.append((str(bound_ms / 1000) if bound_ms != float("inf") else "+Inf",
+                                cumulative))
+            family.add_metric([label], buckets, sum_ms / 1000)
+        yield family
 
 
 class RaftSteps(Collector):
@@ -151,8 +164,15 @@ class Metrics:
         self.dropped = Gauge("tickwheel_group_dropped_messages", "Ready messages a consumer "
                              "group dropped past max_ready_msgs (replicated).", ["topic"],
                              registry=r)
+        self.group_ready = Gauge("tickwheel_group_ready_messages", "Due messages waiting for "
+                                 "a consumer of the group (replicated).", ["topic", "group"],
+                                 registry=r)
+        self.group_unacked = Gauge("tickwheel_group_unacked_messages", "Messages delivered to "
+                                   "the group and not yet acknowledged (replicated).",
+                                   ["topic", "group"], registry=r)
         self.lateness = BatchHistogram("tickwheel_delivery_lateness_seconds", "First delivery "
-                                       "time minus due time.", _LATENESS_BUCKETS_MS)
+                                       "time minus due time, by topic.", "topic",
+                                       _LATENESS_BUCKETS_MS)
         r.register(self.lateness)
         self.consumers = Gauge("tickwheel_consumers", "Open consumer streams.", ["topic"],
                                registry=r)
@@ -175,6 +195,10 @@ class Metrics:
                                   registry=r)
         self.cursor_lag = Gauge("tickwheel_cursor_lag_seconds", "On the leader: now minus the "
                                 "cursor's second, while messages are due.", registry=r)
+        self.member_lag = Gauge("tickwheel_member_lag_entries", "On the leader: how many "
+                                "committed entries each other member is behind (the commit "
+                                "index minus the last entry the member is known to hold).",
+                                ["member"], registry=r)
         self.leader_changes = Counter("tickwheel_leader_changes", "Times this node saw the "
                                       "leader change.", registry=r)
         self.storage_mended = Gauge("tickwheel_storage_mended", "Damaged stored bytes found "
@@ -205,8 +229,9 @@ class Metrics:
     def observe_delivered(self, topic: str, count: int, first_lateness_ms: list[int]) -> None:
         """``count`` messages of ``topic`` sent; ``first_lateness_ms``: how late the first
         attempts among them went out (a retry is late by design, so it is not observed)."""
-        self.lateness.observe_ms(first_lateness_ms)
-        self.delivered.labels(self.topic(topic)).inc(count)
+        label = self.topic(topic)
+        self.lateness.observe_ms(label, first_lateness_ms)
+        self.delivered.labels(label).inc(count)
 
     def set_topics(self, topics: list[tuple[str, int, int, int]]) -> None:
         """Publish the courier's per-topic figures; topics no longer listed are removed."""
@@ -223,15 +248,33 @@ class Metrics:
             self.unacked.labels(label).set(unacked)
             self.consumers.labels(label).set(consumers)
 
-    def set_dropped(self, groups: list[GroupSummary]) -> None:
-        """Publish the groups' replicated drop counts, summed per topic label."""
-        figures: dict[str, int] = {}
+    def set_groups(self, groups: list[GroupSummary]) -> None:
+        """Publish the groups' replicated figures: ready and unacked per group, drops summed
+        per topic label."""
+        dropped: dict[str, int] = {}
+        figures: dict[tuple[str, str], list[int]] = {}
         for group in groups:
-            label = self.topic(group.topic)
-            figures[label] = figures.get(label, 0) + group.dropped
-        self.dropped.clear()
-        for label, count in figures.items():
-            self.dropped.labels(label).set(count)
+            topic = self.topic(group.topic)
+            dropped[topic] = dropped.get(topic, 0) + group.dropped
+            name = (OTHER_TOPICS if topic == OTHER_TOPICS
+                    else group.name or DEFAULT_GROUP_LABEL)
+            summed = figures.setdefault((topic, name), [0, 0])
+            summed[0] += group.ready
+            summed[1] += group.leased
+        for gauge in (self.dropped, self.group_ready, self.group_unacked):
+            gauge.clear()
+        for topic, count in dropped.items():
+            self.dropped.labels(topic).set(count)
+        for (topic, name), (ready, unacked) in figures.items():
+            self.group_ready.labels(topic, name).set(ready)
+            self.group_unacked.labels(topic, name).set(unacked)
+
+    def set_member_lag(self, commit_index: int, match_index: dict[str, int]) -> None:
+        """Publish how far behind the leader's commit index each other member is (``{}`` off
+        the leader: the gauge is then empty)."""
+        self.member_lag.clear()
+        for member, held in match_index.items():
+            self.member_lag.labels(member).set(max(0, commit_index - held))
 
     def set_pending(self, pending: dict[str, int], untracked: int) -> None:
         """Publish the replicated pending counts; topics no longer tracked are removed."""
