@@ -13,7 +13,7 @@
 | ``bitrot`` | stop the leader, flip a byte in a few records and an index unit, start it |
 | ``truncate`` | stop a node, cut the tail of one hour's log and index, start it |
 | ``snapshot-rot`` | stop a node, flip a byte of its Raft snapshot: it must refuse to start |
-|                  | (exit 3); then move its data away (its remedy) and start it empty |
+|                  | (exit 4); then move its data away (its remedy) and start it empty |
 | ``disk-full`` | fill the leader's disk (a tmpfs per node) to half its reserve for |
 |               | ``disk_full_s``: new messages are refused, delivery goes on |
 | ``power-cut`` | SIGKILL every node at once, drop every byte each had not synced |
@@ -48,9 +48,9 @@ from tickwheel.chaos.cluster import ChaosCluster
 from tickwheel.chaos.events import EventLog, FaultEvent
 from tickwheel.chaos.proxy import PARTITION_MODES
 from tickwheel.chaos.workload import now_ms
+from tickwheel.common.exits import EXIT_SNAPSHOT_UNREADABLE
 from tickwheel.harness.local_cluster import LocalNode, wait_for
 from tickwheel.node import DEFAULT_RESERVE_BYTES
-from tickwheel.replication import STORAGE_EXIT_CODE
 
 log = logging.getLogger("tickwheel.chaos")
 
@@ -301,9 +301,9 @@ class Nemesis(threading.Thread):
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"{self._cluster.name(node)} started on a damaged snapshot "
                                f"({detail})") from None
-        if code != STORAGE_EXIT_CODE:
+        if code != EXIT_SNAPSHOT_UNREADABLE:
             raise RuntimeError(f"{self._cluster.name(node)} exited {code} on a damaged "
-                               f"snapshot, not {STORAGE_EXIT_CODE}")
+                               f"snapshot, not {EXIT_SNAPSHOT_UNREADABLE}")
         self._cluster.wipe(node)
         self._cluster.start(node)
         return node, (f"stopped; {detail}; it refused to start (exit {code}); data moved "

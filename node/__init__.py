@@ -28,8 +28,7 @@ here, never a module inside; `tests/test_layout.py` checks it):
 - `rocketmq_secret_key`: the SecretKey a RocketMQ client signs with, derived from the cluster's
   Raft secret as the node's ``tickwheel rocketmq-key`` does, for the harness's RocketMQ clients.
 
-The exit status of a node that will not serve its data folder is the replica's,
-`tickwheel.replication.STORAGE_EXIT_CODE`.
+The exit codes of a node, and what each says, are one table: `tickwheel.common.exits`.
 
 Importing the face does not load the server: a process that needs the credentials (a
 benchmark's consumer beside RocketMQ's official client, whose protos would clash with ours)

@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2
 from tickwheel.client import Credentials
 from tickwheel.common.clock import SystemClock
 from tickwheel.common.errors import InvariantViolation, StorageIncomplete, StorageLocked
+from tickwheel.common.exits import EXIT_STORAGE_REFUSED
 from tickwheel.node.api.admission import Admission
 from tickwheel.node.api.context import NodeContext
 from tickwheel.node.api.forward import Forwarder
@@ -44,7 +45,7 @@ from tickwheel.node.security.identity import (
 )
 from tickwheel.node.security.quotas import Quotas
 from tickwheel.node.settings.config import NodeSettings
-from tickwheel.replication import STORAGE_EXIT_CODE, Replica
+from tickwheel.replication import Replica
 
 log = logging.getLogger("tickwheel.node")
 
@@ -260,12 +261,12 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
 
 
 def run(settings: NodeSettings) -> int:
-    """Serve until SIGTERM or SIGINT; `STORAGE_EXIT_CODE` if the data folder cannot be served
+    """Serve until SIGTERM or SIGINT; `EXIT_STORAGE_REFUSED` if the data folder cannot be served
     (locked by another process, or missing state it needs: `StorageIncomplete`)."""
     try:
         asyncio.run(serve(settings))
     except (StorageLocked, StorageIncomplete) as error:
         log.critical("event=node_refused reason=%s data=%s %s", type(error).__name__,
                      settings.data, error)
-        return STORAGE_EXIT_CODE
+        return EXIT_STORAGE_REFUSED
     return 0

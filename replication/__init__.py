@@ -16,7 +16,6 @@ from tickwheel.replication.cluster_clock import ClusterClock, MemberOffset
 from tickwheel.replication.commands import LeaseRef
 from tickwheel.replication.config import ReplicaConfig
 from tickwheel.replication.dispatcher import Delivery, DispatchConfig, Expired
-from tickwheel.replication.exits import STORAGE_EXIT_CODE
 from tickwheel.replication.group import DEFAULT_GROUP, DURABLE, STREAM, GroupSummary
 from tickwheel.replication.groups import Groups
 from tickwheel.replication.handle_cipher import HandleCipher
@@ -37,7 +36,6 @@ from tickwheel.replication.status import ReplicaStatus
 __all__ = [
     "DEFAULT_GROUP",
     "DURABLE",
-    "STORAGE_EXIT_CODE",
     "STREAM",
     "TARGET_GROUP_PROPERTY",
     "Accepted",

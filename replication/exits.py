@@ -1,4 +1,5 @@
-"""How a replica stops the process when it must not go on, and the exit codes that say why."""
+"""How a replica stops the process when it must not go on (`die`); the codes that say why are
+the node's one table, `tickwheel.common.exits`."""
 
 from __future__ import annotations
 
@@ -7,19 +8,11 @@ import os
 from collections.abc import Callable
 from typing import NoReturn
 
+from tickwheel.common.errors import CorruptSegment
+from tickwheel.common.exits import EXIT_APPLY_FAILED, EXIT_NAMES, EXIT_STATE_UNREADABLE
+from tickwheel.replication.raft import DISK_FULL
+
 log = logging.getLogger("tickwheel.replication")
-
-FATAL_EXIT_CODE = 70
-"""The state may no longer match the log (a bug, a failed install): a restart rebuilds it from
-the snapshot and the journal."""
-STORAGE_EXIT_CODE = 3
-"""A node that will not serve its data folder (locked by another process, `StorageIncomplete`,
-a damaged snapshot): an operator must restore the file or move the folder away."""
-DISK_FULL_EXIT_CODE = 74
-"""A write found the disk full despite the reserve (`tickwheel.node.ops.disk`): something else
-filled it. The state cannot skip an entry, so the node stops, saying so, and a restart (once
-there is space) rebuilds it from the snapshot and the journal."""
-
 
 Die = Callable[[str, str, int], NoReturn]
 """``die(address, reason, code)``: `die`, or a simulation's stand-in that raises instead."""
@@ -27,6 +20,30 @@ Die = Callable[[str, str, int], NoReturn]
 
 def die(address: str, reason: str, code: int) -> NoReturn:
     """Stop the process loudly, at once: no other thread gets to act on the state."""
-    log.critical("event=replica_fatal address=%s reason=%r", address, reason)
+    log.critical("event=replica_fatal address=%s exit=%d code=%s reason=%r", address, code,
+                 EXIT_NAMES.get(code, "?"), reason)
     logging.shutdown()
     os._exit(code)
+
+
+def apply_exit_code(error: Exception) -> int | None:
+    """What applying a committed entry that raised ``error`` stops the node with: its own
+    files unreadable (`EXIT_STATE_UNREADABLE`: damaged bytes no peer could mend, an I/O
+    error), or the entry itself (`EXIT_APPLY_FAILED`: a command this release does not know,
+    or a bug). None for a full disk, which the Raft thread's loop reports itself."""
+    if isinstance(error, OSError) and error.errno in DISK_FULL:
+        return None
+    if isinstance(error, OSError | CorruptSegment):
+        return EXIT_STATE_UNREADABLE
+    return EXIT_APPLY_FAILED
+
+
+def apply_failed(die: Die, address: str, index: int, command: bytes, error: Exception,
+                 code: int) -> NoReturn:
+    """A committed entry did not apply: the state cannot skip it, and pysyncobj would try it
+    again at every tick and apply nothing else, so the node stops, saying which entry
+    (``index``, its command's kind byte and size) and why."""
+    what = "state_unreadable" if code == EXIT_STATE_UNREADABLE else "apply_failed"
+    log.critical("event=%s address=%s index=%d kind=%d bytes=%d error=%r", what, address, index,
+                 command[1] if len(command) > 1 else -1, len(command), error)
+    die(address, f"{what}: {error!r}", code)

@@ -29,12 +29,13 @@ from typing import Any
 
 from tickwheel.common.clock import Clock, SystemClock
 from tickwheel.common.errors import NotLeader, Retryable, TickwheelError
+from tickwheel.common.exits import EXIT_DISK_FULL, EXIT_FATAL
 from tickwheel.replication import commands
 from tickwheel.replication.cluster_clock import ClusterClock
 from tickwheel.replication.commands import LeaseOp, LeaseRef
 from tickwheel.replication.config import ReplicaConfig
 from tickwheel.replication.dispatcher import DeliverySink
-from tickwheel.replication.exits import DISK_FULL_EXIT_CODE, FATAL_EXIT_CODE, Die, die
+from tickwheel.replication.exits import Die, apply_exit_code, apply_failed, die
 from tickwheel.replication.groups import Groups
 from tickwheel.replication.handle_cipher import HandleCipher
 from tickwheel.replication.handout import ConsumerSlot
@@ -335,19 +336,19 @@ class Replica:
             while not self._stopping.is_set():
                 wait_s = self.turn(wait_s)
         except TickwheelError as error:
-            self._die(self.address, f"{type(error).__name__}: {error}", FATAL_EXIT_CODE)
+            self._die(self.address, f"{type(error).__name__}: {error}", EXIT_FATAL)
         except OSError as error:
             if error.errno not in DISK_FULL:
                 log.exception("event=raft_thread_crashed")
-                self._die(self.address, repr(error), FATAL_EXIT_CODE)
+                self._die(self.address, repr(error), EXIT_FATAL)
             log.critical("event=disk_full address=%s path=%s the disk is full: this node stops "
                          "rather than skip a write; free space (or grow the volume) and it "
                          "restarts from its snapshot and journal", self.address,
                          error.filename or self._data_dir)
-            self._die(self.address, f"disk full: {error}", DISK_FULL_EXIT_CODE)
+            self._die(self.address, f"disk full: {error}", EXIT_DISK_FULL)
         except Exception as error:
             log.exception("event=raft_thread_crashed")
-            self._die(self.address, repr(error), FATAL_EXIT_CODE)
+            self._die(self.address, repr(error), EXIT_FATAL)
 
     def turn(self, wait_s: float) -> float:
         """One turn of the loop (the Raft thread's, or a simulation's that never starts the
@@ -410,7 +411,14 @@ class Replica:
         self._bytes_since_snapshot += len(command)
         if self._bytes_since_snapshot >= self._config.raft.snapshot_min_bytes:
             self._raft.compact()
-        return self._state.apply(command)
+        try:
+            return self._state.apply(command)
+        except Exception as error:
+            code = apply_exit_code(error)
+            if code is None:
+                raise  # a full disk: the loop's own word on it
+            apply_failed(self._die, self.address, self._raft.status().last_applied + 1,
+                         command, error, code)
 
     def _serialize(self, path: str, raft_tail: tuple[Any, ...]) -> None:
         self._bytes_since_snapshot = 0

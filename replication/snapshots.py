@@ -25,8 +25,9 @@ from tenacity import (
 )
 
 from tickwheel.common.clock import Clock
-from tickwheel.common.errors import InvariantViolation, StorageIncomplete
-from tickwheel.replication.exits import FATAL_EXIT_CODE, STORAGE_EXIT_CODE, Die
+from tickwheel.common.errors import CorruptSegment, InvariantViolation, StorageIncomplete
+from tickwheel.common.exits import EXIT_FATAL, EXIT_SNAPSHOT_UNREADABLE, EXIT_STATE_UNREADABLE
+from tickwheel.replication.exits import Die
 from tickwheel.replication.raft import (
     JOURNAL_FILE,
     SNAPSHOT_FILE,
@@ -56,7 +57,8 @@ asked once, in the order they answer (None for a peer that cannot answer now): w
 bytes of this node's wheel are mended from (`tickwheel.wheel.mending`)."""
 MEND_PATIENCE_S = 30.0
 """How long a node that does not lead keeps asking for a copy of damaged bytes while no peer
-can answer (they may be starting too) before it gives up and stops (exit 70)."""
+can answer (they may be starting too) before it gives up and stops (exit 5,
+`EXIT_STATE_UNREADABLE`)."""
 
 
 def starts_fresh(data_dir: Path) -> bool:
@@ -179,23 +181,31 @@ class Snapshots:
     def install(self, path: str) -> tuple[tuple[Any, ...], float]:
         """Install a snapshot: this node's own at start, or one a leader sent; returns Raft's
         part of it and how long the install took. pysyncobj logs and ignores whatever this
-        raises (then serves on state the snapshot did not set), so a snapshot that cannot be
-        read stops the process here."""
+        raises (then serves on state the snapshot did not set, applying nothing, since its
+        journal begins after entries it never applied), so a snapshot that cannot be read
+        or whose manifest this build cannot make (a newer release's) stops the process here
+        (`EXIT_SNAPSHOT_UNREADABLE`)."""
         try:
             parts, raft_tail = read_snapshot(path)
-        except (SnapshotDamaged, OSError) as error:
-            log.critical("event=node_refused reason=snapshot_damaged path=%s %s. Restore the "
-                         "snapshot, or move %s away: the node then starts empty and catches up "
-                         "from the leader (do that only while a majority of the other members "
-                         "has its data)", path, error, self._data_dir)
-            self._die(self._address, f"snapshot damaged: {error}", STORAGE_EXIT_CODE)
-        manifest = manifest_of(parts)
+            manifest = manifest_of(parts)
+        except Exception as error:  # any failure to read it: the snapshot is not for us
+            reason = "snapshot_damaged" if isinstance(error, SnapshotDamaged | OSError) else (
+                "snapshot_unreadable")
+            log.critical("event=node_refused reason=%s path=%s %s. Restore the snapshot, run "
+                         "the release that wrote it, or move %s away: the node then starts "
+                         "empty and catches up from the leader (do that only while a majority "
+                         "of the other members has its data)", reason, path,
+                         error if reason == "snapshot_damaged" else repr(error),
+                         self._data_dir)
+            self._die(self._address, f"{reason}: {error!r}", EXIT_SNAPSHOT_UNREADABLE)
         started = self._clock.monotonic_s()
         try:
             self._state.install(manifest, self._peers.fetch, self._peers.fetch_many)
         except Exception as error:
             log.exception("event=snapshot_install_failed")
-            self._die(self._address, f"snapshot install failed: {error!r}", FATAL_EXIT_CODE)
+            self._die(self._address, f"snapshot install failed: {error!r}",
+                      EXIT_STATE_UNREADABLE if isinstance(error, CorruptSegment | OSError)
+                      else EXIT_FATAL)
         # a leader's snapshot: the files it names are on disk before pysyncobj clears the
         # journal it replaces (fetched, or already here but written since this node's last
         # sync: both are lost to a power cut, and the peers may have moved on)

@@ -214,7 +214,7 @@ def test_failovers_and_storage_faults_lose_nothing_and_flag_every_duplicate(
     assert summary["contrary_to_reschedule"] == 0
     assert {fault["fault"] for fault in summary["faults"]} >= set(faults)
     refused = [f for f in summary["faults"] if f["fault"] == "snapshot-rot"]
-    assert all("refused to start (exit 3)" in f["detail"] for f in refused), refused
+    assert all("refused to start (exit 4)" in f["detail"] for f in refused), refused
     cuts = [f for f in summary["faults"] if f["fault"] == "power-cut"]
     assert all("unsynced bytes" in f["detail"] for f in cuts), cuts
     assert len(summary["failovers"]) >= 3

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tickwheel.common.exits import EXIT_SNAPSHOT_UNREADABLE, EXIT_STORAGE_REFUSED
 from tickwheel.harness.acking_consumer import AckingConsumer as ConsumerThread
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
-from tickwheel.replication import STORAGE_EXIT_CODE
 from tickwheel.replication.raft import journal_first_index
 from tickwheel.v1 import tickwheel_pb2 as pb
 
@@ -253,7 +253,8 @@ def test_a_follower_whose_snapshot_is_lost_or_damaged_refuses_to_start_and_rejoi
             snapshot.write_bytes(bytes(damaged))
         cluster.start(follower)
         assert follower.process is not None
-        assert follower.process.wait(30) == STORAGE_EXIT_CODE
+        assert follower.process.wait(30) == (EXIT_STORAGE_REFUSED if fault == "lost"
+                                              else EXIT_SNAPSHOT_UNREADABLE)
         refusal = follower.log_path.read_text()
         if fault == "lost":
             assert "event=node_refused reason=StorageIncomplete" in refusal
