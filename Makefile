@@ -8,7 +8,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test check lint typecheck demo bench bench-quick chaos compat lock clean
+.PHONY: test check lint typecheck demo bench bench-quick chaos compat lock clean \
+	monitoring promtool
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tickwheel needs Python >= 3.11")'
@@ -29,6 +30,7 @@ typecheck: $(STAMP)
 	@ln -sfn ../../generated/tickwheel/v1 $(TYPECHECK)/v1
 	@ln -sfn ../../generated/tickwheel/rocketmq $(TYPECHECK)/rocketmq
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy deploy/monitoring
 
 # The tests run on parallel workers (pytest-xdist), a file's tests on one worker (so that a
 # module's cluster starts once), files handed out in the order tests/conftest.py sets; each
@@ -43,12 +45,27 @@ WORKERS ?= 3
 PYCACHE := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache
 PYTEST  := $(PYCACHE) $(PY) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
-test: lint
+test: lint promtool
 	$(PYTEST)
 
 # What starts no process: no node, CLI, JVM or client subprocess (those tests are marked cluster).
 check: lint
 	$(PYTEST) -m "not cluster"
+
+# promtool (the alert rules' unit tests) and the prometheus server (the cluster test that runs
+# every dashboard query and alert expression against real nodes) come from Debian's prometheus
+# package (2.42 in bookworm), installed when promtool is missing: as root (CI on a fresh
+# machine) or through sudo.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+promtool:
+	@command -v promtool > /dev/null || { $(SUDO) apt-get update -qq && \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	        --no-install-recommends prometheus; }
+
+# The dashboards (deploy/grafana, and their ConfigMap) and the alert rules (the rules file and
+# the PrometheusRule) from deploy/monitoring: run after changing it, and commit what it writes.
+monitoring: $(STAMP)
+	PYTHONPATH=deploy $(PY) -m monitoring.generate
 
 demo: $(STAMP)
 	$(PY) -m tickwheel.harness.demo
