@@ -1,10 +1,20 @@
 """What the preload window (`tickwheel.wheel.window`) holds and reads: its entries, the walks
-down a second's chain it reads a share at a time, and the stretches of a chain where a parked
-tag's units were passed over (and how a unit passed over extends them). Plain data; the
-window owns every instance.
+down a second's chain it reads a share at a time, and what its walks pass over (`Passing`):
+the stretches of a chain where a parked tag's units, or a following tag's, were passed over,
+and how a unit passed over extends them. Plain data; the window owns every instance.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tickwheel.wheel.segment import HourSegment
+
+GLOBAL_INDEX_BITS = 32
+GLOBAL_INDEX_MASK = (1 << GLOBAL_INDEX_BITS) - 1
+"""A handle is ``hour << GLOBAL_INDEX_BITS | global_index``."""
 
 WindowEntry = tuple[int, int, int, int, int, int, int]
 """``(slot_second, deliver_at_ms, local_index, handle, log_offset, record_size, tag)``. Their
@@ -36,58 +46,142 @@ class Walk:
     def done(self) -> bool:
         return self.next_unit <= self.end_unit
 
+    def read(self, segment: HourSegment, passing: Passing,
+             push: Callable[[WindowEntry], None], on_skip: Callable[[int, int], None],
+             done_below: int, budget: int, room: int, now_ms: int) -> tuple[int, int]:
+        """Read the chain on, at most ``budget`` units, until ``room`` are pushed: its units
+        (of its tag) from local index ``done_below`` on, but those ``passing`` skips (passed
+        over) and cancelled ones (skipped). Returns the budget left and how many it pushed."""
+        slot, only = self.second, self.tag
+        tombstones, skips = segment.tombstones, passing.skips(only)
+        base = segment.hour << GLOBAL_INDEX_BITS
+        unit, end = self.next_unit, self.end_unit
+        pushed = 0
+        due_ms = 1 << 62
+        while unit > end and budget and pushed < room:
+            offset, size, local_index, global_index, older, deliver_at_ms, _, tag = (
+                segment.read_unit(unit))
+            budget -= 1
+            if local_index < done_below:
+                older = end
+            elif only not in (ALL_TAGS, tag):
+                pass
+            elif global_index in tombstones:
+                on_skip(slot, local_index)
+            elif tag in skips:
+                passing.pass_over(tag, slot, global_index)
+            else:
+                push((slot, deliver_at_ms, local_index, base | global_index, offset, size, tag))
+                pushed += 1
+                due_ms = min(due_ms, deliver_at_ms)
+            unit = older
+        self.due_ms = due_ms if pushed and due_ms > now_ms else 0
+        self.next_unit = unit
+        return budget, pushed
+
 
 def walk_order(walk: Walk) -> tuple[int, bool]:
-    """Oldest second first; in a second, what was passed over before the rest of its chain."""
-    return walk.second, walk.tag == ALL_TAGS
+    """Oldest second first; in a second, the walk of every tag before the walks of one tag
+    (which read what it passed over)."""
+    return walk.second, walk.tag != ALL_TAGS
 
 
 Stretch = list[int]
-"""``[first unit, end unit]`` of a chain where a parked tag's units were passed over: the end
-is `OPEN` while the walk passing over them goes on (it ends where that walk is when the tag
-is taken again)."""
+"""``[first unit, end unit]`` of a chain where a tag's units were passed over: the end is
+`OPEN` while the walk passing over them goes on (it ends where that walk is when they are
+read)."""
 OPEN = -2
+Stretches = dict[tuple[int, int], list[Stretch]]
+"""(tag, second) -> the stretches of the second's chain passed over for the tag."""
 
 
-def pass_over(passed: dict[tuple[int, int], list[Stretch]], tag: int, second: int,
-              unit: int) -> None:
-    """A unit of parked ``tag`` in ``second``'s chain is passed over by the walk reading
-    it: it begins a stretch, unless that walk passed over the tag's units before it
-    (the chain runs newest first, the walk down it)."""
-    stretches = passed.setdefault((tag, second), [])
-    if not stretches or stretches[-1][1] != OPEN:
-        stretches.append([unit, OPEN])
+class Passing:
+    """The tags whose units the window's walks pass over, and where they did:
+
+    - *parked* tags (`DueWindow.park`): passed over by every walk; their stretches wait
+      (`parked_stretches`) until the tag is taken again, and a walk of a tag parked again
+      becomes a stretch;
+    - *following* tags (`follow`): tags with a backlog or with walks of their own, passed
+      over by the walks of every tag (so that what the chain holds of the other tags beyond
+      a burst is read without reading the burst first); their stretches become walks of
+      their own at the next take, which read them as fast as the tag is taken.
+    """
+
+    def __init__(self) -> None:
+        self.parked: frozenset[int] = frozenset()
+        self.following: frozenset[int] = frozenset()
+        self.parked_stretches: Stretches = {}
+        self._trailing: Stretches = {}
+
+    def seconds(self) -> list[int]:
+        """The seconds where units were passed over and not read since."""
+        return [second for _, second in (*self.parked_stretches, *self._trailing)]
+
+    def clear(self) -> None:
+        self.parked_stretches.clear()
+        self._trailing.clear()
+        self.following = frozenset()
+
+    def skips(self, walk_tag: int) -> frozenset[int]:
+        """The tags a walk of ``walk_tag`` passes over."""
+        return self.parked | self.following if walk_tag == ALL_TAGS else self.parked
+
+    def pass_over(self, tag: int, second: int, unit: int) -> None:
+        """A unit of ``tag`` in ``second``'s chain is passed over by the walk reading it: it
+        begins a stretch, unless that walk passed over the tag's units before it (the chain
+        runs newest first, the walk down it)."""
+        passed = self.parked_stretches if tag in self.parked else self._trailing
+        stretches = passed.setdefault((tag, second), [])
+        if not stretches or stretches[-1][1] != OPEN:
+            stretches.append([unit, OPEN])
+
+    def pass_over_all(self, tag: int, second: int, unit: int) -> None:
+        """A unit of parked ``tag`` in ``second`` is passed over by one scan of its hour,
+        which reads every unit of the second (in index order, oldest first): the stretch
+        runs from the newest of them to the chain's end."""
+        stretches = self.parked_stretches.setdefault((tag, second), [])
+        if stretches:
+            stretches[-1][0] = max(stretches[-1][0], unit)
+        else:
+            stretches.append([unit, -1])
+
+    def follow(self, walks: list[Walk], backlogs: frozenset[int]) -> list[Walk]:
+        """A take begins: the stretches passed over of following tags become walks of their
+        tag (a stretch still open ends where the walk of its second is now: what it passes
+        over from there on begins another), and the following tags are ``backlogs`` and the
+        tags with walks of their own."""
+        if self._trailing:
+            _extend(walks, self._trailing, self._trailing.keys())
+            walks = sorted(walks, key=walk_order)
+        walks = [walk for walk in walks if not walk.done]
+        self.following = backlogs.union(walk.tag for walk in walks) - {ALL_TAGS}
+        return walks
+
+    def park(self, walks: list[Walk], tags: frozenset[int]) -> list[Walk]:
+        """The walks to read on once ``tags`` are the parked tags: a walk of a tag parked
+        again becomes a stretch passed over (it goes on from there when the tag is taken
+        again), and the stretches of the tags taken again become walks."""
+        resumed = self.parked - tags
+        self.parked = tags
+        passed = self.parked_stretches
+        for key in [key for key in self._trailing if key[0] in tags]:
+            passed.setdefault(key, []).extend(self._trailing.pop(key))
+        kept = [walk for walk in walks if walk.tag not in tags]
+        for walk in walks:
+            if walk.tag in tags:
+                passed.setdefault((walk.tag, walk.second), []).append([walk.next_unit,
+                                                                       walk.end_unit])
+        _extend(kept, passed, [key for key in passed if key[0] in resumed])
+        kept.sort(key=walk_order)
+        return [walk for walk in kept if not walk.done]
 
 
-def pass_over_all(passed: dict[tuple[int, int], list[Stretch]], tag: int, second: int,
-                  unit: int) -> None:
-    """A unit of parked ``tag`` in ``second`` is passed over by one scan of its hour,
-    which reads every unit of the second (in index order, oldest first): the stretch
-    runs from the newest of them to the chain's end."""
-    stretches = passed.setdefault((tag, second), [])
-    if stretches:
-        stretches[-1][0] = max(stretches[-1][0], unit)
-    else:
-        stretches.append([unit, -1])
-
-
-def rewalk(walks: list[Walk], passed: dict[tuple[int, int], list[Stretch]],
-           parked: frozenset[int], resumed: frozenset[int]) -> list[Walk]:
-    """The walks to read on once ``parked`` are the parked tags: a walk of a tag parked
-    again becomes a stretch passed over (it goes on from there when the tag is resumed),
-    and the stretches of the ``resumed`` tags become walks, oldest second first."""
-    kept = [walk for walk in walks if walk.tag not in parked]
-    for walk in walks:
-        if walk.tag in parked:
-            passed.setdefault((walk.tag, walk.second), []).append([walk.next_unit,
-                                                                   walk.end_unit])
-    reading = {walk.second: walk.next_unit for walk in kept if walk.tag == ALL_TAGS}
-    for (tag, second), stretches in list(passed.items()):
-        if tag in resumed:
-            del passed[tag, second]
-            for first, end in stretches:
-                # an open stretch ends where the second's walk is: it reads on from there
-                kept.append(Walk(second, tag, first,
-                                 reading.get(second, -1) if end == OPEN else end))
-    kept.sort(key=walk_order)
-    return [walk for walk in kept if not walk.done]
+def _extend(walks: list[Walk], passed: Stretches, keys: Iterable[tuple[int, int]]) -> None:
+    """Make walks of the stretches of ``passed`` at ``keys`` (and forget them): an open
+    stretch ends where the walk of every tag of its second is now (it reads on from there)."""
+    reading = {walk.second: walk.next_unit for walk in walks if walk.tag == ALL_TAGS}
+    for key in list(keys):
+        tag, second = key
+        for first, end in passed.pop(key):
+            walks.append(Walk(second, tag, first, reading.get(second, -1) if end == OPEN
+                              else end))

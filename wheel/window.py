@@ -12,7 +12,10 @@ A second's chain is read whole unless it holds more than a take may read
 share at a time and only as fast as the dispatch takes it, and the scan goes on to the next
 seconds. So a million messages due at once never sit in memory whole, and the messages due
 after them are not held behind them; within such a second messages go out in the order they
-are read (newest filed first), each when due.
+are read (newest filed first), each when due. In a fair take, that walk passes over the units
+of the tags that have a backlog (`chains.Passing`), which walks of their own read as fast as
+they are taken: the other tags' messages filed into a burst's second before it (at the end
+of its chain) wait for half a take's reading a take, not for the whole burst.
 
 *Parked* tags (`DueWindow.park`: the dispatcher's topics whose consumers are behind) are passed
 over: their units stay in the wheel, not in memory; the window keeps, per tag and second, the
@@ -29,7 +32,7 @@ from collections.abc import Callable, Sequence
 
 from tickwheel.common.runheap import RunHeap
 from tickwheel.wheel import chains
-from tickwheel.wheel.chains import ALL_TAGS, Stretch, Walk, WindowEntry
+from tickwheel.wheel.chains import ALL_TAGS, Walk, WindowEntry
 from tickwheel.wheel.format import MS_PER_SECOND, SECONDS_PER_HOUR
 from tickwheel.wheel.hours import HourSet
 from tickwheel.wheel.mending import Unmended
@@ -39,12 +42,12 @@ from tickwheel.wheel.types import Cursor, DueMessage, WheelConfig
 
 log = logging.getLogger("tickwheel.wheel")
 
+GLOBAL_INDEX_BITS, GLOBAL_INDEX_MASK = chains.GLOBAL_INDEX_BITS, chains.GLOBAL_INDEX_MASK
+"""A handle is ``hour << GLOBAL_INDEX_BITS | global_index`` (an entry's, `chains`)."""
+
 _new = tuple.__new__
 """A namedtuple's own constructor is a Python call per message."""
 
-GLOBAL_INDEX_BITS = 32
-GLOBAL_INDEX_MASK = (1 << GLOBAL_INDEX_BITS) - 1
-"""A handle is ``hour << GLOBAL_INDEX_BITS | global_index``."""
 
 class DueWindow:
     """The queue of loaded units and how far the scan has gone. ``on_skip(slot, local_index)``
@@ -61,21 +64,21 @@ class DueWindow:
         """Units the current take may still read from chains."""
         self._walked = 0
         """Units the current take's walks put onto the queue (and the backlogs held)."""
+        self._walked_own = 0
+        """Of them, what walks of one tag put there."""
         self._now_ms = 0
         """The current take's time."""
         self.corrupt_records_skipped = 0
         self.held: str | None = None
         """Why the last `take` stopped at damage it could not mend yet (None: it did not)."""
-        self.parked: frozenset[int] = frozenset()
-        self._passed: dict[tuple[int, int], list[Stretch]] = {}
-        """(tag, second) -> where the units of a parked tag were passed over in the second's
-        chain (a stretch of it holds no unit of the tag that went onto the queue)."""
+        self.passing = chains.Passing()
+        """The parked and following tags, and where the walks passed over their units."""
         self._aside: dict[int, list[WindowEntry]] = {}
         """tag -> entries taken off the queue while the tag is parked (loaded before it was),
         each a heap: its first entry is its oldest, which `hours_in_use` reads every take."""
         self._walks: list[Walk] = []
         """Chains to read on, oldest second first: long seconds the scan started, and the
-        units passed over of tags no longer parked."""
+        units passed over of following tags and of tags no longer parked."""
         self._segment: HourSegment | None = None
         """The hour segment the take read last."""
         self.shares = Shares(config.max_load_units)
@@ -85,11 +88,15 @@ class DueWindow:
     def __len__(self) -> int:
         return len(self.queue) + len(self.shares)
 
+    @property
+    def parked(self) -> frozenset[int]:
+        return self.passing.parked
+
     def hours_in_use(self) -> tuple[int, int]:
         """The first and last hour the window reads from."""
         first = self.queue.first()
         seconds = [first[0] if first is not None else self.scan_second]
-        seconds += [second for _, second in self._passed]
+        seconds += self.passing.seconds()
         seconds += [entries[0][0] for entries in self._aside.values()]
         seconds += [entry[0] for entry in self.shares.firsts()]
         if self._walks:
@@ -106,7 +113,7 @@ class DueWindow:
         parked tags' units again)."""
         self.queue.clear()
         self.shares.clear()
-        self._passed.clear()
+        self.passing.clear()
         self._aside.clear()
         self._walks.clear()
         self.scan_second = cursor_second
@@ -117,8 +124,7 @@ class DueWindow:
         if tags == self.parked:
             return
         resumed = self.parked - tags
-        self.parked = tags
-        self._walks = chains.rewalk(self._walks, self._passed, tags, resumed)
+        self._walks = self.passing.park(self._walks, tags)
         for tag in resumed & self._aside.keys():
             self.queue.extend(self._aside.pop(tag))
 
@@ -147,10 +153,16 @@ class DueWindow:
         ``share_msgs`` before the other tags' due messages, and then the room they leave."""
         self.held = None
         self._budget = self._config.max_load_units
-        self._walked = len(self.shares)  # a backlog in memory is read already: walk no more
+        self._walked = 0 if share_msgs else len(self.shares)
+        self._walked_own = 0
         self._now_ms = now_ms
         taken: list[DueMessage] = []
         self.shares.begin()
+        # a second's chain runs newest first: the walk of every tag passes over a backlog's
+        # units (and a tag's walking again), so that what other tags filed there before the
+        # burst is not read only after it; the tag's own walks read them, as it is taken
+        self._walks = self.passing.follow(
+            self._walks, frozenset(self.shares.heavy) if share_msgs else frozenset())
         if not share_msgs:
             self.queue.extend(self.shares.drain())  # backlogs of fair takes: in order again
             self._take(self.queue, now_ms, max_msgs, cursor, taken)
@@ -316,15 +328,26 @@ class DueWindow:
         this take's walks have put ``enough_msgs`` units onto the queue; a walk read to its
         end is done."""
         self._budget -= budget
+        following = self.passing.following
         for walk in self._walks:
-            room = min(enough_msgs - self._walked,
-                       self._config.max_window_msgs - len(self.queue))
+            room = self._config.max_window_msgs - len(self.queue)
             if budget <= 0 or room <= 0:
                 break
+            own = walk.tag != ALL_TAGS
+            part = (budget + 1) // 2 if following and not own else budget
+            if own:  # what the tag's backlog holds is read already
+                room = min(room, enough_msgs - self._walked_own
+                           - len(self.shares.heavy.get(walk.tag, ())))
+            else:  # the walks of one tag get the rest of the budget and their own room
+                room = min(room, enough_msgs - (self._walked - self._walked_own))
+            if room <= 0:
+                continue
             segment = self._hours.existing(walk.second // SECONDS_PER_HOUR)
             self._hours.map_for_reading(segment)
-            budget, pushed = self._read_chain(segment, walk, cursor, budget, room)
+            left, pushed = self._read_chain(segment, walk, cursor, part, room)
+            budget -= part - left
             self._walked += pushed
+            self._walked_own += pushed if own else 0
         self._walks = [walk for walk in self._walks if not walk.done]
         self._budget += budget
 
@@ -388,36 +411,10 @@ class DueWindow:
 
     def _read_chain(self, segment: HourSegment, walk: Walk, cursor: Cursor, budget: int,
                     room: int) -> tuple[int, int]:
-        """Read ``walk``'s chain on, at most ``budget`` units, until ``room`` are put onto
-        the queue: its units (of its tag), but those of parked tags (passed over) and
-        cancelled ones (skipped). Returns the budget left and how many went on."""
-        slot, only = walk.second, walk.tag
-        done_below = cursor.local_index if slot == cursor.second else 0
-        tombstones, parked = segment.tombstones, self.parked
-        base = segment.hour << GLOBAL_INDEX_BITS
-        push, unit, end = self.queue.push, walk.next_unit, walk.end_unit
-        pushed = 0
-        due_ms = 1 << 62
-        while unit > end and budget and pushed < room:
-            offset, size, local_index, global_index, older, deliver_at_ms, _, tag = (
-                segment.read_unit(unit))
-            budget -= 1
-            if local_index < done_below:
-                older = end
-            elif only not in (ALL_TAGS, tag):
-                pass
-            elif global_index in tombstones:
-                self._on_skip(slot, local_index)
-            elif tag in parked:
-                chains.pass_over(self._passed, tag, slot, global_index)
-            else:
-                push((slot, deliver_at_ms, local_index, base | global_index, offset, size, tag))
-                pushed += 1
-                due_ms = min(due_ms, deliver_at_ms)
-            unit = older
-        walk.due_ms = due_ms if pushed and due_ms > self._now_ms else 0
-        walk.next_unit = unit
-        return budget, pushed
+        """`Walk.read` onto the queue, from the cursor on."""
+        done_below = cursor.local_index if walk.second == cursor.second else 0
+        return walk.read(segment, self.passing, self.queue.push, self._on_skip, done_below,
+                         budget, room, self._now_ms)
 
     def _load_span(self, segment: HourSegment, first_second: int, last_second: int,
                    cursor: Cursor) -> None:
@@ -439,7 +436,7 @@ class DueWindow:
                 if handle & GLOBAL_INDEX_MASK in tombstones:
                     self._on_skip(slot, local_index)
                 elif tag in parked:
-                    chains.pass_over_all(self._passed, tag, slot, handle & GLOBAL_INDEX_MASK)
+                    self.passing.pass_over_all(tag, slot, handle & GLOBAL_INDEX_MASK)
                 else:
                     kept.append(entry)
             loaded = kept

@@ -102,3 +102,27 @@ def test_backlogs_take_turns_at_being_asked_first() -> None:
                   for _ in range(6)]
     assert sorted(firsts) == ["a"] * 3 + ["b"] * 3, firsts
     assert all(x != y for x, y in pairwise(firsts)), firsts
+
+
+@pytest.mark.parametrize("max_load_units", [2_000, 4_000])
+def test_messages_filed_before_a_burst_into_its_second_do_not_wait_for_the_burst(
+        max_load_units: int) -> None:
+    """A second's chain is read newest first, so the other topics' messages filed into the
+    burst's second before the burst lie at the end of its chain. Before: the walk read on
+    only as the burst's backlog was taken, and they went out after the whole burst. Now the
+    walk of every tag passes over the backlog's units, at least half a take's reading
+    (``max_load_units``) a take, and walks of the backlog's own read them as it is taken."""
+    with _wheel(max_load_units) as wheel:
+        _file(wheel, STEADY, "steady", [NOW_MS + 100 * k for k in range(1, 6)])
+        _file(wheel, BURST, "burst", [NOW_MS] * 20_000)
+        takes: list[list[str]] = []
+        while batch := wheel.take_due(NOW_MS + 1_000, 500, share_msgs=125):
+            takes.append([message.id for message in batch])
+            assert wheel.window_msgs <= 2 * 500 + max_load_units
+        ids = [msg_id for batch in takes for msg_id in batch]
+        assert len(ids) == len(set(ids)) == 20_005
+        steady_in = [n for n, batch in enumerate(takes) for msg_id in batch
+                     if msg_id.startswith("steady")]
+        assert len(steady_in) == 5
+        assert max(steady_in) <= 20_000 // (max_load_units // 2) + 1, steady_in
+        assert all(len(batch) == 500 for batch in takes[:-1])  # the burst drains at full takes
