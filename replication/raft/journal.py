@@ -24,7 +24,6 @@ from pysyncobj.journal import (
 )
 from pysyncobj.pickle import dumps
 
-from tickwheel.common.errors import invariant
 from tickwheel.replication.raft.durability import SyncLedger, fsync_files, fsync_written
 from tickwheel.replication.raft.snapshot import SNAPSHOT_FILE, SnapshotDamaged, read_snapshot
 
@@ -175,10 +174,27 @@ class AtomicJournal(FileJournal):
         self._kept.extendleft(reversed(removed))
 
     def deleteEntriesTo(self, entryTo: int) -> None:
+        """Drop the entries before ``entryTo`` (pysyncobj's cut to its snapshot), unless the
+        journal no longer reaches it: then nothing is cut, and the next snapshot's cut
+        catches up.
+
+        pysyncobj cuts at the tick after it took its snapshot; in between, the journal can
+        end before the snapshot's index. A follower takes the leader's entries again from an
+        earlier index (`deleteEntriesFrom`: the list ends there until the rest of the
+        leader's batches arrive, often several ticks later under load), or a snapshot
+        received meanwhile replaced the journal with its own two entries. Cut anyway, the
+        journal was emptied (the node died on its next look at the log) or the node stopped
+        on a broken invariant (``compacting to entry 125 of 100``). Keeping the entries is
+        always safe: the snapshot holds them; a journal that begins before its snapshot is
+        cut to it at the next start (`_finish_compaction`), and pysyncobj replaces one that
+        ends before it with the snapshot's two entries."""
         entries = len(self._FileJournal__journal)
-        invariant(entryTo < entries, f"compacting to entry {entryTo} of {entries} would empty "
-                  "the journal: a cut to a snapshot that a received one replaced "
-                  "(ReceivingSerializer)")
+        if entryTo >= entries:
+            log.warning("event=journal_cut_deferred path=%s cut_to=%d entries=%d: the journal "
+                        "no longer reaches this snapshot's index (taken again from the leader, "
+                        "or replaced by a received snapshot); the next snapshot cuts it",
+                        self._path, entryTo, entries)
+            return
         self._snapshot_durable()
         kept = self._FileJournal__journal[entryTo:]
         header = bytearray(self._FileJournal__getDefaultHeader())

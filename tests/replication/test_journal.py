@@ -26,7 +26,6 @@ import pytest
 from pysyncobj.journal import FileJournal
 
 from tickwheel.chaos.storage import power_cut
-from tickwheel.common.errors import InvariantViolation
 from tickwheel.replication.raft.durability import SyncLedger
 from tickwheel.replication.raft.journal import AtomicJournal, MsyncJournal
 from tickwheel.replication.raft.snapshot import SNAPSHOT_FILE, write_snapshot
@@ -233,20 +232,42 @@ def test_a_power_cut_while_a_follower_takes_its_entries_again_keeps_them(
     assert reopened_entries(path) == [(i, 1) for i in range(1, 11)]
 
 
-def test_a_compaction_that_would_empty_the_journal_stops_before_it_changes_anything(
-        tmp_path: Path) -> None:
+def test_a_compaction_past_the_journals_end_cuts_nothing(tmp_path: Path) -> None:
     """Compaction keeps the snapshot's last two entries; a cut past the journal's end is a cut
-    to a snapshot a received one replaced, and an empty journal killed the node later, with
-    an IndexError far from its cause (chaos run of stop 33)."""
+    to a snapshot a received one replaced: cutting emptied the journal, and the node died
+    later, with an IndexError far from its cause (chaos run of stop 33). Nothing is cut; a
+    later cut within the journal cuts."""
     journal = AtomicJournal(str(tmp_path / "journal"))
     for idx in (149_920, 149_921):
         journal.add(b"c" * 10, idx, 9)
-    with pytest.raises(InvariantViolation, match="would empty the journal"):
-        journal.deleteEntriesTo(835)
+    journal.deleteEntriesTo(835)
     assert [entry[1] for entry in journal] == [149_920, 149_921]
     journal.deleteEntriesTo(1)
     assert [entry[1] for entry in journal] == [149_921]
     journal._destroy()
+
+
+def test_a_cut_to_a_snapshot_while_the_follower_takes_entries_again_waits_for_the_next(
+        tmp_path: Path) -> None:
+    """pysyncobj cuts the journal to its snapshot at the tick after it took it. A follower
+    that meanwhile took the leader's entries again from an earlier index (the leader's
+    batches come one message at a time under load) had a journal ending before that index:
+    the node died on ``compacting to entry 125 of 100 would empty the journal``. The cut
+    now waits for the next snapshot, and no entry is lost, in memory or in the file."""
+    path = tmp_path / "journal"
+    journal = AtomicJournal(str(path))
+    for idx in range(1, 201):
+        journal.add(b"c%d" % idx, idx, 1)
+    # the snapshot is taken at entry 126 (the cut keeps it: entry 125 of the list) ...
+    journal.deleteEntriesFrom(100)  # ... then the leader's batch from entry 101 arrives
+    journal.deleteEntriesTo(125)  # the cut, at the next tick, before the next batch
+    assert [entry[1] for entry in journal] == list(range(1, 101))
+    for idx in range(101, 201):  # the leader's next batches: the same entries
+        journal.add(b"c%d" % idx, idx, 1)
+    journal.deleteEntriesTo(150)  # the next snapshot's cut
+    assert [entry[1] for entry in journal] == list(range(151, 201))
+    journal._destroy()
+    assert reopened_entries(path) == [(i, 1) for i in range(151, 201)]
 
 
 def test_a_journal_killed_before_its_cut_to_the_snapshot_begins_where_the_snapshot_ends(
