@@ -25,6 +25,8 @@ What pysyncobj 0.3.17 does, and what this module does about it (see ``docs/repli
   the commit index. A tick that only applied sends nothing: the followers learn the commit
   index from the next AppendEntries, at the latest the heartbeat (``heartbeat_ms``).
 - *Snapshots pickle the object.* A custom serializer writes only a `Manifest` (file lengths).
+- *A follower installs any snapshot its leader sends*, even one older than what it applied:
+  `ReceivingSerializer` refuses those, and the leader is told where this node's log ends.
 - *It has no PreVote* (`tickwheel.replication.raft.prevote` adds it).
 - *It has no leader placement*: `tickwheel.replication.raft.handover` hands leadership to the
   group's preferred member (``preferred_leader``) with pysyncobj's ``transferLeadership``,
@@ -145,8 +147,9 @@ class RaftNode:
         journal, serializer = pysyncobj.syncobj.createJournal, pysyncobj.syncobj.Serializer
         pysyncobj.syncobj.createJournal = functools.partial(
             MsyncJournal if config.fsync else AtomicJournal, ledger=ledger)
-        pysyncobj.syncobj.Serializer = (functools.partial(DurableSerializer, ledger=ledger)
-                                        if config.fsync else ReceivingSerializer)
+        pysyncobj.syncobj.Serializer = functools.partial(
+            DurableSerializer if config.fsync else ReceivingSerializer, ledger=ledger,
+            applied=self._last_applied)
         try:
             self._core = _Core(apply, self_address, list(peers), _conf(config, raft_dir,
                                                                          snapshot),
@@ -245,6 +248,10 @@ class RaftNode:
     def close(self) -> None:
         self._core.destroy()
 
+    def _last_applied(self) -> int:
+        """The last entry this node applied (what a snapshot received must be newer than)."""
+        return int(self._core._SyncObj__raftLastApplied)
+
     # -- what pysyncobj calls on the Raft thread -------------------------------------------
 
     def _send_new_entries(self) -> None:
@@ -281,6 +288,10 @@ class RaftNode:
                 return
         next_index = self._next_index_before_success(node, message)
         self._core._SyncObj__onMessageReceived(node, message)
+        serializer = self._core._SyncObj__serializer
+        if serializer.refused:  # a snapshot no newer than what this node applied
+            serializer.refused = False
+            self._core._SyncObj__sendNextNodeIdx(node, reset=True)  # where this log ends
         if leader_commit is not None:  # status and health still report the leader's
             self._core._SyncObj__leaderCommitIndex = leader_commit
         if next_index is not None:

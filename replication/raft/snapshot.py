@@ -11,6 +11,7 @@ import os
 import pickle
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
@@ -30,14 +31,37 @@ SNAPSHOT_FILE = "snapshot"
 
 
 class ReceivingSerializer(Serializer):
-    """pysyncobj's snapshot handler, except that a snapshot received from the leader voids the
-    one this node took and has not yet cut its journal to.
+    """pysyncobj's snapshot handler, except for what it does with a snapshot received from
+    the leader: staged, and put in place only if it is newer than what this node applied
+    (``applied()``); and, once in place, it voids the snapshot this node took and has not
+    yet cut its journal to.
 
     pysyncobj learns that its own snapshot is written at the next tick, and then cuts the
     journal up to that snapshot's index. A snapshot received in between has already replaced
     the journal with its own two entries, older ones: the cut emptied the journal, and the
     next look at the log's last index raised IndexError and killed the node (found by the
-    chaos runner: a wiped follower took a snapshot just as its leader sent it one)."""
+    chaos runner: a wiped follower took a snapshot just as its leader sent it one).
+
+    pysyncobj installs whatever snapshot arrives: a leader whose idea of this follower's
+    next entry lagged (a late answer, a refusal's reset) sent one older than what the
+    follower had applied, and the follower went back to it, dropping from its journal
+    entries it had acknowledged. Such a snapshot is refused (``event=snapshot_refused``)
+    and `refused` says so, for `RaftNode` to tell the leader where this node's log ends.
+    One that does not read is put in place: installing it stops the node, naming it."""
+
+    sync = False
+    """Whether a received snapshot reaches the disk before it replaces this node's own
+    (`DurableSerializer`)."""
+
+    def __init__(self, *args: Any, applied: Callable[[], int] = lambda: 0,
+                 ledger: SyncLedger | None = None) -> None:
+        super().__init__(*args)
+        self._path = Path(self._Serializer__fileName)
+        self._applied = applied
+        self._ledger = ledger
+        self._incoming: BinaryIO | None = None
+        self.refused = False
+        """The last snapshot received was refused (`RaftNode` reads and clears it)."""
 
     def setTransmissionData(self, data: tuple[bytes, bool, bool] | None) -> bool:
         """One chunk of a snapshot from the leader; True when it was the last one and the
@@ -48,25 +72,8 @@ class ReceivingSerializer(Serializer):
         return installed
 
     def _receive(self, data: tuple[bytes, bool, bool] | None) -> bool:
-        return bool(super().setTransmissionData(data))
-
-
-class DurableSerializer(ReceivingSerializer):
-    """`ReceivingSerializer`, and a snapshot received from the leader reaches the disk before
-    it replaces this node's own. pysyncobj writes the chunks to a temporary file and renames
-    it over the snapshot unsynced: a power cut right after left an empty file where a good
-    snapshot had been, and the node refused to start (found by the chaos runner's power
-    cut)."""
-
-    def __init__(self, *args: Any, ledger: SyncLedger | None = None) -> None:
-        super().__init__(*args)
-        self._path = Path(self._Serializer__fileName)
-        self._ledger = ledger
-        self._incoming: BinaryIO | None = None
-
-    def _receive(self, data: tuple[bytes, bool, bool] | None) -> bool:
-        """Stage the chunk; True when it was the last one and the snapshot is in place
-        (fsynced, renamed, its folder fsynced)."""
+        """Stage the chunk; True when it was the last one and the snapshot is in place (with
+        ``sync``: fsynced, renamed, its folder fsynced)."""
         if data is None:
             return False
         chunk, first, last = data
@@ -83,14 +90,44 @@ class DurableSerializer(ReceivingSerializer):
                 return False
             incoming, self._incoming = self._incoming, None
             with incoming:
-                fsync_written(incoming, self._ledger)
+                if self.sync:
+                    fsync_written(incoming, self._ledger)
+            if self._older(staged):
+                staged.unlink()
+                return False
             os.replace(staged, self._path)
-            fsync_files([self._path.parent])
+            if self.sync:
+                fsync_files([self._path.parent])
         except OSError as error:  # as pysyncobj: the leader sends the snapshot again
             log.error("event=snapshot_receive_failed path=%s error=%r", staged, error)
             self._incoming = None
             return False
         return True
+
+    def _older(self, staged: Path) -> bool:
+        """Whether the staged snapshot ends at or before what this node applied (then it is
+        refused, and said so)."""
+        try:
+            last_index = read_snapshot(str(staged))[1][0][1]
+        except (SnapshotDamaged, IndexError, TypeError):
+            return False  # installing it stops the node, naming the file
+        applied = self._applied()
+        self.refused = type(last_index) is int and last_index <= applied
+        if self.refused:
+            log.warning("event=snapshot_refused snapshot_index=%d last_applied=%d: the "
+                        "leader sent a snapshot no newer than what this node applied; "
+                        "installing it would drop entries this node holds", last_index, applied)
+        return self.refused
+
+
+class DurableSerializer(ReceivingSerializer):
+    """`ReceivingSerializer`, and a snapshot received from the leader reaches the disk before
+    it replaces this node's own. pysyncobj writes the chunks to a temporary file and renames
+    it over the snapshot unsynced: a power cut right after left an empty file where a good
+    snapshot had been, and the node refused to start (found by the chaos runner's power
+    cut)."""
+
+    sync = True
 
 
 SNAPSHOT_CHECK: Final = struct.Struct("<4sHI")

@@ -278,7 +278,8 @@ def test_a_snapshot_chunk_does_not_commit_the_followers_own_log() -> None:
     node._clocks = PeerClocks(lambda: 0)
     node._pre_vote = SimpleNamespace(on_message=lambda *args: False)
     node._core = SimpleNamespace(_SyncObj__raftCommitIndex=10, _SyncObj__leaderCommitIndex=0,
-                                 _SyncObj__onMessageReceived=lambda _, m: seen.append(dict(m)))
+                                 _SyncObj__onMessageReceived=lambda _, m: seen.append(dict(m)),
+                                 _SyncObj__serializer=SimpleNamespace(refused=False))
     node._on_message("leader", {"type": "append_entries", "term": 5, "commit_index": 50,
                                 "serialized": b"chunk"})
     assert seen[-1]["commit_index"] == 10  # what pysyncobj saw: no further than it was

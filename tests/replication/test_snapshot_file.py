@@ -136,3 +136,38 @@ def test_a_snapshot_received_voids_the_one_this_node_took_before_its_journal_cut
     assert read_snapshot(str(path)) == (MANIFEST, RAFT_TAIL)  # the received one is in place
     serializer.serialize((None, ("noop", 12, 3), ("noop", 11, 3), ()), 11)  # and later ones cut
     assert serializer.checkSerializing() == (SERIALIZER_STATE.SUCCESS, 11)
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["plain", "fsync"])
+def test_a_snapshot_no_newer_than_what_the_follower_applied_is_refused(
+        tmp_path: Path, durable: bool) -> None:
+    """pysyncobj installed any snapshot its leader sent: one older than what the follower had
+    applied took it back there and dropped entries it had acknowledged. It is refused: this
+    node's own snapshot stays, nothing is staged, `refused` says so; a newer one is put in
+    place."""
+    path = tmp_path / "snapshot"
+    write_snapshot(str(path), ("own",), (("noop", 200, 3),), fsync=False)
+    applied = 200
+
+    def received(index: int) -> bytes:
+        sent = tmp_path / "sent"
+        write_snapshot(str(sent), MANIFEST, (("noop", index, 3), ("noop", index - 1, 3)),
+                       fsync=False)
+        return sent.read_bytes()
+
+    args = (str(path), 1 << 20, False, None, read_snapshot, None)
+    serializer = (DurableSerializer(*args, applied=lambda: applied,
+                                    ledger=SyncLedger(tmp_path / "synced"))
+                  if durable else ReceivingSerializer(*args, applied=lambda: applied))
+    for index in (150, 200):
+        data = received(index)
+        chunks = [(data[:20], True, False), (data[20:], False, False), (b"", False, True)]
+        assert [serializer.setTransmissionData(chunk) for chunk in chunks] == [False] * 3
+        assert serializer.refused
+        serializer.refused = False
+        assert read_snapshot(str(path))[0] == ("own",)
+        assert not path.with_name("snapshot.1.tmp").exists()
+    data = received(201)
+    assert serializer.setTransmissionData((data, True, True))
+    assert not serializer.refused
+    assert read_snapshot(str(path))[1][0] == ("noop", 201, 3)
