@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from types import MappingProxyType
 
-from tickwheel.common.errors import TickwheelError
+from tickwheel.common.errors import Overloaded, TickwheelError
 from tickwheel.node.delivery.levels import DLQ_PREFIX, RetryPolicy
 from tickwheel.node.ops.metrics import Metrics
 from tickwheel.replication import DEFAULT_GROUP, TARGET_GROUP_PROPERTY, LeaseRef, Replica, Retried
@@ -34,6 +34,9 @@ RetryItem = tuple[DueMessage, LeaseRef, str, int]
 """``(message, lease, group, attempt)``: one message to retry."""
 WINDOW_BYTES = 16 << 20
 """Bodies of retry copies proposed and not yet applied (a batch beyond it goes alone)."""
+REFUSED_WAIT_S = 0.2
+"""How long a batch the replica refused as `Overloaded` (its queue full) waits before it is
+proposed again, with every batch behind it."""
 
 
 class Retries:
@@ -49,6 +52,8 @@ class Retries:
         self._waiting: deque[tuple[list[RetryItem], str, bool]] = deque()
         self._proposed_bytes = 0
         """Bodies of the copies proposed and not yet answered."""
+        self._pause: asyncio.TimerHandle | None = None
+        """Set while a refused batch waits to be proposed again."""
 
     def propose(self, items: list[RetryItem], reason: str, at_once: bool = False) -> None:
         """Propose a retry copy of each message for its group, after the retry ladder's next
@@ -67,18 +72,34 @@ class Retries:
         self._next()
 
     def _next(self) -> None:
-        """Propose waiting batches while the window has room (one at least, when empty)."""
-        while self._waiting:
+        """Propose waiting batches while the window has room (one at least, when empty). A
+        batch the replica refuses as `Overloaded` waits `REFUSED_WAIT_S` at the head of the
+        queue, and is proposed again: its leases have expired, and the planner offers an
+        expired lease once, so a batch dropped here stayed unretried for as long as this
+        node led."""
+        while self._waiting and self._pause is None:
             batch, reason, at_once = self._waiting[0]
             batch_bytes = sum(len(message.body) for message, _, _, _ in batch)
             if self._proposed_bytes and self._proposed_bytes + batch_bytes > WINDOW_BYTES:
                 return
+            try:
+                proposed = self._propose(batch, reason, at_once)
+            except Overloaded as error:
+                log.warning("event=retry_refused messages=%d error=%r wait_ms=%d", len(batch),
+                            error, REFUSED_WAIT_S * 1000)
+                self._pause = self._loop.call_later(REFUSED_WAIT_S, self._resume)
+                return
             self._waiting.popleft()
-            if self._propose(batch, reason, at_once):
+            if proposed:
                 self._proposed_bytes += batch_bytes
 
+    def _resume(self) -> None:
+        self._pause = None
+        self._next()
+
     def _propose(self, items: list[RetryItem], reason: str, at_once: bool) -> bool:
-        """Propose one batch; whether it was (not on a follower, nor when overloaded)."""
+        """Propose one batch; whether it was (not on a follower); raises `Overloaded` when
+        the replica's queue is full."""
         now_ms = self._clock_ms()
         copies = []
         for message, lease, group, attempt in items:
@@ -96,9 +117,11 @@ class Retries:
                                              properties or _NO_PROPERTIES, attempt + 1)))
         try:
             future = self._replica().retry(copies)
+        except Overloaded:
+            raise
         except TickwheelError as error:
             log.warning("event=retry_failed messages=%d error=%r", len(items), error)
-            return False  # the lease stays: its deadline retries it, or the next leader does
+            return False  # not leading: the lease stays, and the next leader retries it
         future.add_done_callback(lambda done: self._loop.call_soon_threadsafe(
             self._retried, items, copies, done, reason))
         return True

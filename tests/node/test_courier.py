@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tickwheel.common.errors import ConsumerStalled, NotLeader
+from tickwheel.common.errors import ConsumerStalled, NotLeader, Overloaded
 from tickwheel.node.delivery.courier import Courier, CourierConfig
 from tickwheel.node.delivery.levels import DEFAULT_LEVELS, RetryPolicy, parse_levels
 from tickwheel.node.delivery.retries import WINDOW_BYTES, Retries
 from tickwheel.node.delivery.sessions import Session
-from tickwheel.node.delivery.trail import DeliveryTrail
 from tickwheel.node.ops.metrics import Metrics
 from tickwheel.replication import Delivery, Expired, LeaseRef, Retried
 from tickwheel.wheel import Cursor, DueMessage
@@ -64,7 +63,7 @@ def test_a_consumer_whose_group_commits_as_leadership_ends_is_sent_to_the_next_l
 
     async def subscribe() -> None:
         courier = Courier(CourierConfig(), RetryPolicy(parse_levels(DEFAULT_LEVELS)),
-                          lambda: 0, DeliveryTrail(tmp_path / "trail", "n0", 0), Metrics())
+                          lambda: 0, None, Metrics())
         replica.courier = courier
         courier.attach(replica)  # type: ignore[arg-type]
         with pytest.raises(NotLeader):
@@ -126,7 +125,7 @@ def test_a_stream_that_was_never_written_its_messages_is_closed_and_nothing_is_r
     async def run() -> tuple[Session, Session]:
         courier = Courier(CourierConfig(max_batch_msgs=2),
                           RetryPolicy(parse_levels(DEFAULT_LEVELS)), lambda: 0,
-                          DeliveryTrail(tmp_path / "trail", "n0", 0), Metrics())
+                          None, Metrics())
         courier.attach(replica)  # type: ignore[arg-type]
         courier.dispatch_started(1, 1, Cursor(0, 0), 0)
         await asyncio.sleep(0)
@@ -188,6 +187,43 @@ def test_retry_copies_go_to_raft_a_window_of_bodies_at_a_time() -> None:
     assert asyncio.run(run()) == [2, 4, 5, 5]
 
 
+def test_retry_copies_refused_as_overloaded_are_proposed_again() -> None:
+    """Expired leases are offered to the courier once; a retry the replica refused because
+    its queue was full (`Overloaded`) was dropped, and its messages stayed leased and
+    expired, retried by nobody, for as long as this node led. The refused batch is proposed
+    again a little later."""
+
+    class Full(RecordingReplica):
+        def __init__(self) -> None:
+            super().__init__()
+            self.refusals = 1
+            self.answered = asyncio.Event()
+
+        def retry(self, copies: list[object]) -> Future:
+            if self.refusals:
+                self.refusals -= 1
+                raise Overloaded("max_queued_msgs")
+            future = super().retry(copies)
+            if len(self.retried) == 2:
+                self.answered.set()
+            return future
+
+    replica = Full()
+    items = [(DueMessage(f"m{i}", "orders", b"x", {}, 0, handle=i, slot_second=0,
+                         local_index=i), LeaseRef(1, i, 1, 9), "", 1)
+             for i in range(2)]
+
+    async def run() -> None:
+        retries = Retries(RetryPolicy(parse_levels(DEFAULT_LEVELS)), lambda: 0, Metrics(),
+                          asyncio.get_running_loop(), lambda: replica)  # type: ignore[arg-type]
+        retries.propose(items, "visibility_timeout")
+        assert replica.retried == []
+        await asyncio.wait_for(replica.answered.wait(), 10)
+
+    asyncio.run(run())
+    assert [lease.handle for lease, _ in replica.retried] == [0, 1]  # type: ignore[misc]
+
+
 class LeadingReplica:
     """Leads, holds its lease, creates every group at once, and records send reports."""
 
@@ -229,7 +265,7 @@ def test_messages_granted_ahead_go_out_together_when_the_last_of_a_few_ms_is_due
 
     async def deliver() -> list[list[object]]:
         courier = Courier(CourierConfig(max_hold_ms=4), RetryPolicy(parse_levels(DEFAULT_LEVELS)),
-                          now_ms, DeliveryTrail(tmp_path / "trail", "n0", 0), Metrics())
+                          now_ms, None, Metrics())
         courier.attach(replica)  # type: ignore[arg-type]
         courier.dispatch_started(1, 1, Cursor(0, 0), 0)
         await asyncio.sleep(0)
@@ -263,7 +299,7 @@ def test_a_consumer_that_holds_gets_a_hand_out_at_once_with_the_wait_of_each_mes
 
     async def deliver() -> tuple[int, list[object], int]:
         courier = Courier(CourierConfig(max_hold_ms=4), RetryPolicy(parse_levels(DEFAULT_LEVELS)),
-                          now_ms, DeliveryTrail(tmp_path / "trail", "n0", 0), Metrics())
+                          now_ms, None, Metrics())
         courier.attach(replica)  # type: ignore[arg-type]
         courier.dispatch_started(1, 1, Cursor(0, 0), 0)
         await asyncio.sleep(0)
