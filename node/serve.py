@@ -35,6 +35,7 @@ from tickwheel.node.ops.allocator import Allocator, give_back_released
 from tickwheel.node.ops.clock_step import ClockStep
 from tickwheel.node.ops.disk import DiskWatch, poll_peers
 from tickwheel.node.ops.metrics import Metrics
+from tickwheel.node.ops.watchdog import ApplyWatchdog, WatchdogLimits
 from tickwheel.node.peers import PeerFiles
 from tickwheel.node.rocketmq.signature import Signatures
 from tickwheel.node.security.access import AccessFile
@@ -134,7 +135,11 @@ async def serve(settings: NodeSettings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     clock_step = ClockStep(own_clock, settings.data, settings.fault_injection)
-    keeper = asyncio.create_task(_housekeeping(node, health_servicer, access, clock_step))
+    keeper = asyncio.create_task(_housekeeping(node, health_servicer, access, clock_step,
+                                               ApplyWatchdog(settings.raft_address, WatchdogLimits(
+                                                   settings.replica_config().raft.election_max_ms,
+                                                   settings.stall_health_elections,
+                                                   settings.stall_exit_elections))))
     peer_stubs = {member: partial(forwarder.peer_stub, address)
                   for member, address in settings.peer_map().items()
                   if member != settings.raft_address}
@@ -209,9 +214,11 @@ class _GcPauses:
 
 
 async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthServicer,
-                        access_file: AccessFile | None, clock_step: ClockStep) -> None:
-    """Health, gauges, one log line per leader change, a changed access file reread, and a
-    clock step asked for (testing only)."""
+                        access_file: AccessFile | None, clock_step: ClockStep,
+                        watchdog: ApplyWatchdog) -> None:
+    """Health (NOT_SERVING without a leader, far behind it, or with an apply that stalled:
+    the watchdog), gauges, one log line per leader change, a changed access file reread,
+    and a clock step asked for (testing only)."""
     leader, serving, disk_ok = None, None, None
     access, next_access_check = access_file, 0.0
     while True:
@@ -226,14 +233,17 @@ async def _housekeeping(node: NodeContext, health_servicer: health.aio.HealthSer
             node.forwarder.leader_moved(node.leader_peer(leader))
         caught_up = status.last_applied + HEALTH_MAX_LAG_ENTRIES >= max(
             status.commit_index, status.leader_commit_index)
-        now_serving = status.leader is not None and caught_up
+        commit = max(status.commit_index, status.leader_commit_index)
+        why = (watchdog.check(status.last_applied, commit, time.monotonic())
+               or ("no_leader" if status.leader is None else None if caught_up else "behind"))
+        now_serving = why is None
         if now_serving != serving:
             serving = now_serving
             code = (health_pb2.HealthCheckResponse.SERVING if serving
                     else health_pb2.HealthCheckResponse.NOT_SERVING)
             for name in ("", SERVICE_NAME):
                 await health_servicer.set(name, code)
-            log.info("event=health serving=%s", serving)
+            log.info("event=health serving=%s reason=%s", serving, why or "-")
         metrics = node.metrics
         metrics.is_leader.set(1 if status.role == "leader" else 0)
         metrics.term.set(status.term)

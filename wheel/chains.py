@@ -1,7 +1,9 @@
 """What the preload window (`tickwheel.wheel.window`) holds and reads: its entries, the walks
-down a second's chain it reads a share at a time, and what its walks pass over (`Passing`):
-the stretches of a chain where a parked tag's units, or a following tag's, were passed over,
-and how a unit passed over extends them. Plain data; the window owns every instance.
+down a second's chain it reads a share at a time (`Walk.read`), a span of seconds read with
+one index scan (`read_span`), and what they pass over (`Passing`): the stretches of a chain
+where a parked tag's units, or a following tag's, were passed over, and how a unit passed
+over extends them. Plain data and the reading of an hour segment; the window owns every
+instance and calls them.
 """
 
 from __future__ import annotations
@@ -9,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from tickwheel.wheel.format import SECONDS_PER_HOUR
+
 if TYPE_CHECKING:
     from tickwheel.wheel.segment import HourSegment
+    from tickwheel.wheel.types import Cursor
 
 GLOBAL_INDEX_BITS = 32
 GLOBAL_INDEX_MASK = (1 << GLOBAL_INDEX_BITS) - 1
@@ -117,6 +122,12 @@ class Passing:
         """The seconds where units were passed over and not read since."""
         return [second for _, second in (*self.parked_stretches, *self._trailing)]
 
+    def forget_from(self, second: int) -> None:
+        """Forget where units of ``second`` and later were passed over: they are read again."""
+        for passed in (self.parked_stretches, self._trailing):
+            for key in [key for key in passed if key[1] >= second]:
+                del passed[key]
+
     def clear(self) -> None:
         self.parked_stretches.clear()
         self._trailing.clear()
@@ -185,3 +196,32 @@ def _extend(walks: list[Walk], passed: Stretches, keys: Iterable[tuple[int, int]
         for first, end in passed.pop(key):
             walks.append(Walk(second, tag, first, reading.get(second, -1) if end == OPEN
                               else end))
+
+
+def read_span(segment: HourSegment, first_second: int, last_second: int, cursor: Cursor,
+              passing: Passing, on_skip: Callable[[int, int], None]) -> list[WindowEntry]:
+    """Every unit filed under ``first_second..last_second`` from ``cursor`` on, read with one
+    index scan of the hour (in index order), but those of parked tags (passed over) and
+    cancelled ones (skipped)."""
+    base_second = segment.hour * SECONDS_PER_HOUR
+    tombstones, parked = segment.tombstones, passing.parked
+    base = segment.hour << GLOBAL_INDEX_BITS
+    loaded = [
+        (slot, deliver_at_ms, local_index, base | global_index, offset, size, tag)
+        for offset, size, local_index, global_index, _, deliver_at_ms, second_of_hour, tag
+        in segment.scan()
+        if first_second <= (slot := base_second + second_of_hour) <= last_second
+        and (slot, local_index) >= cursor
+    ]
+    if not tombstones and not parked:
+        return loaded
+    kept = []
+    for entry in loaded:
+        slot, _, local_index, handle, _, _, tag = entry
+        if handle & GLOBAL_INDEX_MASK in tombstones:
+            on_skip(slot, local_index)
+        elif tag in parked:
+            passing.pass_over_all(tag, slot, handle & GLOBAL_INDEX_MASK)
+        else:
+            kept.append(entry)
+    return kept

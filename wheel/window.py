@@ -132,7 +132,13 @@ class DueWindow:
                   records: Sequence[bytes], local_indexes: list[int], first_handle: int,
                   offset: int, tags: Sequence[int]) -> None:
         """Put the messages just filed in one hour that are due before the scan second onto
-        the queue: the scan has passed their seconds already (a walk begins below them)."""
+        the queue: the scan has passed their seconds already (a walk begins below them).
+        When they would fill the queue past ``max_window_msgs``, the window forgets what it
+        loaded of the seconds from theirs on (none of them taken yet) and scans them again,
+        chain by chain: a burst filed a few seconds before it is due is not held whole."""
+        late = [slot for slot in slots if slot < self.scan_second]
+        if len(self.queue) + len(late) > self._config.max_window_msgs:
+            self._forget_from(max(min(late), self._now_ms // MS_PER_SECOND + 1))
         scan_second, push = self.scan_second, self.queue.push
         for i, (slot, due_ms, record) in enumerate(zip(slots, deliver_at_ms, records,
                                                        strict=True)):
@@ -140,6 +146,15 @@ class DueWindow:
                 push((slot, due_ms, local_indexes[i], first_handle + i, offset, len(record),
                       tags[i]))
             offset += len(record)
+
+    def _forget_from(self, second: int) -> None:
+        """Forget what was loaded of ``second`` and later (which no take has reached: they
+        are after the last take's second) and scan again from there."""
+        if second < self.scan_second:
+            self.queue.keep(lambda entry: entry[0] < second)
+            self._walks = [walk for walk in self._walks if walk.second < second]
+            self.passing.forget_from(second)
+            self.scan_second = second
 
     def take(self, now_ms: int, max_msgs: int, cursor: Cursor, share_msgs: int = 0
              ) -> list[DueMessage]:
@@ -368,7 +383,8 @@ class DueWindow:
         if 2 * span_units >= segment.units and span_units <= self._budget and (
                 len(self.queue) + span_units <= self._config.max_window_msgs):
             self._budget -= span_units
-            self._load_span(segment, first_second, last_second, cursor)
+            self.queue.extend(chains.read_span(segment, first_second, last_second, cursor,
+                                               self.passing, self._on_skip))
             self.scan_second = last_second + 1
             return True
         bits = segment.occupied >> (first_second - base_second)
@@ -415,29 +431,3 @@ class DueWindow:
         done_below = cursor.local_index if walk.second == cursor.second else 0
         return walk.read(segment, self.passing, self.queue.push, self._on_skip, done_below,
                          budget, room, self._now_ms)
-
-    def _load_span(self, segment: HourSegment, first_second: int, last_second: int,
-                   cursor: Cursor) -> None:
-        """Load every unit filed under ``first_second..last_second`` with one index scan."""
-        base_second = segment.hour * SECONDS_PER_HOUR
-        tombstones, parked = segment.tombstones, self.parked
-        base = segment.hour << GLOBAL_INDEX_BITS
-        loaded = [
-            (slot, deliver_at_ms, local_index, base | global_index, offset, size, tag)
-            for offset, size, local_index, global_index, _, deliver_at_ms, second_of_hour, tag
-            in segment.scan()
-            if first_second <= (slot := base_second + second_of_hour) <= last_second
-            and (slot, local_index) >= cursor
-        ]
-        if tombstones or parked:
-            kept = []
-            for entry in loaded:
-                slot, _, local_index, handle, _, _, tag = entry
-                if handle & GLOBAL_INDEX_MASK in tombstones:
-                    self._on_skip(slot, local_index)
-                elif tag in parked:
-                    self.passing.pass_over_all(tag, slot, handle & GLOBAL_INDEX_MASK)
-                else:
-                    kept.append(entry)
-            loaded = kept
-        self.queue.extend(loaded)

@@ -66,6 +66,11 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--insecure-grpc", action="store_true", default=None,
                        help="serve gRPC in plaintext to anyone, with every permission")
     serve.add_argument("--clock-skew-ms", type=int, help="fault injection only")
+    serve.add_argument("--stall-health-elections", type=int,
+                       help="election timeouts of an applied index standing still while the "
+                            "commit index moves before health is NOT_SERVING (default 10)")
+    serve.add_argument("--stall-exit-elections", type=int,
+                       help="... before the node exits with code 7, EXIT_STALLED (default 60)")
     serve.add_argument("--fault-injection", action="store_true", default=None,
                        help="testing only: obey live faults written to the data folder (a "
                             "clock step); never on a production node")

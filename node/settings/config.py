@@ -46,6 +46,7 @@ from tickwheel.node.api.validation import Limits
 from tickwheel.node.delivery.courier import CourierConfig
 from tickwheel.node.delivery.levels import RetryPolicy, parse_levels
 from tickwheel.node.listeners import ConnectionLimits
+from tickwheel.node.ops.watchdog import HOLD_COMMITS_FILE
 from tickwheel.node.security.access import AccessFile
 from tickwheel.node.security.identity import check_certificate_pair
 from tickwheel.node.settings import statefulset
@@ -203,6 +204,9 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
                              "give every shard_members entry as SHARD=GRPC=PEER")
         if self.sync_ledger is not None and not self.fsync:
             raise ValueError("sync_ledger notes what fsync made durable: it needs fsync")
+        if not 1 <= self.stall_health_elections <= self.stall_exit_elections:
+            raise ValueError("stall_health_elections must be at least 1, and "
+                             "stall_exit_elections at least as many")
         if self.clock_skew_ms and not self.fault_injection:
             raise ValueError("clock_skew_ms runs the node's clock off on purpose: testing only, "
                              "with fault_injection")
@@ -385,6 +389,8 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
                             insecure=self.insecure_raft,
                             bind_address=self.raft_listen,
                             snapshot_min_entries=self.snapshot_min_entries,
+                            hold_commits_file=(self.data / HOLD_COMMITS_FILE
+                                               if self.fault_injection else None),
                             preferred_leader=preferred_leader(
                                 list(self.member_map()), self.shard, self.shard_map().count)),
             dispatch=DispatchConfig(max_inflight_msgs=self.max_inflight_msgs,

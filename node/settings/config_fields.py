@@ -170,6 +170,13 @@ class LimitFields(BaseModel):
     """Rescheduled messages whose handles are remembered."""
     max_topic_labels: int = 1_000
     """Topics with a label of their own in ``/metrics``; later ones share ``%other%``."""
+    stall_health_elections: int = 10
+    """Election timeouts (``election_max_ms``, 800 ms) for which the applied index may stand
+    still while the commit index moves before health reports NOT_SERVING, saying why
+    (``event=apply_stalled``; `tickwheel.node.ops.watchdog`)."""
+    stall_exit_elections: int = 60
+    """... and before the node exits with `EXIT_STALLED` (7): a restart rebuilds it from its
+    snapshot and journal, or says why it cannot."""
 
 
 class DeliveryFields(BaseModel):

@@ -51,6 +51,10 @@ class RaftConfig:
     sync_ledger: Path | None = None
     """With ``fsync``: a folder where the node notes what each sync made durable, for the chaos
     harness's power cut (`tickwheel.replication.raft.durability.SyncLedger`). Testing only."""
+    hold_commits_file: Path | None = None
+    """Testing only (fault injection): while this file exists, a follower takes the leader's
+    entries and answers, but its commit index stays where it is, so it applies nothing: an
+    apply that stalls, for the watchdog's test (docs/node.md)."""
     preferred_leader: str | None = None
     """The member (Raft address) that should lead when it is up and caught up: a leader that
     is not hands over to it (`tickwheel.replication.raft.handover`). None: whoever wins."""

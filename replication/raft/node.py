@@ -133,6 +133,7 @@ class RaftNode:
         self._tenure = TenureClock()
         self._clocks = PeerClocks(wall_ms or SystemClock().now_ms)
         self._leading: tuple[int, float] | None = None
+        self._hold_file = config.hold_commits_file
         """The term this node leads and when it first saw itself leading it."""
         links = config.link_settings(has_peers=bool(peers))
         if config.insecure:
@@ -282,7 +283,8 @@ class RaftNode:
                 return
             self._clocks.incoming(node, message)  # reads the echo the tenure clock takes off
             self._tenure.incoming(node, message)
-            if kind == "append_entries" and "prevLogIdx" not in message:
+            if kind == "append_entries" and ("prevLogIdx" not in message or (
+                    self._hold_file is not None and self._hold_file.exists())):
                 leader_commit = self._hold_commit(message)
             if self._pre_vote.on_message(node, kind, message):
                 return

@@ -15,8 +15,10 @@ from tickwheel.common.exits import (
     EXIT_APPLY_FAILED,
     EXIT_NAMES,
     EXIT_SNAPSHOT_UNREADABLE,
+    EXIT_STALLED,
 )
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
+from tickwheel.node.ops.watchdog import HOLD_COMMITS_FILE
 from tickwheel.replication.raft import JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot, write_snapshot
 from tickwheel.replication.raft.journal import AtomicJournal
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -95,3 +97,29 @@ def test_an_entry_this_release_cannot_apply_stops_the_node_with_its_code(
         cluster.start(node)
         assert EXIT_NAMES[exit_code(node)] == EXIT_NAMES[EXIT_APPLY_FAILED]
         logged(node, rf"event=apply_failed address=\S+ index={index} kind=200 .*ValueError")
+
+
+def test_a_follower_whose_apply_stalls_stops_serving_then_exits(tmp_path: Path) -> None:
+    """A follower whose applied index stands still while the commit index moves stayed up for
+    good, NOT_SERVING with nobody told why (last_applied 1 of 16,754). Past two election
+    timeouts it says why and health is NOT_SERVING; past six it exits with `EXIT_STALLED`.
+    The stall is the test hook's (``DATA/hold-commits``: the follower takes the leader's
+    entries and applies none); the leader and the other follower go on."""
+    flags = ("--fault-injection", "--stall-health-elections", "2", "--stall-exit-elections",
+             "6")
+    with LocalCluster(tmp_path, extra_args=flags) as cluster:
+        leader = cluster.leader()
+        follower = next(node for node in cluster.nodes if node is not leader)
+        schedule(cluster, 10, "before")
+        wait_for(lambda: "event=health serving=True" in follower.log_path.read_text(), 20,
+                 "the follower serving")
+        (follower.data / HOLD_COMMITS_FILE).touch()
+        sent = 0
+        while follower.alive() and sent < 400:  # the commit index moves: ~25 s at most
+            schedule(cluster, 10, f"during-{sent}")
+            sent += 10
+        assert EXIT_NAMES[exit_code(follower)] == EXIT_NAMES[EXIT_STALLED]
+        logged(follower, r"event=apply_stalled last_applied=\d+ commit_index=\d+ stalled_ms=")
+        logged(follower, r"event=health serving=False reason=apply_stalled last_applied=")
+        logged(follower, r"event=replica_fatal .* code=EXIT_STALLED reason='apply_stalled")
+        assert all(node.alive() for node in cluster.nodes if node is not follower)

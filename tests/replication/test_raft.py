@@ -277,6 +277,7 @@ def test_a_snapshot_chunk_does_not_commit_the_followers_own_log() -> None:
     node._tenure = TenureClock()
     node._clocks = PeerClocks(lambda: 0)
     node._pre_vote = SimpleNamespace(on_message=lambda *args: False)
+    node._hold_file = None
     node._core = SimpleNamespace(_SyncObj__raftCommitIndex=10, _SyncObj__leaderCommitIndex=0,
                                  _SyncObj__onMessageReceived=lambda _, m: seen.append(dict(m)),
                                  _SyncObj__serializer=SimpleNamespace(refused=False))

@@ -126,3 +126,24 @@ def test_messages_filed_before_a_burst_into_its_second_do_not_wait_for_the_burst
         assert len(steady_in) == 5
         assert max(steady_in) <= 20_000 // (max_load_units // 2) + 1, steady_in
         assert all(len(batch) == 500 for batch in takes[:-1])  # the burst drains at full takes
+
+
+def test_a_burst_filed_into_the_seconds_the_window_holds_does_not_fill_memory() -> None:
+    """Messages filed for a second the window has read already go straight onto its queue.
+    Before: a burst filed a few seconds before it was due (the window of a quiet wheel reads
+    ``preload_ms`` ahead) went there whole, past ``max_window_msgs``. Now the window lets go
+    of what it loaded and reads again from the cursor, chain by chain."""
+    config = WheelConfig(max_load_units=2_000, max_window_msgs=5_000)
+    with tempfile.TemporaryDirectory() as root, Wheel.open(Path(root), config) as wheel:
+        _file(wheel, STEADY, "steady", [NOW_MS + 3_000])
+        assert wheel.take_due(NOW_MS, 500, share_msgs=125) == []  # read ahead: a quiet wheel
+        for start in range(0, 20_000, 1_000):
+            records = [encode_record(*NewMessage(f"burst{start + i}", "burst", b"x",
+                                                 NOW_MS + 2_000, {})) for i in range(1_000)]
+            wheel.schedule_records(records, [NOW_MS + 2_000] * 1_000, NOW_MS, [BURST] * 1_000)
+            assert wheel.window_msgs <= config.max_window_msgs
+        taken: list[str] = []
+        while batch := wheel.take_due(NOW_MS + 3_000, 500, share_msgs=125):
+            taken += [message.id for message in batch]
+            assert wheel.window_msgs <= config.max_window_msgs + config.max_load_units
+        assert len(taken) == len(set(taken)) == 20_001
