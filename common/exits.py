@@ -30,7 +30,12 @@ code  name                          meaning, and the remedy
 
 from __future__ import annotations
 
-from typing import Final
+import logging
+import os
+from collections.abc import Callable
+from typing import Final, NoReturn
+
+log = logging.getLogger("tickwheel.replication")
 
 EXIT_OK: Final = 0
 EXIT_SETTINGS: Final = 2
@@ -45,3 +50,16 @@ EXIT_DISK_FULL: Final = 74
 EXIT_NAMES: Final = {code: name for name, code in globals().items()
                      if name.startswith("EXIT_") and isinstance(code, int)}
 """Each code's name, for a log line or a test's message."""
+
+
+Die = Callable[[str, str, int], NoReturn]
+"""``die(address, reason, code)``: `die`, or a simulation's stand-in that raises instead."""
+
+
+def die(address: str, reason: str, code: int) -> NoReturn:
+    """Stop the process loudly, at once, with ``code``: no other thread gets to act on the
+    state. The last line it logs names the code and the reason."""
+    log.critical("event=replica_fatal address=%s exit=%d code=%s reason=%r", address, code,
+                 EXIT_NAMES.get(code, "?"), reason)
+    logging.shutdown()
+    os._exit(code)

@@ -1,29 +1,18 @@
-"""How a replica stops the process when it must not go on (`die`); the codes that say why are
-the node's one table, `tickwheel.common.exits`."""
+"""How a replica stops the process when an entry does not apply (`apply_failed`); `die` and
+the codes that say why are the node's one table, `tickwheel.common.exits`."""
 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable
 from typing import NoReturn
 
 from tickwheel.common.errors import CorruptSegment
-from tickwheel.common.exits import EXIT_APPLY_FAILED, EXIT_NAMES, EXIT_STATE_UNREADABLE
+from tickwheel.common.exits import EXIT_APPLY_FAILED, EXIT_STATE_UNREADABLE, Die, die
 from tickwheel.replication.raft import DISK_FULL
 
+__all__ = ["Die", "apply_exit_code", "apply_failed", "die"]
+
 log = logging.getLogger("tickwheel.replication")
-
-Die = Callable[[str, str, int], NoReturn]
-"""``die(address, reason, code)``: `die`, or a simulation's stand-in that raises instead."""
-
-
-def die(address: str, reason: str, code: int) -> NoReturn:
-    """Stop the process loudly, at once: no other thread gets to act on the state."""
-    log.critical("event=replica_fatal address=%s exit=%d code=%s reason=%r", address, code,
-                 EXIT_NAMES.get(code, "?"), reason)
-    logging.shutdown()
-    os._exit(code)
 
 
 def apply_exit_code(error: Exception) -> int | None:

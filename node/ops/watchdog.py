@@ -19,8 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from tickwheel.common.exits import EXIT_STALLED
-from tickwheel.replication.exits import Die, die
+from tickwheel.common.exits import EXIT_STALLED, Die, die
 
 log = logging.getLogger("tickwheel.node")
 
