@@ -1,13 +1,13 @@
 """``python -m tickwheel.chaos.audit OUT_DIR``: did every message arrive, once, on time?
 
 Reads the logs a chaos run left in ``OUT_DIR`` (``run.json``, ``scheduled.jsonl``,
-``cancels.jsonl``, ``reschedules.jsonl``, ``received.jsonl``,
-``trails/<node>.<generation>.jsonl``, ``leaders.jsonl``, ``faults.jsonl``) with PySpark,
+``cancels.jsonl``, ``reschedules.jsonl``, ``received.jsonl``, ``leaders.jsonl``,
+``faults.jsonl``, and the nodes' ledgers, ``ledger/<node>.<generation>/*.parquet``) with PySpark,
 writes ``OUT_DIR/audit/summary.json``, ``report.md`` and two plots (`tickwheel.chaos.report`),
 and exits 0 when the verdict is clean, 1 when it is not. Also ``spark-submit chaos/audit.py
 OUT_DIR``. Missing or empty ``.jsonl`` files are no rows; lines that are not JSON (a killed
 writer's torn last line) are skipped. Times are Unix ms on the runner's machine, except
-``delivered_at_ms`` (the sending leader's clock).
+``delivered_at_ms`` and a ledger's ``time_ms`` (the cluster's time the sending leader read).
 
 What is owed, lost, a duplicate or a false alarm is defined in `tickwheel.chaos.deliveries`;
 the figures built on them:
@@ -30,9 +30,9 @@ the figures built on them:
   first entry after the last one naming the old leader, or, when that is the failover itself,
   the start of the latest fault started after that entry and no later than the failover, else
   the failover's ``at_ms``; ``no_leader_ms = at_ms - lost_at_ms``; ``first_delivery_ms``, from
-  ``lost_at_ms`` to the first ``delivered`` trail event of the new leader (by node name) in the
+  ``lost_at_ms`` to the first ``sent`` ledger row of the new leader (by node name) in the
   leadership the failover begins (its term or later, before the shard's next failover's);
-  ``delivery_gap_ms``, from the old leader's last ``delivered`` trail event in the terms of
+  ``delivery_gap_ms``, from the old leader's last ``sent`` ledger row in the terms of
   the leadership the failover ends (from the term the runner first saw it lead in, since the
   failover before, to before the failover's term) to that same first delivery of the new
   leader: how long nothing was delivered. A leadership that delivered nothing before it was
@@ -40,11 +40,11 @@ the figures built on them:
   next failover's gap runs from the last delivery before it (`gaps_in_turn`); the first
   failover's, with none, from ``lost_at_ms``;
   ``catch_up_ms``, from the new leader's first ``dispatch_started``
-  (``takeover_ms``) in a term >= the failover's to the first delivery of that term at most
+  (its ``time_ms``) in a term >= the failover's to the first delivery of that term at most
   `CAUGHT_UP_MS` after its due time; ``duplicates``, by class, received in ``[lost_at_ms, the
   shard's next failover's lost_at_ms)``, of messages of the shard; ``fault``, the latest
   fault of the shard started at or before ``lost_at_ms``. The delivery figures are null when
-  the trails have no such event.
+  the ledgers have no such row.
 - **per_fault**: the failovers by the fault blamed (``none`` for none): how many, how many the
   new leader never delivered after (``undelivered``), and the nearest-rank p50, p99 and max of
   ``no_leader_ms`` and ``delivery_gap_ms``.
@@ -156,7 +156,7 @@ def summarize(logs: Logs) -> dict[str, Any]:
     owed = deliveries.owed(run, messages, moves)
     placed = _placement(logs.scheduled)
     receipts = deliveries.ordered_receipts(logs.received).join(
-        deliveries.sends(logs.trails), list(DELIVERY), "left").join(placed, "id", "left")
+        deliveries.sends(logs.ledger), list(DELIVERY), "left").join(placed, "id", "left")
     duplicates = receipts.filter(F.col("duplicate"))
     first = deliveries.first_receipts(receipts, messages)
     lost = deliveries.lost(run, owed, cancels, logs.received)
@@ -169,7 +169,7 @@ def summarize(logs: Logs) -> dict[str, Any]:
     contrary = _problem(deliveries.contrary_to_reschedule(run, moves, logs.received))
     early_receipts = deliveries.delivered_early(run, logs.received)
     early = _problem(early_receipts)
-    failover_figures = _failover_figures(failovers, leaderships(logs.trails), receipts)
+    failover_figures = _failover_figures(failovers, leaderships(logs.ledger), receipts)
     summary: dict[str, Any] = {
         "run": dataclasses.asdict(run),
         "messages": _message_counts(messages, cancels, moves, owed, logs.received),

@@ -1,8 +1,8 @@
 """The cluster under test: real ``tickwheel serve`` processes whose Raft links run through the
 runner's proxies (`RaftMesh`), with the faults the nemeses need.
 
-Each node keeps its delivery trail in its data folder; before a node's data is wiped, and at
-the end of the run, the trail is copied to ``OUT/trails/<name>.<generation>.jsonl``. At the end
+Each node keeps its ledger in its data folder; before a node's data is wiped, and at the end of
+the run, its closed segments are copied to ``OUT/ledger/<name>.<generation>/``. At the end
 each node's log (every generation's, one file) is copied beside them, to ``OUT/logs/<name>.log``:
 what explains a slow failover (its elections) outlives the cluster's folder.
 """
@@ -18,17 +18,17 @@ from tickwheel.chaos.proxy import RaftMesh
 from tickwheel.chaos.storage import MountFailed, PowerCut, mount_disk, unmount_disk
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode
 from tickwheel.harness.ports import free_ports
-from tickwheel.node import trail_files
+from tickwheel.node import LEDGER_FOLDER, ledger_segments
 from tickwheel.replication.raft import SyncLedger
 
 
 class ChaosCluster(LocalCluster):
     """``size`` nodes under ``root`` for each of ``shards`` shards, each shard behind a
-    `RaftMesh` of its own; trails are collected in ``trails``. A node is named after its data
+    `RaftMesh` of its own; ledgers are collected in ``ledgers``. A node is named after its data
     folder (``node1``, ``shard1-node2``). A context manager: it stops every process it
     started, then the proxies."""
 
-    def __init__(self, root: Path, size: int, trails: Path,
+    def __init__(self, root: Path, size: int, ledgers: Path,
                  extra_args: tuple[str, ...] = (), disk_size: str | None = None,
                  power_cuts: bool = False, shards: int = 1) -> None:
         """``disk_size`` (``"512m"``): give each node a tmpfs of its own of that size, a disk
@@ -48,7 +48,7 @@ class ChaosCluster(LocalCluster):
             for index, node in enumerate(members):
                 node.raft = mesh.address(index)
         self.names = {node.raft: node.data.name for node in self.nodes}
-        self.trails = trails
+        self.ledgers = ledgers
         self._generation = dict.fromkeys(self.names.values(), 0)
 
     def __enter__(self) -> ChaosCluster:
@@ -67,7 +67,7 @@ class ChaosCluster(LocalCluster):
     def __exit__(self, *exc: object) -> None:
         try:
             self.stop_all()
-            self.collect_trails()
+            self.collect_ledgers()
             self.collect_logs()
         finally:
             self._stop_meshes()
@@ -122,9 +122,9 @@ class ChaosCluster(LocalCluster):
         return storage.power_cut(node.data, SyncLedger(node.sync_ledger))
 
     def wipe(self, node: LocalNode) -> None:
-        """Delete a stopped node's data (its trail is kept: the next generation starts); the
+        """Delete a stopped node's data (its ledger is kept: the next generation starts); the
         folder stays (it may be a mount)."""
-        self.collect_trail(node)
+        self.collect_ledger(node)
         self._generation[self.name(node)] += 1
         for entry in node.data.iterdir():
             if entry.is_dir():
@@ -134,25 +134,25 @@ class ChaosCluster(LocalCluster):
         if node.sync_ledger is not None:  # its notes name files that are gone
             shutil.rmtree(node.sync_ledger, ignore_errors=True)
 
-    def collect_trails(self) -> None:
+    def collect_ledgers(self) -> None:
         for node in self.nodes:
-            self.collect_trail(node)
+            self.collect_ledger(node)
 
     def collect_logs(self) -> None:
-        """Copy every node's log to ``logs/<name>.log`` beside the trails."""
-        logs = self.trails.parent / "logs"
+        """Copy every node's log to ``logs/<name>.log`` beside the ledgers."""
+        logs = self.ledgers.parent / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         for node in self.nodes:
             if node.log_path.exists():
                 shutil.copyfile(node.log_path, logs / f"{self.name(node)}.log")
 
-    def collect_trail(self, node: LocalNode) -> None:
-        """Copy ``node``'s delivery trail (its rotated file first) into one file."""
-        sources = trail_files(node.data)
-        if sources:
-            name = self.name(node)
-            self.trails.mkdir(parents=True, exist_ok=True)
-            with open(self.trails / f"{name}.{self._generation[name]}.jsonl", "wb") as out:
-                for source in sources:
-                    with open(source, "rb") as data:
-                        shutil.copyfileobj(data, out)
+    def collect_ledger(self, node: LocalNode) -> None:
+        """Copy ``node``'s closed ledger segments, with their manifests, into
+        ``<name>.<generation>/`` (a killed node's open segment is torn: not one of them)."""
+        name = self.name(node)
+        into = self.ledgers / f"{name}.{self._generation[name]}"
+        for segment in ledger_segments(node.data / LEDGER_FOLDER):
+            into.mkdir(parents=True, exist_ok=True)
+            for path in (segment, segment.with_suffix(".json")):
+                if path.exists():
+                    shutil.copyfile(path, into / path.name)

@@ -28,7 +28,7 @@ audit (`tickwheel.chaos.audit`) counts, and which the chaos CI test relies on.
 - **false_alarms**: deliveries whose original is flagged ``possible_duplicate``: a first
   receipt that says it may be a repeat. Most were sent before and never handled (they sat in a
   consumer's buffer when its stream broke, or were granted to a receive call whose answer was
-  lost); ``false_alarms_unsent`` counts those no trail shows sent to the group before (fewer
+  lost); ``false_alarms_unsent`` counts those no ledger shows sent to the group before (fewer
   than two ``delivered`` lines for the delivery): hand-outs a leader committed and died before
   sending, the only false alarms the design allows.
 - **cancelled_but_delivered**: messages with a cancel of outcome ``cancelled`` or
@@ -115,13 +115,13 @@ def false_alarm() -> Column:
 
 
 def unsent_alarm() -> Column:
-    """A false alarm that no trail shows sent to its group before (its own send only)."""
+    """A false alarm that no ledger shows sent to its group before (its own send only)."""
     return false_alarm() & (F.coalesce("sends", F.lit(0)) <= 1)
 
 
-def sends(trails: DataFrame) -> DataFrame:
-    """``sends``: how many ``delivered`` trail lines each delivery has, on any node."""
-    return (trails.filter(F.col("event") == "delivered")
+def sends(ledger: DataFrame) -> DataFrame:
+    """``sends``: how many ``sent`` ledger rows each delivery has, on any node."""
+    return (ledger.filter(F.col("event") == "sent")
             .withColumn("group", F.coalesce("group", F.lit("")))
             .groupBy(*DELIVERY).agg(F.count("*").alias("sends")))
 

@@ -3,7 +3,7 @@
 A *failover* is an entry of ``leaders.jsonl`` naming a leader of a shard other than the last
 leader named before it for that shard, or the same one in a later term after the runner saw
 none (every node restarted and the old leader won again); `find_failovers` finds them and
-when leadership was lost, and blames a fault of that shard; the trails (`leaderships`) say
+when leadership was lost, and blames a fault of that shard; the ledgers (`leaderships`) say
 when the old leader last delivered and when the new one first delivered and caught up;
 `per_fault` sums them up by the fault blamed. The definitions are those of
 `tickwheel.chaos.audit`'s module docstring.
@@ -64,7 +64,7 @@ class Failover:
 
 @dataclass(frozen=True, slots=True)
 class Leadership:
-    """What one node's trails say about one term: when it took over, first delivered, and
+    """What one node's ledgers say about one term: when it took over, first delivered, and
     first delivered a message at most `CAUGHT_UP_MS` late (each None if never)."""
 
     node_name: str
@@ -134,16 +134,18 @@ def _blamed(faults: list[Fault], at_ms: int) -> Fault | None:
                key=lambda fault: fault.started_ms, default=None)
 
 
-def leaderships(trails: DataFrame) -> list[Leadership]:
-    """Per node name and term, the trail figures a failover is measured by."""
-    delivered = F.col("event") == "delivered"
-    caught_up = delivered & (F.col("delivered_at_ms") - F.col("deliver_at_ms") <= CAUGHT_UP_MS)
-    rows = trails.groupBy("node_name", "term").agg(
-        F.min(F.when(F.col("event") == "dispatch_started", F.col("takeover_ms")))
+def leaderships(ledger: DataFrame) -> list[Leadership]:
+    """Per node name and term, the ledger figures a failover is measured by (a send's
+    ``time_ms`` is when it was sent, a dispatch start's when the node took over)."""
+    delivered = F.col("event") == "sent"
+    caught_up = delivered & (F.col("time_ms") - F.col("deliver_at_ms") <= CAUGHT_UP_MS)
+    rows = ledger.filter(F.col("event").isin("sent", "dispatch_started")).groupBy(
+        "node_name", "term").agg(
+        F.min(F.when(F.col("event") == "dispatch_started", F.col("time_ms")))
         .alias("takeover_ms"),
-        F.min(F.when(delivered, F.col("delivered_at_ms"))).alias("first_delivered_at_ms"),
-        F.min(F.when(caught_up, F.col("delivered_at_ms"))).alias("caught_up_at_ms"),
-        F.max(F.when(delivered, F.col("delivered_at_ms"))).alias("last_delivered_at_ms")
+        F.min(F.when(delivered, F.col("time_ms"))).alias("first_delivered_at_ms"),
+        F.min(F.when(caught_up, F.col("time_ms"))).alias("caught_up_at_ms"),
+        F.max(F.when(delivered, F.col("time_ms"))).alias("last_delivered_at_ms")
     ).collect()
     return [Leadership(**row.asDict()) for row in rows]
 
@@ -161,7 +163,7 @@ def _new_leaderships(failover: Failover, leaderships: list[Leadership],
 
 def first_delivered_at_ms(failover: Failover, leaderships: list[Leadership],
                           until_term: int | None = None) -> int | None:
-    """The new leader's first trail delivery in the failover's term or later (before
+    """The new leader's first send in the failover's term or later (before
     ``until_term``)."""
     return min((leadership.first_delivered_at_ms
                 for leadership in _new_leaderships(failover, leaderships, until_term)
@@ -175,7 +177,7 @@ def first_delivery_ms(failover: Failover, leaderships: list[Leadership],
 
 
 def last_delivered_at_ms(failover: Failover, leaderships: list[Leadership]) -> int | None:
-    """The old leader's last trail delivery in the terms of the leadership the failover ends
+    """The old leader's last send in the terms of the leadership the failover ends
     (from ``old_term`` to before the failover's), if it delivered any."""
     low, high = failover.old_term, failover.term
     return max((leadership.last_delivered_at_ms for leadership in leaderships

@@ -1,6 +1,7 @@
 """What a chaos run leaves in its output folder, and how the audit reads it: ``run.json`` (the
-run's window and tolerances, `Run`) and the JSON-lines logs (`Logs`), each read with an explicit
-schema, a malformed line dropped (a process killed mid-write tears its last line).
+run's window and tolerances, `Run`), the JSON-lines logs (`Logs`), each read with an explicit
+schema, a malformed line dropped (a process killed mid-write tears its last line), and the
+nodes' ledgers, their Parquet segments read natively (``spark.read.parquet``).
 """
 
 from __future__ import annotations
@@ -23,17 +24,20 @@ RESCHEDULES_SCHEMA = ("id STRING, handle BIGINT, sent_ms BIGINT, done_ms BIGINT,
 RECEIVED_SCHEMA = ("id STRING, topic STRING, group STRING, deliver_at_ms BIGINT, "
                    "delivered_at_ms BIGINT, received_ms BIGINT, attempt BIGINT, "
                    "possible_duplicate BOOLEAN, node STRING, consumer STRING, acked BOOLEAN")
-TRAIL_SCHEMA = ("event STRING, node STRING, term BIGINT, epoch BIGINT, cursor ARRAY<BIGINT>, "
-                  "takeover_ms BIGINT, id STRING, topic STRING, group STRING, handle BIGINT, "
-                  "deliver_at_ms BIGINT, delivered_at_ms BIGINT, position ARRAY<BIGINT>, "
-                  "possible_duplicate BOOLEAN, attempt BIGINT")
-"""``node`` is the Raft address; the audit names nodes by the trail's file name instead."""
+LEDGER_SCHEMA = ("event STRING, node STRING, node_ms BIGINT, time_ms BIGINT, term BIGINT, "
+                 "epoch BIGINT, handle BIGINT, new_handle BIGINT, id STRING, topic STRING, "
+                 "group STRING, consumer STRING, lease BIGINT, possible_duplicate BOOLEAN, "
+                 "attempt BIGINT, deliver_at_ms BIGINT, old_deliver_at_ms BIGINT, "
+                 "deadline_ms BIGINT, slot_second BIGINT, local_index BIGINT")
+"""The ledger's columns (`tickwheel.node.ledger.schema`, docs/node.md); ``node`` is the Raft
+address (behind a chaos proxy: the proxy's), so the audit names nodes by their folder."""
 LEADERS_SCHEMA = "at_ms BIGINT, leader STRING, term BIGINT, shard BIGINT"
 FAULTS_SCHEMA = ("fault STRING, node STRING, shard BIGINT, started_ms BIGINT, ended_ms BIGINT, "
                  "detail STRING")
 """``shard`` is null in the logs of runs before shards: shard 0, the only one."""
-TRAIL_NAME = r"([^/]+)\.\d+\.jsonl$"
-"""``trails/<node name>.<generation>.jsonl``: group 1 is the node's name."""
+LEDGER_NAME = r"([^/]+)\.\d+/ledger-[^/]+\.parquet$"
+"""``ledger/<node name>.<generation>/ledger-<node>-<sequence>.parquet``: group 1 is the node's
+name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +85,7 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Logs:
-    """One run's logs as DataFrames (trails gain ``node_name``, from the file name;
+    """One run's logs as DataFrames (the ledger's rows gain ``node_name``, from their folder;
     receipts without a group are the default group's)."""
 
     run: Run
@@ -89,7 +93,7 @@ class Logs:
     cancels: DataFrame
     reschedules: DataFrame
     received: DataFrame
-    trails: DataFrame
+    ledger: DataFrame
     leaders: DataFrame
     faults: DataFrame
 
@@ -126,7 +130,9 @@ def _burst(raw: dict[str, Any] | None) -> BurstPlan | None:
 
 def load_logs(spark: SparkSession, out_dir: Path, run: Run) -> Logs:
     """The logs under ``out_dir`` as DataFrames with explicit schemas."""
-    trails = _read_jsonl(spark, sorted((out_dir / "trails").glob("*.jsonl")), TRAIL_SCHEMA)
+    segments = [str(path) for path in sorted((out_dir / "ledger").glob("*/ledger-*.parquet"))]
+    ledger = (spark.read.schema(LEDGER_SCHEMA).parquet(*segments) if segments
+              else spark.createDataFrame(spark.sparkContext.emptyRDD(), LEDGER_SCHEMA))
     return Logs(
         run=run,
         scheduled=_read_jsonl(spark, [out_dir / "scheduled.jsonl"], SCHEDULED_SCHEMA),
@@ -134,8 +140,8 @@ def load_logs(spark: SparkSession, out_dir: Path, run: Run) -> Logs:
         reschedules=_read_jsonl(spark, [out_dir / "reschedules.jsonl"], RESCHEDULES_SCHEMA),
         received=_read_jsonl(spark, [out_dir / "received.jsonl"], RECEIVED_SCHEMA)
         .withColumn("group", F.coalesce("group", F.lit(""))),
-        trails=trails.withColumn(
-            "node_name", F.regexp_extract(F.input_file_name(), TRAIL_NAME, 1)),
+        ledger=ledger.withColumn(
+            "node_name", F.regexp_extract(F.input_file_name(), LEDGER_NAME, 1)),
         leaders=_read_jsonl(spark, [out_dir / "leaders.jsonl"], LEADERS_SCHEMA),
         faults=_read_jsonl(spark, [out_dir / "faults.jsonl"], FAULTS_SCHEMA))
 

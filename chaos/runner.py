@@ -69,9 +69,13 @@ slew and 1 for a floor to the millisecond on either side."""
 BURST_SCHEDULING_MAX_S = 120
 """How long production's end waits for a burst's scheduling to end (it is meant to end before
 the burst is due, well within the run)."""
-CHAOS_TRAIL_MAX_BYTES = 2 << 30
-"""The nodes' ``trail_max_bytes``: the audit reads every delivery of a run, so no trail
-may rotate within one (a 10-minute run writes ~100 MiB on the busiest node)."""
+CHAOS_LEDGER_MAX_BYTES = 2 << 30
+"""The nodes' ``ledger_max_bytes``: the audit reads every send of a run, so no segment may be
+deleted within one (a 10-minute run writes a few tens of MiB on the busiest node)."""
+CHAOS_LEDGER_SEGMENT_AGE_MS = 500
+"""The nodes' ``ledger_segment_age_ms``: a leader killed loses at most its last half second
+of sends from the audit's evidence (its open segment), and a 10-minute run leaves ~1,200
+segments a node for Spark to read."""
 
 
 @dataclass(frozen=True)
@@ -254,10 +258,11 @@ def run(config: RunConfig, console: Console | None = None) -> RunRecord:
     started_ms = now_ms()
     try:
         disk_size = DISK_SIZE if "disk-full" in config.nemesis.faults else None
-        node_args = ("--trail-max-bytes", str(CHAOS_TRAIL_MAX_BYTES)) + (
+        node_args = ("--ledger-max-bytes", str(CHAOS_LEDGER_MAX_BYTES),
+                     "--ledger-segment-age-ms", str(CHAOS_LEDGER_SEGMENT_AGE_MS)) + (
             () if config.snapshot_min_entries is None
             else ("--snapshot-min-entries", str(config.snapshot_min_entries)))
-        with ChaosCluster(out / "cluster", config.nodes, out / "trails", node_args,
+        with ChaosCluster(out / "cluster", config.nodes, out / "ledger", node_args,
                           disk_size=disk_size, power_cuts="power-cut" in config.nemesis.faults,
                           shards=config.shards) as cluster:
             ended_ms, drained_due_ms, summary, burst = _scenario(config, cluster, logs,

@@ -85,7 +85,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
     data.mkdir(parents=True, exist_ok=True)
     cluster = LocalCluster(data, args.nodes, base_port=args.base_port, metrics=True,
                            insecure_grpc=args.insecure_grpc, rocketmq=args.rocketmq,
-                           shards=args.shards)
+                           shards=args.shards, ledger_segment_age_ms=None)
     control = ControlServer(data / CONTROL_SOCKET)
     state = ClusterState(os.getpid(), str(control.path), args.nodes, args.shards,
                          args.base_port)

@@ -13,7 +13,6 @@ authenticated callers, with certificates and tokens made in ``ROOT/security``
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -23,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import grpc
 
@@ -33,13 +32,13 @@ from tickwheel.harness.ports import free_ports
 from tickwheel.node import (
     ADMIN_GRANTS,
     CLOCK_OFFSET_FILE,
-    Delivered,
+    LEDGER_FOLDER,
     DevCredentials,
     Grants,
-    TrailEvent,
+    ledger_segments,
     make_dev_credentials,
+    read_ledger_rows,
     rocketmq_secret_key,
-    trail_files,
     write_clock_offset,
 )
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -81,6 +80,10 @@ served: 5 s for a node that took 9 s to start on a loaded machine, and `LocalClu
 timed out with a leader elected."""
 
 
+LEDGER_SEGMENT_AGE_MS = 250
+"""The nodes' ``--ledger-segment-age-ms`` unless told otherwise: a test reads what a running
+node sent (`LocalNode.ledger`) within a quarter of a second, and a node killed loses at most
+that much of its ledger."""
 STARTING_S = 60.0
 """How long `LocalCluster.leader` gives nodes to answer at all before its own wait begins: a
 node starts in two seconds here, and took ten on a machine loaded by parallel test workers and
@@ -110,6 +113,8 @@ class LocalNode:
     shard: int = 0
     """The shard whose Raft group it is a member of."""
     _channel: grpc.Channel | None = field(default=None, repr=False)
+    _ledger_rows: dict[tuple[Path, int], list[dict[str, Any]]] = field(default_factory=dict,
+                                                                      repr=False)
 
     @property
     def stub(self) -> pb_grpc.TickwheelStub:
@@ -134,11 +139,17 @@ class LocalNode:
         except grpc.RpcError:
             return None
 
-    def trail(self) -> list[TrailEvent]:
-        """The events of this node's delivery trail, its rotated file's first."""
-        lines = [line for path in trail_files(self.data)
-                 for line in path.read_text().splitlines()]
-        return [json.loads(line) for line in lines if line.endswith("}")]
+    def ledger(self, event: str | None = None) -> list[dict[str, Any]]:
+        """The rows of this node's closed ledger segments (of one ``event``, if given), oldest
+        first: a running node's last ``--ledger-segment-age-ms`` are not in them yet. A
+        segment is read once (closed, it never changes)."""
+        rows = []
+        for path in ledger_segments(self.data / LEDGER_FOLDER):
+            key = (path, path.stat().st_ino)  # a wiped node's numbers begin again
+            if key not in self._ledger_rows:
+                self._ledger_rows[key] = read_ledger_rows(path)
+            rows += self._ledger_rows[key]
+        return rows if event is None else [row for row in rows if row["event"] == event]
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -186,7 +197,8 @@ class LocalCluster:
                  insecure_raft: bool = False, insecure_grpc: bool = False,
                  principals: dict[str, Grants] | None = None,
                  client_certificates: bool = False, power_cuts: bool = False,
-                 rocketmq: bool = False, shards: int = 1) -> None:
+                 rocketmq: bool = False, shards: int = 1,
+                 ledger_segment_age_ms: int | None = LEDGER_SEGMENT_AGE_MS) -> None:
         self.size = size
         self._base_port = base_port
         self._metrics = metrics
@@ -204,7 +216,9 @@ class LocalCluster:
             self.grpc_args = self.security.node_flags(client_certificates)
         self.raft_args: tuple[str, ...] = (("--insecure-raft",) if insecure_raft
                           else ("--raft-secret-file", str(ensure_secret(root / "raft.secret"))))
-        self.extra_args = tuple(extra_args)
+        ledger_args = (() if ledger_segment_age_ms is None
+                       else ("--ledger-segment-age-ms", str(ledger_segment_age_ms)))
+        self.extra_args = (*ledger_args, *extra_args)
         """Flags for every node besides the addresses and ``raft_args`` and ``grpc_args``
         (how Raft links and gRPC are secured)."""
         self.map_version = 1
@@ -431,9 +445,9 @@ class LocalCluster:
                 if time.monotonic() > deadline:
                     raise
 
-    def deliveries(self) -> list[Delivered]:
-        return [event for node in self.nodes for event in node.trail()
-                if event["event"] == "delivered"]
+    def deliveries(self) -> list[dict[str, Any]]:
+        """Every node's ``sent`` ledger rows."""
+        return [row for node in self.nodes for row in node.ledger("sent")]
 
 
 def _check_running(nodes: list[LocalNode]) -> None:

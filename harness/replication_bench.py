@@ -100,8 +100,7 @@ def failover(cluster: LocalCluster, kills: int) -> list[float]:
         cluster.schedule([pb.Message(id=f"fo{kill}-{i}", topic="bench", body=BODY,
                                      deliver_at_ms=first_due + 10 * i) for i in range(1_000)])
         def delivered(leader: LocalNode = leader, prefix: str = f"fo{kill}-") -> bool:
-            return any(e["event"] == "delivered" and e["id"].startswith(prefix)
-                       for e in leader.trail())
+            return any(row["id"].startswith(prefix) for row in leader.ledger("sent"))
         wait_for(delivered, 10, "the leader to deliver")
         killed_ms = now_ms()
         cluster.signal(leader, signal.SIGKILL)
@@ -109,8 +108,8 @@ def failover(cluster: LocalCluster, kills: int) -> list[float]:
 
         def first_delivery(survivors: list[LocalNode] = survivors,
                            killed_ms: int = killed_ms) -> int | None:
-            stamps = [e["delivered_at_ms"] for n in survivors for e in n.trail()
-                      if e["event"] == "delivered" and e["delivered_at_ms"] >= killed_ms]
+            stamps = [row["time_ms"] for n in survivors for row in n.ledger("sent")
+                      if row["time_ms"] >= killed_ms]
             return min(stamps) if stamps else None
         times.append((wait_for(first_delivery, 30, "a delivery after the kill") - killed_ms)
                      / 1000)

@@ -7,7 +7,8 @@ each importing only the rooms below it (pyproject.toml's contracts)::
     listeners     the gRPC servers bound to their ports (client, peer, RocketMQ, health)
     rocketmq/     RocketMQ 5's client protocol, served through the API
     api/          the gRPC API: calls, forwarding, admission, validation
-    delivery/     the Courier, consumers' streams, receipts, retries, the delivery trail
+    delivery/     the Courier, consumers' streams, receipts, retries
+    ledger/       the ledger: the committed lifecycle and this node's sends, in Parquet
     ops/ security/ peers   metrics, disk, memory; who calls and with what grants;
                   state files read from peers (the lowest, independent of each other)
 
@@ -16,8 +17,9 @@ here, never a module inside; `tests/test_layout.py` checks it):
 
 - `main` and `console`: the node's commands, and the terminal they print to, which
   `tickwheel.cli` extends with ``cluster up`` and prints to alike;
-- `trail_files`: the files of a node's delivery trail, oldest first, which the harness reads
-  and the chaos runner collects for the audit; `TrailEvent` and `Delivered`: their lines;
+- `LEDGER_FOLDER`, `ledger_segments` and `read_ledger_rows`: where a node keeps its ledger,
+  its closed segments oldest first (which the chaos runner collects for the audit), and
+  their rows (which the harness reads);
 - `DEFAULT_RESERVE_BYTES` and `free_bytes`: the disk reserve a node keeps and how it measures
   free space, so that the chaos runner's full disk is full as the node sees it;
 - `make_dev_credentials`, `DevCredentials`, `Grants`, `ADMIN_GRANTS`: the development
@@ -38,8 +40,9 @@ loads none of it, since ``tickwheel serve`` imports the server when it runs
 
 from tickwheel.node.cli.commands import main
 from tickwheel.node.cli.terminal import console
-from tickwheel.node.delivery.trail import Delivered, TrailEvent
-from tickwheel.node.delivery.trail import files as trail_files
+from tickwheel.node.ledger import LEDGER_FOLDER
+from tickwheel.node.ledger import read_rows as read_ledger_rows
+from tickwheel.node.ledger import segments as ledger_segments
 from tickwheel.node.ops.clock_step import CLOCK_OFFSET_FILE, write_clock_offset
 from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES, free_bytes
 from tickwheel.node.rocketmq.signature import secret_key as rocketmq_secret_key
@@ -51,15 +54,15 @@ __all__ = [
     "ADMIN_GRANTS",
     "CLOCK_OFFSET_FILE",
     "DEFAULT_RESERVE_BYTES",
-    "Delivered",
+    "LEDGER_FOLDER",
     "DevCredentials",
     "Grants",
-    "TrailEvent",
     "console",
     "free_bytes",
+    "ledger_segments",
     "main",
     "make_dev_credentials",
+    "read_ledger_rows",
     "rocketmq_secret_key",
-    "trail_files",
     "write_clock_offset",
 ]

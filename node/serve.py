@@ -1,7 +1,7 @@
 """``tickwheel serve``: one node of a cluster, until SIGTERM or SIGINT.
 
 Wires the parts together: the `Replica` (Raft and the wheel, on its own thread), the consumer
-`Courier` and the gRPC server (on the asyncio loop), the delivery trail, metrics, and a
+`Courier` and the gRPC server (on the asyncio loop), the ledger (on its own thread), metrics, and a
 housekeeping task that keeps health, gauges and the leader-change log current.
 """
 
@@ -29,7 +29,9 @@ from tickwheel.node.api.placement import LiveShardMap
 from tickwheel.node.api.server import SERVICE_NAME
 from tickwheel.node.api.unary import UnaryConsumers
 from tickwheel.node.delivery.courier import Courier, CourierConfig
-from tickwheel.node.delivery.trail import TRAIL_FILE, DeliveryTrail
+from tickwheel.node.ledger import LEDGER_FOLDER
+from tickwheel.node.ledger.metrics import LedgerMetrics
+from tickwheel.node.ledger.writer import Ledger
 from tickwheel.node.listeners import Listeners, start_server
 from tickwheel.node.ops.allocator import Allocator, give_back_released
 from tickwheel.node.ops.clock_step import ClockStep
@@ -75,8 +77,7 @@ async def serve(settings: NodeSettings) -> None:
     members = settings.member_map()
     own_clock = SystemClock(settings.clock_skew_ms)
     metrics = Metrics(settings.max_topic_labels, settings.shard)
-    trail = DeliveryTrail(settings.data / TRAIL_FILE, settings.raft_address,
-                          settings.trail_max_bytes)
+    ledger = _start_ledger(settings, own_clock, metrics)
     retry = settings.retry_policy()
 
     def cluster_ms() -> int:
@@ -84,7 +85,7 @@ async def serve(settings: NodeSettings) -> None:
         courier as its sink."""
         return replica.clock.now_ms()
     courier = Courier(CourierConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms),
-                      retry, cluster_ms, trail, metrics)
+                      retry, cluster_ms, ledger, metrics)
     access = settings.access()
     peer_callers = PeerCallers(settings.raft_secrets(), access)
     secure = not settings.insecure_grpc
@@ -96,7 +97,7 @@ async def serve(settings: NodeSettings) -> None:
     peers = [address for address in members if address != settings.raft_address]
     replica = Replica(settings.raft_address, peers, settings.data, courier, fetch=fetch,
                       copies=fetch.copies, fetch_many=fetch.many, clock=own_clock,
-                      config=settings.replica_config())
+                      config=settings.replica_config(), ledger=ledger)
     courier.attach(replica)
     forwarder = Forwarder(peer_credentials)
     disk = DiskWatch(settings.raft_address, settings.data, settings.min_free_bytes)
@@ -158,8 +159,24 @@ async def serve(settings: NodeSettings) -> None:
     courier.close()
     await node.forwarder.close()
     await asyncio.to_thread(replica.stop)
-    trail.close()
+    _close_ledger(ledger)
     fetch.close()
+
+
+def _start_ledger(settings: NodeSettings, clock: SystemClock, metrics: Metrics) -> Ledger | None:
+    """The node's ledger, its writer started (None with ``--no-ledger``)."""
+    if not settings.ledger:
+        return None
+    ledger = Ledger(settings.data / LEDGER_FOLDER, settings.raft_address,
+                    settings.ledger_config(), clock.now_ms, LedgerMetrics(metrics.registry))
+    ledger.start()
+    return ledger
+
+
+def _close_ledger(ledger: Ledger | None) -> None:
+    """Write what the ledger holds and close its segment (after the replica stopped)."""
+    if ledger is not None:
+        ledger.close()
 
 
 def _listeners(settings: NodeSettings) -> Listeners:

@@ -6,7 +6,8 @@ settings and status (its Raft thread's steps too, `StepSummary`); what its calls
 `Delivery` and `Expired` for the hand-out it makes); the cluster's time it reads
 (`ClusterClock`, `MemberOffset`); lease receipts (`LeaseRef`,
 `encode_receipt`, `encode_receipts`, `decode_receipt`); the shard map a command set
-(`ShardMapRecord`); consumer groups (`Groups`, read-only
+(`ShardMapRecord`); the rows it tells a ledger (`LedgerRows`, `LedgerSink`,
+`record_columns`); consumer groups (`Groups`, read-only
 above), their names and kinds; the handle cipher. The Raft port has its own face,
 `tickwheel.replication.raft`. Nothing outside this package imports its other modules
 (tests/test_layout.py checks it).
@@ -26,6 +27,7 @@ from tickwheel.replication.handout import (
     encode_receipt,
     encode_receipts,
 )
+from tickwheel.replication.ledger import LedgerRows, LedgerSink, record_columns
 from tickwheel.replication.outcomes import Accepted, MoveOutcome, Rejected, Retried
 from tickwheel.replication.raft import StepSummary
 from tickwheel.replication.replica import Replica
@@ -48,6 +50,8 @@ __all__ = [
     "Groups",
     "HandleCipher",
     "LeaseRef",
+    "LedgerRows",
+    "LedgerSink",
     "MemberOffset",
     "MoveOutcome",
     "Rejected",
@@ -61,4 +65,5 @@ __all__ = [
     "decode_receipt",
     "encode_receipt",
     "encode_receipts",
+    "record_columns",
 ]

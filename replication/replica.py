@@ -14,7 +14,7 @@ One thread (``tickwheel-raft``) owns everything stateful. Each turn of its loop:
 5. sleeps in the poller until a socket, a request, an ack, or the next due time.
 
 Other threads talk to it only through thread-safe queues (`schedule`, `retry`, `cancel`,
-`join`, `credit`, `ack` ...) and a pipe that wakes the poller, and read `status`.
+`join`, `credit`, `ack` ...) and a pipe that wakes the poller; they read `status`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from tickwheel.replication.groups import Groups
 from tickwheel.replication.handle_cipher import HandleCipher
 from tickwheel.replication.handout import ConsumerSlot
 from tickwheel.replication.leadership import Leadership
+from tickwheel.replication.ledger import LedgerSink
 from tickwheel.replication.proposals import Applied, Proposals
 from tickwheel.replication.raft import DISK_FULL, RaftNode, RaftPort
 from tickwheel.replication.requests import Requests
@@ -54,7 +55,7 @@ from tickwheel.replication.snapshots import (
 from tickwheel.replication.state import StateMachine
 from tickwheel.replication.state_files import ShardMapRecord
 from tickwheel.replication.status import ReplicaStatus
-from tickwheel.wheel import NewMessage
+from tickwheel.wheel import DueHistogram, NewMessage
 
 log = logging.getLogger("tickwheel.replication")
 
@@ -74,7 +75,7 @@ class Replica:
                  sink: DeliverySink, *, fetch: PeerFetch, copies: PeerCopies | None = None,
                  fetch_many: PeerFetchMany | None = None, clock: Clock | None = None,
                  config: ReplicaConfig | None = None, raft: RaftFactory = RaftNode,
-                 die: Die = die) -> None:
+                 die: Die = die, ledger: LedgerSink | None = None) -> None:
         self.address = address
         self._die = die
         self._peers = tuple(peers)
@@ -86,7 +87,7 @@ class Replica:
                                lambda: self._leadership.term is not None, fetch_many)
         self._state = StateMachine.open(self._data_dir / "state", self._config.state,
                                         fresh=fresh, copies=None if copies is None else partial(
-                                            peer_files.copies, copies))
+                                            peer_files.copies, copies), ledger=ledger)
         self._snapshots = Snapshots(address, self._data_dir, self._state, peer_files,
                                     self._config.raft, local, die)
         self._raft = raft(address, list(peers), self._data_dir / "raft", self._config.raft,
@@ -142,17 +143,15 @@ class Replica:
 
     def schedule(self, messages: Sequence[NewMessage], map_version: int = 0) -> Applied:
         """Queue ``messages`` for the next entry; the future gets one `Accepted` or `Rejected`
-        per message, in order. ``map_version``: the shard map they were placed by; the future
-        fails with `MapChanged` if a newer one was proposed before they were. Raises
-        `NotLeader` on a follower, `Overloaded` when full."""
+        per message, in order, or fails with `MapChanged` if a shard map newer than
+        ``map_version`` (theirs) was proposed first. `NotLeader` on a follower, `Overloaded`."""
         self._require_leader()
         self._state.wheel.check_delays([m.deliver_at_ms for m in messages], self._clock.now_ms())
         return self._requests.schedules.submit([commands.encoded_message(m) for m in messages],
                                                map_version)
 
     def change_shard_map(self, version: int, body: bytes) -> Applied:
-        """Propose shard map ``version`` (described by ``body``): the future gets the version
-        in force once it applied (the given one, or a newer one already there)."""
+        """Propose shard map ``version`` (``body``); the future gets the one in force then."""
         self._require_leader()
         return self._requests.map_op(version, body)
 
@@ -167,12 +166,15 @@ class Replica:
         return self._state.shard_map
 
     def remembered(self, ids: Sequence[str]) -> dict[int, tuple[int, int]]:
-        """Which of ``ids`` this shard remembers scheduling (the dedupe window), by their
-        index in ``ids``: ``(handle, deliver_at_ms)``. Safe on any thread: it reads the window's
-        buckets one key at a time, and a remembered id stays until its bucket is forgotten."""
+        """Which of ``ids`` this shard remembers scheduling (by index): ``(handle, due_ms)``.
+        Any thread: it reads the dedupe window one key at a time (a key stays till its bucket)."""
         keys = [commands.dedupe_key(message_id) for message_id in ids]
         found = self._state.dedupe.remembered_any(keys)
         return {index: found[key] for index, key in enumerate(keys) if key in found}
+
+    def due_histogram(self, start_second: int, bucket_s: int, buckets: int) -> DueHistogram:
+        """`Wheel.due_histogram` of this replica's wheel (any thread: it reads counts)."""
+        return self._state.wheel.due_histogram(start_second, bucket_s, buckets)
 
     def retry(self, retries: Sequence[tuple[LeaseRef, NewMessage]]) -> Applied:
         """For each ``(lease, copy)``: resolve the leased message and file ``copy`` (same id,
@@ -240,8 +242,7 @@ class Replica:
         return self._group_op(True, topic, name)
 
     def delete_group(self, topic: str, name: str) -> Applied:
-        """Delete a consumer group and everything waiting in it; the future gets whether it
-        existed."""
+        """Delete a consumer group and all that waits in it; the future gets if it existed."""
         return self._group_op(False, topic, name)
 
     def join(self, slot: ConsumerSlot) -> None:

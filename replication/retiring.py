@@ -19,6 +19,7 @@ from tickwheel.common.errors import (
     invariant,
 )
 from tickwheel.replication import commands
+from tickwheel.replication.ledger import LedgerRows
 from tickwheel.replication.outcomes import Moved, MoveOutcome, Rejected
 from tickwheel.replication.stores import Stores
 from tickwheel.wheel import CancelResult, Cursor, DueMessage
@@ -35,7 +36,7 @@ class Retiring:
         self._s = stores
         self._max_moved_msgs = max_moved_msgs
 
-    def apply_cancel(self, command: bytes) -> list[CancelResult] | list[Rejected]:
+    def apply_cancel(self, command: bytes, stamp_ms: int) -> list[CancelResult] | list[Rejected]:
         """Cancel each handle, in log order with the handouts: a message that no group ever
         leased is ``CANCELLED`` and never will be; one that some group leased is
         ``HANDED_OUT`` (the groups that did not lease it never will). A request naming an
@@ -46,7 +47,17 @@ class Retiring:
             if isinstance(found, Rejected):
                 return [found]
             located.append(found)
-        return [self._cancel_one(found) for found in located]
+        results = [self._cancel_one(found) for found in located]
+        if self._s.ledger is not None:
+            cancelled = [found[0] for found, result in zip(located, results, strict=True)
+                         if found is not None and result is CancelResult.CANCELLED]
+            if cancelled:
+                self._s.ledger.add(LedgerRows("cancelled", stamp_ms, {
+                    "handle": [message.handle for message in cancelled],
+                    "id": [message.id for message in cancelled],
+                    "topic": [message.topic for message in cancelled],
+                    "deliver_at_ms": [message.deliver_at_ms for message in cancelled]}))
+        return results
 
     def refused_topic(self, handles: Sequence[int], field: str,
                       may: Callable[[str], bool]) -> Rejected | None:
@@ -122,11 +133,22 @@ class Retiring:
             return [Rejected(Overloaded(
                 f"max_moved_msgs: {len(self._s.moves)} rescheduled messages are remembered, at "
                 f"most {self._max_moved_msgs}; retry once some are due"))]
-        return [self._move_one(handle, deliver_at_ms, found, stamp_ms)
-                for (handle, deliver_at_ms), found in zip(moves, located, strict=True)]
+        filed: list[tuple[DueMessage, int, int]] = []
+        results = [self._move_one(handle, deliver_at_ms, found, stamp_ms, filed)
+                   for (handle, deliver_at_ms), found in zip(moves, located, strict=True)]
+        if self._s.ledger is not None and filed:
+            self._s.ledger.add(LedgerRows("rescheduled", stamp_ms, {
+                "handle": [message.handle for message, _, _ in filed],
+                "id": [message.id for message, _, _ in filed],
+                "topic": [message.topic for message, _, _ in filed],
+                "old_deliver_at_ms": [message.deliver_at_ms for message, _, _ in filed],
+                "new_handle": [copy for _, copy, _ in filed],
+                "deliver_at_ms": [due_ms for _, _, due_ms in filed]}))
+        return results
 
     def _move_one(self, handle: int, deliver_at_ms: int,
-                  found: tuple[DueMessage, bool] | None, stamp_ms: int) -> Moved:
+                  found: tuple[DueMessage, bool] | None, stamp_ms: int,
+                  filed: list[tuple[DueMessage, int, int]]) -> Moved:
         if found is None:
             return Moved(MoveOutcome.NOT_PENDING, 0)
         message, tombstoned = found
@@ -155,6 +177,7 @@ class Retiring:
         self._s.pending.add(tags)
         (copy,) = self._s.wheel.schedule_records([record], [deliver_at_ms], stamp_ms, tags)
         self._s.moves[handle] = copy
+        filed.append((message, copy, deliver_at_ms))
         return Moved(MoveOutcome.RESCHEDULED, deliver_at_ms)
 
     def _long_passed(self, handle: int) -> bool:

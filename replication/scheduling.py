@@ -15,6 +15,8 @@ from typing import TypeVar
 
 from tickwheel.common.errors import CorruptSegment, InvariantViolation, UnknownHandle, invariant
 from tickwheel.replication import commands
+from tickwheel.replication.commands import LeaseRef
+from tickwheel.replication.ledger import LedgerRows
 from tickwheel.replication.outcomes import Accepted, Rejected, Retried
 from tickwheel.replication.stores import Stores
 from tickwheel.wheel import CancelResult
@@ -93,6 +95,9 @@ class Scheduling:
         handles = self._s.wheel.schedule_records(records, due_ms, stamp_ms, tags)
         self._s.pending.add(tags)
         self._s.dedupe.add_many(keys, handles, due_ms, stamp_ms)
+        if self._s.ledger is not None and handles:
+            self._s.ledger.add(LedgerRows("scheduled", stamp_ms,
+                                          {"handle": handles, "deliver_at_ms": due_ms}, records))
         return handles
 
     def apply_reschedule(self, command: bytes, stamp_ms: int) -> list[Retried | Rejected]:
@@ -151,10 +156,28 @@ class Scheduling:
         """Resolve each leased message and file its retry copy, together: a replica that
         applied this holds the copy, one that did not still holds the lease. The receipt is
         the idempotence key: a lease retried once (or acked) is not copied again."""
+        retired: list[tuple[LeaseRef, str | None, bytes]] = []
+        groups = self._s.groups
+
         def retire(retry: commands.LeasedRetry) -> Retried | None:
-            return None if self._s.groups.resolve(retry.lease) else Retried(None,
-                                                                         retry.deliver_at_ms)
-        return self._file_copies(commands.read_retry(command), retire, stamp_ms)
+            group = groups.by_id(retry.lease.group_id)  # before it may go away with the lease
+            if not groups.resolve(retry.lease):
+                return Retried(None, retry.deliver_at_ms)
+            if self._s.ledger is not None:
+                retired.append((retry.lease, None if group is None else group.name,
+                                retry.record))
+            return None
+        results = self._file_copies(commands.read_retry(command), retire, stamp_ms)
+        if self._s.ledger is not None and retired:
+            filed = [r for r in results if isinstance(r, Retried) and r.handle is not None]
+            self._s.ledger.add(LedgerRows("nacked", max(stamp_ms, self._s.wheel.stamp_ms), {
+                "handle": [lease.handle for lease, _, _ in retired],
+                "group": [group for _, group, _ in retired],
+                "lease": [lease.seq for lease, _, _ in retired],
+                "new_handle": [r.handle for r in filed],
+                "deliver_at_ms": [r.deliver_at_ms for r in filed]},
+                [record for _, _, record in retired]))
+        return results
 
 
 def _filled(result: Accepted | Rejected | bytes | None,

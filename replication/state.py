@@ -24,6 +24,7 @@ from tickwheel.replication import commands
 from tickwheel.replication.commands import Kind, LeaseOp
 from tickwheel.replication.dedupe import DedupeWindow
 from tickwheel.replication.groups import Groups
+from tickwheel.replication.ledger import LedgerRows, LedgerSink
 from tickwheel.replication.outcomes import Rejected
 from tickwheel.replication.pending import PendingCounts
 from tickwheel.replication.retiring import Retiring
@@ -45,6 +46,9 @@ from tickwheel.wheel.mending import CopySource, MendCounts
 from tickwheel.wheel.types import WheelConfig
 
 log = logging.getLogger("tickwheel.replication.state")
+
+_LEASE_EVENTS = {LeaseOp.ACK: "acked", LeaseOp.RELEASE: "released", LeaseOp.RETURN: "returned"}
+"""The ledger's event of each lease operation that ends a lease (an extension ends none)."""
 
 
 
@@ -73,7 +77,8 @@ class StateConfig:
 class StateMachine:
     """The state machine. Open with `StateMachine.open`; `apply` commands; `close` at the end."""
 
-    def __init__(self, root: Path, config: StateConfig, copies: CopySource | None = None) -> None:
+    def __init__(self, root: Path, config: StateConfig, copies: CopySource | None = None,
+                 ledger: LedgerSink | None = None) -> None:
         self._root = root
         self._config = config
         self._copies = copies
@@ -82,7 +87,7 @@ class StateMachine:
         wheel, dedupe = self._open_files()
         self._s = Stores(wheel, dedupe, PendingCounts(config.max_tracked_topics),
                          Groups(config.max_ready_msgs, config.max_groups),
-                         config.wheel.max_delay_ms)
+                         config.wheel.max_delay_ms, ledger=ledger)
         self._scheduling = Scheduling(self._s)
         self._retiring = Retiring(self._s, config.max_moved_msgs)
         self._last_manifest: Manifest | None = None
@@ -91,16 +96,18 @@ class StateMachine:
 
     @classmethod
     def open(cls, root: Path, config: StateConfig, *, fresh: bool,
-             copies: CopySource | None = None) -> StateMachine:
+             copies: CopySource | None = None, ledger: LedgerSink | None = None
+             ) -> StateMachine:
         """Open the state under ``root``. ``fresh``: no snapshot exists, so the Raft journal
         will replay from its first entry, and whatever files are here must go first.
         ``copies``: other replicas' copies of the state files (paths relative to ``root``), where
-        a damaged record, index unit or tombstone of the wheel is mended from."""
+        a damaged record, index unit or tombstone of the wheel is mended from. ``ledger``: told
+        what each command changed (`tickwheel.replication.ledger`)."""
         if fresh and root.exists():
             log.info("event=state_reset root=%s reason=no_snapshot", root)
             shutil.rmtree(root)
         root.mkdir(parents=True, exist_ok=True)
-        return cls(root, config, copies)
+        return cls(root, config, copies, ledger)
 
     @property
     def wheel(self) -> Wheel:
@@ -161,11 +168,11 @@ class StateMachine:
         if kind is Kind.HANDOUT:
             return self._apply_handout(command, stamp_ms)
         if kind is Kind.LEASES:
-            return self._apply_leases(command)
+            return self._apply_leases(command, stamp_ms)
         if kind is Kind.RETRY:
             return self._scheduling.apply_retry(command, stamp_ms)
         if kind is Kind.CANCEL:
-            return self._retiring.apply_cancel(command)
+            return self._retiring.apply_cancel(command, stamp_ms)
         if kind is Kind.MOVE:
             return self._retiring.apply_move(command, stamp_ms)
         if kind is Kind.GROUP:
@@ -215,20 +222,43 @@ class StateMachine:
                      for handle, second, local_index, topic, target in ready
                      if handle not in cancelled and mark_readied(second, local_index)]
             self._s.groups.ready_many(fresh, stamp_ms)
-        return self._s.groups.grant_many(grants, strings)
+        seqs = self._s.groups.grant_many(grants, strings)
+        if self._s.ledger is not None and grants:
+            granted = [(grant, seq) for grant, seq in zip(grants, seqs, strict=True) if seq]
+            self._s.ledger.add(LedgerRows("leased", stamp_ms, {
+                "handle": [grant[0] for grant, _ in granted],
+                "topic": [strings[grant[1]] for grant, _ in granted],
+                "group": [strings[grant[2]] for grant, _ in granted],
+                "lease": [seq for _, seq in granted],
+                "deadline_ms": [grant[4] for grant, _ in granted],
+                "possible_duplicate": [seq > 1 for _, seq in granted]}))
+        return seqs
 
-    def _apply_leases(self, command: bytes) -> list[bool]:
+    def _apply_leases(self, command: bytes, stamp_ms: int) -> list[bool]:
         """Acks, releases or new deadlines, each of a genuine current receipt (else False and
         nothing changes)."""
         op, refs = commands.read_leases(command)
         groups = self.groups
+        if op is LeaseOp.EXTEND:
+            return [groups.extend(ref, deadline_ms) for ref, deadline_ms in refs]
+        # named before the acks: a default group that holds nothing more goes away
+        names = ({group_id: groups.by_id(group_id) for group_id in {ref[0] for ref, _ in refs}}
+                 if self._s.ledger is not None else {})
         if op is LeaseOp.ACK:
-            return groups.resolve_many([ref for ref, _ in refs])
-        if op is LeaseOp.RELEASE:
-            return [groups.release(ref) for ref, _ in refs]
-        if op is LeaseOp.RETURN:
-            return [groups.give_back(ref) for ref, _ in refs]
-        return [groups.extend(ref, deadline_ms) for ref, deadline_ms in refs]
+            done = groups.resolve_many([ref for ref, _ in refs])
+        elif op is LeaseOp.RELEASE:
+            done = [groups.release(ref) for ref, _ in refs]
+        else:
+            done = [groups.give_back(ref) for ref, _ in refs]
+        if self._s.ledger is not None and any(done):
+            changed = [ref for (ref, _), ok in zip(refs, done, strict=True) if ok]
+            found = [names.get(ref.group_id) for ref in changed]
+            self._s.ledger.add(LedgerRows(_LEASE_EVENTS[op], stamp_ms, {
+                "handle": [ref.handle for ref in changed],
+                "topic": [None if group is None else group.topic for group in found],
+                "group": [None if group is None else group.name for group in found],
+                "lease": [ref.seq for ref in changed]}))
+        return done
 
     def _apply_group(self, command: bytes, stamp_ms: int) -> bool:
         """Create (True if it exists now, or is an implicit default group) or delete (True if

@@ -1,6 +1,6 @@
 """What the replicated state machine changes, in one place: the wheel, the dedupe window, the
 pending counts, the consumer groups, the positions readied past the cursor, the handle key and
-the moves of rescheduled messages.
+the moves of rescheduled messages; and the ledger sink they tell what changed.
 
 The parts that apply commands (`StateMachine`, `Scheduling`, `Retiring`) share one `Stores`,
 so a snapshot install, which reopens the files and replaces the rest, reaches all of them.
@@ -16,6 +16,7 @@ from pyroaring import BitMap
 from tickwheel.common.errors import InvalidMessage
 from tickwheel.replication.dedupe import DedupeWindow
 from tickwheel.replication.groups import Groups
+from tickwheel.replication.ledger import LedgerSink
 from tickwheel.replication.outcomes import Rejected
 from tickwheel.replication.pending import PendingCounts
 from tickwheel.wheel import Wheel
@@ -43,6 +44,9 @@ class Stores:
     """Rescheduled messages: the handle Schedule returned -> the handle of the copy filed
     at the new due time. Clients keep their handle; cancels and reschedules follow this.
     Kept while either handle's hour is ahead of the cursor (`Retiring.forget_moves`)."""
+    ledger: LedgerSink | None = None
+    """Where the changes each command made are told (`tickwheel.replication.ledger`); None:
+    nowhere."""
 
     def tags(self, records: list[bytes]) -> list[int]:
         """The pending tag of each record's topic. Each tag handed out must be counted before

@@ -71,6 +71,8 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
                             "commit index moves before health is NOT_SERVING (default 10)")
     serve.add_argument("--stall-exit-elections", type=int,
                        help="... before the node exits with code 7, EXIT_STALLED (default 60)")
+    serve.add_argument("--no-ledger", dest="ledger", action="store_false", default=None,
+                       help="keep no ledger (DATA/ledger/): only to measure what it costs")
     serve.add_argument("--fault-injection", action="store_true", default=None,
                        help="testing only: obey live faults written to the data folder (a "
                             "clock step); never on a production node")
@@ -91,7 +93,9 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
                  "handshake_timeout_ms", "idle_connection_ms",
                  "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
                  "max_queued_msgs", "max_topic_labels", "max_ready_msgs", "max_groups",
-                 "max_moved_msgs", "min_free_bytes", "trail_max_bytes", "schedule_linger_ms"):
+                 "max_moved_msgs", "min_free_bytes", "schedule_linger_ms", "ledger_max_age_s",
+                 "ledger_max_bytes", "ledger_segment_bytes", "ledger_segment_age_ms",
+                 "ledger_buffer_rows"):
         serve.add_argument(f"--{name.replace('_', '-')}", type=int)
     serve.set_defaults(handler=_serve)
 

@@ -41,9 +41,8 @@ from tickwheel.node.delivery.batches import ENVELOPE_BYTES, GRPC_MESSAGE_BYTES, 
 from tickwheel.node.delivery.levels import RetryPolicy
 from tickwheel.node.delivery.receipts import Receipts
 from tickwheel.node.delivery.retries import Retries, RetryItem
-from tickwheel.node.delivery.sent import Sent
+from tickwheel.node.delivery.sent import Sent, sent_rows
 from tickwheel.node.delivery.sessions import Session
-from tickwheel.node.delivery.trail import DeliveryTrail
 from tickwheel.node.ops.metrics import Metrics
 from tickwheel.replication import (
     DEFAULT_GROUP,
@@ -53,6 +52,8 @@ from tickwheel.replication import (
     Delivery,
     Expired,
     LeaseRef,
+    LedgerRows,
+    LedgerSink,
     Replica,
     encode_receipts,
 )
@@ -86,11 +87,11 @@ class Courier:
     and nacks. Create it on the loop that will own it."""
 
     def __init__(self, config: CourierConfig, retry: RetryPolicy, clock_ms: Callable[[], int],
-                 trail: DeliveryTrail, metrics: Metrics) -> None:
+                 ledger: LedgerSink | None, metrics: Metrics) -> None:
         self.config = config
         self._retry_policy = retry
         self._clock_ms = clock_ms
-        self._trail = trail
+        self._ledger = ledger
         self._metrics = metrics
         self._attached: Replica | None = None
         self._loop = asyncio.get_running_loop()
@@ -250,7 +251,10 @@ class Courier:
 
     def _start(self, term: int, epoch: int, cursor: Cursor, takeover_ms: int) -> None:
         self._epoch, self._term = epoch, term
-        self._trail.dispatch_started(term, epoch, cursor, takeover_ms)
+        if self._ledger is not None:
+            self._ledger.add(LedgerRows("dispatch_started", takeover_ms, {
+                "term": [term], "epoch": [epoch], "slot_second": [cursor.second],
+                "local_index": [cursor.local_index]}))
 
     def _stop(self) -> None:
         """Leadership ended: drop what was not sent and close every consumer (they reconnect
@@ -305,7 +309,9 @@ class Courier:
                                   self.config.max_batch_bytes):
                 consumer.outbox.put_nowait(response)
             self._replica.sent(key, [sent.delivery.lease for sent in batch], now_ms)
-            self._trail.delivered(batch, consumer.group, self._term)
+            if self._ledger is not None:
+                self._ledger.add(sent_rows(batch, consumer.group, consumer.name, self._term,
+                                           now_ms))
             self._metrics.observe_delivered(
                 consumer.topic, len(batch),
                 [max(0, sent.delivered_at_ms - sent.delivery.message.deliver_at_ms)
@@ -419,3 +425,4 @@ def _windows(early: list[Delivery], hold_ms: int) -> list[tuple[int, list[Delive
         windows.append((early[end - 1].message.deliver_at_ms, early[start:end]))
         start = end
     return windows
+

@@ -45,6 +45,7 @@ from tickwheel.node.api.placement import ShardMap
 from tickwheel.node.api.validation import Limits
 from tickwheel.node.delivery.courier import CourierConfig
 from tickwheel.node.delivery.levels import RetryPolicy, parse_levels
+from tickwheel.node.ledger.writer import LedgerConfig
 from tickwheel.node.listeners import ConnectionLimits
 from tickwheel.node.ops.watchdog import HOLD_COMMITS_FILE
 from tickwheel.node.security.access import AccessFile
@@ -145,7 +146,15 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
             raise ValueError("must be positive")
         return value
 
-    @field_validator("min_free_bytes", "trail_max_bytes", "schedule_linger_ms")
+    @field_validator("ledger_max_age_s", "ledger_max_bytes", "ledger_segment_bytes",
+                     "ledger_segment_age_ms", "ledger_buffer_rows")
+    @classmethod
+    def _positive_ledger(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError("must be positive")
+        return value
+
+    @field_validator("min_free_bytes", "schedule_linger_ms")
     @classmethod
     def _not_negative(cls, value: int) -> int:
         if value < 0:
@@ -381,6 +390,13 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
                                 max_metadata_bytes=self.max_metadata_bytes,
                                 handshake_timeout_ms=self.handshake_timeout_ms,
                                 idle_connection_ms=self.idle_connection_ms)
+
+    def ledger_config(self) -> LedgerConfig:
+        return LedgerConfig(max_segment_bytes=self.ledger_segment_bytes,
+                            max_segment_age_ms=self.ledger_segment_age_ms,
+                            max_buffer_rows=self.ledger_buffer_rows,
+                            max_age_s=self.ledger_max_age_s, max_bytes=self.ledger_max_bytes,
+                            reserve_bytes=self.min_free_bytes)
 
     def replica_config(self) -> ReplicaConfig:
         return ReplicaConfig(

@@ -15,7 +15,7 @@ from tickwheel.node.api.admission import AdmissionLimits
 from tickwheel.node.api.validation import Limits
 from tickwheel.node.delivery.courier import CourierConfig
 from tickwheel.node.delivery.levels import DEFAULT_LEVELS
-from tickwheel.node.delivery.trail import DEFAULT_TRAIL_MAX_BYTES
+from tickwheel.node.ledger.writer import LedgerConfig
 from tickwheel.node.listeners import ConnectionLimits
 from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES
 from tickwheel.node.settings import statefulset
@@ -110,11 +110,21 @@ class StorageFields(BaseModel):
     retries, the Raft journal's growth and compaction, snapshots): while any member has less,
     Schedule and Reschedule answer RESOURCE_EXHAUSTED and everything stored is still
     delivered (`tickwheel.node.ops.disk`); 0 turns the check off."""
-    trail_max_bytes: int = DEFAULT_TRAIL_MAX_BYTES
-    """Disk space the delivery trail (``deliveries.jsonl``, the evidence the chaos audit
-    reads) may take: at half of it the file is renamed ``deliveries.jsonl.1`` (replacing the
-    one before) and a new one begun, so the two never hold more than this plus one batch;
-    0 writes no trail."""
+    ledger: bool = True
+    """Keep the ledger (``DATA/ledger/``, docs/node.md "The ledger"): every replica's record
+    of the committed lifecycle of messages and of its own sends. Off only to measure what it
+    costs (``harness/ledger_bench.py``): the audit has nothing to read from a node without."""
+    ledger_max_age_s: int = LedgerConfig().max_age_s
+    """Closed segments older than this are deleted (7 days)."""
+    ledger_max_bytes: int = LedgerConfig().max_bytes
+    """The oldest closed segments are deleted while all take more than this (1 GiB)."""
+    ledger_segment_bytes: int = LedgerConfig().max_segment_bytes
+    """A segment is closed once it reaches this size (64 MiB)..."""
+    ledger_segment_age_ms: int = LedgerConfig().max_segment_age_ms
+    """... or this age (60 s): a node killed loses at most this long of its ledger."""
+    ledger_buffer_rows: int = LedgerConfig().max_buffer_rows
+    """Rows waiting for the ledger's writer; past it rows are dropped and counted as a gap,
+    so that the Raft thread and the courier never wait for the disk."""
     clock_skew_ms: int = 0
     """Testing only: offsets this node's clock; refused without ``fault_injection``."""
     fault_injection: bool = False

@@ -54,6 +54,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 from sparktests import QUICK_JVM, spark_session
@@ -71,6 +73,7 @@ from tickwheel.chaos.failovers import (
     percentiles,
 )
 from tickwheel.chaos.run_logs import load_logs, read_run
+from tickwheel.node.ledger.schema import SCHEMA, segment_name
 
 T0_MS = 1_700_000_000_000
 SENT_MS = 1_000
@@ -78,7 +81,8 @@ ACKED_MS = 1_010
 pytestmark = pytest.mark.timeout(600)
 """The JVMs run in the background (`in_background`): beside other workers' nodes they wait
 for the CPU, and the first test's setup starts four of them."""
-TORN = '{"event":"delivered","node":"127.0.0.1:41003","term":4,"epoch":'
+TORN = b"PAR1 a segment its node was killed while writing"
+"""An open segment's bytes (``.parquet.open``): never read."""
 
 
 def t(ms: int) -> int:
@@ -114,24 +118,40 @@ def reschedule(id_: str, old_ms: int, new_ms: int, done_ms: int, outcome: str) -
             "batch": 1, "size": 1}
 
 
-def trail_delivered(raft: str, term: int, due_ms: int, delivered_ms: int, id_: str = "x",
-                      **group: str) -> dict[str, Any]:
-    return {"event": "delivered", "node": raft, "term": term, "epoch": term, "id": id_,
-            "topic": "orders", "handle": 1, **group, "deliver_at_ms": t(due_ms),
-            "delivered_at_ms": t(delivered_ms), "position": [0, 0],
+def ledger_sent(raft: str, term: int, due_ms: int, delivered_ms: int, id_: str = "x",
+                **group: str) -> dict[str, Any]:
+    return {"event": "sent", "node": raft, "node_ms": t(delivered_ms),
+            "time_ms": t(delivered_ms), "term": term, "epoch": term, "id": id_,
+            "topic": "orders", "handle": 1, "group": "", **group, "consumer": "c0", "lease": 1,
+            "deliver_at_ms": t(due_ms), "slot_second": 0, "local_index": 0,
             "possible_duplicate": False, "attempt": 1}
 
 
-def trail_started(raft: str, term: int, takeover_ms: int) -> dict[str, Any]:
-    return {"event": "dispatch_started", "node": raft, "term": term, "epoch": term,
-            "cursor": [0, 0], "takeover_ms": t(takeover_ms)}
+def ledger_started(raft: str, term: int, takeover_ms: int) -> dict[str, Any]:
+    return {"event": "dispatch_started", "node": raft, "node_ms": t(takeover_ms),
+            "time_ms": t(takeover_ms), "term": term, "epoch": term, "slot_second": 0,
+            "local_index": 0}
+
+
+def ledger_committed(raft: str, event: str, at_ms: int, id_: str = "x") -> dict[str, Any]:
+    """A row of the committed lifecycle (no term: every replica's, not a leader's own)."""
+    return {"event": event, "node": raft, "node_ms": t(at_ms), "time_ms": t(at_ms), "id": id_,
+            "topic": "orders", "handle": 1, "deliver_at_ms": t(at_ms)}
+
+
+def write_segment(folder: Path, sequence: int, rows: list[dict[str, Any]]) -> None:
+    """A closed ledger segment of ``rows``, as a node writes it (its schema, zstd)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA),
+                   folder / segment_name("127.0.0.1:41000", sequence), compression="zstd")
 
 
 def write_run(out_dir: Path, ended_ms: int, *, drained_due_ms: int | None = None,
               groups: dict[str, Any] | None = None, **lines: list[Any]) -> Path:
     """A run directory: ``run.json`` (with ``groups``' items when given) and, per keyword, a
-    ``.jsonl`` file (``trails__node0_0`` is ``trails/node0.0.jsonl``) with its lines
-    reversed; strings are written verbatim."""
+    ``.jsonl`` file with its lines reversed (strings are written verbatim), or for
+    ``ledger__node0_0`` a node's ledger, ``ledger/node0.0/``: a segment of its rows (bytes:
+    an open segment beside it)."""
     out_dir.mkdir(parents=True)
     drained = {} if drained_due_ms is None else {"drained_due_ms": t(drained_due_ms)}
     (out_dir / "run.json").write_text(json.dumps({
@@ -139,6 +159,12 @@ def write_run(out_dir: Path, ended_ms: int, *, drained_due_ms: int | None = None
         "faults": ["kill", "pause"], "grace_ms": 5_000, "max_skew_ms": 0,
         "allowed_early_ms": 5} | drained | (groups or {})))
     for name, rows in lines.items():
+        if name.startswith("ledger__"):
+            folder = out_dir / "ledger" / name.removeprefix("ledger__").replace("_", ".")
+            write_segment(folder, 1, [row for row in rows if isinstance(row, dict)])
+            for torn in (row for row in rows if isinstance(row, bytes)):
+                (folder / (segment_name("127.0.0.1:41000", 2) + ".open")).write_bytes(torn)
+            continue
         path = out_dir / (name.replace("__", "/").replace("_", ".") + ".jsonl")
         path.parent.mkdir(exist_ok=True)
         path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n"
@@ -196,19 +222,20 @@ def dirty_run(out_dir: Path) -> Path:
     return write_run(
         out_dir, 100_000, scheduled=plan, received=got, cancels=cancels, leaders=leaders,
         faults=[*faults, '{"fault": "ki'],
-        trails__node0_0=[trail_started(node0, 1, 100),
-                           trail_delivered(node0, 1, 10_000, 10_005),
-                           trail_delivered(node0, 1, 29_990, 29_990)],
-        trails__node1_0=[trail_started(node1, 2, 32_100),
-                           trail_delivered(node1, 2, 29_000, 32_300),
-                           trail_delivered(node1, 2, 32_000, 32_350),
-                           trail_delivered(node1, 2, 32_350, 32_400),
-                           trail_delivered(node1, 2, 60_900, 60_900)],
-        trails__node2_0=[trail_started(node2, 3, 45_000),
-                           trail_delivered(node2, 3, 45_000, 45_010)],
-        trails__node2_1=[TORN, trail_started(node2, 4, 63_200),
-                           trail_delivered(node2, 4, 62_000, 63_500),
-                           trail_delivered(node2, 4, 63_600, 63_700)])
+        ledger__node0_0=[ledger_committed(node0, "scheduled", 50),
+                         ledger_started(node0, 1, 100),
+                         ledger_sent(node0, 1, 10_000, 10_005),
+                         ledger_sent(node0, 1, 29_990, 29_990)],
+        ledger__node1_0=[ledger_started(node1, 2, 32_100),
+                         ledger_sent(node1, 2, 29_000, 32_300),
+                         ledger_sent(node1, 2, 32_000, 32_350),
+                         ledger_sent(node1, 2, 32_350, 32_400),
+                         ledger_sent(node1, 2, 60_900, 60_900)],
+        ledger__node2_0=[ledger_started(node2, 3, 45_000),
+                         ledger_sent(node2, 3, 45_000, 45_010)],
+        ledger__node2_1=[TORN, ledger_started(node2, 4, 63_200),
+                         ledger_sent(node2, 4, 62_000, 63_500),
+                         ledger_sent(node2, 4, 63_600, 63_700)])
 
 
 def clean_run(out_dir: Path) -> Path:
@@ -268,9 +295,9 @@ def groups_run(out_dir: Path) -> Path:
         "groups": {"orders": ["a", "b"], "reminders": [""]}, "idle_topics": ["idle"]},
         scheduled=plan, received=got, cancels=cancels, reschedules=reschedules,
         leaders=leaders, faults=[],
-        trails__node0_0=[trail_delivered("n0", 1, 21_500, 21_500, "g-sent", group="b")],
-        trails__node1_0=[trail_delivered("n1", 2, 21_500, 21_530, "g-sent", group="b"),
-                           trail_delivered("n1", 2, 21_000, 21_025, "g-false", group="b")])
+        ledger__node0_0=[ledger_sent("n0", 1, 21_500, 21_500, "g-sent", group="b")],
+        ledger__node1_0=[ledger_sent("n1", 2, 21_500, 21_530, "g-sent", group="b"),
+                         ledger_sent("n1", 2, 21_000, 21_025, "g-false", group="b")])
 
 
 @pytest.fixture(scope="module")

@@ -94,7 +94,7 @@ def test_serve_without_tls_refuses_and_says_how_then_certs_make_a_single_node_wo
         node.send_signal(signal.SIGTERM)
         output, _ = node.communicate(timeout=30)
     assert node.returncode == 0, output
-    assert (tmp_path / "data" / "deliveries.jsonl").exists()
+    assert list((tmp_path / "data" / "ledger").glob("ledger-*.parquet"))
     assert "event=node_stopping" in output
 
 

@@ -3,11 +3,11 @@ another, receipts bound to their group, a cancel that means never."""
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nodetests import now_ms, topic
@@ -115,13 +115,20 @@ def test_only_what_a_consumer_was_sent_comes_back_flagged_after_it_leaves(
         quitters += 1
     got = take(client, name, 1_500)
     assert sorted(m.id for m in got) == sorted(ids)
-    # The leader's trail has a line per message sent, in order, with its flag: every
-    # flagged send must follow a send of the same message.
-    trail = cluster.leader().data / "deliveries.jsonl"
+    # The leader's ledger has a row per message sent, in order, with its flag: every
+    # flagged send must follow a send of the same message. Its segments hold every send
+    # once they hold a row the leader added after the last one: a marker's schedule.
+    leader, taken_ms = cluster.leader(), now_ms()
+    client.schedule_many([Message(f"{name}-mark", b"x", delay_ms=3_600_000)])
+
+    def written() -> list[dict[str, Any]] | None:
+        rows = leader.ledger()
+        return rows if rows and rows[-1]["node_ms"] > taken_ms else None
+    rows = wait_for(written, 10, "the leader's ledger to hold every send")
     sent_before: set[str] = set()
     flagged, unfounded = 0, []
-    for event in map(json.loads, trail.read_text().splitlines()):
-        if event.get("topic") == name and event["event"] == "delivered":
+    for event in rows:
+        if event["topic"] == name and event["event"] == "sent":
             flagged += event["possible_duplicate"]
             if event["possible_duplicate"] and event["id"] not in sent_before:
                 unfounded.append(event["id"])

@@ -98,20 +98,20 @@ def test_sigkill_of_the_leader_mid_dispatch_loses_nothing_and_flags_every_duplic
         batch = messages("order", 4_000, now_ms() + 1_500, 4_000)
         schedule_all(cluster, batch)
         old = cluster.leader()
-        wait_for(lambda: len(old.trail()) > 1_000, 15, "the leader to be mid-dispatch")
+        wait_for(lambda: len(old.ledger("sent")) > 1_000, 15, "the leader to be mid-dispatch")
         cluster.signal(old, signal.SIGKILL)
         new = cluster.leader(among=[n for n in cluster.nodes if n is not old])
         deliveries = all_delivered(cluster, {m.id for m in batch}, 30)
     by_id = Counter(d["id"] for d in deliveries)
     duplicates = {i for i, n in by_id.items() if n > 1}
-    resent = [d for d in new.trail() if d["event"] == "delivered" and d["id"] in duplicates]
+    resent = [d for d in new.ledger("sent") if d["id"] in duplicates]
     assert all(d["possible_duplicate"] for d in resent)
     assert max(by_id.values()) <= 2
     # exact flags: the new leader flags only messages leased before (a lease number above 1);
     # a flagged one the old leader never sent had its lease committed and not yet sent at
     # the kill: at most a few handouts' worth, never the thousands of the first version
-    sent_by_old = {d["id"] for d in old.trail() if d["event"] == "delivered"}
-    flagged = [d for d in new.trail() if d["event"] == "delivered" and d["possible_duplicate"]]
+    sent_by_old = {d["id"] for d in old.ledger("sent")}
+    flagged = [d for d in new.ledger("sent") if d["possible_duplicate"]]
     assert all(d["lease"] > 1 for d in flagged)
     false_alarms = [d for d in flagged if d["id"] not in sent_by_old]
     assert len(false_alarms) <= 1_000, len(false_alarms)
@@ -124,7 +124,7 @@ def test_a_paused_leader_stops_dispatching_and_rejoins_as_follower(
         batch = messages("order", 2_000, now_ms() + 1_000, 8_000)
         schedule_all(cluster, batch)
         old = cluster.leader()
-        wait_for(lambda: len(old.trail()) > 100, 15, "the leader to be dispatching")
+        wait_for(lambda: len(old.ledger("sent")) > 100, 15, "the leader to be dispatching")
         cluster.signal(old, signal.SIGSTOP)
         others = [n for n in cluster.nodes if n is not old]
         new = cluster.leader(among=others)
@@ -136,8 +136,7 @@ def test_a_paused_leader_stops_dispatching_and_rejoins_as_follower(
         info = old.info()
         assert info.role == "follower" and info.leader == new.raft
         all_delivered(cluster, {m.id for m in batch}, 30)
-    late = [d for d in old.trail() if d["event"] == "delivered"
-            and d["delivered_at_ms"] >= resumed_ms]
+    late = [d for d in old.ledger("sent") if d["time_ms"] >= resumed_ms]
     assert late == []
 
 
@@ -181,7 +180,7 @@ def test_a_skewed_new_leader_delivers_nothing_early_beyond_its_skew_and_loses_no
         cluster.leader(among=[n for n in cluster.nodes if n.alive()])
         deliveries = all_delivered(cluster, {m.id for m in batch}, 30)
     skew_of = {node.raft: node.clock_skew_ms for node in cluster.nodes}
-    early_ms = [d["deliver_at_ms"] - (d["delivered_at_ms"] - skew_of[d["node"]])
+    early_ms = [d["deliver_at_ms"] - (d["time_ms"] - skew_of[d["node"]])
                 for d in deliveries]
     assert max(early_ms) <= abs(skew_ms)  # early by no more than a clock runs ahead
 

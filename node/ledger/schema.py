@@ -1,0 +1,172 @@
+"""The ledger's file format: one Parquet schema for every event, the segments' names, the
+key-value metadata each segment carries and its sidecar manifest.
+
+A node's ledger is a folder of *segments*, ``ledger-<node>-<sequence>.parquet``: ``<node>`` is
+the node's Raft address with every character outside ``[A-Za-z0-9._-]`` made ``_``, and
+``<sequence>`` twelve digits, from 1, one more per segment this node ever began (never
+reused, also across restarts). Beside each closed segment lies its manifest,
+``ledger-<node>-<sequence>.json`` (`Manifest`). A segment being written is
+``ledger-<node>-<sequence>.parquet.open``: readers never see it; a node killed while writing
+one leaves it torn, and at its next start deletes it and records the gap.
+
+Every row is one event (the ``event`` column, `EVENTS`); the other columns are null where an
+event has no such value (`COLUMNS` says which event fills which). Times are milliseconds
+since the Unix epoch. This module is the one place the format is declared: the writer
+(`tickwheel.node.ledger.writer`) builds its batches from `SCHEMA`, the chaos audit reads the
+segments with Spark (`tickwheel.chaos.run_logs`), and docs/node.md's "The ledger" copies
+the table below.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import pyarrow as pa
+
+FORMAT_VERSION: Final = 1
+"""Of the schema and the metadata; a reader refuses a segment of a version it does not know."""
+
+EVENTS: Final = ("scheduled", "cancelled", "rescheduled", "leased", "acked", "released",
+                 "returned", "nacked", "dead_lettered", "sent", "dispatch_started")
+"""Every value of the ``event`` column. All but the last two are the committed lifecycle,
+recorded by every replica as it applies the Raft log; ``sent`` and ``dispatch_started`` are
+this node's own, while it leads."""
+
+COLUMNS: Final = (
+    ("event", pa.string(), "one of EVENTS"),
+    ("node", pa.string(), "the node's Raft address (every row)"),
+    ("node_ms", pa.int64(), "when the node handed the row to its ledger, by its own clock "
+                            "(every row)"),
+    ("time_ms", pa.int64(), "the cluster's time of the event (every row): a committed "
+                            "event's Raft entry stamp (the leader's clock when it proposed "
+                            "it); a send's time (when the consumer may use it); a dispatch "
+                            "start's takeover time"),
+    ("term", pa.int64(), "sent, dispatch_started: the Raft term the node leads in"),
+    ("epoch", pa.int64(), "sent, dispatch_started: the dispatch epoch"),
+    ("handle", pa.int64(), "the message's replicated handle (not the one clients see): every "
+                           "event but dispatch_started; for rescheduled, the copy retired"),
+    ("new_handle", pa.int64(), "rescheduled, nacked, dead_lettered: the copy filed"),
+    ("id", pa.string(), "scheduled, cancelled, rescheduled, nacked, dead_lettered, sent"),
+    ("topic", pa.string(), "every message event; nacked, dead_lettered: the copy's topic "
+                           "(%DLQ%... for dead_lettered); null for an ack of a group gone"),
+    ("group", pa.string(), "leased, acked, released, returned, nacked, dead_lettered, sent: "
+                           "the consumer group (\"\": the topic's default group)"),
+    ("consumer", pa.string(), "sent: the consumer's name"),
+    ("lease", pa.int64(), "leased, acked, released, returned, nacked, dead_lettered, sent: "
+                          "the lease's number in its group (1 for the first)"),
+    ("possible_duplicate", pa.bool_(), "leased, sent: an earlier lease of the message in "
+                                       "the group may have reached a consumer"),
+    ("attempt", pa.int64(), "scheduled (1), nacked and dead_lettered (the copy's), sent"),
+    ("deliver_at_ms", pa.int64(), "scheduled, cancelled, sent: the due time; rescheduled, "
+                                  "nacked, dead_lettered: the copy's"),
+    ("old_deliver_at_ms", pa.int64(), "rescheduled: the due time before"),
+    ("deadline_ms", pa.int64(), "leased: the lease's deadline (cluster time)"),
+    ("slot_second", pa.int64(), "sent: the message's second in the wheel; dispatch_started: "
+                                "the cursor's"),
+    ("local_index", pa.int64(), "sent: its index in that second; dispatch_started: the "
+                                "cursor's"),
+)
+"""``(name, type, which events fill it)`` of every column, in order."""
+
+REQUIRED: Final = frozenset({"event", "node", "node_ms", "time_ms"})
+SCHEMA: Final = pa.schema([pa.field(name, kind, nullable=name not in REQUIRED)
+                           for name, kind, _ in COLUMNS])
+
+META_PREFIX: Final = "tickwheel.ledger."
+"""Key-value metadata of a segment's Parquet footer: ``tickwheel.ledger.<field>`` for every
+field of `Manifest` but ``bytes`` and ``sha256`` (which a file cannot hold of itself), each
+value a string (JSON for ``gaps``)."""
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+SEGMENT = re.compile(r"^ledger-(?P<node>[A-Za-z0-9._-]+)-(?P<sequence>\d{12})\.parquet$")
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Rows that are not in any segment, recorded in the next segment written."""
+
+    reason: str
+    """``buffer_full`` (the ledger's buffer was full), ``disk_low`` (the disk was below the
+    node's reserve), ``torn_segment`` (a segment being written when the node stopped
+    without closing it), ``write_failed`` (an error writing a segment)."""
+    rows: int | None = None
+    """How many rows (None for a torn segment: unknown)."""
+    first_ms: int | None = None
+    last_ms: int | None = None
+    """``node_ms`` of the first and last row lost."""
+    sequence: int | None = None
+    """A torn or failed segment's sequence number."""
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What one closed segment holds: its Parquet metadata, and its sidecar JSON file."""
+
+    version: int
+    node: str
+    sequence: int
+    rows: int
+    first_ms: int
+    last_ms: int
+    """The ``node_ms`` of its first and last row."""
+    opened_ms: int
+    closed_ms: int
+    """When the node began and closed it, by its own clock."""
+    gaps: list[Gap] = field(default_factory=list)
+    """Rows lost since the segment before it (its sequence number minus one)."""
+    bytes: int = 0
+    sha256: str = ""
+    """Of the segment's file (the sidecar only)."""
+
+    def metadata(self) -> dict[str, str]:
+        """The Parquet key-value metadata."""
+        plain = asdict(self)
+        del plain["bytes"], plain["sha256"]
+        return {META_PREFIX + key: json.dumps(value) if key == "gaps" else str(value)
+                for key, value in plain.items()}
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        raw: dict[str, Any] = json.loads(text)
+        return cls(**{**raw, "gaps": [Gap(**gap) for gap in raw.get("gaps", [])]})
+
+
+def node_token(node: str) -> str:
+    """The node's name in its segments' names."""
+    return _UNSAFE.sub("_", node)
+
+
+def segment_name(node: str, sequence: int) -> str:
+    return f"ledger-{node_token(node)}-{sequence:012d}.parquet"
+
+
+def manifest_path(segment: Path) -> Path:
+    """The sidecar of ``segment``."""
+    return segment.with_suffix(".json")
+
+
+def sequence_of(path: Path) -> int | None:
+    """The sequence number of a segment's (or an open segment's) path; None if it is not one."""
+    name = path.name.removesuffix(".open")
+    matched = SEGMENT.match(name)
+    return None if matched is None else int(matched["sequence"])
+
+
+def segments(folder: Path) -> list[Path]:
+    """The closed segments in ``folder``, oldest (lowest sequence) first."""
+    if not folder.is_dir():
+        return []
+    found = [path for path in folder.iterdir() if SEGMENT.match(path.name)]
+    return sorted(found, key=lambda path: sequence_of(path) or 0)
+
+
+def read_manifest(segment: Path) -> Manifest:
+    """The sidecar manifest of a closed segment."""
+    return Manifest.from_json(manifest_path(segment).read_text(encoding="utf-8"))

@@ -1,0 +1,345 @@
+"""The ledger's writer: a bounded buffer that any thread adds rows to without waiting, and
+one thread (``tickwheel-ledger``) that writes them as Parquet segments.
+
+`Ledger.add` is all the Raft thread and the courier ever call: it stamps the rows with this
+node's clock and appends them, as the columns they came in, to a buffer of at most
+``max_buffer_rows`` rows. A full buffer (or a ledger closing) drops the rows and counts them
+(``tickwheel_ledger_dropped_rows{reason="buffer_full"}``) as a *gap* that the next segment's
+metadata records (`tickwheel.node.ledger.schema.Gap`): delivery never waits on the disk nor
+on Parquet encoding.
+
+The writer thread takes everything buffered every ``flush_ms`` (at once when
+`FLUSH_ROWS` are waiting), joins the columns into one Arrow table (a ``pa.array`` per
+column, never a dict per row) and writes it as one row group (zstd, with page checksums)
+of the open segment. A segment is closed when it reaches ``max_segment_bytes`` or is
+``max_segment_age_ms`` old: its footer gets the manifest's key-value metadata, a sidecar
+manifest gets its size and SHA-256, and only then does it take its final name, so a closed
+segment is always whole. Then retention runs (`tickwheel.node.ledger.retention`). A crash
+loses the open segment (at most ``max_segment_age_ms`` of rows); the next start deletes it
+and records it as a ``torn_segment`` gap.
+
+Owned by `tickwheel.node.serve`, which hands it to the replica and the courier as their
+`LedgerSink`; `close` writes what is buffered and closes the segment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Final
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tickwheel.node.ledger import retention as kept
+from tickwheel.node.ledger.metrics import LedgerMetrics
+from tickwheel.node.ledger.schema import (
+    COLUMNS,
+    FORMAT_VERSION,
+    SCHEMA,
+    Gap,
+    Manifest,
+    manifest_path,
+    segment_name,
+    sequence_of,
+)
+from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES, free_bytes
+from tickwheel.replication import LedgerRows, record_columns
+
+log = logging.getLogger("tickwheel.node.ledger")
+
+FLUSH_ROWS: Final = 65_536
+"""Buffered rows that wake the writer before its ``flush_ms``: a row group's size."""
+DEAD_LETTER_PREFIX: Final = "%DLQ%"
+"""A retry copy filed in a topic named so is ``dead_lettered``, not ``nacked``
+(`tickwheel.node.delivery.levels`)."""
+_NAMES: Final = tuple(name for name, _, _ in COLUMNS)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerConfig:
+    """The node's ledger settings (``ledger_*``, docs/node.md)."""
+
+    max_segment_bytes: int = 64 << 20
+    max_segment_age_ms: int = 60_000
+    max_buffer_rows: int = 500_000
+    max_age_s: int = 7 * 86_400
+    max_bytes: int = 1 << 30
+    reserve_bytes: int = DEFAULT_RESERVE_BYTES
+    flush_ms: int = 1_000
+
+
+@dataclass(slots=True)
+class _Segment:
+    """The segment being written."""
+
+    sequence: int
+    path: Path
+    sink: pa.NativeFile
+    writer: pq.ParquetWriter
+    opened_ms: int
+    gaps: list[Gap]
+    rows: int = 0
+    first_ms: int = 0
+    last_ms: int = 0
+
+
+class Ledger:
+    """A node's ledger in ``folder``. `start` it; `add` from any thread; `close` at the end."""
+
+    def __init__(self, folder: Path, node: str, config: LedgerConfig, clock_ms: Callable[[], int],
+                 metrics: LedgerMetrics | None = None,
+                 measure_free: kept.FreeBytes = free_bytes) -> None:
+        self.folder = folder
+        self._node = node
+        self._config = config
+        self._clock_ms = clock_ms
+        self._metrics = metrics or LedgerMetrics()
+        self._retention = kept.Retention(config.max_age_s, config.max_bytes, config.reserve_bytes,
+                                         config.max_segment_bytes, measure_free)
+        self._cond = threading.Condition()
+        self._queue: list[tuple[int, LedgerRows]] = []
+        self._buffered = 0
+        self._lost: dict[str, Gap] = {}
+        """Gaps not yet in a segment, by reason (torn and failed segments by sequence)."""
+        self._stopping = False
+        self._rotations = 0
+        self._rotate_asked = 0
+        self._segment: _Segment | None = None
+        folder.mkdir(parents=True, exist_ok=True)
+        self._next_sequence = self._recover()
+        self._thread = threading.Thread(target=self._run, name="tickwheel-ledger", daemon=True)
+
+    # -- any thread -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def add(self, rows: LedgerRows) -> None:
+        """Buffer ``rows``, or drop and count them if the buffer is full; never waits."""
+        count = rows.size
+        if not count:
+            return
+        stamp_ms = self._clock_ms()
+        with self._cond:
+            if self._stopping or self._buffered + count > self._config.max_buffer_rows:
+                self._lose("buffer_full", count, stamp_ms, stamp_ms)
+                return
+            self._queue.append((stamp_ms, rows))
+            self._buffered += count
+            if self._buffered >= FLUSH_ROWS:
+                self._cond.notify()
+
+    def rotate(self) -> None:
+        """Write what is buffered and close the open segment; returns once it is closed (for
+        tests and for collecting a running node's ledger)."""
+        with self._cond:
+            self._rotate_asked += 1
+            asked = self._rotate_asked
+            self._cond.notify()
+            self._cond.wait_for(lambda: self._rotations >= asked or not self._thread.is_alive())
+
+    def close(self) -> None:
+        """Write what is buffered, close the segment (an empty one if only gaps are left to
+        record), and stop the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+        else:
+            self._finish()
+
+    # -- the writer thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._stopping and self._rotate_asked == self._rotations:
+                    self._cond.wait(self._wait_s())
+                taken, self._queue, self._buffered = self._queue, [], 0
+                stopping, asked = self._stopping, self._rotate_asked
+            if taken:
+                self._write(taken)
+            if stopping:
+                self._finish()
+                return
+            segment = self._segment
+            if asked != self._rotations or (segment is not None and self._clock_ms()
+                                            - segment.opened_ms >= self._config.max_segment_age_ms):
+                self._close_segment()
+            with self._cond:
+                self._rotations = asked
+                self._cond.notify_all()
+
+    def _wait_s(self) -> float:
+        wait_ms = min(self._config.flush_ms, self._config.max_segment_age_ms)
+        if self._segment is not None:
+            age_ms = self._clock_ms() - self._segment.opened_ms
+            wait_ms = min(wait_ms, self._config.max_segment_age_ms - age_ms)
+        return max(wait_ms, 1) / 1000
+
+    def _finish(self) -> None:
+        with self._cond:
+            taken, self._queue, self._buffered = self._queue, [], 0
+        if taken:
+            self._write(taken)
+        if self._segment is None and self._lost:
+            self._open()  # an empty segment, to record the gaps
+        self._close_segment()
+        with self._cond:
+            self._rotations = self._rotate_asked
+            self._cond.notify_all()
+
+    def _write(self, taken: list[tuple[int, LedgerRows]]) -> None:
+        table = self._table(taken)
+        first_ms, last_ms = taken[0][0], taken[-1][0]
+        if self._segment is None and not self._open():
+            self._lose("disk_low", table.num_rows, first_ms, last_ms)
+            return
+        segment = self._segment
+        assert segment is not None
+        try:
+            if not kept.room_for_segment(self.folder, self._retention):
+                self._close_segment()
+                self._lose("disk_low", table.num_rows, first_ms, last_ms)
+                return
+            segment.writer.write_table(table)
+        except (OSError, pa.ArrowException) as error:
+            log.error("event=ledger_write_failed path=%s error=%r", segment.path, error)
+            self._abandon(segment)
+            self._lose("write_failed", table.num_rows, first_ms, last_ms)
+            return
+        segment.first_ms = segment.first_ms or first_ms
+        segment.last_ms = last_ms
+        segment.rows += table.num_rows
+        self._metrics.rows.inc(table.num_rows)
+        if segment.sink.tell() >= self._config.max_segment_bytes:
+            self._close_segment()
+
+    def _table(self, taken: list[tuple[int, LedgerRows]]) -> pa.Table:
+        """One table of every row taken: each column joined as a Python list, then one
+        ``pa.array`` of it."""
+        joined: dict[str, list[Any]] = {name: [] for name in _NAMES}
+        for stamp_ms, rows in taken:
+            count = rows.size
+            columns = dict(rows.columns)
+            if rows.records is not None:
+                ids, topics, attempts = record_columns(rows.records)
+                columns.update(id=ids, topic=topics, attempt=attempts)
+            events: list[str] = [rows.event] * count
+            if rows.event == "nacked":
+                events = ["dead_lettered" if topic.startswith(DEAD_LETTER_PREFIX) else "nacked"
+                          for topic in columns["topic"]]
+            columns.update(event=events, node_ms=[stamp_ms] * count)
+            columns.setdefault("time_ms", [rows.time_ms] * count)
+            for name, values in joined.items():
+                values.extend(columns.get(name) or [None] * count)
+        total = len(joined["event"])
+        joined["node"] = [self._node] * total
+        return pa.Table.from_arrays([pa.array(joined[name], kind) for name, kind, _ in COLUMNS],
+                                    schema=SCHEMA)
+
+    def _open(self) -> bool:
+        """Begin the next segment; False (none begun) while the disk has no room for it."""
+        self._enforce_retention()
+        if not kept.room_for_segment(self.folder, self._retention):
+            return False
+        sequence = self._next_sequence
+        path = self.folder / (segment_name(self._node, sequence) + ".open")
+        try:
+            sink = pa.OSFile(str(path), "wb")
+            writer = pq.ParquetWriter(sink, SCHEMA, compression="zstd",
+                                      write_page_checksum=True)
+        except (OSError, pa.ArrowException) as error:
+            log.error("event=ledger_open_failed path=%s error=%r", path, error)
+            return False
+        self._next_sequence += 1
+        with self._cond:
+            gaps, self._lost = list(self._lost.values()), {}
+        self._segment = _Segment(sequence, path, sink, writer, self._clock_ms(), gaps)
+        return True
+
+    def _close_segment(self) -> None:
+        segment, self._segment = self._segment, None
+        if segment is None:
+            return
+        manifest = Manifest(FORMAT_VERSION, self._node, segment.sequence, segment.rows,
+                            segment.first_ms or segment.opened_ms,
+                            segment.last_ms or segment.opened_ms, segment.opened_ms,
+                            self._clock_ms(), segment.gaps)
+        final = segment.path.with_name(segment.path.name.removesuffix(".open"))
+        try:
+            segment.writer.add_key_value_metadata(manifest.metadata())
+            segment.writer.close()
+            segment.sink.close()
+            data = segment.path.read_bytes()
+            manifest = replace(manifest, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+            _write_atomically(manifest_path(final), manifest.to_json())
+            os.replace(segment.path, final)
+        except (OSError, pa.ArrowException) as error:
+            log.error("event=ledger_close_failed path=%s error=%r", segment.path, error)
+            self._abandon(segment)
+            self._lose("write_failed", segment.rows, segment.first_ms, segment.last_ms)
+            return
+        self._metrics.segments.inc()
+        log.info("event=ledger_segment_closed path=%s rows=%d bytes=%d gaps=%d", final,
+                 manifest.rows, manifest.bytes, len(manifest.gaps))
+        self._enforce_retention()
+
+    def _abandon(self, segment: _Segment) -> None:
+        """Give up a segment that could not be written: its gaps go to the next one."""
+        self._segment = None
+        try:
+            segment.sink.close()
+            os.unlink(segment.path)
+        except OSError:
+            pass
+        with self._cond:
+            for gap in segment.gaps:
+                self._lost.setdefault(f"{gap.reason}:{gap.sequence}", gap)
+
+    def _enforce_retention(self) -> None:
+        deleted, total_bytes = kept.enforce(self.folder, self._retention, self._clock_ms())
+        for _, reason in deleted:
+            self._metrics.deleted.labels(reason).inc()
+        self._metrics.bytes.set(total_bytes)
+
+    def _lose(self, reason: str, rows: int, first_ms: int, last_ms: int) -> None:
+        """Count rows that no segment will hold, as a gap for the next one (any thread: the
+        condition's lock is reentrant)."""
+        with self._cond:
+            gap = self._lost.get(reason)
+            self._lost[reason] = (Gap(reason, rows, first_ms, last_ms) if gap is None else
+                                  replace(gap, rows=(gap.rows or 0) + rows, last_ms=last_ms))
+        self._metrics.dropped.labels(reason).inc(rows)
+
+    def _recover(self) -> int:
+        """At start: delete the segments a crash left open (torn), and stray manifests;
+        returns the next sequence number."""
+        highest = 0
+        for path in list(self.folder.iterdir()):
+            sequence = sequence_of(path)
+            if sequence is None:
+                continue
+            highest = max(highest, sequence)
+            if path.name.endswith(".open"):
+                os.unlink(path)
+                self._lost[f"torn:{sequence}"] = Gap("torn_segment", sequence=sequence)
+                log.warning("event=ledger_segment_torn path=%s", path)
+        for path in self.folder.glob("ledger-*.json"):
+            if not path.with_suffix(".parquet").exists():
+                os.unlink(path)
+        self._enforce_retention()
+        return highest + 1
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
