@@ -1,11 +1,11 @@
 """What a node's ledger keeps: closed segments by age and by bytes, and never the disk space
 the node keeps for its own writes.
 
-After each segment it closes (and at start) the ledger deletes its oldest closed segments
-(each with its manifest) while the oldest is older than ``max_age_s`` (by the time its file
-was last written), while all of them take more than ``max_bytes``, and while the disk holds
-less than the node's reserve (``min_free_bytes``, `tickwheel.node.ops.disk`) plus one more
-segment (``max_segment_bytes``). The newest segment is always kept, so sequence numbers
+After each segment it closes (and at start) the ledger deletes its oldest closed segments (each
+with its manifest and its index) while the oldest is older than ``max_age_s`` (by the time its
+file was last written), while all of them take more than ``max_bytes``, and while the disk
+holds less than the node's reserve (``min_free_bytes``, `tickwheel.node.ops.disk`) plus one
+more segment (``max_segment_bytes``). The newest segment is always kept, so sequence numbers
 continue after a restart and are never reused. A segment deleted is counted by reason.
 
 `room_for_segment` is what the writer asks before it begins a segment, and before each
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tickwheel.node.ledger.index import index_path
 from tickwheel.node.ledger.schema import manifest_path, segments
 
 log = logging.getLogger("tickwheel.node.ledger")
@@ -71,7 +72,7 @@ def enforce(folder: Path, retention: Retention, now_ms: int) -> tuple[list[tuple
 
 
 def _delete(segment: Path) -> None:
-    for path in (segment, manifest_path(segment)):
+    for path in (segment, manifest_path(segment), index_path(segment)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     log.info("event=ledger_segment_deleted path=%s", segment)

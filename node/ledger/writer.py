@@ -8,15 +8,15 @@ node's clock and appends them, as the columns they came in, to a buffer of at mo
 metadata records (`tickwheel.node.ledger.schema.Gap`): delivery never waits on the disk nor
 on Parquet encoding.
 
-The writer thread takes everything buffered every ``flush_ms`` (at once when
-`FLUSH_ROWS` are waiting), joins the columns into one Arrow table (a ``pa.array`` per
-column, never a dict per row) and writes it as one row group (zstd, with page checksums)
-of the open segment. A segment is closed when it reaches ``max_segment_bytes`` or is
-``max_segment_age_ms`` old: its footer gets the manifest's key-value metadata, a sidecar
-manifest gets its size and SHA-256, and only then does it take its final name, so a closed
-segment is always whole. Then retention runs (`tickwheel.node.ledger.retention`). A crash
-loses the open segment (at most ``max_segment_age_ms`` of rows); the next start deletes it
-and records it as a ``torn_segment`` gap.
+The writer thread takes everything buffered every ``flush_ms`` (at once when `FLUSH_ROWS` are
+waiting), joins the columns into one Arrow table (a ``pa.array`` per column, never a dict per
+row) and writes it as one row group (zstd, with page checksums) of the open segment. A segment
+is closed when it reaches ``max_segment_bytes`` or is ``max_segment_age_ms`` old: its footer
+gets the manifest's key-value metadata, a sidecar manifest gets its size and SHA-256, its index
+is written (`tickwheel.node.ledger.index`), and only then does it take its final name, so a
+closed segment is always whole. Then retention runs (`tickwheel.node.ledger.retention`). A
+crash loses the open segment (at most ``max_segment_age_ms`` of rows); the next start deletes
+it and records it as a ``torn_segment`` gap.
 
 Owned by `tickwheel.node.serve`, which hands it to the replica and the courier as their
 `LedgerSink`; `close` writes what is buffered and closes the segment.
@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tickwheel.node.ledger import retention as kept
+from tickwheel.node.ledger.index import INDEX_SUFFIX, index_path, segment_of_index, write_index
 from tickwheel.node.ledger.metrics import LedgerMetrics
 from tickwheel.node.ledger.schema import (
     COLUMNS,
@@ -280,6 +281,7 @@ class Ledger:
             segment.sink.close()
             data = segment.path.read_bytes()
             manifest = replace(manifest, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+            _write_index(segment.path, final, manifest.sha256)
             _write_atomically(manifest_path(final), manifest.to_json())
             os.replace(segment.path, final)
         except (OSError, pa.ArrowException) as error:
@@ -335,8 +337,20 @@ class Ledger:
         for path in self.folder.glob("ledger-*.json"):
             if not path.with_suffix(".parquet").exists():
                 os.unlink(path)
+        for path in self.folder.glob(f"ledger-*{INDEX_SUFFIX}*"):
+            if not path.name.endswith(INDEX_SUFFIX) or not segment_of_index(path).exists():
+                os.unlink(path)
         self._enforce_retention()
         return highest + 1
+
+
+def _write_index(written: Path, final: Path, sha256: str) -> None:
+    """The index of the segment just written (`tickwheel.node.ledger.index`); a segment
+    whose index cannot be written is kept without one (a trace builds it)."""
+    try:
+        write_index(written, index_path(final), sha256)
+    except (OSError, pa.ArrowException) as error:
+        log.error("event=ledger_index_failed path=%s error=%r", final, error)
 
 
 def _write_atomically(path: Path, text: str) -> None:
