@@ -18,7 +18,8 @@ message to its shard (by ``routing_key``, or the id), each handle and receipt to
 that gave it out, and consume from every shard at once.
 
 Every answer is the library's own type, never a generated protobuf message: `cluster_info`
-answers a `ClusterInfo` (with its `Member`, `TopicDue`, `TopicPending` and `GroupInfo`).
+answers a `ClusterInfo` (with its `Member`, `TopicDue`, `TopicPending` and `GroupInfo`),
+`due_histogram` a `DueHistogram` (how many messages are due when).
 """
 
 from tickwheel.client._core import Received
@@ -35,6 +36,7 @@ from tickwheel.client.errors import (
     Unauthenticated,
     Unavailable,
 )
+from tickwheel.client.histogram import SPANS, DueHistogram
 from tickwheel.client.info import ClusterInfo, GroupInfo, Member, TopicDue, TopicPending
 from tickwheel.client.messages import (
     CancelOutcome,
@@ -46,6 +48,7 @@ from tickwheel.client.messages import (
 from tickwheel.client.sync import Client
 
 __all__ = [
+    "SPANS",
     "AsyncClient",
     "AsyncConsumer",
     "CancelOutcome",
@@ -53,6 +56,7 @@ __all__ = [
     "ClusterInfo",
     "Consumer",
     "Credentials",
+    "DueHistogram",
     "GroupInfo",
     "InvalidArgument",
     "Member",

@@ -38,6 +38,7 @@ from tickwheel.client.aio_consumers import AsyncConsumer
 from tickwheel.client.coalescing import AsyncCoalescer
 from tickwheel.client.credentials import Credentials, open_aio_channel
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
+from tickwheel.client.histogram import DueHistogram, due_histogram, histogram_request
 from tickwheel.client.info import ClusterInfo, cluster_info
 from tickwheel.client.messages import (
     CancelOutcome,
@@ -59,6 +60,7 @@ from tickwheel.client.rpcs import (
     CLUSTER_INFO,
     CREATE_GROUP,
     DELETE_GROUP,
+    DUE_HISTOGRAM,
     RECEIVE_MESSAGES,
     RESCHEDULE,
     SCHEDULE,
@@ -153,6 +155,11 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
 
     async def cluster_info(self) -> ClusterInfo:
         return cluster_info(await self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
+
+    async def due_histogram(self, span: str = "minute", shard: int = 0) -> DueHistogram:
+        """See `tickwheel.client.Client.due_histogram`."""
+        return due_histogram(await self._call(DUE_HISTOGRAM, histogram_request(span),
+                                              shard=shard))
 
     async def shards(self) -> ShardRouters:
         """See `tickwheel.client.Client.shards`."""

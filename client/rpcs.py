@@ -35,3 +35,4 @@ CHANGE_INVISIBLE_DURATION = Unary[pb.SettleRequest, pb.SettleResponse]("ChangeIn
 CREATE_GROUP = Unary[pb.GroupRequest, pb.GroupResponse]("CreateGroup")
 DELETE_GROUP = Unary[pb.GroupRequest, pb.GroupResponse]("DeleteGroup")
 GROW_SHARDS = Unary[pb.GrowShardsRequest, pb.GrowShardsResponse]("GrowShards")
+DUE_HISTOGRAM = Unary[pb.DueHistogramRequest, pb.DueHistogramResponse]("DueHistogram")

@@ -40,6 +40,7 @@ from tickwheel.client.coalescing import Coalescer
 from tickwheel.client.consumers import Consumer
 from tickwheel.client.credentials import Credentials, open_channel
 from tickwheel.client.errors import TickwheelClientError, retryable, trailers, translate
+from tickwheel.client.histogram import DueHistogram, due_histogram, histogram_request
 from tickwheel.client.info import ClusterInfo, cluster_info
 from tickwheel.client.messages import (
     CancelOutcome,
@@ -61,6 +62,7 @@ from tickwheel.client.rpcs import (
     CLUSTER_INFO,
     CREATE_GROUP,
     DELETE_GROUP,
+    DUE_HISTOGRAM,
     GROW_SHARDS,
     RECEIVE_MESSAGES,
     RESCHEDULE,
@@ -174,6 +176,12 @@ class Client(ClientBase[grpc.Channel]):
                                                                timeout=self._attempt_timeout_s))
         except grpc.RpcError as error:
             raise translate(error) from None
+
+    def due_histogram(self, span: str = "minute", shard: int = 0) -> DueHistogram:
+        """How many pending messages of ``shard`` are due in each bucket of ``span`` ("minute",
+        "hour", "day" or "year"), every topic together, as a node of it counts them; with
+        each topic's pending total the caller has a grant on (docs/console.md)."""
+        return due_histogram(self._call(DUE_HISTOGRAM, histogram_request(span), shard=shard))
 
     def shards(self) -> ShardRouters:
         """The cluster's shards, read from the first node that answers (once)."""

@@ -84,6 +84,7 @@ from tickwheel.common.errors import (
     TickwheelError,
     UnknownHandle,
 )
+from tickwheel.wheel.due import DueHistogram
 from tickwheel.wheel.engine import Wheel
 from tickwheel.wheel.mending import MendCounts
 from tickwheel.wheel.types import DAY_MS, CancelResult, Cursor, DueMessage, NewMessage, WheelConfig
@@ -94,6 +95,7 @@ __all__ = [
     "ClientError",
     "CorruptSegment",
     "Cursor",
+    "DueHistogram",
     "DueMessage",
     "InternalError",
     "InvalidMessage",

@@ -17,6 +17,7 @@ from tickwheel.common.errors import (
     InvalidMessage,
     invariant,
 )
+from tickwheel.wheel.due import DueHistogram, due_histogram
 from tickwheel.wheel.filing import file_records
 from tickwheel.wheel.format import (
     SECONDS_PER_HOUR,
@@ -257,6 +258,13 @@ class Wheel:
         after the cursor and before ``cursor`` that are not cancelled (`CursorPassage`: one
         unit read per message passed, mostly ahead of time by `walk_ahead`)."""
         return self._passage.live_tags_between(self._cursor, cursor)
+
+    def due_histogram(self, start_second: int, bucket_seconds: int, buckets: int
+                      ) -> DueHistogram:
+        """Live messages from the cursor on, in ``buckets`` buckets of ``bucket_seconds`` from
+        ``start_second`` (`tickwheel.wheel.due`: from counts, no chain read; any thread)."""
+        return due_histogram(self._hours, self._cursor.second, start_second, bucket_seconds,
+                             buckets)
 
     def walk_ahead(self, max_units: int) -> None:
         """Read up to ``max_units`` index units of the seconds the cursor will pass next, so

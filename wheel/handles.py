@@ -48,7 +48,7 @@ class Handles:
         fields = segment.read_unit(global_index)
         if Cursor(hour * SECONDS_PER_HOUR + fields[6], fields[2]) < cursor:
             return CancelResult.NOT_PENDING, 0
-        segment.add_tombstone(global_index)
+        segment.add_tombstone(global_index, fields[6])
         self._hours.written(hour, TOMBSTONE.size)
         return CancelResult.CANCELLED, fields[7]
 
@@ -85,10 +85,11 @@ class Handles:
         replicated state machine cancels messages that left the wheel for consumer groups
         this way, so that a repeated cancel reads ``ALREADY_CANCELLED``."""
         segment, global_index = self._segment_of(handle)
+        fields = segment.read_unit(global_index)
         if global_index not in segment.tombstones:
-            segment.add_tombstone(global_index)
+            segment.add_tombstone(global_index, fields[6])
             self._hours.written(handle >> GLOBAL_INDEX_BITS, TOMBSTONE.size)
-        return int(segment.read_unit(global_index)[7])
+        return int(fields[7])
 
     def is_behind(self, handle: int) -> bool:
         """Whether the whole hour of ``handle`` is behind the cursor."""

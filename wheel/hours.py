@@ -70,6 +70,11 @@ class HourSet:
         self._open[hour] = segment
         return segment
 
+    def open_segment(self, hour: int) -> HourSegment | None:
+        """``hour``'s segment if it is open now, else None; opens nothing (any thread: one
+        ``dict.get``)."""
+        return self._open.get(hour)
+
     def create(self, hour: int) -> HourSegment:
         """The segment of ``hour``, created if it has none."""
         segment = self.segment(hour, create=True)

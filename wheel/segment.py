@@ -55,7 +55,9 @@ class HourSegment:
     hour: ``heads[2 * s]`` is the global index of the newest message filed under second ``s``
     (-1 if none), ``heads[2 * s + 1]`` how many there are. ``occupied`` has bit ``s`` set when
     second ``s`` holds a message, so the next non-empty second is found without looking at
-    empty ones.
+    empty ones. ``cancelled[s]`` counts the tombstones of second ``s``' messages (read from
+    their units when the segment opens, then kept as tombstones are added): what
+    `tickwheel.wheel.due` subtracts from the heads' counts.
     """
 
     def __init__(self, path: Path, hour: int, heads: array[int], units: int, log_size_bytes: int,
@@ -68,6 +70,7 @@ class HourSegment:
         self.log_size_bytes = log_size_bytes
         self.tombstones = tombstones
         self.occupied = occupancy(heads)
+        self.cancelled = array("i", bytes(4 * len(heads) // 2))
         self._flushed_units = units
         self._flushed_log_size_bytes = log_size_bytes
         self._unflushed_log = bytearray()
@@ -89,6 +92,8 @@ class HourSegment:
         if opened.repaired:
             segment._heads_dirty = True
             segment.flush()
+        for global_index in segment.tombstones:
+            segment.cancelled[segment.read_unit(global_index)[6]] += 1
         return segment
 
     # -- writing ----------------------------------------------------------------------------
@@ -133,9 +138,11 @@ class HourSegment:
         self._heads_dirty = True
         return first_global_index, local_indexes
 
-    def add_tombstone(self, global_index: int) -> None:
+    def add_tombstone(self, global_index: int, second_of_hour: int) -> None:
+        """Cancel the unit ``global_index``, filed under ``second_of_hour``."""
         invariant(global_index < self.units, f"tombstone for unit {global_index} of {self.units}")
         self.tombstones.add(global_index)
+        self.cancelled[second_of_hour] += 1
         self._unflushed_tombstones += pack_tombstone(self.hour, global_index)
 
     @property

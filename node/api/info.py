@@ -1,4 +1,5 @@
-"""``ClusterInfo``: the cluster as one node sees it, and how far its cursor trails."""
+"""``ClusterInfo``: the cluster as one node sees it, and how far its cursor trails; and
+``DueHistogram``: how many messages are due when (`tickwheel.wheel.due` counts them)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,34 @@ def cluster_info(node: NodeContext, principal: Principal = ANYONE) -> pb.Cluster
         pending_untracked=status.pending_untracked, shard=node.shards.shard,
         shards=shard_infos(node, node.leader_grpc(status.leader) or ""),
         map_version=node.shards.version)
+
+
+_SPANS: dict[int, tuple[int, int, bool]] = {
+    pb.SPAN_UNSPECIFIED: (1, 60, False), pb.SPAN_MINUTE: (1, 60, False),
+    pb.SPAN_HOUR: (60, 60, False), pb.SPAN_DAY: (3_600, 24, True),
+    pb.SPAN_YEAR: (86_400, 366, True)}
+"""Per span: bucket seconds, buckets, and whether they start at the current hour (so that no
+hour but the current one is cut by a bucket's edge) rather than the current second."""
+
+
+def due_histogram(node: NodeContext, span: int, principal: Principal = ANYONE
+                  ) -> pb.DueHistogramResponse:
+    """The due-time histogram of ``span`` from this node's replica, with the pending totals of
+    the topics ``principal`` has some grant on. An unknown span is the minute's."""
+    bucket_s, buckets, by_hour = _SPANS.get(span, _SPANS[pb.SPAN_MINUTE])
+    now_ms = node.clock.now_ms()
+    start_second = now_ms // 1_000
+    if by_hour:
+        start_second -= start_second % 3_600
+    counted = node.replica.due_histogram(start_second, bucket_s, buckets)
+    status = node.replica.status()
+    return pb.DueHistogramResponse(
+        now_ms=now_ms, start_ms=start_second * 1_000, bucket_ms=bucket_s * 1_000,
+        counts=counted.counts, overdue=counted.overdue, beyond=counted.beyond,
+        cursor_second=status.cursor.second,
+        pending=[pb.TopicPending(topic=topic, pending=count)
+                 for topic, count in sorted(status.pending.items()) if principal.sees(topic)],
+        pending_untracked=status.pending_untracked)
 
 
 def describe(node: NodeContext) -> pb.DescribeResponse:

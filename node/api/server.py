@@ -25,6 +25,7 @@ from google.protobuf.message import Message
 
 from tickwheel.common.errors import (
     ClientError,
+    ConsumerNotAcking,
     InvalidMessage,
     InvariantViolation,
     MapConflict,
@@ -51,7 +52,7 @@ from tickwheel.node.api.forward import (
     status_details,
     was_forwarded,
 )
-from tickwheel.node.api.info import cluster_info, describe
+from tickwheel.node.api.info import cluster_info, describe, due_histogram
 from tickwheel.node.api.shard_peers import ShardPeers
 from tickwheel.node.delivery.sessions import Session
 from tickwheel.node.security.access import Action, Principal
@@ -64,6 +65,7 @@ _STATUS: list[tuple[type[TickwheelError], grpc.StatusCode]] = [
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (WrongShard, grpc.StatusCode.FAILED_PRECONDITION),
     (MapConflict, grpc.StatusCode.FAILED_PRECONDITION),
+    (ConsumerNotAcking, grpc.StatusCode.FAILED_PRECONDITION),
     (ClientError, grpc.StatusCode.INVALID_ARGUMENT),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Retryable, grpc.StatusCode.UNAVAILABLE),
@@ -160,6 +162,14 @@ class TickwheelService(pb_grpc.TickwheelServicer):
         info = cluster_info(self._node, await self._principal(context))
         context.set_trailing_metadata(((LEADER_KEY, info.leader_grpc),))
         return info
+
+    async def DueHistogram(self, request: pb.DueHistogramRequest,
+                           context: _Context[pb.DueHistogramRequest, pb.DueHistogramResponse]
+                           ) -> pb.DueHistogramResponse:
+        answer = due_histogram(self._node, request.span, await self._principal(context))
+        leader = self._node.leader_grpc(self._node.replica.leader_hint()) or ""
+        context.set_trailing_metadata(((LEADER_KEY, leader),))
+        return answer
 
     async def Receive(self, request_iterator: AsyncIterator[pb.ReceiveRequest],
                       context: _Context[pb.ReceiveRequest, pb.ReceiveResponse]

@@ -1,0 +1,82 @@
+"""The due-time histogram (`tickwheel.wheel.due`) against a count made by hand: messages
+scheduled over several hours, some cancelled, some passed by the cursor, with hours open in
+memory and closed on disk (a wheel allowed two open hours), and after a reopen."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tickwheel.wheel import Cursor, NewMessage, Wheel, WheelConfig
+
+HOUR_S = 3_600
+NOW_MS = 100 * HOUR_S * 1_000
+
+
+def expected(due_seconds: dict[int, int], cursor_second: int, start: int, bucket_s: int,
+             buckets: int) -> tuple[int, list[int], int]:
+    """(overdue, counts, beyond) counted message by message."""
+    counts, overdue, beyond = [0] * buckets, 0, 0
+    end = start + bucket_s * buckets
+    for second in due_seconds.values():
+        if second < cursor_second:
+            continue
+        if second < start:
+            overdue += 1
+        elif second >= end:
+            beyond += 1
+        else:
+            counts[(second - start) // bucket_s] += 1
+    return overdue, counts, beyond
+
+
+def check(wheel: Wheel, live: dict[int, int], cursor_second: int) -> None:
+    for start, bucket_s, buckets in ((NOW_MS // 1_000 + 7, 1, 60), (NOW_MS // 1_000, 60, 60),
+                                     (NOW_MS // 1_000 + 100, 3_600, 24),
+                                     (NOW_MS // 1_000 - 5, 86_400, 365)):
+        got = wheel.due_histogram(start, bucket_s, buckets)
+        overdue, counts, beyond = expected(live, cursor_second, start, bucket_s, buckets)
+        assert (got.overdue, list(got.counts), got.beyond) == (overdue, counts, beyond), (
+            start, bucket_s)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_histogram_counts_every_live_message_once(tmp_path_factory: object, seed: int) -> None:
+    root = Path(tmp_path_factory.mktemp("due"))  # type: ignore[attr-defined]
+    rng = random.Random(seed)
+    config = WheelConfig(max_open_hours=2)
+    wheel = Wheel.open(root, config)
+    live: dict[int, int] = {}
+    for batch in range(4):
+        delays_ms = [rng.choice([rng.randrange(0, 120_000), rng.randrange(0, 30 * HOUR_S * 1_000),
+                                 rng.randrange(0, 300 * 24 * HOUR_S * 1_000)])
+                     for _ in range(rng.randrange(1, 60))]
+        handles = wheel.schedule([NewMessage(f"m{batch}-{i}", "t", b"x",
+                                             deliver_at_ms=NOW_MS + delay)
+                                  for i, delay in enumerate(delays_ms)], NOW_MS)
+        live.update({h: (NOW_MS + d) // 1_000 for h, d in zip(handles, delays_ms, strict=True)})
+        for handle in rng.sample(sorted(live), k=min(len(live), rng.randrange(0, 6))):
+            wheel.cancel(handle)
+            del live[handle]
+        check(wheel, live, wheel.cursor.second)
+    cursor_second = NOW_MS // 1_000 + 30
+    wheel.advance_cursor(Cursor(cursor_second, 0))
+    live = {h: s for h, s in live.items() if s >= cursor_second}
+    check(wheel, live, cursor_second)
+    wheel.close()
+    reopened = Wheel.open(root, config)
+    check(reopened, live, cursor_second)
+    reopened.close()
+
+
+def test_a_cancel_in_an_open_hour_shows_at_once(tmp_path: Path) -> None:
+    wheel = Wheel.open(tmp_path)
+    handle, = wheel.schedule([NewMessage("a", "t", b"x", deliver_at_ms=NOW_MS + 5_000)], NOW_MS)
+    assert wheel.due_histogram(NOW_MS // 1_000, 1, 60).counts[5] == 1
+    wheel.cancel(handle)
+    assert wheel.due_histogram(NOW_MS // 1_000, 1, 60).counts[5] == 0
+    wheel.close()
