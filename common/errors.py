@@ -6,6 +6,8 @@
     ├── ClientError             the caller can fix it; names the field at fault
     │   ├── InvalidMessage      a message field is malformed or over a limit
     │   ├── UnknownHandle       a handle that no scheduling ever returned
+    │   ├── ConsumerNotAcking   a consumer stream let its messages' visibility timeouts
+    │   │                       run out and acknowledged none of them
     │   └── PermissionDenied    the caller may not do this to this topic or group
     ├── Unauthenticated         no credentials, or credentials nobody issued
     ├── StorageLocked           another process has the data folder open
@@ -55,6 +57,23 @@ class WrongShard(ClientError):
 class MapConflict(ClientError):
     """A change of the shard map that does not follow from the map in force (gRPC
     ``FAILED_PRECONDITION``)."""
+
+
+class ConsumerNotAcking(ClientError):
+    """A consumer stream acknowledged nothing while the visibility timeout of
+    ``max_unacked_timeouts`` of its messages ran out: it is closed (gRPC
+    ``FAILED_PRECONDITION``: reconnecting as it is would hold the next messages the same
+    way), and its messages go to the other consumers of its group."""
+
+    def __init__(self, consumer: str, timeouts: int, visibility_timeout_ms: int) -> None:
+        super().__init__("ack", f"consumer {consumer!r} acknowledged none of its messages, and "
+                                f"the visibility timeout ({visibility_timeout_ms} ms) of "
+                                f"{timeouts} of them ran out (max_unacked_timeouts): the "
+                                "stream is closed and its messages go to the other consumers "
+                                "of its group; ack each message once handled, or subscribe "
+                                "with a longer visibility_timeout_ms")
+        self.consumer = consumer
+        self.timeouts = timeouts
 
 
 class PermissionDenied(ClientError):

@@ -84,7 +84,8 @@ async def serve(settings: NodeSettings) -> None:
         """The courier sends by the cluster's time: the replica's, made below with the
         courier as its sink."""
         return replica.clock.now_ms()
-    courier = Courier(CourierConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms),
+    courier = Courier(CourierConfig(default_visibility_timeout_ms=settings.visibility_timeout_ms,
+                                    max_unacked_timeouts=settings.max_unacked_timeouts),
                       retry, cluster_ms, ledger, metrics)
     access = settings.access()
     peer_callers = PeerCallers(settings.raft_secrets(), access)

@@ -85,6 +85,9 @@ def add_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--max-attempts", type=int,
                        help="a nack of this attempt dead-letters the message to "
                             "'%%DLQ%%TOPIC' (default 16)")
+    serve.add_argument("--max-unacked-timeouts", type=int,
+                       help="a consumer stream that has acked nothing is closed once this many "
+                            "of its messages' visibility timeouts ran out (default 3; 0: never)")
     for name in ("snapshot_min_entries", "max_body_bytes", "max_delay_ms", "max_properties",
                  "max_properties_bytes", "max_batch_msgs", "max_stream_msgs", "max_credits",
                  "max_request_bytes", "max_concurrent_rpcs", "max_principal_rpcs",

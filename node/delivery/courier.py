@@ -7,7 +7,9 @@ is new), joins the replica's planner with its credits, and gets each message onc
 applied (`Courier.deliver`, a `DeliverySink`). Receipts name the lease (group, message, lease
 number, a random nonce): an ack or nack with a receipt of another group, or one never granted,
 changes nothing. A stream's leases end with the stream (its messages are ready again at once,
-and the next lease of each is flagged ``possible_duplicate``).
+and the next lease of each is flagged ``possible_duplicate``). A stream that has acked
+nothing is closed once ``max_unacked_timeouts`` of its leases ran out
+(`tickwheel.node.delivery.no_acks`).
 
 A *nack*, or a lease deadline (the visibility timeout) passing, retries the message through the
 wheel (`tickwheel.node.delivery.retries`): a copy with the same id and ``attempt + 1``, for
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from tickwheel.common.errors import InvariantViolation, NotLeader, Overloaded, TickwheelError
+from tickwheel.node.delivery import no_acks
 from tickwheel.node.delivery.batches import ENVELOPE_BYTES, GRPC_MESSAGE_BYTES, split
 from tickwheel.node.delivery.levels import RetryPolicy
 from tickwheel.node.delivery.receipts import Receipts
@@ -80,6 +83,9 @@ class CourierConfig:
     one ack, one credit back) instead of one per due millisecond. A message with nothing due
     soon after it goes at its own due time; one already due goes at once. To a consumer that
     holds (``Subscribe.hold``) they all go at once, each with the wait it would have had."""
+    max_unacked_timeouts: int = 3
+    """A stream that has acked nothing is closed once this many of its leases ran out their
+    visibility timeout (`tickwheel.node.delivery.no_acks`); 0: never."""
 
 
 class Courier:
@@ -209,6 +215,7 @@ class Courier:
                                           self._replica.shard)
         if not leases:
             return 0
+        consumer.acked = True
         try:
             future = self._replica.ack(leases, wake=False)  # nobody waits for the answer
         except TickwheelError as error:
@@ -357,15 +364,18 @@ class Courier:
         durable lease's deadline is the time its consumer chose to see the message again (an
         invisible duration): its retry copy is ready at once. The leases of a stream that
         has not read what it was sent are not retried: the stream is closed (`_stall`) and
-        they are released with it."""
+        they are released with it; so are those of a stream that acked nothing, once
+        ``max_unacked_timeouts`` of its leases ran out (`no_acks`)."""
         if not expired or expired[0].epoch != self._epoch:
             return
         receipts = encode_receipts([item.lease for item in expired], self._replica.shard)
         stalled = self._stalled(expired, receipts)
+        bound = self.config.max_unacked_timeouts
+        silent = no_acks.reaching_bound(expired, self._consumers, stalled, bound)
         retries: list[RetryItem] = []
         at_once: list[RetryItem] = []
         for item, receipt in zip(expired, receipts, strict=True):
-            if item.consumer in stalled:
+            if item.consumer in stalled or item.consumer in silent:
                 continue
             attempt = item.message.attempt + item.lease.seq - 1
             holder = self._consumers.get(item.consumer) if item.consumer is not None else None
@@ -379,6 +389,9 @@ class Courier:
         self._retries.propose(at_once, "lease_deadline", at_once=True)
         for consumer in stalled.values():
             self._stall(consumer)
+        for consumer in silent.values():
+            no_acks.close(consumer, bound)
+            self.unsubscribe(consumer)
 
     def _stalled(self, expired: list[Expired], receipts: list[str]) -> dict[int, Session]:
         """The streams holding an expired lease whose message was never written to them (gRPC

@@ -34,6 +34,11 @@ class Session:
     writing: list[Sent] = field(default_factory=list)
     """The batch its stream is writing; its messages count as written once gRPC took the
     response (`written`)."""
+    acked: bool = False
+    """It sent an ack of its group at least once (a late one too): it is never closed for
+    not acking."""
+    timeouts: int = 0
+    """Its leases whose visibility timeout ran out while it had acked nothing."""
 
     async def next_batch(self) -> list[Sent]:
         """The next messages to send; raises the reason once the consumer is closed."""
@@ -51,13 +56,17 @@ class Session:
         self.writing = []
 
     def stalled(self) -> None:
-        """Close a stream that does not read (`ConsumerStalled`), dropping what waits in its
-        outbox and the batch it is writing: what gRPC made of the response being written
-        is all it still pins, until the stream ends."""
+        """Close a stream that does not read (`ConsumerStalled`) at once: what gRPC made of
+        the response being written is all it still pins, until the stream ends."""
+        self.shut(ConsumerStalled(self.visibility_timeout_ms))
+
+    def shut(self, reason: BaseException) -> None:
+        """`close` it at once, dropping what waits in its outbox and the batch it is
+        writing: its leases are released with it, so none of that may still reach it."""
         while not self.outbox.empty():
             self.outbox.get_nowait()
         self.writing = []
-        self.close(ConsumerStalled(self.visibility_timeout_ms))
+        self.close(reason)
 
     def close(self, reason: BaseException) -> None:
         """End the stream: `next_batch` raises ``reason`` (the first reason given wins)."""

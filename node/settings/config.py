@@ -154,7 +154,7 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
             raise ValueError("must be positive")
         return value
 
-    @field_validator("min_free_bytes", "schedule_linger_ms")
+    @field_validator("min_free_bytes", "schedule_linger_ms", "max_unacked_timeouts")
     @classmethod
     def _not_negative(cls, value: int) -> int:
         if value < 0:

@@ -200,6 +200,10 @@ class DeliveryFields(BaseModel):
     """The level a first nack waits (10 s by default); each further nack one level more."""
     max_attempts: int = 16
     """A nack of this attempt sends the message to ``%DLQ%<topic>`` instead."""
+    max_unacked_timeouts: int = CourierConfig().max_unacked_timeouts
+    """A consumer stream that has acked nothing is closed (``FAILED_PRECONDITION``) once
+    this many of its messages ran out their visibility timeout, and its messages go to the
+    group's other consumers (`tickwheel.node.delivery.no_acks`); 0: never."""
 
 
 class PodFields(BaseModel):
