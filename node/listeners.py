@@ -1,8 +1,9 @@
 """How a node's gRPC servers are assembled, secured and bound: the client listener
-(`TickwheelService`, standard health and reflection, to authenticated callers), the peer
-listener (`TickwheelService` for the calls followers forward, and `PeerService`, to members
-only), an optional RocketMQ listener (`tickwheel.node.rocketmq`, secured as the client
-listener), and an optional plaintext listener with the health service alone, for probes.
+(`TickwheelService`, the node's own ledger's `LedgerService`, standard health and reflection,
+to authenticated callers), the peer listener (`TickwheelService` for the calls followers
+forward, and `PeerService`, to members only), an optional RocketMQ listener
+(`tickwheel.node.rocketmq`, secured as the client listener), and an optional plaintext listener
+with the health service alone, for probes.
 
 Each of the first three serves every call through a `Gate` (`tickwheel.node.api.admission`) that
 authenticates and admits it before its request is read; they share the node's `Admission`,
@@ -25,6 +26,8 @@ from tickwheel.node.api.context import NodeContext
 from tickwheel.node.api.forward import CHANNEL_OPTIONS
 from tickwheel.node.api.growth import remembered
 from tickwheel.node.api.info import describe
+from tickwheel.node.api.ledger_calls import SERVICE_NAME as LEDGER_SERVICE
+from tickwheel.node.api.ledger_calls import LedgerService
 from tickwheel.node.api.server import SERVICE_NAME, TickwheelService, add_tickwheel_service
 from tickwheel.node.rocketmq.binding import add_messaging_service
 from tickwheel.node.rocketmq.service import MessagingService
@@ -37,6 +40,7 @@ from tickwheel.node.security.identity import (
     PeerCallers,
     metadata_value,
 )
+from tickwheel.v1 import ledger_pb2_grpc
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
 
@@ -211,12 +215,13 @@ async def start_server(node: NodeContext, listeners: Listeners
     updates it)."""
     client = _server(node, listeners, listeners.client_callers.principal)
     add_tickwheel_service(TickwheelService(node), client)
+    ledger_pb2_grpc.add_LedgerServicer_to_server(LedgerService(node), client)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, client)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        (SERVICE_NAME, LEDGER_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME), client)
     _bind(client, listeners.client, listeners.client_credentials, "gRPC")
     servers = [client]

@@ -111,7 +111,9 @@ async def serve(settings: NodeSettings) -> None:
                               lambda: replica.status().pending,
                               lambda refused: metrics.quota_refusals.labels(
                                   refused.principal, refused.quota).inc()),
-                       settings.rocketmq_reach())
+                       settings.rocketmq_reach(),
+                       ledger_folder=None if ledger is None else ledger.folder,
+                       rotate_ledger=None if ledger is None else ledger.rotate)
     servers, health_servicer = await start_server(node, _listeners(settings))
     replica.start()
     if settings.metrics_listen:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from tickwheel.common.clock import Clock
 from tickwheel.node.api import validation
@@ -48,6 +50,11 @@ class NodeContext:
     rocketmq_address: str = ""
     """Where the other members' RocketMQ routes name this node's RocketMQ listener; "" for
     none."""
+    ledger_folder: Path | None = None
+    """This node's ledger (`tickwheel.node.ledger`), which the ``Ledger`` service reads; None
+    for a node run ``--no-ledger``."""
+    rotate_ledger: Callable[[], None] | None = None
+    """Close the ledger's open segment (and return once it is closed)."""
 
     @property
     def shards(self) -> ShardMap:

@@ -12,6 +12,8 @@
     tickwheel cancel HANDLE [HANDLE ...]
     tickwheel reschedule (--in DURATION | --at ISO8601) HANDLE [HANDLE ...]
     tickwheel status
+    tickwheel ledger fetch --out DIR [--since 6h] [--until ISO8601]   every node's ledger
+    tickwheel trace ID [--json]                    a message's life from every node's ledger
     tickwheel certs DIR [--host H ...]             TLS files, a token and an access file to try
     tickwheel token [--name N]                     a bearer token and its access file lines
 
@@ -40,6 +42,7 @@ from rich.table import Table
 
 from tickwheel.client import Client, ClusterInfo, Credentials, Message, TickwheelClientError
 from tickwheel.node.cli import credentials as cli_credentials
+from tickwheel.node.cli import ledger as cli_ledger
 from tickwheel.node.cli import serve as cli_serve
 from tickwheel.node.cli.terminal import console
 from tickwheel.node.settings.shards import shard_member
@@ -93,14 +96,17 @@ class _BadCredentials(Exception):
     """A client command's credentials cannot be read."""
 
 
-def _client(args: argparse.Namespace) -> Client:
+def _credentials(args: argparse.Namespace) -> Credentials:
     try:
-        credentials = Credentials.load(ca_file=args.ca_file, token_file=args.token_file,
-                                       cert_file=args.cert_file, key_file=args.key_file,
-                                       insecure=args.insecure)
+        return Credentials.load(ca_file=args.ca_file, token_file=args.token_file,
+                                cert_file=args.cert_file, key_file=args.key_file,
+                                insecure=args.insecure)
     except ValueError as error:
         raise _BadCredentials(str(error)) from None
-    return Client(args.target, credentials=credentials)
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.target, credentials=_credentials(args))
 
 
 def _schedule(args: argparse.Namespace) -> int:
@@ -376,6 +382,7 @@ def _parser(more: AddCommands | None) -> argparse.ArgumentParser:
                       metavar="SHARD=GRPC_ADDRESS=PEER_ADDRESS",
                       help="a member of a shard added (repeat for each, in member order)")
     grow.set_defaults(handler=_grow_shards)
+    cli_ledger.add_parsers(commands, connection, duration_ms, _credentials)
     return parser
 
 
