@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .PHONY: test check lint typecheck demo bench bench-quick chaos compat lock clean \
-	monitoring promtool
+	monitoring promtool chromium console-screenshots
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tickwheel needs Python >= 3.11")'
@@ -26,7 +26,7 @@ lint: $(STAMP) typecheck
 TYPECHECK := build/typecheck/tickwheel
 typecheck: $(STAMP)
 	@mkdir -p $(TYPECHECK)
-	@for package in common wheel replication node harness chaos cli client; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
+	@for package in common wheel replication node harness chaos cli client console audit; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
 	@ln -sfn ../../generated/tickwheel/v1 $(TYPECHECK)/v1
 	@ln -sfn ../../generated/tickwheel/rocketmq $(TYPECHECK)/rocketmq
 	$(VENV)/bin/mypy
@@ -45,7 +45,7 @@ WORKERS ?= 3
 PYCACHE := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache
 PYTEST  := $(PYCACHE) $(PY) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
-test: lint promtool
+test: lint promtool chromium
 	$(PYTEST)
 
 # What starts no process: no node, CLI, JVM or client subprocess (those tests are marked cluster).
@@ -61,6 +61,18 @@ promtool:
 	@command -v promtool > /dev/null || { $(SUDO) apt-get update -qq && \
 	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	        --no-install-recommends prometheus; }
+
+# The console's browser tests (tests/console) drive Debian's chromium through Playwright,
+# pointed at /usr/bin/chromium: installed here when missing (as root, or through sudo), never
+# downloaded by Playwright at run time.
+chromium:
+	@test -x /usr/bin/chromium || { $(SUDO) apt-get update -qq && \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	        --no-install-recommends chromium; }
+
+# The screenshots of docs/console.md, taken by the browser tests on a real cluster.
+console-screenshots: $(STAMP) chromium
+	TICKWHEEL_SCREENSHOTS=docs/console $(PYCACHE) $(PY) -m pytest -n0 tests/console/test_browser.py
 
 # The dashboards (deploy/grafana, and their ConfigMap) and the alert rules (the rules file and
 # the PrometheusRule) from deploy/monitoring: run after changing it, and commit what it writes.

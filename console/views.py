@@ -1,0 +1,162 @@
+"""What the console's pages show, read from the cluster through the client library alone.
+
+The cluster page asks every member for its own view (`Client.cluster_info` with a target) at
+once, so a member that is down shows as unreachable while the others answer, and the leader is
+the one that says it leads in the highest term; `LeaderTimeline` keeps the changes of leader a
+session has seen. The topics and groups come from the leader's answer (its due and unacked
+counts are the leader's own), the histogram from `Client.due_histogram`. Pure reads, no state
+but the timeline: `tickwheel.console.pages` and `tickwheel.console.live` call them (on worker
+threads: the client blocks).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from tickwheel.client import Client, ClusterInfo, DueHistogram, TickwheelClientError
+
+_ASKING = ThreadPoolExecutor(max_workers=16, thread_name_prefix="console-ask")
+"""Where the members are asked at once: one call a member, each bounded by the client's
+attempt timeout."""
+TIMELINE_LENGTH = 20
+
+
+@dataclass(frozen=True, slots=True)
+class MemberView:
+    """One member as it answers for itself (or not)."""
+
+    grpc_address: str
+    answered: bool
+    role: str = "unreachable"
+    raft_address: str = ""
+    term: int = 0
+    commit_index: int = 0
+    last_applied: int = 0
+    cursor_second: int = 0
+    lag_entries: int = 0
+    """Behind the leader's commit index, as the leader counts it."""
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderChange:
+    at_ms: int
+    leader: str
+    """Its gRPC address ("" while none is known)."""
+    term: int
+
+    @property
+    def at(self) -> str:
+        return _utc(self.at_ms, "%H:%M:%S")
+
+
+@dataclass
+class LeaderTimeline:
+    """The leaders a session has seen, newest first, at most `TIMELINE_LENGTH`."""
+
+    changes: deque[LeaderChange] = field(default_factory=lambda: deque(maxlen=TIMELINE_LENGTH))
+
+    def observe(self, leader: str, term: int, at_ms: int) -> None:
+        last = self.changes[0] if self.changes else None
+        if (last is None and leader) or (last is not None and (last.leader, last.term) != (
+                leader, term)):
+            self.changes.appendleft(LeaderChange(at_ms, leader, term))
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    members: tuple[MemberView, ...]
+    leader: str
+    """The leader's gRPC address, "" if no member says it leads."""
+    term: int
+    info: ClusterInfo | None
+    """The leader's own answer (else any member's), for topics, groups and the cursor."""
+    changes: tuple[LeaderChange, ...]
+
+
+def read_cluster(client: Client, addresses: Iterable[str], timeline: LeaderTimeline
+                 ) -> tuple[ClusterView, set[str]]:
+    """Ask every member in ``addresses`` (and those their answers name) for its view; returns
+    the view and every member address now known."""
+    known = sorted(set(addresses))
+    answers = dict(zip(known, _ASKING.map(lambda a: _ask(client, a), known), strict=True))
+    for info in [a for a in answers.values() if isinstance(a, ClusterInfo)]:
+        for member in info.members:
+            if member.grpc_address not in answers:
+                answers[member.grpc_address] = _ask(client, member.grpc_address)
+    infos = {a: i for a, i in answers.items() if isinstance(i, ClusterInfo)}
+    leading = [i for i in infos.values() if i.role == "leader"]
+    leader_info = max(leading, key=lambda i: i.term) if leading else None
+    lag = {m.grpc_address: m.lag_entries for m in leader_info.members} if leader_info else {}
+    members = tuple(_member(address, answer, lag.get(address, 0))
+                    for address, answer in sorted(answers.items()))
+    leader = next((a for a, i in infos.items() if i is leader_info), "")
+    term = leader_info.term if leader_info else max((i.term for i in infos.values()), default=0)
+    timeline.observe(leader, term, time.time_ns() // 1_000_000)
+    shown = leader_info or next(iter(infos.values()), None)
+    return ClusterView(members, leader, term, shown, tuple(timeline.changes)), set(answers)
+
+
+def _ask(client: Client, address: str) -> ClusterInfo | str:
+    try:
+        return client.cluster_info(target=address)
+    except TickwheelClientError as error:
+        return error.code.name
+
+
+def _member(address: str, answer: ClusterInfo | str, lag_entries: int) -> MemberView:
+    if isinstance(answer, str):
+        return MemberView(address, answered=False, error=answer)
+    return MemberView(address, True, answer.role, answer.address, answer.term,
+                      answer.commit_index, answer.last_applied, answer.cursor_second,
+                      lag_entries)
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    index: int
+    start_ms: int
+    count: int
+    label: str
+    height_pct: float
+    """Of the tallest bucket's, for the bar."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramView:
+    span: str
+    histogram: DueHistogram
+    buckets: tuple[Bucket, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(self.histogram.counts)
+
+
+def read_histogram(client: Client, span: str) -> HistogramView:
+    histogram = client.due_histogram(span)
+    tallest = max(histogram.counts, default=0) or 1
+    buckets = tuple(
+        Bucket(i, start_ms, count, _label(span, i, start_ms), 100.0 * count / tallest)
+        for i, count in enumerate(histogram.counts)
+        for start_ms in [histogram.start_ms + i * histogram.bucket_ms])
+    return HistogramView(span, histogram, buckets)
+
+
+def _label(span: str, index: int, start_ms: int) -> str:
+    if span == "minute":
+        return f"+{index} s"
+    if span == "hour":
+        return f"+{index} min"
+    if span == "day":
+        return _utc(start_ms, "%H:00")
+    return _utc(start_ms, "%Y-%m-%d")
+
+
+def _utc(at_ms: int, form: str) -> str:
+    return datetime.datetime.fromtimestamp(at_ms / 1_000, datetime.UTC).strftime(form)

@@ -1,0 +1,128 @@
+"""The console in a real browser (Debian's chromium through Playwright) on a real 3-node
+cluster: log in, see the members and the leader, see a failover without reloading, watch
+the due-time histogram follow a message scheduled and cancelled from the admin page, and
+a wrong token and a read-only principal refused."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from browsing import Running, log_in, screenshot
+from tickwheel.client import Message
+
+pytestmark = pytest.mark.cluster
+
+HOUR_MS = 3_600_000
+
+
+def test_an_operator_logs_in_and_sees_three_members_and_the_leader(
+        page: Page, running: Running) -> None:
+    log_in(page, running)
+    members = page.locator("#members tr.member")
+    expect(members).to_have_count(3)
+    leader = running.cluster.leader(timeout_s=15).grpc_address
+    expect(page.locator("#leader")).to_have_text(leader)
+    expect(page.locator('#members tr[data-role="leader"]')).to_have_count(1)
+    screenshot(page, "cluster")
+
+
+def test_a_wrong_token_is_refused(page: Page, running: Running) -> None:
+    page.goto(running.console.url + "login")
+    page.fill("#token", "not-a-token-of-this-cluster")
+    page.click("#login button[type=submit]")
+    expect(page.locator("#login-error")).to_have_text("The cluster refused this token.")
+    assert not [c for c in page.context.cookies() if "session" in c["name"]]
+    page.goto(running.console.url + "cluster")
+    expect(page).to_have_url(re.compile(r"/login$"))
+
+
+def _bucket_count(page: Page, due_ms: int) -> int:
+    """What the live histogram shows for the bucket of ``due_ms`` (0 when it has no row)."""
+    table = page.locator("#buckets")
+    start_ms = int(table.get_attribute("data-start-ms") or 0)
+    bucket_ms = int(table.get_attribute("data-bucket-ms") or 1)
+    row = page.locator(f'#buckets tr[data-bucket="{(due_ms - start_ms) // bucket_ms}"] .count')
+    return int(row.inner_text()) if row.count() else 0
+
+
+def _wait_for_count(page: Page, due_ms: int, wanted: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (seen := _bucket_count(page, due_ms)) != wanted:
+        assert time.monotonic() < deadline, f"the bucket shows {seen}, not {wanted}"
+        page.wait_for_timeout(100)  # the page updates itself; this only paces the reads
+
+
+def test_the_histogram_follows_a_message_scheduled_and_cancelled(
+        page: Page, running: Running) -> None:
+    log_in(page, running)
+    histogram = page.context.new_page()
+    histogram.goto(running.console.url + "histogram?span=day")
+    due_ms = (time.time_ns() // 1_000_000) + 2 * HOUR_MS
+    before = _bucket_count(histogram, due_ms)
+    page.goto(running.console.url + "admin")
+    page.fill("#s-topic", "console-orders")
+    page.fill("#s-body", "close order 7")
+    page.fill("#s-delay", str(2 * HOUR_MS // 1_000))
+    page.click("#schedule button")
+    done = page.locator("#done")
+    expect(done).to_contain_text("Scheduled")
+    handle = re.search(r"handle (\d+)", done.inner_text())
+    assert handle is not None
+    _wait_for_count(histogram, due_ms, before + 1)  # live: the histogram page is not reloaded
+    screenshot(histogram, "histogram")
+    page.fill("#c-handle", handle.group(1))
+    page.click("#cancel button")
+    expect(page.locator("#done")).to_have_text("Cancel: CANCELLED.")
+    _wait_for_count(histogram, due_ms, before)
+    screenshot(page, "admin")
+
+
+def test_a_read_only_principal_changes_nothing(page: Page, running: Running) -> None:
+    log_in(page, running, "reader")
+    page.goto(running.console.url + "admin")
+    page.fill("#s-topic", "console-readonly")
+    page.fill("#s-delay", "600")
+    page.click("#schedule button")
+    expect(page.locator("#refused")).to_contain_text("PERMISSION_DENIED")
+    with running.cluster.client() as admin:
+        assert "console-readonly" not in {p.topic for p in admin.cluster_info().pending}
+        handle = admin.schedule("console-readonly", "b", delay_ms=600_000).handle
+    page.fill("#c-handle", str(handle))
+    page.click("#cancel button")
+    expect(page.locator("#refused")).to_contain_text("PERMISSION_DENIED")
+    with running.cluster.client() as admin:
+        assert admin.cancel_outcomes([handle])[0].name == "CANCELLED"  # it was still pending
+
+
+def test_topics_show_what_is_pending(page: Page, running: Running) -> None:
+    with running.cluster.client() as admin:
+        admin.schedule_many([Message("console-topics", "body", delay_ms=600_000)
+                             for _ in range(3)])
+    log_in(page, running)
+    page.goto(running.console.url + "topics")
+    expect(page.locator('#pending tr[data-topic="console-topics"] td.n')).to_have_text("3")
+    screenshot(page, "topics")
+
+
+def test_a_failover_shows_without_a_reload(page: Page, running: Running) -> None:
+    log_in(page, running)
+    old = running.cluster.leader(timeout_s=15)
+    expect(page.locator("#leader")).to_have_text(old.grpc_address)
+    live = page.locator("#cluster")
+    updates_before = int(live.get_attribute("data-updates") or 0)
+    killed_at = time.monotonic()
+    running.cluster.signal(old, 9)
+    new_leader = page.locator("#leader")
+    expect(new_leader).not_to_have_text(old.grpc_address, timeout=5_000)
+    expect(new_leader).not_to_have_text("none", timeout=5_000 - int(
+        (time.monotonic() - killed_at) * 1_000))
+    assert int(live.get_attribute("data-updates") or 0) > updates_before  # no reload: updated
+    expect(page.locator(f'#members tr[data-address="{old.grpc_address}"]')).to_have_attribute(
+        "data-role", "unreachable")
+    assert page.locator("#timeline tr").count() >= 3  # header, the old leader, the new one
+    screenshot(page, "failover")
+
