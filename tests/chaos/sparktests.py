@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from tickwheel.chaos.audit import build_session
+from tickwheel.audit import build_session
 
 QUICK_JVM = ("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 """Spark's JVMs here live seconds on tiny logs: the quick JIT tier alone halves their CPU."""

@@ -1,0 +1,176 @@
+"""What the ledgers say happened to each message, as Spark frames: the definitions the
+production audit counts (docs/audit.md has them for users).
+
+Every replica records the committed lifecycle, so each committed row is in up to as many
+ledgers as the shard has members (and twice in a node that applied its log again after a
+restart): `committed` keeps one of each. ``sent`` rows are the sending leader's own.
+
+- **messages**: one row per ``(shard, id)`` with a ``scheduled`` row: its ``topic``, when it
+  was first scheduled (``scheduled_ms``), its due time (``due_ms``: the latest
+  ``rescheduled`` row's ``deliver_at_ms``, else the schedule's), and its first ``cancelled``
+  row's time (``cancelled_ms``).
+- **deliveries**: a message is owed to every consumer group of its topic, the groups any
+  ``sent`` or ``leased`` row names for that topic (``""``: the default group); a topic no
+  group ever consumed is owed to nobody. A delivery is *handled* at its first ``sent`` row or
+  its first ``acked`` row (replicated, so it survives the sending leader's lost segment),
+  whichever is earlier.
+- **overdue**: a delivery not cancelled by ``due_ms + grace_ms``, due so that
+  ``due_ms + grace_ms <= horizon_ms``, and not handled by then; ``never_sent`` of those have
+  no ``sent`` or ``acked`` row at all. An overdue delivery whose window ``[due_ms, due_ms +
+  grace_ms]`` meets a ledger gap of its shard (`tickwheel.audit.layout.Gap`) is *unknown*, not
+  overdue: its send may be in the rows missing.
+- **early**: ``sent`` rows with ``time_ms < deliver_at_ms - allowed_early_ms``, the cluster's
+  time against the due time the send carries.
+- **after_cancel**: ``sent`` rows of a message later than its first ``cancelled`` row.
+- **contrary_to_reschedule**: ``sent`` rows of a rescheduled message at or after its latest
+  ``rescheduled`` row and more than ``allowed_early_ms`` before the due time that row set.
+
+Used by `tickwheel.audit.summary`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+OWN: tuple[str, ...] = ("sent", "dispatch_started")
+"""Events a node records of itself (all others are committed, on every replica)."""
+DELIVERY = ("shard", "id", "group")
+
+
+@dataclass(frozen=True, slots=True)
+class Judging:
+    """What the audit judges by: ``horizon_ms`` (deliveries due by ``horizon_ms - grace_ms``
+    must have been handled), ``grace_ms`` and ``allowed_early_ms``."""
+
+    horizon_ms: int
+    grace_ms: int
+    allowed_early_ms: int
+
+
+def committed(rows: DataFrame) -> DataFrame:
+    """The committed rows, each once (every replica records them)."""
+    return (rows.filter(~F.col("event").isin(*OWN))
+            .withColumn("group", F.coalesce("group", F.lit("")))
+            .dropDuplicates(["shard", "event", "handle", "new_handle", "group", "lease",
+                             "time_ms"]))
+
+
+def sends(rows: DataFrame) -> DataFrame:
+    """The ``sent`` rows (group ``""`` for the default group)."""
+    return (rows.filter(F.col("event") == "sent")
+            .withColumn("group", F.coalesce("group", F.lit(""))))
+
+
+def handles(events: DataFrame) -> DataFrame:
+    """``(shard, handle, id)`` of every copy a committed row filed."""
+    filed = events.filter(F.col("event").isin("rescheduled", "nacked", "dead_lettered"))
+    return (events.filter(F.col("event") == "scheduled").select("shard", "handle", "id")
+            .unionByName(filed.select("shard", F.col("new_handle").alias("handle"), "id"))
+            .dropDuplicates(["shard", "handle"]))
+
+
+def with_ids(events: DataFrame, copies: DataFrame) -> DataFrame:
+    """``events`` with the ``id`` of their handle where they carry none."""
+    named = copies.select("shard", "handle", F.col("id").alias("id_of_handle"))
+    return (events.join(named, ["shard", "handle"], "left")
+            .withColumn("id", F.coalesce("id", "id_of_handle")).drop("id_of_handle"))
+
+
+def messages(events: DataFrame) -> DataFrame:
+    """One row per scheduled ``(shard, id)`` (see the module docstring)."""
+    event = F.col("event")
+    moved = event == "rescheduled"
+    return (events.filter(event.isin("scheduled", "rescheduled", "cancelled"))
+            .groupBy("shard", "id").agg(
+                F.first(F.when(event == "scheduled", F.col("topic")), ignorenulls=True)
+                .alias("topic"),
+                F.min(F.when(event == "scheduled", F.col("time_ms"))).alias("scheduled_ms"),
+                F.min_by(F.when(event == "scheduled", F.col("deliver_at_ms")),
+                         F.when(event == "scheduled", F.col("time_ms"))).alias("first_due_ms"),
+                F.max_by(F.when(moved, F.col("deliver_at_ms")), F.when(moved, F.col("time_ms")))
+                .alias("moved_to_ms"),
+                F.max(F.when(moved, F.col("time_ms"))).alias("moved_at_ms"),
+                F.min(F.when(event == "cancelled", F.col("time_ms"))).alias("cancelled_ms"))
+            .filter(F.col("scheduled_ms").isNotNull())
+            .withColumn("due_ms", F.coalesce("moved_to_ms", "first_due_ms"))
+            .drop("first_due_ms"))
+
+
+def topic_groups(events: DataFrame, sent: DataFrame) -> DataFrame:
+    """``(topic, group)``: every group a ``sent`` or ``leased`` row names for a topic."""
+    leased = events.filter(F.col("event") == "leased").select("topic", "group")
+    return (sent.select("topic", "group").unionByName(leased)
+            .filter(F.col("topic").isNotNull()).distinct())
+
+
+def deliveries(known: DataFrame, groups: DataFrame, sent: DataFrame,
+               acked: DataFrame) -> DataFrame:
+    """One row per delivery owed (``shard, id, group, topic, due_ms, cancelled_ms``), with
+    ``sent_ms`` and ``acked_ms``, its first ``sent`` and ``acked`` rows' times (null if
+    none)."""
+    first_sent = sent.groupBy(*DELIVERY).agg(F.min("time_ms").alias("sent_ms"))
+    first_ack = (acked.filter(F.col("id").isNotNull()).groupBy(*DELIVERY)
+                 .agg(F.min("time_ms").alias("acked_ms")))
+    return (known.join(F.broadcast(groups), "topic")
+            .select("shard", "id", "group", "topic", "due_ms", "cancelled_ms")
+            .join(first_sent, list(DELIVERY), "left")
+            .join(first_ack, list(DELIVERY), "left"))
+
+
+def overdue(owed: DataFrame, window: Judging, gaps: DataFrame) -> DataFrame:
+    """Overdue deliveries (the module docstring), with ``never_sent`` and ``in_gap``."""
+    by_ms = F.col("due_ms") + window.grace_ms
+    handled_ms = F.least("sent_ms", "acked_ms")
+    late = (owed.filter((by_ms <= window.horizon_ms)
+                        & (F.col("cancelled_ms").isNull() | (F.col("cancelled_ms") > by_ms))
+                        & (handled_ms.isNull() | (handled_ms > by_ms)))
+            .withColumn("never_sent", handled_ms.isNull()))
+    meets = (late.join(F.broadcast(gaps), "shard")
+             .filter((F.col("from_ms") <= by_ms) & (F.col("to_ms") >= F.col("due_ms")))
+             .select(*DELIVERY).distinct().withColumn("in_gap", F.lit(True)))
+    return (late.join(meets, list(DELIVERY), "left")
+            .withColumn("in_gap", F.coalesce("in_gap", F.lit(False))))
+
+
+def early(sent: DataFrame, window: Judging) -> DataFrame:
+    """``sent`` rows more than ``allowed_early_ms`` before the due time they carry."""
+    return sent.filter(F.col("time_ms") < F.col("deliver_at_ms") - window.allowed_early_ms)
+
+
+def after_cancel(sent: DataFrame, known: DataFrame) -> DataFrame:
+    """``sent`` rows of a message later than its first ``cancelled`` row."""
+    cancelled = known.filter(F.col("cancelled_ms").isNotNull()).select(
+        "shard", "id", "cancelled_ms")
+    return (sent.join(cancelled, ["shard", "id"])
+            .filter(F.col("time_ms") > F.col("cancelled_ms")))
+
+
+def contrary_to_reschedule(sent: DataFrame, known: DataFrame, window: Judging) -> DataFrame:
+    """``sent`` rows at or after a message's latest ``rescheduled`` row, early for the due
+    time it set."""
+    moved = known.filter(F.col("moved_at_ms").isNotNull()).select(
+        "shard", "id", "moved_at_ms", "moved_to_ms")
+    return (sent.join(moved, ["shard", "id"])
+            .filter((F.col("time_ms") >= F.col("moved_at_ms"))
+                    & (F.col("time_ms") < F.col("moved_to_ms") - window.allowed_early_ms)))
+
+
+def label() -> Column:
+    """A delivery's name in the summary: ``id`` in the default group, else ``group/id``."""
+    return F.when(F.coalesce("group", F.lit("")) == "", F.col("id")).otherwise(
+        F.concat(F.col("group"), F.lit("/"), F.col("id")))
+
+
+def first_per_shard(frame: DataFrame, names: Column, limit: int) -> dict[int, list[str]]:
+    """Per shard, the first ``limit`` distinct ``names`` of ``frame``'s rows, sorted: the
+    only per-message values the audit brings back to the driver."""
+    named = frame.select("shard", names.alias("name")).distinct()
+    ranked = named.withColumn(
+        "rank", F.row_number().over(Window.partitionBy("shard").orderBy("name")))
+    lists: dict[int, list[str]] = {}
+    for row in ranked.filter(F.col("rank") <= limit).orderBy("shard", "name").collect():
+        lists.setdefault(row.shard, []).append(row.name)
+    return lists
