@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import contextvars
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Never, Protocol
 
@@ -322,10 +322,16 @@ class Gate(grpc.aio.ServerInterceptor):
         try:
             async with asyncio.timeout(timeout_ms / 1000):
                 await admission.reserve(call.principal)
+                received = aiter(requests)
                 try:
-                    data = await anext(aiter(requests), b"")
+                    data = await anext(received, b"")
                 finally:
                     admission.read(call.principal, 0)
+                    if isinstance(received, AsyncGenerator):
+                        # grpc.aio's receiver, an async generator: left suspended after its one
+                        # request, it was closed by the event loop's finalizer once the call
+                        # was dropped, a task and a wake of the loop for every unary call
+                        await received.aclose()
         except Overloaded as error:
             await self._refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
         except TimeoutError:
