@@ -14,9 +14,10 @@ audit (a chaos run is a production audit plus the runner's logs) and
 above ``node`` and below ``harness``.
 """
 
-from tickwheel.audit.command import add_arguments, build_session, run
+from tickwheel.audit.command import add_arguments, build_session, main, run
 from tickwheel.audit.layout import LEDGER_SCHEMA, Gap, find_gaps, read_ledger
 from tickwheel.audit.summary import AuditOptions, audit_ledgers, summarize, verdict
 
 __all__ = ["LEDGER_SCHEMA", "AuditOptions", "Gap", "add_arguments", "audit_ledgers",
-           "build_session", "find_gaps", "read_ledger", "run", "summarize", "verdict"]
+           "build_session", "find_gaps", "main", "read_ledger", "run", "summarize",
+           "verdict"]
