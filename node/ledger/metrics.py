@@ -24,4 +24,4 @@ class LedgerMetrics:
         self.deleted = Counter("tickwheel_ledger_deleted_segments", "Closed ledger segments "
                                "deleted, by reason (age, bytes, disk).", ["reason"], registry=r)
         self.bytes = Gauge("tickwheel_ledger_bytes", "Bytes of the closed ledger segments "
-                           "kept.", registry=r)
+                           "kept, with their indexes.", registry=r)

@@ -3,10 +3,11 @@ the node keeps for its own writes.
 
 After each segment it closes (and at start) the ledger deletes its oldest closed segments (each
 with its manifest and its index) while the oldest is older than ``max_age_s`` (by the time its
-file was last written), while all of them take more than ``max_bytes``, and while the disk
-holds less than the node's reserve (``min_free_bytes``, `tickwheel.node.ops.disk`) plus one
-more segment (``max_segment_bytes``). The newest segment is always kept, so sequence numbers
-continue after a restart and are never reused. A segment deleted is counted by reason.
+file was last written), while all of them (with their indexes) take more than ``max_bytes``,
+and while the disk holds less than the node's reserve (``min_free_bytes``,
+`tickwheel.node.ops.disk`) plus one more segment (``max_segment_bytes``). The newest segment is
+always kept, so sequence numbers continue after a restart and are never reused. A segment
+deleted is counted by reason.
 
 `room_for_segment` is what the writer asks before it begins a segment, and before each
 write: while it answers False the ledger writes nothing and counts the rows it drops
@@ -52,7 +53,8 @@ def enforce(folder: Path, retention: Retention, now_ms: int) -> tuple[list[tuple
     with its reason (``age``, ``bytes``, ``disk``), and the bytes of those kept."""
     kept = [(path, path.stat()) for path in segments(folder)]
     deleted: list[tuple[Path, str]] = []
-    total = sum(stat.st_size for _, stat in kept)
+    indexes = {path: _size(index_path(path)) for path, _ in kept}
+    total = sum(stat.st_size + indexes[path] for path, stat in kept)
     oldest_ms = now_ms - retention.max_age_s * 1000
     while len(kept) > 1:
         path, stat = kept[0]
@@ -66,9 +68,17 @@ def enforce(folder: Path, retention: Retention, now_ms: int) -> tuple[list[tuple
             break
         _delete(path)
         deleted.append((path, reason))
-        total -= stat.st_size
+        total -= stat.st_size + indexes[path]
         kept.pop(0)
     return deleted, total
+
+
+def _size(path: Path) -> int:
+    """A file's size, 0 if there is none."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _delete(segment: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from tickwheel.harness.local_cluster import wait_for
 from tickwheel.node.ledger import read_manifest, read_table, segments
+from tickwheel.node.ledger.index import index_path
 from tickwheel.node.ledger.metrics import LedgerMetrics
 from tickwheel.node.ledger.read import missing_sequences
 from tickwheel.node.ledger.schema import SCHEMA, Gap, segment_name, sequence_of
@@ -201,7 +202,7 @@ def test_retention_keeps_the_segments_within_max_bytes(
         ledger.rotate()
     ledger.close()
     paths = segments(tmp_path)
-    kept_bytes = sum(path.stat().st_size for path in paths)
+    kept_bytes = sum(path.stat().st_size + index_path(path).stat().st_size for path in paths)
     assert kept_bytes <= 20_000 and len(paths) >= 2
     assert sequence_of(paths[-1]) == 20
     assert metrics.deleted.labels("bytes")._value.get() == 20 - len(paths)

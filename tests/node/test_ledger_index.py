@@ -95,3 +95,18 @@ def test_retention_deletes_an_index_with_its_segment(tmp_path: Path) -> None:
     (kept,) = segments(tmp_path)
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
         [kept.name, kept.with_suffix(".json").name, index_path(kept).name])
+
+
+def test_retention_counts_the_indexes_bytes(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path, NODE, LedgerConfig(), Clock(), LedgerMetrics(), lambda _: ROOMY)
+    ledger.start()
+    for start in range(0, 300, 100):
+        ledger.add(scheduled(start, 100))
+        ledger.rotate()
+    ledger.close()
+    kept = segments(tmp_path)
+    both = sum(path.stat().st_size + index_path(path).stat().st_size for path in kept)
+    reopened = Ledger(tmp_path, NODE, LedgerConfig(max_bytes=both - 1), Clock(),
+                      LedgerMetrics(), lambda _: ROOMY)
+    reopened.close()
+    assert segments(tmp_path)[0] != kept[0] and not index_path(kept[0]).exists()
