@@ -105,13 +105,42 @@ Serializer = Callable[[str, tuple[Any, ...]], None]
 Deserializer = Callable[[str], tuple[Any, ...]]
 
 
+APPLY_SLICE_S = 0.02
+"""A tick applies committed entries for at most this long (and at least one entry)."""
+
+
 class _Core(SyncObj):
-    """pysyncobj's node with one replicated method, `command`, whose argument is bytes."""
+    """pysyncobj's node with one replicated method, `command`, whose argument is bytes; and
+    its applying of committed entries sliced: pysyncobj applies every committed entry in
+    one tick, so a follower catching up on thousands of entries, or a leader whose entries
+    commit together after a pause, answered and sent nothing for as long as that took.
+    A tick applies for `APPLY_SLICE_S`; the rest wait for the next tick, which comes at once
+    (``left_over`` wakes the poller the tick ends with)."""
+
+    _SyncObj__raftCommitIndex: int
+    _SyncObj__raftLastApplied: int
 
     def __init__(self, apply: Callable[[bytes], object], *args: object,
                  **kwargs: object) -> None:
         self._apply_command = apply
+        self.left_over: Callable[[], None] = lambda: None
         super().__init__(*args, **kwargs)
+
+    def _SyncObj__applyLogEntries(self) -> bool:
+        commit = self._SyncObj__raftCommitIndex
+        if commit - self._SyncObj__raftLastApplied <= 1:
+            return bool(super()._SyncObj__applyLogEntries())
+        ends = time.monotonic() + APPLY_SLICE_S
+        send = False
+        try:  # pysyncobj's own applying, an entry at a time: it applies up to the commit index
+            while self._SyncObj__raftLastApplied < commit and time.monotonic() < ends:
+                self._SyncObj__raftCommitIndex = self._SyncObj__raftLastApplied + 1
+                send = bool(super()._SyncObj__applyLogEntries()) or send
+        finally:
+            self._SyncObj__raftCommitIndex = commit
+        if self._SyncObj__raftLastApplied < commit:
+            self.left_over()
+        return send
 
     @replicated
     def command(self, data: bytes) -> object:
@@ -167,6 +196,7 @@ class RaftNode:
         self._notifier = PipeNotifier(self._core._poller)
         self._woken = False
         """A wake's byte is in the pipe, or the tick it ends has not returned yet."""
+        self._core.left_over = self.wake
         self._sent_through: tuple[int, int] = (0, 0)
         """(index, term) of the last entry in the log at this leader's latest send."""
         self._core.addOnTickCallback(self._send_new_entries)
