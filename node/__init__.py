@@ -19,7 +19,8 @@ here, never a module inside; `tests/test_layout.py` checks it):
   `tickwheel.cli` extends with ``cluster up`` and prints to alike;
 - `LEDGER_FOLDER`, `ledger_segments` and `read_ledger_rows`: where a node keeps its ledger,
   its closed segments oldest first (which the chaos runner collects for the audit), and
-  their rows (which the harness reads);
+  their rows (which the harness reads); `Ledger` and `LedgerConfig`, its writer, with which
+  the trace benchmark (`tickwheel.harness.trace_bench`) writes a node's ledger before it starts;
 - `DEFAULT_RESERVE_BYTES` and `free_bytes`: the disk reserve a node keeps and how it measures
   free space, so that the chaos runner's full disk is full as the node sees it;
 - `make_dev_credentials`, `DevCredentials`, `Grants`, `ADMIN_GRANTS`: the development
@@ -43,6 +44,7 @@ from tickwheel.node.cli.terminal import console
 from tickwheel.node.ledger import LEDGER_FOLDER
 from tickwheel.node.ledger import read_rows as read_ledger_rows
 from tickwheel.node.ledger import segments as ledger_segments
+from tickwheel.node.ledger.writer import Ledger, LedgerConfig
 from tickwheel.node.ops.clock_step import CLOCK_OFFSET_FILE, write_clock_offset
 from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES, free_bytes
 from tickwheel.node.rocketmq.signature import secret_key as rocketmq_secret_key
@@ -57,6 +59,8 @@ __all__ = [
     "LEDGER_FOLDER",
     "DevCredentials",
     "Grants",
+    "Ledger",
+    "LedgerConfig",
     "console",
     "free_bytes",
     "ledger_segments",
