@@ -20,6 +20,10 @@ that gave it out, and consume from every shard at once.
 Every answer is the library's own type, never a generated protobuf message: `cluster_info`
 answers a `ClusterInfo` (with its `Member`, `TopicDue`, `TopicPending` and `GroupInfo`),
 `due_histogram` a `DueHistogram` (how many messages are due when).
+
+`LedgerClient` reads every node's ledger, for a cluster's admins: `LedgerClient.trace` answers
+a `Trace` of `TracedEvent` rows, and `fetch_ledger` copies the closed segments into a folder
+(a `FetchReport` says what it did; docs/node.md, "Reading a running cluster's ledger").
 """
 
 from tickwheel.client._core import Received
@@ -38,6 +42,9 @@ from tickwheel.client.errors import (
 )
 from tickwheel.client.histogram import SPANS, DueHistogram
 from tickwheel.client.info import ClusterInfo, GroupInfo, Member, TopicDue, TopicPending
+from tickwheel.client.ledger import LedgerClient, Trace, TracedEvent
+from tickwheel.client.ledger_fetch import FetchReport
+from tickwheel.client.ledger_fetch import fetch as fetch_ledger
 from tickwheel.client.messages import (
     CancelOutcome,
     Message,
@@ -57,8 +64,10 @@ __all__ = [
     "Consumer",
     "Credentials",
     "DueHistogram",
+    "FetchReport",
     "GroupInfo",
     "InvalidArgument",
+    "LedgerClient",
     "Member",
     "Message",
     "PermissionDenied",
@@ -71,6 +80,9 @@ __all__ = [
     "TickwheelClientError",
     "TopicDue",
     "TopicPending",
+    "Trace",
+    "TracedEvent",
     "Unauthenticated",
     "Unavailable",
+    "fetch_ledger",
 ]

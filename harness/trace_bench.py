@@ -34,7 +34,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from tickwheel.client.ledger import LedgerClient
+from tickwheel.client import LedgerClient
 from tickwheel.harness.local_cluster import LocalCluster
 from tickwheel.node import LEDGER_FOLDER, Ledger, LedgerConfig, ledger_segments
 from tickwheel.replication import LedgerRows

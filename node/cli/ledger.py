@@ -7,9 +7,9 @@ cluster, for its admins (docs/node.md, "Reading a running cluster's ledger").
     tickwheel trace ID [--json] [--close-open]
 
 ``ledger fetch`` copies the closed segments of every node of every shard into DIR
-(`tickwheel.client.ledger_fetch`: verified, resumable), shows its progress on stderr, and
+(`tickwheel.client.fetch_ledger`: verified, resumable), shows its progress on stderr, and
 exits 1 if any node was missed, naming each. ``trace`` prints a message's life from every
-node's ledger as a table by time (`tickwheel.client.ledger`), or JSON; 1 if no ledger holds
+node's ledger as a table by time (`tickwheel.client.LedgerClient`), or JSON; 1 if no ledger holds
 the id. Wired into the command by `tickwheel.node.cli.commands`.
 """
 
@@ -28,9 +28,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 from rich.table import Table
 
-from tickwheel.client import Credentials
-from tickwheel.client.ledger import LedgerClient, Trace, TracedEvent
-from tickwheel.client.ledger_fetch import fetch
+from tickwheel.client import Credentials, LedgerClient, Trace, TracedEvent, fetch_ledger
 from tickwheel.node.cli.terminal import console
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -84,7 +82,7 @@ def _fetch(args: argparse.Namespace, credentials: Credentials) -> int:
             TextColumn("ledger segments {task.description}"), BarColumn(), DownloadColumn(),
             console=errors) as progress:
         segments = progress.add_task("", total=None)
-        report = fetch(ledger, args.out, args.since, args.until,
+        report = fetch_ledger(ledger, args.out, args.since, args.until,
                        lambda done, total, done_bytes, total_bytes: progress.update(
                            segments, completed=done_bytes, total=total_bytes,
                            description=f"{done}/{total}"))
