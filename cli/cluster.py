@@ -35,6 +35,7 @@ from tickwheel.cli.cluster_state import (
     read_state,
 )
 from tickwheel.client import Client
+from tickwheel.harness.console_process import ConsoleProcess
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode
 from tickwheel.node import console
 
@@ -60,6 +61,9 @@ def add_cluster_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     up.add_argument("--rocketmq", action="store_true",
                     help="serve RocketMQ 5's client protocol too, on BASE+300+j (AccessKey "
                          "admin; its SecretKey: tickwheel rocketmq-key admin)")
+    up.add_argument("--console", action="store_true",
+                    help="run the web console too, on https://127.0.0.1:BASE+400/ (log in with "
+                         "DATA/security/tokens/admin.token; docs/console.md)")
     up.set_defaults(handler=_cluster_up)
     grow = actions.add_parser(
         "grow", help="add shards to the cluster a running `cluster up` runs (docs/shards.md)")
@@ -79,6 +83,9 @@ def _cluster_up(args: argparse.Namespace) -> int:
     recorded = read_state(data)
     if recorded is not None and answering(Path(recorded.control)):
         return _refuse(f"a cluster up (pid {recorded.pid}) runs at {data} already")
+    if args.console and args.insecure_grpc:
+        return _refuse("--console serves HTTPS with the cluster's certificates: not with "
+                       "--insecure-grpc")
     refusal = layout_refusal(recorded, args.shards, args.nodes, args.base_port)
     if refusal:
         return _refuse(f"{data}: {refusal}")
@@ -96,8 +103,11 @@ def _cluster_up(args: argparse.Namespace) -> int:
     state.write(data)
     running = _Running(cluster, data, state)
     try:
-        with contextlib.closing(control), cluster:
+        with contextlib.closing(control), cluster, contextlib.ExitStack() as beside:
             _show(cluster, cluster.leaders(timeout_s=30))
+            if args.console:
+                _show_console(beside.enter_context(
+                    ConsoleProcess(cluster, port=args.base_port + 400)))
             while all(node.alive() for node in cluster.nodes):
                 control.serve(0.5, running.handle)
             console.print("[red]a node exited; stopping the cluster[/red]")
@@ -220,6 +230,12 @@ def _show_added(answer: dict[str, Any]) -> None:
     for node in answer["nodes"]:
         table.add_row(*(str(node[column]) for column in columns))
     console.print(table)
+
+
+def _show_console(console_process: ConsoleProcess) -> None:
+    console.print(f"console: {console_process.url} (log in with the token in "
+                  f"{console_process.token_file()}; log: {console_process.log_path})",
+                  highlight=False, soft_wrap=True)
 
 
 def _show(cluster: LocalCluster, leaders: list[LocalNode]) -> None:

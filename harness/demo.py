@@ -4,7 +4,8 @@ mid-delivery, the other shard delivering throughout, nothing lost.
 Starts six ``tickwheel serve`` processes (two Raft groups of three, under ``data/demo``;
 ``--shards 1`` for one group), schedules messages due over the next few seconds through the
 client library (each lands on the shard its id hashes to), consumes them with one consumer, and
-SIGKILLs shard 0's leader half-way. Every arrival is printed with its lateness, its shard and
+SIGKILLs shard 0's leader half-way; a web console (`tickwheel.harness.console_process`) runs
+beside it, and its address is printed. Every arrival is printed with its lateness, its shard and
 the node that sent it; shard 0's new leader carries on. Exits 0 only if every message arrived;
 stops every process it started.
 """
@@ -24,6 +25,7 @@ from rich.table import Table
 
 from tickwheel.client import Client, Message, Received
 from tickwheel.client.shards import shard_of
+from tickwheel.harness.console_process import ConsoleProcess
 from tickwheel.harness.local_cluster import LocalCluster, LocalNode
 
 console = Console(highlight=False)
@@ -40,8 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.data, ignore_errors=True)
     console.print(f"[bold]starting a tickwheel cluster of {args.shards} shard(s) of 3 nodes"
                   f"[/bold] in {args.data}")
-    with LocalCluster(args.data.resolve(), shards=args.shards) as cluster:
+    with LocalCluster(args.data.resolve(), shards=args.shards) as cluster, ConsoleProcess(
+            cluster) as web:
         cluster.leaders(timeout_s=30)
+        console.print(f"web console: {web.url} (token: {web.token_file()}); it stops with "
+                      "the demo, `tickwheel cluster up --console` keeps one", highlight=False)
         # with shards, each shard's leader on a member of its own (docs/shards.md)
         leaders = cluster.placed(timeout_s=60)
         for shard, leader in enumerate(leaders):

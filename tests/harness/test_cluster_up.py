@@ -8,10 +8,12 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tickwheel.harness.local_cluster import wait_for
@@ -87,3 +89,23 @@ def test_the_node_module_alone_has_no_cluster_command() -> None:
     run = subprocess.run([sys.executable, "-m", "tickwheel.node", "cluster", "up"],
                          capture_output=True, text=True, check=False)
     assert run.returncode == 2 and "invalid choice: 'cluster'" in run.stderr
+
+
+def test_cluster_up_with_console_prints_its_address_and_stops_it(tmp_path: Path) -> None:
+    base_port = random.randrange(30_000, 38_000, 10)
+    up, printed = start_cluster_up(tmp_path, base_port, "--console")
+    try:
+        assert up.stdout is not None
+        line = up.stdout.readline()
+        url = f"https://127.0.0.1:{base_port + 400}/"
+        assert line.startswith(f"console: {url}"), printed + line
+        assert str(tmp_path / "cluster" / "security" / "tokens" / "admin.token") in line
+        ca = ssl.create_default_context(cafile=str(tmp_path / "cluster" / "security" / "ca.pem"))
+        assert httpx.get(url + "login", verify=ca).status_code == 200
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=30) == 0
+        wait_for(lambda: port_is_free(base_port + 400), 10, "the console's port to be freed")
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
