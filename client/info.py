@@ -23,6 +23,9 @@ class Member:
     connected: bool
     lag_entries: int
     """On the leader: entries this follower has not yet matched."""
+    version: int = 0
+    """The cluster version its build writes: the answering node's own, and on the leader each
+    follower's as it last answered; 0 unknown (docs/replication.md#compatibility)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,9 @@ class ClusterInfo:
     """Every shard, in order; empty in a cluster of one shard."""
     map_version: int = 1
     """The version of that shard map: 1 until the cluster grows (docs/shards.md)."""
+    cluster_version: int = 0
+    """The formats the cluster writes (replicated): 1 is 0.0.4's, kept after an upgrade from
+    it until `Client.finalize_upgrade`; 0 from a node of 0.0.4."""
 
 
 _Part = TypeVar("_Part", "Member", "TopicDue", "TopicPending", "GroupInfo")

@@ -63,6 +63,7 @@ from tickwheel.client.rpcs import (
     CREATE_GROUP,
     DELETE_GROUP,
     DUE_HISTOGRAM,
+    FINALIZE_UPGRADE,
     GROW_SHARDS,
     RECEIVE_MESSAGES,
     RESCHEDULE,
@@ -255,6 +256,27 @@ class Client(ClientBase[grpc.Channel]):
         request = pb.GroupRequest(topic=topic, group=group)
         return any([self._call(DELETE_GROUP, request, shard=shard).existed
                     for shard in range(self.shards().count)])
+
+    def finalize_upgrade(self) -> int:
+        """Have every shard of the cluster write this release's formats from now on
+        (docs/replication.md#compatibility), shard by shard; returns the cluster version now
+        in force. After it no member can go back to the release before. Refused
+        (``FAILED_PRECONDITION``, naming the member) while a member runs an older release,
+        the leader too (its ``UNIMPLEMENTED`` is said so). Takes an admin grant on every
+        topic."""
+        versions = []
+        for shard in range(self.shards().count):
+            try:
+                versions.append(self._call(FINALIZE_UPGRADE, pb.FinalizeUpgradeRequest(),
+                                           shard=shard).cluster_version)
+            except TickwheelClientError as error:
+                if error.code != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                leader = self._call(CLUSTER_INFO, pb.ClusterInfoRequest(), shard=shard).leader
+                raise TickwheelClientError(grpc.StatusCode.FAILED_PRECONDITION, (
+                    f"cluster_version: the leader of shard {shard}, member {leader}, runs a "
+                    "release before cluster versions (0.0.4): upgrade it first")) from None
+        return min(versions)
 
     def grow_shards(self, shards: Sequence[Sequence[str]],
                     peers: Sequence[Sequence[str]]) -> int:

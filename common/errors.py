@@ -8,6 +8,8 @@
     │   ├── UnknownHandle       a handle that no scheduling ever returned
     │   ├── ConsumerNotAcking   a consumer stream let its messages' visibility timeouts
     │   │                       run out and acknowledged none of them
+    │   ├── VersionConflict     the cluster's version does not allow it yet (or a member
+    │   │                       holds a finalize back); names the member
     │   └── PermissionDenied    the caller may not do this to this topic or group
     ├── Unauthenticated         no credentials, or credentials nobody issued
     ├── StorageLocked           another process has the data folder open
@@ -74,6 +76,12 @@ class ConsumerNotAcking(ClientError):
                                 "with a longer visibility_timeout_ms")
         self.consumer = consumer
         self.timeouts = timeouts
+
+
+class VersionConflict(ClientError):
+    """What the cluster's version does not allow yet: a format of a later version before the
+    upgrade is finalized, or a finalize while a member runs an older release (gRPC
+    ``FAILED_PRECONDITION``; `tickwheel.common.versions`)."""
 
 
 class PermissionDenied(ClientError):

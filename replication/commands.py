@@ -22,6 +22,9 @@ Every write to the replicated state is one of these commands. Each carries the l
 - ``move``: handles of pending messages, each with a new due time (the Reschedule call).
 - ``shard_map``: a new version of the cluster's shard map (shards added); from the entry on,
   the shard takes only the messages the new map gives it (`tickwheel.replication.requests`).
+  Written only from cluster version 2 on (`tickwheel.common.versions`).
+- ``finalize``: the cluster version from this entry on (``tickwheel upgrade finalize``); a
+  release that does not know the version it names stops rather than write older formats.
 
 An entry is pickled by pysyncobj as one ``bytes`` argument, so pickling costs a copy, not a walk
 over messages. The layout is versioned and checksummed: a replica that reads a damaged entry
@@ -80,6 +83,7 @@ class Kind(IntEnum):
     BARRIER = 9
     MOVE = 10
     SHARD_MAP = 11
+    FINALIZE = 12
 
 
 class LeaseOp(IntEnum):
@@ -294,6 +298,16 @@ def shard_map(stamp_ms: int, version: int, body: bytes) -> bytes:
 def read_shard_map(command: bytes) -> tuple[int, bytes]:
     (version,) = _COUNT.unpack_from(command, _HEADER.size)
     return version, command[_HEADER.size + _COUNT.size:]
+
+
+def finalize(stamp_ms: int, version: int) -> bytes:
+    """Cluster version ``version`` (u32) from this entry on."""
+    return _framed(Kind.FINALIZE, stamp_ms, _COUNT.pack(version))
+
+
+def read_finalize(command: bytes) -> int:
+    (version,) = _COUNT.unpack_from(command, _HEADER.size)
+    return int(version)
 
 
 def read_group(command: bytes) -> tuple[bool, str, str]:

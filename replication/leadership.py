@@ -2,6 +2,8 @@
 
 A new leader proposes a *barrier* (a cursor command that moves nothing); once it is applied,
 every entry of earlier terms is applied too, and dispatch starts from the replicated cursor.
+The first leader of a new cluster (no handle key yet) also proposes this build's cluster
+version (`tickwheel.common.versions`): an upgraded cluster waits for ``upgrade finalize``.
 While its tenure holds (`tickwheel.replication.raft.tenure`), a step comes when the first
 message not yet taken is due within ``min_lead_ms``; it takes what comes due by ``now +
 lead_ms`` from the wheel (by ``now + slow_lead_ms`` if that is few) and proposes one
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from tickwheel.common.errors import CorruptSegment, NotLeader, UnknownHandle
+from tickwheel.common.versions import CURRENT
 from tickwheel.replication import commands
 from tickwheel.replication.cluster_clock import ClusterClock
 from tickwheel.replication.commands import HANDLE_KEY_BYTES
@@ -93,6 +96,9 @@ class Leadership:
             # clock but its own yet (`ClusterClock`), and stamps only move forward
             barrier = commands.barrier(self._state.stamp_ms, self._state.cursor, key)
             self._proposals.propose(barrier, self._barrier_applied(term))
+            if key is not None:  # a new cluster's first leader: no older member to wait for
+                self._proposals.propose(commands.finalize(self._state.stamp_ms, CURRENT),
+                                        Future())
             log.info("event=leadership_won term=%d cursor_second=%d cursor_local_index=%d",
                      term, *self._state.cursor)
 

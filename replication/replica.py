@@ -55,6 +55,7 @@ from tickwheel.replication.snapshots import (
 from tickwheel.replication.state import StateMachine
 from tickwheel.replication.state_files import ShardMapRecord
 from tickwheel.replication.status import ReplicaStatus
+from tickwheel.replication.upgrade import Upgrade
 from tickwheel.wheel import DueHistogram, NewMessage
 
 log = logging.getLogger("tickwheel.replication")
@@ -104,6 +105,7 @@ class Replica:
         self._proposals = Proposals(self._raft, self.leader_hint)
         self._leadership = Leadership(self._config, self._raft, self._state, self._clock, sink,
                                       self._proposals, self._requests, self.leader_hint)
+        self.upgrade = Upgrade(self._raft, self._peers, self._state, self._requests)
         self._cipher: tuple[bytes, HandleCipher] | None = None
         self._bytes_since_snapshot = 0
         self._changed = True
@@ -114,9 +116,8 @@ class Replica:
         self._next_turn_s = 0.0
         """When the Raft thread's next turn starts at the latest (its poller's timeout)."""
         self._ride_s = 0.0
-        """How far off that turn may be for a schedule request to wait for it: the linger,
-        or the slow rate's step span (`DispatchConfig.slow_lead_ms`) if it is a dispatch
-        step."""
+        """How far off that turn may be for a schedule request to wait for it: the linger, or the
+        slow rate's step span (`DispatchConfig.slow_lead_ms`) if it is a dispatch step."""
         self._linger_s = self._config.schedule_linger_ms / 1000
         dispatch = self._config.dispatch
         # a step's time is whole milliseconds: up to one more than the span
@@ -206,11 +207,10 @@ class Replica:
 
     def _handle_op(self, command: Callable[[int], bytes], handles: list[int], field: str,
                    may: Callable[[str], bool] | None) -> Applied:
-        """Queue a cancel or a reschedule, made into its command (given the stamp) when the
-        Raft thread proposes it. With ``may``, the Raft thread first reads the topic of each
-        handle's message (a handle does not carry it; a message never changes topic, so
-        the answer holds when the command applies) and refuses the whole request if ``may``
-        refuses one."""
+        """Queue a cancel or a reschedule, made into its command (given the stamp) when the Raft
+        thread proposes it. With ``may``, the Raft thread first reads the topic of each handle's
+        message (a handle does not carry it; a message never changes topic, so the answer holds when
+        the command applies) and refuses the whole request if ``may`` refuses one."""
         self._require_leader()
         return self._requests.handle_op(command, None if may is None else (
             lambda: self._state.refused_topic(handles, field, may)))

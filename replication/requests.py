@@ -16,7 +16,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-from tickwheel.common.errors import Overloaded
+from tickwheel.common.errors import Overloaded, VersionConflict
+from tickwheel.common.versions import SHARD_MAP_VERSION, require
 from tickwheel.replication import commands
 from tickwheel.replication.commands import LeaseOp, LeaseRef
 from tickwheel.replication.group_commit import Entry, GroupCommitter, resolve
@@ -124,6 +125,11 @@ class Requests:
             proposals.propose(commands.schedule(now_ms, entry.parts), entry)
         while self._map_ops:
             version, body, future = self._map_ops.popleft()
+            try:  # the version may have been finalized since it was queued, never unset
+                require(state.cluster_version, SHARD_MAP_VERSION, "a shard map change")
+            except VersionConflict as error:
+                resolve(future, error=error)
+                continue
             self._map_version = max(self._map_version, version)
             proposals.propose(commands.shard_map(now_ms, version, body), future)
         for entry in self.retries.drain():

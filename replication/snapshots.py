@@ -25,8 +25,14 @@ from tenacity import (
 )
 
 from tickwheel.common.clock import Clock
-from tickwheel.common.errors import CorruptSegment, InvariantViolation, StorageIncomplete
+from tickwheel.common.errors import (
+    CorruptSegment,
+    InvariantViolation,
+    StorageIncomplete,
+    invariant,
+)
 from tickwheel.common.exits import EXIT_FATAL, EXIT_SNAPSHOT_UNREADABLE, EXIT_STATE_UNREADABLE
+from tickwheel.common.versions import SHARD_MAP_VERSION
 from tickwheel.replication.exits import Die
 from tickwheel.replication.raft import (
     JOURNAL_FILE,
@@ -132,13 +138,21 @@ class PeerFiles:
 
 def manifest_parts(manifest: Manifest) -> tuple[Any, ...]:
     """The manifest as a snapshot pickles it: plain tuples, dicts and bytes (the readied
-    positions of a second as a tuple of ints, which the release before, which kept sets,
-    reads as it read them)."""
-    return (tuple(manifest.cursor), manifest.stamp_ms, manifest.files, manifest.pending,
-            manifest.groups,
-            {second: tuple(indexes) for second, indexes in manifest.readied.items()},
-            manifest.handle_key, manifest.moves,
-            None if manifest.shard_map is None else tuple(manifest.shard_map))
+    positions of a second as a tuple of ints, which 0.0.4, which kept sets, reads as it read
+    them). Below `SHARD_MAP_VERSION` the eight parts 0.0.4 reads: its ``Manifest`` takes no
+    more, and a follower of 0.0.4 is sent this file by an upgraded leader; the shard map and
+    the cluster version follow from that version on."""
+    parts = (tuple(manifest.cursor), manifest.stamp_ms, manifest.files, manifest.pending,
+             manifest.groups,
+             {second: tuple(indexes) for second, indexes in manifest.readied.items()},
+             manifest.handle_key, manifest.moves)
+    if manifest.cluster_version < SHARD_MAP_VERSION:
+        invariant(manifest.shard_map is None, "a shard map set at cluster version "
+                  f"{manifest.cluster_version}: shard_map commands are written from version "
+                  f"{SHARD_MAP_VERSION} on")
+        return parts
+    return (*parts, None if manifest.shard_map is None else tuple(manifest.shard_map),
+            manifest.cluster_version)
 
 
 def manifest_of(parts: tuple[Any, ...]) -> Manifest:

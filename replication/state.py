@@ -20,6 +20,8 @@ from pathlib import Path
 
 from pyroaring import BitMap
 
+from tickwheel.common.errors import invariant
+from tickwheel.common.versions import BASELINE, CURRENT, describe
 from tickwheel.replication import commands
 from tickwheel.replication.commands import Kind, LeaseOp
 from tickwheel.replication.dedupe import DedupeWindow
@@ -93,6 +95,9 @@ class StateMachine:
         self._last_manifest: Manifest | None = None
         self.shard_map: ShardMapRecord | None = None
         """The newest shard map a command set, if any (else the node's own)."""
+        self.cluster_version = BASELINE
+        """The formats this cluster writes (`tickwheel.common.versions`): set by ``finalize``
+        commands, carried by snapshots."""
 
     @classmethod
     def open(cls, root: Path, config: StateConfig, *, fresh: bool,
@@ -183,6 +188,8 @@ class StateMachine:
             return self._apply_barrier(command, stamp_ms)
         if kind is Kind.SHARD_MAP:
             return self._apply_shard_map(command, stamp_ms)
+        if kind is Kind.FINALIZE:
+            return self._apply_finalize(command)
         return self._apply_cursor(commands.read_cursor(command), stamp_ms)
 
     def _apply_barrier(self, command: bytes, stamp_ms: int) -> Cursor:
@@ -196,6 +203,19 @@ class StateMachine:
             self._s.handle_key = key
             log.info("event=handle_key_set")
         return self._apply_cursor(position, stamp_ms)
+
+    def _apply_finalize(self, command: bytes) -> int:
+        """Take a newer cluster version; returns the version now in force. A version this
+        build does not know stops the node (an older release in a cluster finalized past it):
+        it cannot write what the others now read."""
+        version = commands.read_finalize(command)
+        invariant(version <= CURRENT, f"the cluster was finalized at version "
+                  f"{describe(version)}; this build writes at most {describe(CURRENT)}: run "
+                  "the release the other members run")
+        if version > self.cluster_version:
+            self.cluster_version = version
+            log.info("event=cluster_version_finalized version=%d", version)
+        return self.cluster_version
 
     def _apply_shard_map(self, command: bytes, stamp_ms: int) -> int:
         """Take a newer shard map (an older or the same version changes nothing); returns
@@ -301,7 +321,8 @@ class StateMachine:
         return Manifest(self.wheel.cursor, self.wheel.stamp_ms, files, self.pending.snapshot(),
                         self.groups.snapshot(),
                         {second: indexes.copy() for second, indexes in self.readied.items()},
-                        self.handle_key, dict(self.moves), self.shard_map)
+                        self.handle_key, dict(self.moves), self.shard_map,
+                        self.cluster_version)
 
     def snapshot_written(self, manifest: Manifest) -> None:
         """``manifest`` is now the Raft snapshot: delete passed hours and forgotten dedupe
@@ -333,6 +354,7 @@ class StateMachine:
         self._s.handle_key = manifest.handle_key
         self._s.moves = dict(manifest.moves)
         self.shard_map = manifest.shard_map
+        self.cluster_version = manifest.cluster_version
         self._last_manifest = manifest
         log.info("event=snapshot_installed files=%d fetched_bytes=%d cursor_second=%d "
                  "cursor_local_index=%d duration_ms=%.1f", len(manifest.files), fetched,

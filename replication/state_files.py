@@ -19,6 +19,7 @@ from typing import NamedTuple
 from pyroaring import BitMap
 
 from tickwheel.common.errors import invariant
+from tickwheel.common.versions import BASELINE
 from tickwheel.replication.groups import Snapshot as GroupsSnapshot
 from tickwheel.replication.pending import Snapshot as PendingSnapshot
 from tickwheel.wheel import Cursor
@@ -68,6 +69,9 @@ class Manifest:
     handle_key: bytes | None = None
     moves: dict[int, int] = field(default_factory=dict)
     shard_map: ShardMapRecord | None = None
+    cluster_version: int = BASELINE
+    """The formats the cluster writes (`tickwheel.common.versions`); a snapshot of a release
+    before cluster versions has none, and is of `BASELINE`."""
 
 
 def restore_files(root: Path, files: dict[str, int], fetch: Fetch,

@@ -21,6 +21,7 @@ from tickwheel.node.api.context import NodeContext
 from tickwheel.node.api.growth import Predecessors, grow_shards
 from tickwheel.node.api.placement import refused_handle
 from tickwheel.node.api.shard_peers import ShardPeers
+from tickwheel.node.api.upgrade import finalize_upgrade
 from tickwheel.node.delivery.sent import Sent
 from tickwheel.node.security.access import Action, Principal
 from tickwheel.node.security.quotas import NOTHING_HELD
@@ -58,7 +59,8 @@ class LeaderCalls:
                 "Reschedule": self.reschedule, "ReceiveMessages": self.receive,
                 "AckMessages": self.ack, "ChangeInvisibleDuration": self.change,
                 "CreateGroup": self.create_group, "DeleteGroup": self.delete_group,
-                "GrowShards": partial(grow_shards, self._node)}
+                "GrowShards": partial(grow_shards, self._node),
+                "FinalizeUpgrade": partial(finalize_upgrade, self._node)}
 
     async def create_group(self, request: pb.GroupRequest,
                                  principal: Principal) -> pb.GroupResponse:

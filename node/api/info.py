@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from tickwheel.common.versions import CURRENT
 from tickwheel.node.api.context import NodeContext
 from tickwheel.node.security.access import ANYONE, Principal
 from tickwheel.replication import ReplicaStatus
@@ -16,13 +17,15 @@ def cluster_info(node: NodeContext, principal: Principal = ANYONE) -> pb.Cluster
     sees = principal.sees
     leading = status.role == "leader"
     members = [pb.Member(raft_address=status.address, grpc_address=node.members[status.address],
-                         role=status.role, connected=True)]
+                         role=status.role, connected=True, version=CURRENT)]
+    heard = node.replica.upgrade.member_versions() if leading else {}
     for peer in status.peers:
         lag = max(0, status.commit_index - status.match_index[peer]) if (
             leading and peer in status.match_index) else 0
         role = "leader" if peer == status.leader else ("follower" if leading else "unknown")
         members.append(pb.Member(raft_address=peer, grpc_address=node.members[peer], role=role,
-                                 connected=peer in status.connected, lag_entries=lag))
+                                 connected=peer in status.connected, lag_entries=lag,
+                                 version=heard[peer].version if peer in heard else 0))
     topics = [pb.TopicInfo(topic=topic, ready=ready, unacked=unacked, consumers=consumers)
               for topic, ready, unacked, consumers in node.courier.topics() if sees(topic)]
     lag_ms = cursor_lag_ms(status, node.clock.now_ms())
@@ -41,7 +44,7 @@ def cluster_info(node: NodeContext, principal: Principal = ANYONE) -> pb.Cluster
                  for topic, count in sorted(status.pending.items()) if sees(topic)],
         pending_untracked=status.pending_untracked, shard=node.shards.shard,
         shards=shard_infos(node, node.leader_grpc(status.leader) or ""),
-        map_version=node.shards.version)
+        map_version=node.shards.version, cluster_version=node.replica.upgrade.cluster_version)
 
 
 _SPANS: dict[int, tuple[int, int, bool]] = {

@@ -36,6 +36,7 @@ from tickwheel.common.errors import (
     Retryable,
     TickwheelError,
     Unauthenticated,
+    VersionConflict,
     WrongShard,
     invariant,
 )
@@ -66,6 +67,7 @@ _STATUS: list[tuple[type[TickwheelError], grpc.StatusCode]] = [
     (WrongShard, grpc.StatusCode.FAILED_PRECONDITION),
     (MapConflict, grpc.StatusCode.FAILED_PRECONDITION),
     (ConsumerNotAcking, grpc.StatusCode.FAILED_PRECONDITION),
+    (VersionConflict, grpc.StatusCode.FAILED_PRECONDITION),
     (ClientError, grpc.StatusCode.INVALID_ARGUMENT),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Retryable, grpc.StatusCode.UNAVAILABLE),
@@ -155,6 +157,10 @@ class TickwheelService(pb_grpc.TickwheelServicer):
                          context: _Context[pb.GrowShardsRequest, pb.GrowShardsResponse]
                          ) -> pb.GrowShardsResponse:
         return await self._unary(context, "GrowShards", request, pb.GrowShardsResponse)
+
+    async def FinalizeUpgrade(self, request: pb.FinalizeUpgradeRequest, context: _Context[
+            pb.FinalizeUpgradeRequest, pb.FinalizeUpgradeResponse]) -> pb.FinalizeUpgradeResponse:
+        return await self._unary(context, "FinalizeUpgrade", request, pb.FinalizeUpgradeResponse)
 
     async def ClusterInfo(self, request: pb.ClusterInfoRequest,
                           context: _Context[pb.ClusterInfoRequest, pb.ClusterInfoResponse]

@@ -14,6 +14,8 @@
     tickwheel status
     tickwheel ledger fetch --out DIR [--since 6h] [--until ISO8601]   every node's ledger
     tickwheel trace ID [--json]                    a message's life from every node's ledger
+    tickwheel upgrade finalize                     this release's formats from now on: no
+                                                   going back (docs/replication.md)
     tickwheel certs DIR [--host H ...]             TLS files, a token and an access file to try
     tickwheel token [--name N]                     a bearer token and its access file lines
 
@@ -45,6 +47,7 @@ from tickwheel.node.cli import credentials as cli_credentials
 from tickwheel.node.cli import ledger as cli_ledger
 from tickwheel.node.cli import serve as cli_serve
 from tickwheel.node.cli.terminal import console
+from tickwheel.node.cli.upgrade import add_upgrade_parser, upgrade_line
 from tickwheel.node.settings.shards import shard_member
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
@@ -255,27 +258,31 @@ def _grow_shards(args: argparse.Namespace) -> int:
 
 def _shard_status(client: Client, info: ClusterInfo, title: str) -> None:
     """One Raft group's tables, from ``info`` (a member's answer)."""
+    leader = client.cluster_info(info.leader_grpc) if info.leader_grpc else info
+    versions = {member.raft_address: member.version for member in leader.members}
     table = Table(title=f"{title}term {info.term}, leader {info.leader_grpc or 'unknown'}")
-    for column in ("member (gRPC)", "Raft", "role", "term", "applied", "lag", "cursor"):
+    for column in ("member (gRPC)", "Raft", "role", "term", "applied", "lag", "cursor",
+                   "version"):
         table.add_column(column)
     for member in info.members:
         try:
             seen = client.cluster_info(member.grpc_address)
         except TickwheelClientError:
             table.add_row(member.grpc_address, member.raft_address, "[red]down[/red]",
-                          "", "", "", "")
+                          "", "", "", "", "")
             continue
         table.add_row(member.grpc_address, member.raft_address, seen.role,
                       str(seen.term), str(seen.last_applied), str(member.lag_entries),
-                      f"{_iso(seen.cursor_second * 1000)} #{seen.cursor_local_index}")
+                      f"{_iso(seen.cursor_second * 1000)} #{seen.cursor_local_index}",
+                      str(versions.get(member.raft_address) or "?"))
     console.print(table)
-    leader = client.cluster_info(info.leader_grpc) if info.leader_grpc else info
     if leader.topics or leader.pending or leader.pending_untracked:
         console.print(_topics_table(leader))
     if leader.groups:
         console.print(_groups_table(leader))
     console.print(f"cursor lag: {leader.cursor_lag_ms} ms; handed to groups past the "
                   f"cursor: {leader.readied_past_cursor}")
+    console.print(upgrade_line(leader.cluster_version, list(versions.values())))
 
 
 def _groups_table(info: ClusterInfo) -> Table:
@@ -383,6 +390,7 @@ def _parser(more: AddCommands | None) -> argparse.ArgumentParser:
                       help="a member of a shard added (repeat for each, in member order)")
     grow.set_defaults(handler=_grow_shards)
     cli_ledger.add_parsers(commands, connection, duration_ms, _credentials)
+    add_upgrade_parser(commands, connection, _client)
     return parser
 
 

@@ -85,6 +85,7 @@ from tickwheel.replication.raft.snapshot import (
 from tickwheel.replication.raft.steps import StepTimes
 from tickwheel.replication.raft.tenure import TenureClock
 from tickwheel.replication.raft.transport import LinkTransport
+from tickwheel.replication.raft.versions import MemberVersions
 
 log = logging.getLogger("tickwheel.replication")
 
@@ -161,6 +162,7 @@ class RaftNode:
         self._peers = tuple(peers)
         self._tenure = TenureClock()
         self._clocks = PeerClocks(wall_ms or SystemClock().now_ms)
+        self._versions = MemberVersions()
         self._leading: tuple[int, float] | None = None
         self._hold_file = config.hold_commits_file
         """The term this node leads and when it first saw itself leading it."""
@@ -185,7 +187,8 @@ class RaftNode:
                                                                          snapshot),
                                transportClass=functools.partial(LinkTransport, links=links,
                                                                  tenure=self._tenure,
-                                                                 clocks=self._clocks))
+                                                                 clocks=self._clocks,
+                                                                 versions=self._versions))
         finally:
             pysyncobj.syncobj.createJournal, pysyncobj.syncobj.Serializer = journal, serializer
         self._pre_vote = PreVote(self._core, len(peers), config.election_min_ms)
@@ -274,7 +277,7 @@ class RaftNode:
                             if raw.get(f"partner_node_status_server_{peer}") == 2),
             match_index={peer: raw[f"match_idx_server_{peer}"] for peer in self._peers
                          if f"match_idx_server_{peer}" in raw},
-            steps=self.steps.summary())
+            steps=self.steps.summary(), member_versions=self._versions.heard)
 
     def close(self) -> None:
         self._core.destroy()
@@ -312,6 +315,7 @@ class RaftNode:
                             node, sorted(map(repr, message))[:8])
                 return
             self._clocks.incoming(node, message)  # reads the echo the tenure clock takes off
+            self._versions.incoming(node, message)
             self._tenure.incoming(node, message)
             if kind == "append_entries" and ("prevLogIdx" not in message or (
                     self._hold_file is not None and self._hold_file.exists())):

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
+
+from tickwheel.replication.raft.versions import MemberVersion
 
 
 class Role(enum.Enum):
@@ -45,6 +47,9 @@ class RaftStatus:
     match_index: dict[str, int]
     """On the leader: the last entry each follower is known to hold."""
     steps: StepSummary = StepSummary()
+    member_versions: dict[str, MemberVersion] = field(default_factory=dict)
+    """Each peer's version as of its latest message (`raft.versions`): on the leader its
+    followers', on a follower its leader's."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from tickwheel.replication.raft.clocks import PeerClocks
 from tickwheel.replication.raft.link_protocol import LinkSettings
 from tickwheel.replication.raft.link_server import LinkServer
 from tickwheel.replication.raft.tenure import TenureClock
+from tickwheel.replication.raft.versions import MemberVersions
 
 SWEEP_INTERVAL_S = 0.1
 
@@ -26,13 +27,15 @@ class LinkTransport(TCPTransport):
     link counts only once it has proven the secret and named a member. pysyncobj's utility
     commands (``status``, ``add``, ...) and read-only nodes are not offered. Every message
     sent gets its tenure stamp (`TenureClock.outgoing`), and every answer this node's clock
-    (`PeerClocks.outgoing`)."""
+    (`PeerClocks.outgoing`) and version (`MemberVersions.outgoing`)."""
 
     def __init__(self, syncObj: SyncObj, selfNode: object, otherNodes: object, *,
-                 links: LinkSettings, tenure: TenureClock, clocks: PeerClocks) -> None:
+                 links: LinkSettings, tenure: TenureClock, clocks: PeerClocks,
+                 versions: MemberVersions | None = None) -> None:
         self._links = links
         self._tenure = tenure
         self._clocks = clocks
+        self._versions = versions or MemberVersions()
         self._next_sweep_s = 0.0
         super().__init__(syncObj, selfNode, otherNodes)
 
@@ -56,6 +59,7 @@ class LinkTransport(TCPTransport):
         if isinstance(message, dict):
             self._tenure.outgoing(node, message)
             self._clocks.outgoing(message)
+            self._versions.outgoing(message)
         return bool(super().send(node, message))
 
     def _onIncomingMessageReceived(self, conn: wire.Link, message: object) -> None:
