@@ -1,10 +1,11 @@
-"""Upgrades in place (issue 18): this build opens a data folder the previous build wrote and
-delivers everything in it, and a 3-node cluster of the previous build is upgraded one node at
-a time under load without losing a message.
+"""Upgrades in place: this build opens a data folder release 0.0.4 wrote and delivers
+everything in it, and a 3-node cluster of 0.0.4 is upgraded one node at a time under load
+without losing a message (and back again: test_rollback.py).
 
-The previous build is ``tests/fixtures/upgrade/tickwheel-a782c5f.whl`` (unpacked and put first
-on a node's ``PYTHONPATH``); its data folder, and what each message in it must come to, were
-written by ``tests/fixtures/upgrade/make_data.py``. deploy/README.md has the rule they keep.
+Release 0.0.4 is ``tests/fixtures/upgrade/tickwheel-0.0.4-c5effa3.whl`` (made by
+``make_wheel.py`` there, unpacked and put first on a node's ``PYTHONPATH``); its data folder,
+and what each message in it must come to, were written by ``make_data.py``. deploy/README.md
+has the rule they keep.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import json
 import tarfile
 import threading
 import time
-import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from tickwheel.harness.local_cluster import (
 pytestmark = pytest.mark.cluster
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "upgrade"
-PREVIOUS_WHEEL = FIXTURE / "tickwheel-a782c5f.whl"
+PREVIOUS_WHEEL = FIXTURE / "tickwheel-0.0.4-c5effa3.whl"
 DAY_MS = 86_400_000
 SKEW_MS = 45 * DAY_MS
 """The upgraded node's clock runs this far ahead: it opens data 45 days old at least, so its
@@ -99,9 +99,10 @@ def test_a_data_folder_of_the_previous_build_opens_and_delivers_everything(
 
 
 def runs_this_build(node: LocalNode) -> bool:
-    """This build's nodes export the disk gauges; the previous build's do not."""
-    with urllib.request.urlopen(f"http://{node.metrics_address}/metrics", timeout=5) as page:
-        return b"\ntickwheel_disk_low " in page.read()
+    """This build's nodes report the cluster version; those of 0.0.4 do not (0)."""
+    info = node.info(5)
+    assert info is not None, f"{node.raft} does not answer"
+    return info.cluster_version != 0
 
 
 class Producer:
@@ -140,7 +141,7 @@ class Producer:
 
 def test_a_cluster_of_the_previous_build_upgraded_one_node_at_a_time_loses_nothing(
         tmp_path: Path, previous_build: Path) -> None:
-    cluster = LocalCluster(tmp_path / "cluster", metrics=True)
+    cluster = LocalCluster(tmp_path / "cluster", ledger_segment_age_ms=None)  # 0.0.4 has none
     for node in cluster.nodes:
         node.build = previous_build
     received: set[str] = set()
