@@ -31,6 +31,7 @@ from tickwheel.replication.raft.clocks import PeerClocks
 from tickwheel.replication.raft.journal import AtomicJournal
 from tickwheel.replication.raft.prevote import STALL_ROUND_DELAY_S, PreVote
 from tickwheel.replication.raft.tenure import ECHO, SENT, TenureClock
+from tickwheel.replication.raft.versions import MemberVersions
 
 
 class _Marker:
@@ -276,6 +277,7 @@ def test_a_snapshot_chunk_does_not_commit_the_followers_own_log() -> None:
     node = RaftNode.__new__(RaftNode)
     node._tenure = TenureClock()
     node._clocks = PeerClocks(lambda: 0)
+    node._versions = MemberVersions()
     node._pre_vote = SimpleNamespace(on_message=lambda *args: False)
     node._hold_file = None
     node._core = SimpleNamespace(_SyncObj__raftCommitIndex=10, _SyncObj__leaderCommitIndex=0,
