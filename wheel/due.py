@@ -3,12 +3,14 @@
 Answered from counts the wheel keeps anyway, never from a walk of its chains: each hour's
 heads hold how many messages were filed under each of its seconds, and each open segment how
 many of those were cancelled since (`HourSegment.cancelled`, kept as tombstones are added).
-An hour that lies whole inside one bucket is counted from its sizes alone: an open one from
-``units`` less its tombstones, a closed one from its files' sizes (index units less
-tombstones: two ``stat`` calls). Only an hour cut by a bucket's edge, the cursor or the
-histogram's start is read second by second: from memory if it is open, else its heads file
-(28.8 KiB) and the units its tombstones name. So the cost is O(hours holding messages after
-the cursor) plus 3,600 additions for each hour cut, whatever the number of messages.
+The histogram's regions (before its start, each bucket, after the last) are ranges of
+seconds; the hours lying whole inside one are counted from their sizes alone: an open hour
+from ``units`` less its tombstones, a closed one from the same noted when it closed
+(`HourSet.closed_live`), or, the first time after the wheel opened, from its files' sizes (two
+``stat`` calls). Only an hour cut by a region's edge is read second by second, once: from
+memory if it is open, else its heads file (28.8 KiB) and the units its tombstones name. So
+the cost is one dictionary look-up per hour holding messages after the cursor, plus 3,600
+additions for each hour cut, whatever the number of messages.
 
 Exact for every message filed at or after the cursor's second and not cancelled, with one
 exception: a message the leader has handed to its groups is counted until the cursor passes
@@ -25,6 +27,7 @@ that moment's or the next one's. Called by `Wheel.due_histogram` (the node's
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,46 +70,61 @@ def due_histogram(hours: HourSet, cursor_second: int, start_second: int, bucket_
     """Count the live messages filed from ``cursor_second`` on into ``buckets`` buckets of
     ``bucket_seconds`` from ``start_second`` (and those before and after them); a bucket
     before the cursor counts nothing."""
-    first_second = cursor_second  # every message filed before it is done
-    end_second = start_second + bucket_seconds * buckets
-    counts = [0] * (buckets + 2)  # [overdue, bucket 0, ..., bucket n - 1, beyond]
-
-    def region(second: int) -> int:
-        if second < start_second:
-            return 0
-        if second >= end_second:
-            return buckets + 1
-        return 1 + (second - start_second) // bucket_seconds
-
+    # the regions' edges: [cursor, start) overdue, the buckets, [end, ...) beyond
+    edges = [cursor_second, *(max(cursor_second, start_second + i * bucket_seconds)
+                              for i in range(buckets + 1)), 1 << 62]
     listed = list(hours.hours)
-    for hour in listed[bisect.bisect_left(listed, first_second // SECONDS_PER_HOUR):]:
-        low = hour * SECONDS_PER_HOUR
-        high = low + SECONDS_PER_HOUR
-        if low >= first_second and region(low) == region(high - 1):
-            counts[region(low)] += _hour_live(hours, hour)
+    live_of = _HourCounts(hours)
+    counts = []
+    for low, high in itertools.pairwise(edges):
+        if low >= high:
+            counts.append(0)
             continue
-        live = _seconds_live(hours, hour)
-        second = max(low, first_second)
-        while second < high:
-            where = region(second)
-            if where == 0:
-                stop = min(high, start_second)
-            elif where <= buckets:
-                stop = min(high, start_second + where * bucket_seconds)
-            else:
-                stop = high
-            counts[where] += sum(live[second - low:stop - low])
-            second = stop
+        first_whole = -(-low // SECONDS_PER_HOUR)  # the first hour starting at or after low
+        last_whole = high // SECONDS_PER_HOUR  # the hours before it end by high
+        count = sum(map(live_of.hour, listed[bisect.bisect_left(listed, first_whole):
+                                             bisect.bisect_left(listed, last_whole)]))
+        if first_whole > last_whole:  # low and high cut one hour
+            count += live_of.seconds(low, high)
+        else:
+            if low % SECONDS_PER_HOUR:
+                count += live_of.seconds(low, first_whole * SECONDS_PER_HOUR)
+            if high % SECONDS_PER_HOUR and high < 1 << 62:
+                count += live_of.seconds(last_whole * SECONDS_PER_HOUR, high)
+        counts.append(count)
     return DueHistogram(start_second, bucket_seconds, tuple(counts[1:-1]), counts[0],
                         counts[-1])
 
 
-def _hour_live(hours: HourSet, hour: int) -> int:
-    """The hour's messages less its cancelled ones."""
-    segment = hours.open_segment(hour)
-    if segment is not None:
-        return segment.units - len(segment.tombstones)
-    path = _hour_path(hours, hour)
+class _HourCounts:
+    """The live counts of one histogram's hours: whole, or second by second for an hour a
+    region's edge cuts (read once, whichever edges cut it)."""
+
+    def __init__(self, hours: HourSet) -> None:
+        self._hours = hours
+        self._known = set(hours.hours)
+        self._seconds: dict[int, list[int]] = {}
+
+    def hour(self, hour: int) -> int:
+        """The hour's messages less its cancelled ones."""
+        segment = self._hours.open_segment(hour)
+        if segment is not None:
+            return segment.units - len(segment.tombstones)
+        return self._hours.closed_live(hour, lambda: _files_live(_hour_path(self._hours, hour)))
+
+    def seconds(self, low: int, high: int) -> int:
+        """Live messages filed in ``[low, high)``, within one hour."""
+        hour = low // SECONDS_PER_HOUR
+        if hour not in self._known:
+            return 0
+        live = self._seconds.get(hour)
+        if live is None:
+            live = self._seconds[hour] = _seconds_live(self._hours, hour)
+        base = hour * SECONDS_PER_HOUR
+        return sum(live[low - base:high - base])
+
+
+def _files_live(path: Path) -> int:
     return file_size(path / INDEX) // UNIT_SIZE - file_size(path / TOMBSTONES) // TOMBSTONE.size
 
 

@@ -4,7 +4,8 @@ An hour (``slot_second // 3600``) that holds messages has a segment folder. At m
 ``max_open_hours`` segments are open at once (an open hour holds up to ``FDS_PER_HOUR``
 descriptors), least recently used closed first, except the hours the dispatch window reads
 from. `HourSet` also counts the appends buffered in open segments (``dirty`` hours) and knows
-which are mapped for reading.
+which are mapped for reading, and how many live messages each closed hour holds
+(`closed_live`, for `tickwheel.wheel.due`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import bisect
 import logging
 import os
 import resource
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +47,12 @@ class HourSet:
         """Appends buffered in open segments, not yet written (records and tombstones)."""
         self.in_use: Callable[[], tuple[int, int]] = lambda: (0, -1)
         """The hours (first, last) the dispatch window reads from: never evicted."""
+        self._closed_live: dict[int, int] = {}
+        """Live messages (units less tombstones) of closed hours, noted as they close or
+        first read from their files; an hour's entry goes when it opens."""
+        self._opens = 0
+        self._noting = threading.Lock()
+        """Between the owner opening an hour and another thread noting a count it read."""
 
     @classmethod
     def open(cls, root: Path, max_open_hours: int, mender: Mender) -> HourSet:
@@ -66,6 +74,9 @@ class HourSet:
                 return None
             self.hours.insert(position, hour)
         self._evict()
+        with self._noting:
+            self._closed_live.pop(hour, None)
+            self._opens += 1
         segment = HourSegment.open(self.dir, hour, self.mender)
         self._open[hour] = segment
         return segment
@@ -74,6 +85,18 @@ class HourSet:
         """``hour``'s segment if it is open now, else None; opens nothing (any thread: one
         ``dict.get``)."""
         return self._open.get(hour)
+
+    def closed_live(self, hour: int, read: Callable[[], int]) -> int:
+        """The live messages of a closed ``hour``: as noted when it closed, else ``read()``
+        from its files and noted, unless an hour opened meanwhile (any thread)."""
+        live = self._closed_live.get(hour)
+        if live is None:
+            opens = self._opens
+            live = read()
+            with self._noting:
+                if opens == self._opens and hour not in self._open:
+                    self._closed_live[hour] = live
+        return live
 
     def create(self, hour: int) -> HourSegment:
         """The segment of ``hour``, created if it has none."""
@@ -176,6 +199,8 @@ class HourSet:
             self._forget_buffer(hour, segment)
             self._mapped.discard(hour)
             segment.close()
+            with self._noting:
+                self._closed_live[hour] = segment.units - len(segment.tombstones)
 
     def _forget_buffer(self, hour: int, segment: HourSegment) -> None:
         """Stop counting ``segment``'s buffered appends: it is about to write or drop them."""
@@ -184,6 +209,7 @@ class HourSet:
             self._dirty.discard(hour)
 
     def _remove(self, hour: int, cursor_second: int) -> None:
+        self._closed_live.pop(hour, None)
         segment = self._open.pop(hour, None)
         if segment is not None:
             self._forget_buffer(hour, segment)
