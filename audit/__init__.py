@@ -15,9 +15,15 @@ above ``node`` and below ``harness``.
 """
 
 from tickwheel.audit.command import add_arguments, build_session, main, run
-from tickwheel.audit.layout import LEDGER_SCHEMA, Gap, find_gaps, read_ledger
-from tickwheel.audit.summary import AuditOptions, audit_ledgers, summarize, verdict
+from tickwheel.audit.layout import LEDGER_SCHEMA, Gap, Segments, find_gaps, read_ledger
+from tickwheel.audit.summary import (
+    AuditOptions,
+    audit_ledgers,
+    audit_segments,
+    summarize,
+    verdict,
+)
 
-__all__ = ["LEDGER_SCHEMA", "AuditOptions", "Gap", "add_arguments", "audit_ledgers",
-           "build_session", "find_gaps", "main", "read_ledger", "run", "summarize",
-           "verdict"]
+__all__ = ["LEDGER_SCHEMA", "AuditOptions", "Gap", "Segments", "add_arguments",
+           "audit_ledgers", "audit_segments", "build_session", "find_gaps", "main",
+           "read_ledger", "run", "summarize", "verdict"]

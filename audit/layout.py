@@ -32,8 +32,8 @@ LEDGER_SCHEMA: Final = (
 """The ledger's columns (`tickwheel.node.ledger.schema`, docs/node.md); ``node`` is the Raft
 address (behind a chaos proxy: the proxy's), so the audit names nodes by their folder."""
 SEGMENT: Final = re.compile(r"^ledger-[A-Za-z0-9._-]+-(?P<sequence>\d{12})\.parquet$")
-FETCHED: Final = r"/shard-(\d+)/([^/]+)/ledger-[^/]+\.parquet$"
-"""A fetched segment's path: group 1 is its shard, group 2 its node's folder."""
+FETCHED: Final = r"/shard-(?P<shard>\d+)/(?P<node>[^/]+)/ledger-[^/]+\.parquet$"
+"""A fetched segment's path: its shard, its node's folder."""
 FETCH_RECORD: Final = "fetch.json"
 
 
@@ -56,7 +56,11 @@ class Gap:
     """The segments' sequence numbers missing (empty for rows dropped between segments)."""
 
 
-def fetched_segments(folder: Path) -> dict[tuple[int, str], list[Path]]:
+Segments = dict[tuple[int, str], list[Path]]
+"""Per ``(shard, node folder)``, its closed segments, oldest first."""
+
+
+def fetched_segments(folder: Path) -> Segments:
     """Per ``(shard, node folder)``, the closed segments under ``folder``, oldest first."""
     found: dict[tuple[int, str], list[Path]] = {}
     for shard_dir in sorted(folder.glob("shard-*")):
@@ -70,18 +74,20 @@ def fetched_segments(folder: Path) -> dict[tuple[int, str], list[Path]]:
     return found
 
 
-def read_ledger(spark: SparkSession, folder: Path, since_ms: int | None = None,
-                until_ms: int | None = None) -> DataFrame:
-    """Every row of the segments under ``folder`` (the fetched layout) with ``shard`` and
-    ``node_name``; only rows whose ``time_ms`` lies in ``[since_ms, until_ms]`` when given."""
-    paths = [str(path) for paths in fetched_segments(folder).values() for path in paths]
+def read_ledger(spark: SparkSession, found: Segments, since_ms: int | None = None,
+                until_ms: int | None = None, pattern: str = FETCHED) -> DataFrame:
+    """Every row of the segments ``found`` with ``shard`` and ``node_name``, read from each
+    file's path by ``pattern`` (groups ``shard`` and ``node``; a shard not matched is 0);
+    only rows whose ``time_ms`` lies in ``[since_ms, until_ms]`` when given."""
+    paths = [str(path) for paths in found.values() for path in paths]
     if not paths:
         rows = spark.createDataFrame(spark.sparkContext.emptyRDD(), LEDGER_SCHEMA)
         return rows.withColumn("shard", F.lit(0)).withColumn("node_name", F.lit(""))
     name = F.input_file_name()
+    shard = F.regexp_extract(name, pattern, _group(pattern, "shard"))
     rows = (spark.read.schema(LEDGER_SCHEMA).parquet(*paths)
-            .withColumn("shard", F.regexp_extract(name, FETCHED, 1).cast("int"))
-            .withColumn("node_name", F.regexp_extract(name, FETCHED, 2)))
+            .withColumn("shard", F.coalesce(F.when(shard != "", shard.cast("int")), F.lit(0)))
+            .withColumn("node_name", F.regexp_extract(name, pattern, _group(pattern, "node"))))
     if since_ms is not None:
         rows = rows.filter(F.col("time_ms") >= since_ms)
     if until_ms is not None:
@@ -89,12 +95,17 @@ def read_ledger(spark: SparkSession, folder: Path, since_ms: int | None = None,
     return rows
 
 
-def find_gaps(folder: Path) -> list[Gap]:
-    """Every ledger gap under ``folder``: each manifest's ``gaps`` and each hole in a node's
-    sequence numbers no gap names, in order of shard, node and sequence. A segment without
-    a manifest counts as a hole's edge with unknown times."""
+def _group(pattern: str, name: str) -> int:
+    """The number of ``pattern``'s group ``name`` (Spark's regexp_extract takes numbers)."""
+    return re.compile(pattern).groupindex[name]
+
+
+def find_gaps(found: Segments) -> list[Gap]:
+    """Every ledger gap of the segments ``found``: each manifest's ``gaps`` and each hole in
+    a node's sequence numbers no gap names, in order of shard, node and sequence. A segment
+    without a manifest counts as a hole's edge with unknown times."""
     gaps: list[Gap] = []
-    for (shard, node), paths in fetched_segments(folder).items():
+    for (shard, node), paths in sorted(found.items()):
         manifests = [_manifest(path) for path in paths]
         for before, (path, manifest) in zip([None, *manifests], zip(paths, manifests,
                                                                     strict=True), strict=False):

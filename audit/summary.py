@@ -53,11 +53,20 @@ def audit_ledgers(spark: SparkSession, folder: Path,
                   options: AuditOptions | None = None) -> dict[str, Any]:
     """The summary of the fetched ledgers under ``folder`` (the layout of
     `tickwheel.audit.layout`); writes nothing."""
-    options = options or AuditOptions()
-    rows = layout.read_ledger(spark, folder, options.since_ms, options.until_ms).cache()
+    return audit_segments(spark, layout.fetched_segments(folder), options or AuditOptions(),
+                          fetch=layout.fetch_record(folder))
+
+
+def audit_segments(spark: SparkSession, found: layout.Segments, options: AuditOptions,
+                   pattern: str = layout.FETCHED,
+                   fetch: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The summary of the segments ``found``, whose paths name their shard and node by
+    ``pattern`` (`tickwheel.audit.layout.read_ledger`): for ledgers laid out otherwise, as a
+    chaos run's are."""
+    rows = layout.read_ledger(spark, found, options.since_ms, options.until_ms,
+                              pattern).cache()
     try:
-        return summarize(rows, layout.find_gaps(folder), options,
-                         layout.fetch_record(folder))
+        return summarize(rows, layout.find_gaps(found), options, fetch)
     finally:
         rows.unpersist()
 

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Literal, TypeVar
 
 import grpc
@@ -51,6 +52,7 @@ from tickwheel.client.messages import (
     schedule_request,
     scheduled,
 )
+from tickwheel.client.receipts import ReceiptLog
 from tickwheel.client.retries import retry_policy
 from tickwheel.client.routing import ShardRouters, receive_slices, split
 from tickwheel.client.rpcs import (
@@ -176,9 +178,12 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         return self._learn(await self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
 
     def consume(self, topic: str, *, prefetch: int = 64, visibility_timeout_ms: int = 0,
-                name: str = "", group: str = "") -> AsyncConsumer:
+                name: str = "", group: str = "",
+                receipts_dir: Path | str | None = None) -> AsyncConsumer:
+        """See `tickwheel.client.Client.consume`."""
+        receipts = None if receipts_dir is None else ReceiptLog(receipts_dir, name)
         return AsyncConsumer(self, subscribe_request(topic, prefetch, visibility_timeout_ms,
-                                                     name, group), prefetch)
+                                                     name, group), prefetch, receipts)
 
     async def receive(self, topic: str, *, consumer: str, group: str = "",
                       max_messages: int = 16, invisible_duration_ms: int = 0,

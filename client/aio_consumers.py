@@ -25,6 +25,7 @@ from tickwheel.client._core import (
     with_credits,
 )
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
+from tickwheel.client.receipts import ReceiptLog
 from tickwheel.client.retries import CONSUMER_WAIT
 from tickwheel.client.routing import ShardRouters
 from tickwheel.client.shards import shard_prefetch
@@ -58,8 +59,9 @@ class AsyncConsumer:
     `tickwheel.client.Consumer`."""
 
     def __init__(self, client: AsyncStreamClient, subscribe: pb.ReceiveRequest,
-                 prefetch: int) -> None:
+                 prefetch: int, receipts: ReceiptLog | None = None) -> None:
         self._client = client
+        self._receipts = receipts
         self._subscribe = subscribe
         self._prefetch = prefetch
         self._streams: list[AsyncShardStream] | None = None
@@ -89,6 +91,8 @@ class AsyncConsumer:
                     message = stream.take()
                     self._ready.notify_all()  # its reader may read on once it is emptied
                     if message is not None:
+                        if self._receipts is not None:
+                            self._receipts.record(message)
                         return message
                     continue
                 if self._failure is not None:
@@ -108,6 +112,8 @@ class AsyncConsumer:
         for reader in self._readers:
             reader.cancel()
         await asyncio.gather(*self._readers, return_exceptions=True)
+        if self._receipts is not None:
+            self._receipts.close()
 
     async def _open(self) -> None:
         self._streams = []

@@ -33,6 +33,7 @@ from tickwheel.client._core import (
     with_credits,
 )
 from tickwheel.client.errors import TickwheelClientError, retryable, translate
+from tickwheel.client.receipts import ReceiptLog
 from tickwheel.client.retries import CONSUMER_WAIT
 from tickwheel.client.routing import ShardRouters
 from tickwheel.client.shards import shard_prefetch
@@ -65,8 +66,9 @@ class Consumer:
     ``possible_duplicate``. ``close`` it (or use it as a context manager) when done."""
 
     def __init__(self, client: StreamClient, subscribe: pb.ReceiveRequest,
-                 prefetch: int) -> None:
+                 prefetch: int, receipts: ReceiptLog | None = None) -> None:
         self._client = client
+        self._receipts = receipts
         self._subscribe = subscribe
         self._prefetch = prefetch
         self._streams: list[ShardStream] | None = None
@@ -104,6 +106,8 @@ class Consumer:
                 with self._ready:
                     self._ready.notify_all()
             if message is not None:
+                if self._receipts is not None:
+                    self._receipts.record(message)
                 return message
 
     def close(self, timeout_s: float = 2.0) -> None:
@@ -117,6 +121,8 @@ class Consumer:
             stream.close(timeout_s)
         for reader in self._readers:
             reader.join(timeout_s)
+        if self._receipts is not None:
+            self._receipts.close()
 
     def _open(self) -> None:
         self._streams = []

@@ -20,6 +20,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 import grpc
@@ -53,6 +54,7 @@ from tickwheel.client.messages import (
     schedule_request,
     scheduled,
 )
+from tickwheel.client.receipts import ReceiptLog
 from tickwheel.client.retries import retry_policy
 from tickwheel.client.routing import Router, ShardRouters, receive_slices, split
 from tickwheel.client.rpcs import (
@@ -199,13 +201,16 @@ class Client(ClientBase[grpc.Channel]):
         return self._learn(self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
 
     def consume(self, topic: str, *, prefetch: int = 64, visibility_timeout_ms: int = 0,
-                name: str = "", group: str = "") -> Consumer:
+                name: str = "", group: str = "",
+                receipts_dir: Path | str | None = None) -> Consumer:
         """Iterate over the due messages of ``topic`` as a consumer of ``group`` (created if
         new; "" is the topic's default group), competing with the group's other consumers:
         every group gets every message. ``prefetch`` messages may be on their way at once
-        (shared among the shards, at least one from each)."""
+        (shared among the shards, at least one from each). With ``receipts_dir``, each message
+        is written down there as it is taken (`tickwheel.client.receipts`), for the audit."""
+        receipts = None if receipts_dir is None else ReceiptLog(receipts_dir, name)
         return Consumer(self, subscribe_request(topic, prefetch, visibility_timeout_ms, name,
-                                                group), prefetch)
+                                                group), prefetch, receipts)
 
     def receive(self, topic: str, *, consumer: str, group: str = "", max_messages: int = 16,
                 invisible_duration_ms: int = 0, wait_ms: int = 5_000) -> list[Received]:

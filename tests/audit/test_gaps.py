@@ -11,6 +11,7 @@ import pytest
 
 from tickwheel.audit import Gap, find_gaps
 from tickwheel.audit.command import parse_time_ms
+from tickwheel.audit.layout import fetched_segments
 
 
 def segment(folder: Path, sequence: int, first_ms: int, last_ms: int,
@@ -33,7 +34,7 @@ def test_holes_and_named_gaps_are_found_per_node(tmp_path: Path) -> None:
     segment(node, 9, 900, 950)
     segment(tmp_path / "shard-0" / "node1", 1, 0, 10)
     (tmp_path / "shard-0" / "node1" / "notes.txt").write_text("not a segment")
-    assert find_gaps(tmp_path) == [
+    assert find_gaps(fetched_segments(tmp_path)) == [
         Gap(1, "node0", "buffer_full", 7, 250, 260, []),
         Gap(1, "node0", "torn_segment", None, 400, 600, [5]),
         Gap(1, "node0", "missing_segment", None, 700, 900, [7, 8]),
@@ -44,7 +45,8 @@ def test_a_segment_without_manifest_still_shows_the_hole(tmp_path: Path) -> None
     node = tmp_path / "shard-0" / "node0"
     segment(node, 1, 0, 10)
     segment(node, 3, 30, 40, manifest=False)
-    assert find_gaps(tmp_path) == [Gap(0, "node0", "missing_segment", None, 10, None, [2])]
+    assert find_gaps(fetched_segments(tmp_path)) == [
+        Gap(0, "node0", "missing_segment", None, 10, None, [2])]
 
 
 @pytest.mark.parametrize(("text", "expected"), [

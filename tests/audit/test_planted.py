@@ -1,16 +1,20 @@
 """The production audit on the ledgers of real nodes: a clean run is clean, and each fault
-planted in a copy of its ledgers is caught, each in its own test.
+planted in a copy of its ledgers (or of its consumer's receipts) is caught, each in its own
+test.
 
-The run: three nodes; ``orders`` read by an acknowledging consumer, 24 messages due a second or
-two after scheduling (``moved`` rescheduled a second later, ``cancelled`` cancelled before
-it is due); then SIGTERM, so every segment is closed. The audit's horizon is the last due time
-plus the grace, so every message is owed by then.
+The run: three nodes; ``orders`` read by an acknowledging consumer that writes its receipts
+(``receipts_dir``); 24 messages due a second or two after scheduling (``moved`` rescheduled
+a second later, ``cancelled`` cancelled before it is due); then SIGTERM, so every segment is
+closed. The audit's horizon is the last due time plus the grace, so every message is owed by
+then.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +24,7 @@ from pyspark.sql import SparkSession
 from sparktests import spark_session
 
 from tickwheel.audit import AuditOptions, audit_ledgers
-from tickwheel.harness.acking_consumer import AckingConsumer
-from tickwheel.harness.local_cluster import LocalCluster, wait_for
+from tickwheel.harness.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 GRACE_MS = 2_000
@@ -51,13 +54,17 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         cancelled = client.schedule("orders", b"x", deliver_at_ms=now_ms + 2_000,
                                     id="cancelled")
         assert client.cancel(cancelled.handle)
-        with AckingConsumer(cluster, on_message=lambda message: received.add(message.id)):
-            wait_for(lambda: len(received) == MESSAGES + 1, 30, "every message received")
+        with client.consume("orders", name="audited", receipts_dir=root / "receipts") as taken:
+            for message in taken:
+                message.ack()
+                received.add(message.id)
+                if len(received) == MESSAGES + 1:
+                    break
         leader = cluster.leader().data.name
     assert handles
     return {"folder": fetch_layout(cluster, root / "fetched"), "leader": leader,
             "options": AuditOptions(grace_ms=GRACE_MS, until_ms=max(due.values()) + GRACE_MS),
-            "root": root}
+            "receipts": root / "receipts"}
 
 
 def audited(spark: SparkSession, folder: Path, options: AuditOptions) -> dict[str, Any]:
@@ -150,3 +157,37 @@ def test_a_message_never_sent_is_overdue(spark: SparkSession, run: dict[str, Any
     overdue = summary["shards"]["0"]["overdue"]
     assert summary["verdict"] == "dirty"
     assert overdue == {"count": 1, "never_sent": 1, "ids": ["m-7"]}
+
+
+def test_receipts_agree_with_the_ledgers(spark: SparkSession, run: dict[str, Any]) -> None:
+    lines = [json.loads(line) for path in run["receipts"].glob("receipts-audited-*.jsonl")
+             for line in path.read_text().splitlines()]
+    assert sorted(line["id"] for line in lines) == sorted(
+        [f"m-{n}" for n in range(MESSAGES)] + ["moved"])
+    assert {(line["topic"], line["group"], line["consumer"]) for line in lines} == {
+        ("orders", "", "audited")}
+    options = replace(run["options"], receipts=run["receipts"])
+    seen = audited(spark, run["folder"], options)["receipts"]
+    assert seen == {"receipts": MESSAGES + 1, "received": MESSAGES + 1,
+                    "lost_at_consumer": {"count": 0, "ids": []},
+                    "duplicates": {"total": 0, "flagged": 0, "unflagged": 0,
+                                   "unflagged_ids": []}}
+
+
+def test_what_a_consumer_missed_or_saw_twice_is_caught(spark: SparkSession, run: dict[str, Any],
+                                                      tmp_path: Path) -> None:
+    """One receipt is taken out (``m-2``: sent, never seen) and another written twice
+    (``m-5``, unflagged), with a flagged copy of a third (``m-6``)."""
+    lines = [json.loads(line) for path in run["receipts"].glob("*.jsonl")
+             for line in path.read_text().splitlines()]
+    kept = [line for line in lines if line["id"] != "m-2"]
+    kept += [line for line in lines if line["id"] == "m-5"]
+    kept += [line | {"possible_duplicate": True} for line in lines if line["id"] == "m-6"]
+    (tmp_path / "receipts-x.jsonl").write_text(
+        "".join(json.dumps(line) + "\n" for line in kept) + '{"id": "torn')
+    summary = audited(spark, run["folder"], replace(run["options"], receipts=tmp_path))
+    seen = summary["receipts"]
+    assert summary["verdict"] == "dirty"
+    assert seen["lost_at_consumer"] == {"count": 1, "ids": ["m-2"]}
+    assert seen["duplicates"] == {"total": 2, "flagged": 1, "unflagged": 1,
+                                  "unflagged_ids": ["m-5"]}
