@@ -22,6 +22,6 @@ class LedgerMetrics:
         self.segments = Counter("tickwheel_ledger_segments", "Ledger segments closed.",
                                 registry=r)
         self.deleted = Counter("tickwheel_ledger_deleted_segments", "Closed ledger segments "
-                               "deleted, by reason (age, bytes, disk).", ["reason"], registry=r)
+                               "deleted, by reason (age, bytes).", ["reason"], registry=r)
         self.bytes = Gauge("tickwheel_ledger_bytes", "Bytes of the closed ledger segments "
                            "kept, with their indexes.", registry=r)

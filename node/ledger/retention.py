@@ -3,15 +3,17 @@ the node keeps for its own writes.
 
 After each segment it closes (and at start) the ledger deletes its oldest closed segments (each
 with its manifest and its index) while the oldest is older than ``max_age_s`` (by the time its
-file was last written), while all of them (with their indexes) take more than ``max_bytes``,
-and while the disk holds less than the node's reserve (``min_free_bytes``,
-`tickwheel.node.ops.disk`) plus one more segment (``max_segment_bytes``). The newest segment is
-always kept, so sequence numbers continue after a restart and are never reused. A segment
-deleted is counted by reason.
+file was last written), and while all of them (with their indexes) take more than
+``max_bytes``. The newest segment is always kept, so sequence numbers continue after a restart
+and are never reused. A segment deleted is counted by reason.
 
-`room_for_segment` is what the writer asks before it begins a segment, and before each
-write: while it answers False the ledger writes nothing and counts the rows it drops
-(``disk_low``), so the ledger never takes the space the Raft journal needs. Called from the
+A low disk deletes nothing: `room_for_segment` (the node's reserve, ``min_free_bytes`` of
+`tickwheel.node.ops.disk`, plus one more segment) is what the writer asks before it begins a
+segment and before each write, and while it answers False the ledger writes nothing and counts
+the rows it drops (``disk_low``), so the ledger never takes the space the Raft journal needs.
+Deleting the evidence it holds would not give that space back for long (a disk filled by
+something else stays full), and a chaos run's ``disk-full`` fault erased a leader's earlier
+terms that way. Called from the
 ledger's thread only (`tickwheel.node.ledger.writer`).
 """
 
@@ -50,7 +52,7 @@ def room_for_segment(folder: Path, retention: Retention) -> bool:
 
 def enforce(folder: Path, retention: Retention, now_ms: int) -> tuple[list[tuple[Path, str]], int]:
     """Delete the oldest closed segments as the module docstring says; returns each deleted
-    with its reason (``age``, ``bytes``, ``disk``), and the bytes of those kept."""
+    with its reason (``age``, ``bytes``), and the bytes of those kept."""
     kept = [(path, path.stat()) for path in segments(folder)]
     deleted: list[tuple[Path, str]] = []
     indexes = {path: _size(index_path(path)) for path, _ in kept}
@@ -62,8 +64,6 @@ def enforce(folder: Path, retention: Retention, now_ms: int) -> tuple[list[tuple
             reason = "age"
         elif total > retention.max_bytes:
             reason = "bytes"
-        elif not room_for_segment(folder, retention):
-            reason = "disk"
         else:
             break
         _delete(path)

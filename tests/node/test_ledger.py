@@ -176,6 +176,26 @@ def test_a_disk_below_the_reserve_gets_no_segment_and_the_rows_are_a_gap(
     assert [(gap.reason, gap.rows) for gap in read_manifest(path).gaps] == [("disk_low", 7)]
 
 
+def test_a_low_disk_deletes_no_segment(tmp_path: Path, clock: Clock,
+                                       metrics: LedgerMetrics) -> None:
+    """The ledger stops writing while the disk is low; the evidence it holds stays (a chaos
+    run's disk-full fault deleted a leader's earlier terms when it made room)."""
+    free = [1 << 30]
+    ledger = Ledger(tmp_path, NODE, LedgerConfig(reserve_bytes=8 << 20,
+                                                 max_segment_bytes=4 << 20),
+                    clock, metrics, lambda _: free[0])
+    ledger.start()
+    for start in range(0, 30, 10):
+        ledger.add(scheduled(start, 10))
+        ledger.rotate()
+    free[0] = 1 << 20
+    ledger.add(scheduled(30, 10))
+    ledger.rotate()
+    ledger.close()
+    assert [sequence_of(path) for path in segments(tmp_path)] == [1, 2, 3]
+    assert metrics.dropped.labels("disk_low")._value.get() == 10
+
+
 def test_retention_deletes_the_oldest_segments_by_age_and_keeps_the_newest(
         tmp_path: Path, clock: Clock, metrics: LedgerMetrics) -> None:
     ledger = open_ledger(tmp_path, clock, metrics, max_age_s=3_600)
