@@ -17,7 +17,7 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tickwheel.console import actions, live, pages
+from tickwheel.console import actions, live, messages, pages
 from tickwheel.console.context import HERE, Console
 
 SECURITY_HEADERS = [
@@ -36,6 +36,7 @@ def build_app(console: Console) -> ASGIApp:
     """The app: pages (`tickwheel.console.pages`), changes (`tickwheel.console.actions`),
     live fragments (`tickwheel.console.live`), the static files, behind the headers."""
     routes = [*pages.routes(console), *actions.routes(console), *live.routes(console),
+              *messages.routes(console),
               Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")]
 
     @contextlib.asynccontextmanager

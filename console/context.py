@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.templating import Jinja2Templates
 
-from tickwheel.client import Client
+from tickwheel.client import Client, LedgerClient
 from tickwheel.console.sessions import SESSION_COOKIE, Session, Sessions
 
 HERE = Path(__file__).parent
@@ -24,10 +24,11 @@ class Console:
     to ask first, the templates."""
 
     def __init__(self, sessions: Sessions, client_for: Callable[[str], Client],
-                 seeds: tuple[str, ...]) -> None:
+                 ledger_for: Callable[[str], LedgerClient], seeds: tuple[str, ...]) -> None:
         self.sessions = sessions
         self.client_for = client_for
         """A client acting with the given token (not yet checked)."""
+        self.ledger_for = ledger_for
         self.seeds = seeds
         self.templates = Jinja2Templates(directory=str(HERE / "templates"))
 

@@ -48,7 +48,7 @@ def routes(console: Console) -> list[Route]:
             refusal = ("The cluster refused this token." if isinstance(error, Unauthenticated)
                        else f"The cluster did not answer: {error.code.name}.")
             return _login_page(console, request, refusal, 401)
-        session_id, _ = console.sessions.open(client)
+        session_id, _ = console.sessions.open(client, console.ledger_for(token))
         response = RedirectResponse("/cluster", status_code=303)
         set_cookie(response, SESSION_COOKIE, session_id)
         set_cookie(response, LOGIN_COOKIE, None)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import uvicorn
 
-from tickwheel.client import Client, Credentials
+from tickwheel.client import Client, Credentials, LedgerClient
 from tickwheel.console.app import build_app
 from tickwheel.console.context import Console
 from tickwheel.console.sessions import Sessions
@@ -56,7 +56,11 @@ def console_for(settings: ConsoleSettings) -> Console:
         return Client(list(settings.nodes), timeout_s=CALL_TIMEOUT_S,
                       attempt_timeout_s=ATTEMPT_TIMEOUT_S,
                       credentials=Credentials(ca=ca, token=token))
-    return Console(Sessions(idle_s=settings.idle_s), client_for, settings.nodes)
+
+    def ledger_for(token: str) -> LedgerClient:
+        return LedgerClient(list(settings.nodes), credentials=Credentials(ca=ca, token=token),
+                            timeout_s=CALL_TIMEOUT_S)
+    return Console(Sessions(idle_s=settings.idle_s), client_for, ledger_for, settings.nodes)
 
 
 def run(settings: ConsoleSettings) -> None:

@@ -4,7 +4,7 @@ a CSRF token.
 The rule it keeps: nothing but a random 256-bit session id ever leaves the server, in a cookie
 that is ``HttpOnly`` (no script reads it), ``Secure`` (TLS only) and ``SameSite=Strict`` (no
 other site's page sends it), named ``__Host-`` so that it is bound to this origin and path
-``/``. The principal's token stays in this process, inside the session's `Client`; every
+``/``. The principal's token stays in this process, inside the session's clients; every
 change a page asks for carries the session's CSRF token in its form, compared in constant
 time. A session ends at logout, after ``idle_s`` without a request, or when ``max_sessions``
 newer ones push it out (its client is closed then). `tickwheel.console.app` calls it.
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from starlette.responses import Response
 
-from tickwheel.client import Client
+from tickwheel.client import Client, LedgerClient, Received
 from tickwheel.console.views import LeaderTimeline
 
 SESSION_COOKIE = "__Host-tickwheel-session"
@@ -41,18 +41,26 @@ def set_cookie(response: Response, name: str, value: str | None) -> None:
 
 @dataclass
 class Session:
-    """One operator logged in: a client acting as their principal, and their CSRF token."""
+    """One operator logged in: clients acting as their principal, and their CSRF token."""
 
     client: Client
+    ledger: LedgerClient
+    """Every node's ledger, for a message's life (`LedgerClient.trace`)."""
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     timeline: LeaderTimeline = field(default_factory=LeaderTimeline)
     """The leader changes this session's pages have seen."""
     members: set[str] = field(default_factory=set)
     """The members' gRPC addresses learnt from their answers."""
+    dead_letters: dict[str, Received] = field(default_factory=dict)
+    """The dead letters last browsed, leased to the console, by receipt: what a resend sends."""
     seen_s: float = 0.0
 
     def csrf_matches(self, offered: str | None) -> bool:
         return offered is not None and hmac.compare_digest(offered.encode(), self.csrf.encode())
+
+    def close(self) -> None:
+        self.client.close()
+        self.ledger.close()
 
 
 class Sessions:
@@ -66,14 +74,14 @@ class Sessions:
         self._open: OrderedDict[str, Session] = OrderedDict()
         self._lock = threading.Lock()
 
-    def open(self, client: Client) -> tuple[str, Session]:
-        """A new session for ``client``; its id goes into the cookie."""
+    def open(self, client: Client, ledger: LedgerClient) -> tuple[str, Session]:
+        """A new session for these clients; its id goes into the cookie."""
         session_id = secrets.token_urlsafe(32)
-        session = Session(client, seen_s=self._clock())
+        session = Session(client, ledger, seen_s=self._clock())
         with self._lock:
             self._open[session_id] = session
             while len(self._open) > self._max_sessions:
-                self._open.popitem(last=False)[1].client.close()
+                self._open.popitem(last=False)[1].close()
         return session_id, session
 
     def get(self, session_id: str | None) -> Session | None:
@@ -87,7 +95,7 @@ class Sessions:
                 return None
             if now_s - session.seen_s > self._idle_s:
                 del self._open[session_id]
-                session.client.close()
+                session.close()
                 return None
             session.seen_s = now_s
             self._open.move_to_end(session_id)
@@ -97,10 +105,10 @@ class Sessions:
         with self._lock:
             session = self._open.pop(session_id or "", None)
         if session is not None:
-            session.client.close()
+            session.close()
 
     def close_all(self) -> None:
         with self._lock:
             sessions, self._open = list(self._open.values()), OrderedDict()
         for session in sessions:
-            session.client.close()
+            session.close()

@@ -1,5 +1,6 @@
 """Fixtures of the console's tests: one 3-node cluster per test module, with an ``admin`` and
-a read-only ``reader`` principal, and a ``tickwheel console`` process beside it (started as a
+a read-only ``reader`` principal, whose nodes dead-letter a message at its first nack, and a
+``tickwheel console`` process beside it (started as a
 user starts it: `ConsoleProcess`); the browser (Debian's chromium, driven by Playwright).
 
 Debian's chromium is installed by ``make chromium`` (which ``make test`` runs); nothing is
@@ -21,7 +22,8 @@ from tickwheel.harness.local_cluster import LocalCluster
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    with LocalCluster(tmp_path_factory.mktemp("console"), principals=READER) as cluster:
+    with LocalCluster(tmp_path_factory.mktemp("console"), principals=READER,
+                      extra_args=("--max-attempts", "1")) as cluster:  # a nack dead-letters
         cluster.leader(timeout_s=30)
         with ConsoleProcess(cluster) as console:
             yield Running(cluster, console)

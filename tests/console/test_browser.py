@@ -40,13 +40,23 @@ def test_a_wrong_token_is_refused(page: Page, running: Running) -> None:
     expect(page).to_have_url(re.compile(r"/login$"))
 
 
+_READ_BUCKETS = """() => {
+    const table = document.querySelector("#buckets");
+    if (!table) return null;
+    const counts = {};
+    for (const row of table.querySelectorAll("tr[data-bucket]"))
+        counts[row.dataset.bucket] = Number(row.querySelector(".count").textContent);
+    return {start: Number(table.dataset.startMs), each: Number(table.dataset.bucketMs), counts};
+}"""
+"""The live histogram as the page shows it at one instant (the page replaces it as updates
+come, so it is read in one go)."""
+
+
 def _bucket_count(page: Page, due_ms: int) -> int:
     """What the live histogram shows for the bucket of ``due_ms`` (0 when it has no row)."""
-    table = page.locator("#buckets")
-    start_ms = int(table.get_attribute("data-start-ms") or 0)
-    bucket_ms = int(table.get_attribute("data-bucket-ms") or 1)
-    row = page.locator(f'#buckets tr[data-bucket="{(due_ms - start_ms) // bucket_ms}"] .count')
-    return int(row.inner_text()) if row.count() else 0
+    shown = page.evaluate(_READ_BUCKETS)
+    assert shown is not None, "no histogram on the page"
+    return int(shown["counts"].get(str((due_ms - shown["start"]) // shown["each"]), 0))
 
 
 def _wait_for_count(page: Page, due_ms: int, wanted: int, timeout_s: float = 10.0) -> None:
@@ -106,6 +116,48 @@ def test_topics_show_what_is_pending(page: Page, running: Running) -> None:
     page.goto(running.console.url + "topics")
     expect(page.locator('#pending tr[data-topic="console-topics"] td.n')).to_have_text("3")
     screenshot(page, "topics")
+
+
+def test_a_message_is_looked_up_by_id(page: Page, running: Running) -> None:
+    with running.cluster.client() as admin:
+        handle = admin.schedule("console-lookup", "b", delay_ms=600_000, id="lookup-7").handle
+        admin.cancel_outcomes([handle])
+    log_in(page, running)
+    page.goto(running.console.url + "message")
+    page.fill("#m-id", "lookup-7")
+    page.click("#lookup button")
+    expect(page.locator("#state")).to_have_text("cancelled")
+    expect(page.locator('#events tr[data-event="scheduled"]')).to_have_count(1)
+    screenshot(page, "message")
+    log_in(page, running, "reader")
+    page.goto(running.console.url + "message?id=lookup-7")
+    expect(page.locator("#refused")).to_contain_text("PERMISSION_DENIED")
+
+
+def test_a_dead_letter_is_resent_to_its_topic(page: Page, running: Running) -> None:
+    with running.cluster.client() as admin:
+        admin.schedule("console-dlq", "refund 12", delay_ms=0, id="dead-12")
+        [letter] = admin.receive("console-dlq", consumer="worker", max_messages=1,
+                                 wait_ms=10_000)
+        letter.nack()  # the nodes' last attempt is the first: to %DLQ%console-dlq
+    log_in(page, running)
+    page.goto(running.console.url + "dead-letters")
+    row = page.locator('#letters tr[data-id="dead-12"]')
+    deadline = time.monotonic() + 10
+    while not row.count():  # the copy to the dead-letter topic commits a moment after
+        assert time.monotonic() < deadline, "the dead letter never showed"
+        page.fill("#d-topic", "%DLQ%console-dlq")
+        page.click("#browse button")
+    expect(row).to_contain_text("refund 12")
+    screenshot(page, "dead-letters")
+    row.locator("button").click()
+    expect(page.locator("#done")).to_have_text("Resent 1 to console-dlq.")
+    with running.cluster.client() as admin:
+        [again] = admin.receive("console-dlq", consumer="worker", max_messages=1,
+                                wait_ms=10_000)
+        assert (again.id.startswith("dead-12.resent-"), again.body) == (True, b"refund 12")
+        assert again.properties["tickwheel-resent-from"] == "%DLQ%console-dlq"
+        again.ack()
 
 
 def test_a_failover_shows_without_a_reload(page: Page, running: Running) -> None:

@@ -77,6 +77,8 @@ def test_a_change_without_the_csrf_token_is_refused(web: tuple[httpx.Client, str
                        data={**schedule, "csrf": other_csrf}).status_code == 403
     assert client.post("/admin/schedule", data={**schedule, "csrf": csrf},
                        headers={"origin": "https://evil.example"}).status_code == 403
+    assert client.post("/dead-letters/resend", data={"target": TOPIC}).status_code == 403
+    assert client.post("/logout").status_code == 403  # still logged in below
     assert _pending(running) == before
     assert client.post("/admin/schedule", data={**schedule, "csrf": csrf}).status_code == 200
     assert _pending(running) == before + 1  # the same request with the token is done
@@ -84,11 +86,13 @@ def test_a_change_without_the_csrf_token_is_refused(web: tuple[httpx.Client, str
 
 def test_nothing_without_a_session(running: Running) -> None:
     with _web(running) as web:
-        for path in ("/cluster", "/topics", "/histogram", "/admin"):
+        for path in ("/cluster", "/topics", "/histogram", "/admin", "/message",
+                     "/dead-letters"):
             answer = web.get(path)
             assert (answer.status_code, answer.headers["location"]) == (303, "/login"), path
         assert web.get("/live/cluster").status_code == 403
         assert web.post("/admin/cancel", data={"handle": "1"}).status_code == 403
+        assert web.post("/dead-letters/resend", data={"target": "x"}).status_code == 403
         refused = web.post("/login", data={"csrf": "made-up", "token": running.token()})
         assert refused.status_code == 403
         assert not [c for c in refused.headers.get_list("set-cookie") if "session" in c]

@@ -18,7 +18,7 @@ class _Client:
 
 def _open(sessions: Sessions) -> tuple[str, Any]:
     client: Any = _Client()
-    session_id, _ = sessions.open(client)
+    session_id, _ = sessions.open(client, _Client())  # type: ignore[arg-type]
     return session_id, client
 
 
