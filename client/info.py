@@ -26,6 +26,16 @@ class Member:
     version: int = 0
     """The cluster version its build writes: the answering node's own, and on the leader each
     follower's as it last answered; 0 unknown (docs/replication.md#compatibility)."""
+    clock_known: bool = False
+    """On the leader: whether it has an estimate of this member's clock."""
+    clock_offset_ms: int = 0
+    """This member's clock minus the leader's: at least this, at most ``clock_error_ms`` more."""
+    clock_error_ms: int = 0
+    disk_known: bool = False
+    """Whether the answering node has a current report of this member's disk."""
+    free_bytes: int = 0
+    reserve_bytes: int = 0
+    """Its ``min_free_bytes``: below it, the cluster refuses new messages."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tickwheel.client import Client, ClusterInfo, DueHistogram, TickwheelClientError
+from tickwheel.client import Client, ClusterInfo, DueHistogram, Member, TickwheelClientError
 
 _ASKING = ThreadPoolExecutor(max_workers=16, thread_name_prefix="console-ask")
 """Where the members are asked at once: one call a member, each bounded by the client's
@@ -41,6 +41,10 @@ class MemberView:
     lag_entries: int = 0
     """Behind the leader's commit index, as the leader counts it."""
     error: str = ""
+    clock: str = ""
+    """Its clock's offset from the leader's, as the leader estimates it ("" if unknown)."""
+    disk: str = ""
+    """Its free disk space and reserve, as the leader last heard them ("" if unknown)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +96,8 @@ def read_cluster(client: Client, addresses: Iterable[str], timeline: LeaderTimel
     infos = {a: i for a, i in answers.items() if isinstance(i, ClusterInfo)}
     leading = [i for i in infos.values() if i.role == "leader"]
     leader_info = max(leading, key=lambda i: i.term) if leading else None
-    lag = {m.grpc_address: m.lag_entries for m in leader_info.members} if leader_info else {}
-    members = tuple(_member(address, answer, lag.get(address, 0))
+    seen = {m.grpc_address: m for m in leader_info.members} if leader_info else {}
+    members = tuple(_member(address, answer, seen.get(address))
                     for address, answer in sorted(answers.items()))
     leader = next((a for a, i in infos.items() if i is leader_info), "")
     term = leader_info.term if leader_info else max((i.term for i in infos.values()), default=0)
@@ -109,12 +113,27 @@ def _ask(client: Client, address: str) -> ClusterInfo | str:
         return error.code.name
 
 
-def _member(address: str, answer: ClusterInfo | str, lag_entries: int) -> MemberView:
+def _member(address: str, answer: ClusterInfo | str, seen: Member | None) -> MemberView:
+    """``address`` as it answered, with what the leader says of it (``seen``)."""
+    clock = disk = ""
+    if seen is not None and seen.clock_known:
+        clock = f"{seen.clock_offset_ms:+d} ms (± {seen.clock_error_ms} ms)"
+    if seen is not None and seen.disk_known:
+        disk = f"{_size(seen.free_bytes)} free, reserve {_size(seen.reserve_bytes)}"
+    lag = seen.lag_entries if seen is not None else 0
     if isinstance(answer, str):
-        return MemberView(address, answered=False, error=answer)
+        return MemberView(address, answered=False, error=answer, clock=clock, disk=disk)
     return MemberView(address, True, answer.role, answer.address, answer.term,
-                      answer.commit_index, answer.last_applied, answer.cursor_second,
-                      lag_entries)
+                      answer.commit_index, answer.last_applied, answer.cursor_second, lag,
+                      clock=clock, disk=disk)
+
+
+def _size(size_bytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size_bytes < 1024:
+            return f"{size_bytes} {unit}"
+        size_bytes //= 1024
+    return f"{size_bytes} TiB"
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ def cluster_info(node: NodeContext, principal: Principal = ANYONE) -> pb.Cluster
         members.append(pb.Member(raft_address=peer, grpc_address=node.members[peer], role=role,
                                  connected=peer in status.connected, lag_entries=lag,
                                  version=heard[peer].version if peer in heard else 0))
+    _clocks_and_disks(node, members)
     topics = [pb.TopicInfo(topic=topic, ready=ready, unacked=unacked, consumers=consumers)
               for topic, ready, unacked, consumers in node.courier.topics() if sees(topic)]
     lag_ms = cursor_lag_ms(status, node.clock.now_ms())
@@ -73,6 +74,21 @@ def due_histogram(node: NodeContext, span: int, principal: Principal = ANYONE
         pending=[pb.TopicPending(topic=topic, pending=count)
                  for topic, count in sorted(status.pending.items()) if principal.sees(topic)],
         pending_untracked=status.pending_untracked)
+
+
+def _clocks_and_disks(node: NodeContext, members: list[pb.Member]) -> None:
+    """Each member's clock offset (the leader's estimates) and disk (the latest reports)."""
+    offsets = node.replica.clock.observe()
+    spaces = {space.member: space for space in node.disk.spaces()}
+    for member in members:
+        offset = offsets.get(member.raft_address)
+        if offset is not None:
+            member.clock_known = True
+            member.clock_offset_ms, member.clock_error_ms = offset.offset_ms, offset.error_ms
+        space = spaces.get(member.raft_address)
+        if space is not None:
+            member.disk_known = True
+            member.free_bytes, member.reserve_bytes = space.free_bytes, space.reserve_bytes
 
 
 def describe(node: NodeContext) -> pb.DescribeResponse:

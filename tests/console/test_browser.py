@@ -1,5 +1,5 @@
 """The console in a real browser (Debian's chromium through Playwright) on a real 3-node
-cluster: log in, see the members and the leader, see a failover without reloading, watch
+cluster: log in, see the members (their clocks and disks) and the leader, see a failover without reloading, watch
 the due-time histogram follow a message scheduled and cancelled from the admin page, and
 a wrong token and a read-only principal refused."""
 
@@ -27,6 +27,10 @@ def test_an_operator_logs_in_and_sees_three_members_and_the_leader(
     leader = running.cluster.leader(timeout_s=15).grpc_address
     expect(page.locator("#leader")).to_have_text(leader)
     expect(page.locator('#members tr[data-role="leader"]')).to_have_count(1)
+    expect(page.locator('#members tr[data-role="leader"] .clock')).to_have_text("+0 ms (± 0 ms)")
+    for row in members.all():  # the leader's estimates and the disk reports come in live
+        expect(row.locator(".clock")).to_contain_text(" ms (± ")
+        expect(row.locator(".disk")).to_contain_text(" free, reserve ")
     screenshot(page, "cluster")
 
 
