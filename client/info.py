@@ -48,6 +48,9 @@ class TopicDue:
     unacked: int
     """Delivered, waiting for an acknowledgement."""
     consumers: int
+    delivered: int = 0
+    """Sent by the leader since it started, every attempt: a rate is the difference of two
+    answers of one leader."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,7 +86,7 @@ def fragment(console: Console, session: Session, view: str, params: dict[str, st
             return {"histogram": read_histogram(session.client, params["span"]),
                     "span": params["span"], "spans": list(SPANS)}
         cluster, members = read_cluster(session.client, console.seeds + tuple(session.members),
-                                        session.timeline)
+                                        session.timeline, session.rates)
         session.members |= members
         return {"cluster": cluster, "error": ""}
     except TickwheelClientError as error:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from starlette.responses import Response
 
 from tickwheel.client import Client, LedgerClient, Received
-from tickwheel.console.views import LeaderTimeline
+from tickwheel.console.views import DeliveryRates, LeaderTimeline
 
 SESSION_COOKIE = "__Host-tickwheel-session"
 LOGIN_COOKIE = "__Host-tickwheel-login"
@@ -49,6 +49,8 @@ class Session:
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     timeline: LeaderTimeline = field(default_factory=LeaderTimeline)
     """The leader changes this session's pages have seen."""
+    rates: DeliveryRates = field(default_factory=DeliveryRates)
+    """The topics' deliveries a second, between this session's reads of the cluster."""
     members: set[str] = field(default_factory=set)
     """The members' gRPC addresses learnt from their answers."""
     dead_letters: dict[str, Received] = field(default_factory=dict)

@@ -72,6 +72,26 @@ class LeaderTimeline:
             self.changes.appendleft(LeaderChange(at_ms, leader, term))
 
 
+@dataclass
+class DeliveryRates:
+    """Messages delivered a second per topic, from the leader's counts in two answers a
+    session read (none across a change of leader: its counts start again)."""
+
+    leader: str = ""
+    at_s: float = 0.0
+    delivered: dict[str, int] = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, leader: str, info: ClusterInfo, at_s: float) -> None:
+        counts = {topic.topic: topic.delivered for topic in info.topics}
+        if leader and leader == self.leader and at_s > self.at_s:
+            self.rates = {topic: max(0, count - self.delivered.get(topic, count)) / (
+                at_s - self.at_s) for topic, count in counts.items()}
+        else:
+            self.rates = {}
+        self.leader, self.at_s, self.delivered = leader, at_s, counts
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterView:
     members: tuple[MemberView, ...]
@@ -81,10 +101,12 @@ class ClusterView:
     info: ClusterInfo | None
     """The leader's own answer (else any member's), for topics, groups and the cursor."""
     changes: tuple[LeaderChange, ...]
+    rates: dict[str, float] = field(default_factory=dict)
+    """Delivered a second per topic, since the session's last read."""
 
 
-def read_cluster(client: Client, addresses: Iterable[str], timeline: LeaderTimeline
-                 ) -> tuple[ClusterView, set[str]]:
+def read_cluster(client: Client, addresses: Iterable[str], timeline: LeaderTimeline,
+                 rates: DeliveryRates) -> tuple[ClusterView, set[str]]:
     """Ask every member in ``addresses`` (and those their answers name) for its view; returns
     the view and every member address now known."""
     known = sorted(set(addresses))
@@ -103,7 +125,10 @@ def read_cluster(client: Client, addresses: Iterable[str], timeline: LeaderTimel
     term = leader_info.term if leader_info else max((i.term for i in infos.values()), default=0)
     timeline.observe(leader, term, time.time_ns() // 1_000_000)
     shown = leader_info or next(iter(infos.values()), None)
-    return ClusterView(members, leader, term, shown, tuple(timeline.changes)), set(answers)
+    if leader_info is not None:
+        rates.observe(leader, leader_info, time.monotonic())
+    return ClusterView(members, leader, term, shown, tuple(timeline.changes),
+                       dict(rates.rates)), set(answers)
 
 
 def _ask(client: Client, address: str) -> ClusterInfo | str:

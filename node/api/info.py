@@ -27,7 +27,8 @@ def cluster_info(node: NodeContext, principal: Principal = ANYONE) -> pb.Cluster
                                  connected=peer in status.connected, lag_entries=lag,
                                  version=heard[peer].version if peer in heard else 0))
     _clocks_and_disks(node, members)
-    topics = [pb.TopicInfo(topic=topic, ready=ready, unacked=unacked, consumers=consumers)
+    topics = [pb.TopicInfo(topic=topic, ready=ready, unacked=unacked, consumers=consumers,
+                           delivered=node.metrics.delivered_of(topic))
               for topic, ready, unacked, consumers in node.courier.topics() if sees(topic)]
     lag_ms = cursor_lag_ms(status, node.clock.now_ms())
     return pb.ClusterInfoResponse(

@@ -225,6 +225,9 @@ class Metrics:
         self.raft_steps = RaftSteps()
         """``metrics.raft_steps.summary = status.raft_steps``: the housekeeping's read."""
         r.register(self.raft_steps)
+        self.delivered_totals: dict[str, int] = {}
+        """Messages sent by bounded topic label, as ``tickwheel_delivered_messages`` counts
+        them: what ``ClusterInfo`` tells (`delivered_of`)."""
 
     def observe_delivered(self, topic: str, count: int, first_lateness_ms: list[int]) -> None:
         """``count`` messages of ``topic`` sent; ``first_lateness_ms``: how late the first
@@ -232,6 +235,12 @@ class Metrics:
         label = self.topic(topic)
         self.lateness.observe_ms(label, first_lateness_ms)
         self.delivered.labels(label).inc(count)
+        self.delivered_totals[label] = self.delivered_totals.get(label, 0) + count
+
+    def delivered_of(self, topic: str) -> int:
+        """Messages of ``topic`` sent by this node since it started (those of topics beyond
+        ``max_topic_labels`` counted together)."""
+        return self.delivered_totals.get(self.topic(topic), 0)
 
     def set_topics(self, topics: list[tuple[str, int, int, int]]) -> None:
         """Publish the courier's per-topic figures; topics no longer listed are removed."""

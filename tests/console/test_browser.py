@@ -1,7 +1,8 @@
 """The console in a real browser (Debian's chromium through Playwright) on a real 3-node
-cluster: log in, see the members (their clocks and disks) and the leader, see a failover without reloading, watch
-the due-time histogram follow a message scheduled and cancelled from the admin page, and
-a wrong token and a read-only principal refused."""
+cluster: log in, see the members (their clocks and disks) and the leader, see a failover
+without reloading, watch the due-time histogram follow a message scheduled and cancelled from
+the admin page, see deliveries counted, look a message up, resend a dead letter, and a wrong
+token and a read-only principal refused."""
 
 from __future__ import annotations
 
@@ -119,6 +120,18 @@ def test_topics_show_what_is_pending(page: Page, running: Running) -> None:
     log_in(page, running)
     page.goto(running.console.url + "topics")
     expect(page.locator('#pending tr[data-topic="console-topics"] td.n')).to_have_text("3")
+    with running.cluster.client() as admin:  # the page is live: deliveries show as they go
+        admin.schedule_many([Message("console-rate", "b", delay_ms=0) for _ in range(5)])
+        got: list[str] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 5:
+            assert time.monotonic() < deadline, f"{len(got)} of 5 delivered"
+            for received in admin.receive("console-rate", consumer="rate", wait_ms=5_000):
+                received.ack()
+                got.append(received.id)
+    rate = page.locator('#due tr[data-topic="console-rate"]')
+    expect(rate.locator(".delivered")).to_have_text("5")
+    expect(rate.locator(".rate")).to_have_text(re.compile(r"^\d+\.\d$"))
     screenshot(page, "topics")
 
 
