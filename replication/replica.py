@@ -368,7 +368,7 @@ class Replica:
             return self._quiet_until_s - now_s
         self._changed = False
         wait_s = self._step()
-        self._state.wheel.walk_ahead(WALK_AHEAD_UNITS)
+        self._state.wheel.walk_ahead(WALK_AHEAD_UNITS, self._clock.local.now_ms())
         settled = self._leadership.term is None or self._leadership.settled
         self._quiet_until_s = now_s + wait_s if settled else 0.0
         # Set before the queue is read: a request queued after the read sees this turn's

@@ -266,11 +266,13 @@ class Wheel:
         return due_histogram(self._hours, self._cursor.second, start_second, bucket_seconds,
                              buckets)
 
-    def walk_ahead(self, max_units: int) -> None:
+    def walk_ahead(self, max_units: int, now_ms: int | None = None) -> None:
         """Read up to ``max_units`` index units of the seconds the cursor will pass next, so
-        that the cursor command entering one finds it read (`CursorPassage`); the Raft thread
+        that the cursor command entering one finds it read (`CursorPassage`); with
+        ``now_ms``, only once they are due within ``AHEAD_SECONDS`` of it. The Raft thread
         calls this between turns."""
-        self._passage.walk_ahead(self._cursor.second, max_units)
+        self._passage.walk_ahead(self._cursor.second, max_units,
+                                 None if now_ms is None else now_ms // 1000)
 
     def count_at(self, second: int) -> int:
         """How many messages are filed under ``second`` (cancelled ones included)."""

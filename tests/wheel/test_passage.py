@@ -10,6 +10,7 @@ import pytest
 
 from tickwheel.wheel import Cursor, NewMessage, Wheel
 from tickwheel.wheel.format import encode_record
+from tickwheel.wheel.passage import AHEAD_SECONDS
 from tickwheel.wheel.segment import HourSegment
 
 NOW_MS = 1_000 * 3_600_000
@@ -77,6 +78,30 @@ def test_a_burst_second_beyond_the_next_is_read_ahead_before_the_cursor_enters_i
         assert wheel.live_tags_until(Cursor(second + 1, 1_500)) == {1: 1_512}
         assert sum(read_by_the_cursor) == 0  # everything it passes was read ahead
 
+
+
+def test_a_second_due_beyond_the_reach_of_the_read_ahead_is_read_once_it_comes_within_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first second holding messages was read however far off it was, and read again from
+    its start each time more than a step's units were filed into it: 200,000 messages
+    scheduled two hours ahead were read again on the leader's Raft thread in the turns that
+    followed, 2-4 ms a turn, which every schedule request waiting for those turns waited
+    out too."""
+    second = NOW_MS // 1_000 + AHEAD_SECONDS + 10
+    with Wheel.open(tmp_path) as wheel:
+        batch = [msg(f"m{i}", second * 1_000) for i in range(300)]
+        wheel.schedule_records([encode_record(*m) for m in batch],
+                               [m.deliver_at_ms for m in batch], NOW_MS, [1] * len(batch))
+        read = units_read_from_now_on(monkeypatch)
+        for _ in range(5):
+            wheel.walk_ahead(100, NOW_MS)
+        assert sum(read) == 0
+        for _ in range(5):  # ten seconds later: within reach
+            wheel.walk_ahead(100, NOW_MS + 10_000)
+        assert sum(read) == 300
+        read.clear()
+        assert wheel.live_tags_until(Cursor(second, 300)) == {1: 300}
+        assert sum(read) == 0  # everything the cursor passes was read ahead
 
 def test_whole_seconds_passed_count_their_live_messages_as_a_pass_over_each_would(
         tmp_path: Path) -> None:
