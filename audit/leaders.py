@@ -12,8 +12,9 @@ A *repeated hand-out* is a ``sent`` row of a delivery ``(id, group)`` that had b
 before: a lease above 1 (an earlier lease was granted), or an earlier ``sent`` row of it in
 the ledgers. Each counts for the turn it is sent in: a failover's are the repeats its new
 leader sent, until the shard's next failover. It is ``flagged`` when the send carries
-``possible_duplicate``, else ``unflagged`` (a consumer cannot tell it from the first: a broken
-promise). Used by `tickwheel.audit.summary`.
+``possible_duplicate`` or is a retry (``attempt`` above 1: a nack's or a visibility
+timeout's copy, which the consumer is told of), else ``unflagged`` (a consumer cannot tell it
+from the first: a broken promise). Used by `tickwheel.audit.summary`.
 """
 
 from __future__ import annotations
@@ -64,12 +65,13 @@ def turns(rows: DataFrame) -> list[Turn]:
 
 
 def repeats(sent: DataFrame) -> DataFrame:
-    """The repeated hand-outs among ``sent`` rows, with ``flagged``."""
+    """The repeated hand-outs among ``sent`` rows, with ``flagged`` (the module docstring)."""
     order = Window.partitionBy(*DELIVERY).orderBy("time_ms", "lease")
     earlier = F.lag("time_ms").over(order).isNotNull()
     return (sent.withColumn("repeat", (F.coalesce("lease", F.lit(1)) > 1) | earlier)
             .filter("repeat")
-            .withColumn("flagged", F.coalesce("possible_duplicate", F.lit(False))))
+            .withColumn("flagged", F.coalesce("possible_duplicate", F.lit(False))
+                        | (F.coalesce("attempt", F.lit(1)) > 1)))
 
 
 def turn_of(frame: DataFrame, all_turns: list[Turn]) -> DataFrame:

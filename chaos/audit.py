@@ -56,7 +56,10 @@ the figures built on them:
   per group) while it drained.
 - **verdict**: ``clean`` iff nothing is lost, no duplicate is unflagged, nothing arrived early,
   nothing was delivered after a ``cancelled`` answer or contrary to a ``rescheduled`` one; else
-  ``dirty``.
+  ``dirty``. Judged by the client logs alone.
+- **ledgers**: the production audit of the run's ledgers alone (`tickwheel.audit`,
+  docs/audit.md; its own ``verdict``), to the horizon ``lost_cutoff_ms + grace_ms``: what
+  the cluster says it did, beside what the runner saw.
 
 The summary (`audit` returns it; ``--json`` prints it)::
 
@@ -90,7 +93,8 @@ The summary (`audit` returns it; ``--json`` prints it)::
                faults: [{fault, node, started_ms}], failovers} | null,
      "faults": [{fault, node, started_ms, ended_ms, detail}],
      "examples": {unflagged_duplicates, cancelled_but_delivered, contrary_to_reschedule,
-                  delivered_early}}  # ids
+                  delivered_early},  # ids
+     "ledgers": the production audit's summary (docs/audit.md)}
 
 Counts are of messages (distinct ids) where a message is meant (``scheduled``, ``acked``,
 ``cancelled``, ``rescheduled``, ``cancelled_but_delivered``), of deliveries (distinct
@@ -113,6 +117,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from tickwheel.audit import build_session
 from tickwheel.chaos import deliveries, report
 from tickwheel.chaos.aggregates import only_row, percentile, spread
 from tickwheel.chaos.burst_audit import burst_figures
@@ -131,20 +136,20 @@ from tickwheel.chaos.failovers import (
     per_fault,
     percentiles,
 )
-from tickwheel.chaos.run_logs import Logs, Run, load_logs, read_run
+from tickwheel.chaos.run_logs import Logs, Run, ledger_audit, load_logs, read_run
 
 MAX_IDS = 50
 """At most this many example ids per problem class in the summary."""
-SHUFFLE_PARTITIONS = 4
-"""The logs of one run fit one machine; Spark's default of 200 only adds overhead."""
 
 # -- the audit ---------------------------------------------------------------------------------
 
 def audit(spark: SparkSession, out_dir: Path, grace_ms: int | None = None,
           allowed_early_ms: int | None = None) -> dict[str, Any]:
-    """The summary of the run logged in ``out_dir`` (the module docstring has its shape);
-    writes nothing."""
-    return summarize(load_logs(spark, out_dir, read_run(out_dir, grace_ms, allowed_early_ms)))
+    """The summary of the run logged in ``out_dir`` (the module docstring has its shape), with
+    the production audit of its ledgers; writes nothing."""
+    run = read_run(out_dir, grace_ms, allowed_early_ms)
+    return summarize(load_logs(spark, out_dir, run)) | {
+        "ledgers": ledger_audit(spark, out_dir, run)}
 
 
 def summarize(logs: Logs) -> dict[str, Any]:
@@ -391,19 +396,6 @@ def _per_shard(run: Run, placed: DataFrame, owed: DataFrame, receipts: DataFrame
 
 # -- the command -------------------------------------------------------------------------------
 
-def build_session(master: str | None = None) -> SparkSession:
-    """A quiet Spark session sized for one run's logs. Without ``master``, spark-submit's
-    applies, else ``local[*]``."""
-    builder = (SparkSession.builder.appName("tickwheel-audit")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.log.level", "WARN")
-               .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS)))
-    if master is not None:
-        builder = builder.master(master)
-    return builder.getOrCreate()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tickwheel.chaos.audit",
@@ -419,10 +411,10 @@ def main(argv: list[str] | None = None) -> int:
         run = read_run(args.out_dir, args.grace_ms, args.allowed_early_ms)
     except (OSError, ValueError) as error:
         parser.error(str(error))
-    spark = build_session(args.master)
+    spark = build_session(args.master, app="tickwheel-chaos-audit")
     try:
         logs = load_logs(spark, args.out_dir, run)
-        summary = summarize(logs)
+        summary = summarize(logs) | {"ledgers": ledger_audit(spark, args.out_dir, run)}
         points = lateness_points(logs)
     finally:
         spark.stop()

@@ -1,7 +1,8 @@
 """What a chaos run leaves in its output folder, and how the audit reads it: ``run.json`` (the
 run's window and tolerances, `Run`), the JSON-lines logs (`Logs`), each read with an explicit
 schema, a malformed line dropped (a process killed mid-write tears its last line), and the
-nodes' ledgers, their Parquet segments read natively (``spark.read.parquet``).
+nodes' ledgers, their Parquet segments read natively (``spark.read.parquet``) with the
+production audit's schema, and audited by it as production's are (`ledger_audit`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from tickwheel.audit import LEDGER_SCHEMA, AuditOptions, Segments, audit_segments
+
 SCHEDULED_SCHEMA = ("id STRING, topic STRING, deliver_at_ms BIGINT, sent_ms BIGINT, "
                     "acked BOOLEAN, acked_ms BIGINT, handle BIGINT, kind STRING, shard BIGINT")
 CANCELS_SCHEMA = ("id STRING, handle BIGINT, sent_ms BIGINT, done_ms BIGINT, outcome STRING, "
@@ -24,13 +27,6 @@ RESCHEDULES_SCHEMA = ("id STRING, handle BIGINT, sent_ms BIGINT, done_ms BIGINT,
 RECEIVED_SCHEMA = ("id STRING, topic STRING, group STRING, deliver_at_ms BIGINT, "
                    "delivered_at_ms BIGINT, received_ms BIGINT, attempt BIGINT, "
                    "possible_duplicate BOOLEAN, node STRING, consumer STRING, acked BOOLEAN")
-LEDGER_SCHEMA = ("event STRING, node STRING, node_ms BIGINT, time_ms BIGINT, term BIGINT, "
-                 "epoch BIGINT, handle BIGINT, new_handle BIGINT, id STRING, topic STRING, "
-                 "group STRING, consumer STRING, lease BIGINT, possible_duplicate BOOLEAN, "
-                 "attempt BIGINT, deliver_at_ms BIGINT, old_deliver_at_ms BIGINT, "
-                 "deadline_ms BIGINT, slot_second BIGINT, local_index BIGINT")
-"""The ledger's columns (`tickwheel.node.ledger.schema`, docs/node.md); ``node`` is the Raft
-address (behind a chaos proxy: the proxy's), so the audit names nodes by their folder."""
 LEADERS_SCHEMA = "at_ms BIGINT, leader STRING, term BIGINT, shard BIGINT"
 FAULTS_SCHEMA = ("fault STRING, node STRING, shard BIGINT, started_ms BIGINT, ended_ms BIGINT, "
                  "detail STRING")
@@ -38,6 +34,11 @@ FAULTS_SCHEMA = ("fault STRING, node STRING, shard BIGINT, started_ms BIGINT, en
 LEDGER_NAME = r"([^/]+)\.\d+/ledger-[^/]+\.parquet$"
 """``ledger/<node name>.<generation>/ledger-<node>-<sequence>.parquet``: group 1 is the node's
 name."""
+LEDGER_FOLDERS = (r"/ledger/(?P<node>(?:shard(?P<shard>\d+)-)?[^/]+)/"
+                  r"ledger-[^/]+\.parquet$")
+"""The same for the production audit: each ``<name>.<generation>`` folder is a node's ledger
+(a wiped node begins its sequence numbers again), in the shard its name begins with
+(``shard1-node2``; none: shard 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +145,28 @@ def load_logs(spark: SparkSession, out_dir: Path, run: Run) -> Logs:
             "node_name", F.regexp_extract(F.input_file_name(), LEDGER_NAME, 1)),
         leaders=_read_jsonl(spark, [out_dir / "leaders.jsonl"], LEADERS_SCHEMA),
         faults=_read_jsonl(spark, [out_dir / "faults.jsonl"], FAULTS_SCHEMA))
+
+
+def ledger_segments(out_dir: Path) -> Segments:
+    """The run's ledgers as the production audit takes them: per ``(shard, folder)``."""
+    found: Segments = {}
+    for path in sorted((out_dir / "ledger").glob("*/ledger-*.parquet")):
+        folder = path.parent.name
+        shard = folder.removeprefix("shard").split("-", 1)[0] if folder.startswith(
+            "shard") else "0"
+        found.setdefault((int(shard) if shard.isdigit() else 0, folder), []).append(path)
+    for paths in found.values():
+        paths.sort(key=lambda path: path.name)
+    return found
+
+
+def ledger_audit(spark: SparkSession, out_dir: Path, run: Run) -> dict[str, Any]:
+    """The production audit of the run's ledgers alone (`tickwheel.audit`), judged by the
+    run's grace and allowed earliness, to the horizon ``lost_cutoff_ms + grace_ms``: what
+    the chaos audit adds to it is the runner's client logs."""
+    options = AuditOptions(grace_ms=run.grace_ms, allowed_early_ms=run.allowed_early_ms,
+                           until_ms=run.lost_cutoff_ms + run.grace_ms)
+    return audit_segments(spark, ledger_segments(out_dir), options, LEDGER_FOLDERS)
 
 
 def _read_jsonl(spark: SparkSession, paths: list[Path], schema: str) -> DataFrame:
