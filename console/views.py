@@ -11,14 +11,24 @@ threads: the client blocks).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tickwheel.client import Client, ClusterInfo, DueHistogram, Member, TickwheelClientError
+from tickwheel.client import (
+    Client,
+    ClusterInfo,
+    DueHistogram,
+    GroupInfo,
+    Member,
+    TickwheelClientError,
+    TopicDue,
+    TopicPending,
+)
 
 _ASKING = ThreadPoolExecutor(max_workers=16, thread_name_prefix="console-ask")
 """Where the members are asked at once: one call a member, each bounded by the client's
@@ -33,6 +43,7 @@ class MemberView:
     grpc_address: str
     answered: bool
     role: str = "unreachable"
+    shard: int = 0
     raft_address: str = ""
     term: int = 0
     commit_index: int = 0
@@ -96,10 +107,12 @@ class DeliveryRates:
 class ClusterView:
     members: tuple[MemberView, ...]
     leader: str
-    """The leader's gRPC address, "" if no member says it leads."""
+    """The leader's gRPC address ("shard 0: ... · shard 1: ..." with several shards), "" if
+    no member says it leads."""
     term: int
     info: ClusterInfo | None
-    """The leader's own answer (else any member's), for topics, groups and the cursor."""
+    """The leaders' answers (else any member's) for topics, groups and the cursor, every
+    shard's added up (`merge_infos`)."""
     changes: tuple[LeaderChange, ...]
     rates: dict[str, float] = field(default_factory=dict)
     """Delivered a second per topic, since the session's last read."""
@@ -116,17 +129,22 @@ def read_cluster(client: Client, addresses: Iterable[str], timeline: LeaderTimel
             if member.grpc_address not in answers:
                 answers[member.grpc_address] = _ask(client, member.grpc_address)
     infos = {a: i for a, i in answers.items() if isinstance(i, ClusterInfo)}
-    leading = [i for i in infos.values() if i.role == "leader"]
-    leader_info = max(leading, key=lambda i: i.term) if leading else None
-    seen = {m.grpc_address: m for m in leader_info.members} if leader_info else {}
+    leaders: dict[int, tuple[str, ClusterInfo]] = {}
+    for address, info in infos.items():  # each shard's, in the highest term
+        if info.role == "leader" and info.term >= leaders.get(info.shard, ("", info))[1].term:
+            leaders[info.shard] = (address, info)
+    seen = {m.grpc_address: m for _, info in leaders.values() for m in info.members}
     members = tuple(_member(address, answer, seen.get(address))
                     for address, answer in sorted(answers.items()))
-    leader = next((a for a, i in infos.items() if i is leader_info), "")
-    term = leader_info.term if leader_info else max((i.term for i in infos.values()), default=0)
+    leader = " · ".join(f"shard {shard}: {address}" if len(leaders) > 1 else address
+                        for shard, (address, _) in sorted(leaders.items()))
+    term = max((i.term for _, i in leaders.values()), default=0) if leaders else max(
+        (i.term for i in infos.values()), default=0)
     timeline.observe(leader, term, time.time_ns() // 1_000_000)
-    shown = leader_info or next(iter(infos.values()), None)
-    if leader_info is not None:
-        rates.observe(leader, leader_info, time.monotonic())
+    shown = merge_infos([i for _, (_, i) in sorted(leaders.items())]) or next(
+        iter(infos.values()), None)
+    if leaders and shown is not None:
+        rates.observe(leader, shown, time.monotonic())
     return ClusterView(members, leader, term, shown, tuple(timeline.changes),
                        dict(rates.rates)), set(answers)
 
@@ -148,9 +166,37 @@ def _member(address: str, answer: ClusterInfo | str, seen: Member | None) -> Mem
     lag = seen.lag_entries if seen is not None else 0
     if isinstance(answer, str):
         return MemberView(address, answered=False, error=answer, clock=clock, disk=disk)
-    return MemberView(address, True, answer.role, answer.address, answer.term,
+    return MemberView(address, True, answer.role, answer.shard, answer.address, answer.term,
                       answer.commit_index, answer.last_applied, answer.cursor_second, lag,
                       clock=clock, disk=disk)
+
+
+def merge_infos(infos: Sequence[ClusterInfo]) -> ClusterInfo | None:
+    """The shards' leaders' answers as one: the first's, with every shard's topics, pending
+    counts and groups added up by name."""
+    if len(infos) <= 1:
+        return infos[0] if infos else None
+    due: dict[str, list[int]] = {}
+    pending: dict[str, int] = {}
+    groups: dict[tuple[str, str], list[int]] = {}
+    for info in infos:
+        for t in info.topics:
+            _add(due.setdefault(t.topic, [0] * 4), (t.ready, t.unacked, t.consumers, t.delivered))
+        for p in info.pending:
+            pending[p.topic] = pending.get(p.topic, 0) + p.pending
+        for g in info.groups:
+            _add(groups.setdefault((g.topic, g.group), [0] * 4),
+                 (g.ready, g.leased, g.consumers, g.dropped))
+    return dataclasses.replace(
+        infos[0], topics=tuple(TopicDue(t, *n) for t, n in sorted(due.items())),
+        pending=tuple(TopicPending(t, n) for t, n in sorted(pending.items())),
+        groups=tuple(GroupInfo(t, g, *n) for (t, g), n in sorted(groups.items())),
+        pending_untracked=sum(i.pending_untracked for i in infos))
+
+
+def _add(sums: list[int], values: tuple[int, ...]) -> None:
+    for i, value in enumerate(values):
+        sums[i] += value
 
 
 def _size(size_bytes: int) -> str:
@@ -183,13 +229,42 @@ class HistogramView:
 
 
 def read_histogram(client: Client, span: str) -> HistogramView:
-    histogram = client.due_histogram(span)
+    """Every shard's histogram of ``span``, added up (`merge`)."""
+    histogram = merge([client.due_histogram(span, shard=shard)
+                       for shard in range(client.shards().count)])
     tallest = max(histogram.counts, default=0) or 1
     buckets = tuple(
         Bucket(i, start_ms, count, _label(span, i, start_ms), 100.0 * count / tallest)
         for i, count in enumerate(histogram.counts)
         for start_ms in [histogram.start_ms + i * histogram.bucket_ms])
     return HistogramView(span, histogram, buckets)
+
+
+def merge(histograms: list[DueHistogram]) -> DueHistogram:
+    """The shards' histograms as one, on the first one's buckets: another shard's node may
+    have begun its buckets a second (or an hour) apart, so its counts move by as many
+    buckets, into ``overdue`` or ``beyond`` past either end; pending totals add up."""
+    first, *others = histograms
+    counts = list(first.counts)
+    overdue, beyond = first.overdue, first.beyond
+    pending = {p.topic: p.pending for p in first.pending}
+    for other in others:
+        shift = (other.start_ms - first.start_ms) // first.bucket_ms
+        overdue, beyond = overdue + other.overdue, beyond + other.beyond
+        for index, count in enumerate(other.counts):
+            where = index + shift
+            if where < 0:
+                overdue += count
+            elif where >= len(counts):
+                beyond += count
+            else:
+                counts[where] += count
+        for topic in other.pending:
+            pending[topic.topic] = pending.get(topic.topic, 0) + topic.pending
+    return DueHistogram(first.now_ms, first.start_ms, first.bucket_ms, tuple(counts), overdue,
+                        beyond, first.cursor_second,
+                        tuple(TopicPending(t, n) for t, n in sorted(pending.items())),
+                        sum(h.pending_untracked for h in histograms))
 
 
 def _label(span: str, index: int, start_ms: int) -> str:
