@@ -13,8 +13,9 @@ from tickwheel.harness.console_process import ConsoleProcess
 from tickwheel.harness.local_cluster import LocalCluster
 
 CHROMIUM = Path("/usr/bin/chromium")
-READER = {"reader": [{"actions": ["consume"], "topics": ["*"]}]}
-"""A principal that may read every topic and change nothing."""
+READER = {"reader": [{"actions": ["consume"], "topics": ["*"]}],
+          "narrow": [{"actions": ["consume", "schedule"], "topics": ["console-narrow"]}]}
+"""``reader`` may read every topic and change nothing; ``narrow`` may use one topic alone."""
 
 
 @dataclass

@@ -177,6 +177,25 @@ def test_a_dead_letter_is_resent_to_its_topic(page: Page, running: Running) -> N
         again.ack()
 
 
+def test_no_dead_letter_of_a_topic_the_principal_may_not_read(page: Page,
+                                                                running: Running) -> None:
+    with running.cluster.client() as admin:
+        admin.schedule("console-secret", "the secret", delay_ms=0, id="secret-1")
+        [letter] = admin.receive("console-secret", consumer="worker", max_messages=1,
+                                 wait_ms=10_000)
+        letter.nack()
+    log_in(page, running, "narrow")
+    page.goto(running.console.url + "dead-letters")
+    page.fill("#d-topic", "%DLQ%console-secret")
+    page.click("#browse button")
+    expect(page.locator("#refused")).to_contain_text("PERMISSION_DENIED")
+    assert page.locator("#letters").count() == 0
+    assert "the secret" not in page.content()
+    page.goto(running.console.url + "topics")
+    expect(page.locator("#pending")).to_be_visible()
+    assert "console-secret" not in page.locator("#topics").inner_text()
+
+
 def test_a_failover_shows_without_a_reload(page: Page, running: Running) -> None:
     log_in(page, running)
     old = running.cluster.leader(timeout_s=15)

@@ -104,6 +104,19 @@ def test_nothing_without_a_session(running: Running) -> None:
         assert not [c for c in refused.headers.get_list("set-cookie") if "session" in c]
 
 
+def test_a_session_ends_at_logout(running: Running) -> None:
+    web, csrf = _logged_in(running)
+    try:
+        cookie = web.cookies.get("__Host-tickwheel-session")
+        assert cookie and web.get("/cluster").status_code == 200
+        assert web.post("/logout", data={"csrf": csrf}).status_code == 303
+        assert web.get("/cluster").headers["location"] == "/login"
+        web.cookies.set("__Host-tickwheel-session", cookie)  # the old id, sent again
+        assert web.get("/cluster").headers["location"] == "/login"
+    finally:
+        web.close()
+
+
 def test_answers_carry_the_security_headers(web: tuple[httpx.Client, str]) -> None:
     client, _ = web
     headers = client.get("/cluster").headers
