@@ -28,6 +28,9 @@ CALL_TIMEOUT_S = 5.0
 """How long a page waits for the cluster (through the client's retries)."""
 ATTEMPT_TIMEOUT_S = 1.0
 """How long one call to one member may take: a member that is down shows within it."""
+SHUTDOWN_S = 3
+"""How long SIGTERM waits for answers in progress: the live pages' event streams never end
+by themselves."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,8 @@ def run(settings: ConsoleSettings) -> None:
     config = uvicorn.Config(build_app(console_for(settings)), host=settings.host,
                             port=settings.port, ssl_certfile=str(settings.cert_file),
                             ssl_keyfile=str(settings.key_file), log_level="warning",
-                            proxy_headers=False, server_header=False)
+                            proxy_headers=False, server_header=False,
+                            timeout_graceful_shutdown=SHUTDOWN_S)
     print(f"tickwheel console at {settings.url}", flush=True)
     uvicorn.Server(config).run()
 
