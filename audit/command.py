@@ -32,10 +32,14 @@ _AGE = re.compile(r"^(\d+)([smhd])$")
 _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
-def build_session(master: str | None = None, app: str = "tickwheel-audit") -> SparkSession:
-    """A quiet Spark session. Without ``master``, spark-submit's applies, else
-    ``local[*]``."""
-    builder = (SparkSession.builder.appName(app)
+def build_session(master: str | None = None, app: str = "tickwheel-audit",
+                  config: dict[str, str] | None = None) -> SparkSession:
+    """A quiet Spark session, with ``config`` besides. Without ``master``, spark-submit's
+    applies, else ``local[*]``."""
+    builder = SparkSession.builder
+    for key, value in (config or {}).items():
+        builder = builder.config(key, value)
+    builder = (builder.appName(app)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.log.level", "WARN")
