@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,9 @@ from pyspark.sql import SparkSession
 
 from tickwheel.audit import AuditOptions, audit_ledgers, build_session
 from tickwheel.harness.spark_standalone import StandaloneSpark
-from tickwheel.node.ledger.schema import SCHEMA, Manifest, node_token
+from tickwheel.node import LEDGER_SCHEMA as SCHEMA
+from tickwheel.node import LedgerManifest as Manifest
+from tickwheel.node import ledger_node_token as node_token
 
 ROWS_PER_SEGMENT: Final = 2_000_000
 SHARDS: Final = 2
@@ -148,14 +149,19 @@ def measure(spark: SparkSession, folder: Path, rows: int) -> dict[str, Any]:
     return {"seconds": round(seconds, 2), "audit_events_per_s": round(rows / seconds),
             "verdict": summary["verdict"], "overdue": summary["totals"]["overdue"],
             "unflagged_repeats": summary["totals"]["unflagged_repeats"],
-            "driver_python_peak_mib": round(
-                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "driver_python_peak_mib": _peak_mib("self"),
             "driver_jvm_peak_mib": _jvm_peak_mib(spark)}
 
 
 def _jvm_peak_mib(spark: SparkSession) -> int | None:
-    """The driver JVM's VmHWM (its peak resident memory), from /proc."""
+    """The driver JVM's peak resident memory."""
     pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[union-attr]
+    return _peak_mib(str(pid))
+
+
+def _peak_mib(pid: str) -> int | None:
+    """A process's VmHWM (its peak resident memory) from /proc: unlike ``ru_maxrss``, which
+    Linux carries across exec, it is this program's own."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:

@@ -21,6 +21,9 @@ here, never a module inside; `tests/test_layout.py` checks it):
   its closed segments oldest first (which the chaos runner collects for the audit), and
   their rows (which the harness reads); `Ledger` and `LedgerConfig`, its writer, with which
   the trace benchmark (`tickwheel.harness.trace_bench`) writes a node's ledger before it starts;
+  `LEDGER_SCHEMA`, `LedgerManifest` and `ledger_node_token`: the segments' Arrow schema, their
+  manifest and the node's name in their names, with which the audit's benchmark
+  (`tickwheel.harness.audit_bench`) writes a synthetic ledger;
 - `DEFAULT_RESERVE_BYTES` and `free_bytes`: the disk reserve a node keeps and how it measures
   free space, so that the chaos runner's full disk is full as the node sees it;
 - `make_dev_credentials`, `DevCredentials`, `Grants`, `ADMIN_GRANTS`: the development
@@ -44,6 +47,9 @@ from tickwheel.node.cli.terminal import console
 from tickwheel.node.ledger import LEDGER_FOLDER
 from tickwheel.node.ledger import read_rows as read_ledger_rows
 from tickwheel.node.ledger import segments as ledger_segments
+from tickwheel.node.ledger.schema import SCHEMA as LEDGER_SCHEMA
+from tickwheel.node.ledger.schema import Manifest as LedgerManifest
+from tickwheel.node.ledger.schema import node_token as ledger_node_token
 from tickwheel.node.ledger.writer import Ledger, LedgerConfig
 from tickwheel.node.ops.clock_step import CLOCK_OFFSET_FILE, write_clock_offset
 from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES, free_bytes
@@ -57,12 +63,15 @@ __all__ = [
     "CLOCK_OFFSET_FILE",
     "DEFAULT_RESERVE_BYTES",
     "LEDGER_FOLDER",
+    "LEDGER_SCHEMA",
     "DevCredentials",
     "Grants",
     "Ledger",
     "LedgerConfig",
+    "LedgerManifest",
     "console",
     "free_bytes",
+    "ledger_node_token",
     "ledger_segments",
     "main",
     "make_dev_credentials",
