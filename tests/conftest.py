@@ -138,9 +138,13 @@ BACKGROUND_FILES = ("tests/chaos/test_audit.py", "tests/replication/test_simulat
 JVMs, and the simulation (the longest file that starts no process, a minute of CPU or more).
 Parallel workers get them as one unit, first: one worker runs them one after the other, at a
 lower priority, in the CPU that the tests on the other workers leave idle from the start."""
-FIRST_FILES = (*BACKGROUND_FILES, "tests/chaos/test_runner.py", "tests/chaos/test_burst.py")
+FIRST_FILES = (*BACKGROUND_FILES, "tests/chaos/test_runner.py", "tests/chaos/test_burst.py",
+               "tests/audit/test_chaos_agreement.py", "tests/audit/test_planted.py",
+               "tests/audit/test_standalone.py")
 """Handed out first: the background files, then the chaos scenarios (the longest files that
-count seconds, four minutes or so and two), so that they do not begin late and end last."""
+count seconds, four minutes or so and two), and the production audit's proofs (a chaos run
+and two audits; a real run and six; a standalone Spark cluster and two audits: several
+minutes each), so that they do not begin late and end last."""
 
 
 LONGEST_FILES = ("tests/replication/test_cluster.py", "tests/node/test_api.py",
