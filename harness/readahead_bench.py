@@ -17,12 +17,10 @@ import json
 import sys
 import tempfile
 import time
-from array import array
 from pathlib import Path
 from typing import Any
 
 from tickwheel.wheel import NewMessage, Wheel
-from tickwheel.wheel.segment import HourSegment
 
 NOW_MS = 1_800_000_000_000
 AHEAD_MS = 2 * 3_600_000
@@ -31,45 +29,31 @@ WALK_UNITS = 4_000
 BODY = b"x" * 100
 
 
-def _turns(wheel: Wheel, now_ms: int | None, count: int, read: list[int]) -> dict[str, float]:
-    """``count`` turns of `Wheel.walk_ahead`: what they read and how long they took."""
-    read[0], total_s, longest_s, slow = 0, 0.0, 0.0, 0
+def _turns(wheel: Wheel, now_ms: int | None, count: int) -> dict[str, float]:
+    """``count`` turns of `Wheel.walk_ahead`: the units they read and how long they took."""
+    read_before, total_s, longest_s, slow = wheel.passage_units_read, 0.0, 0.0, 0
     for _ in range(count):
         started = time.perf_counter()
         wheel.walk_ahead(WALK_UNITS, now_ms)
         took_s = time.perf_counter() - started
         total_s, longest_s, slow = total_s + took_s, max(longest_s, took_s), slow + (took_s > 1e-3)
-    return {"units": read[0], "ms": round(total_s * 1000, 1),
+    return {"units": wheel.passage_units_read - read_before, "ms": round(total_s * 1000, 1),
             "longest_ms": round(longest_s * 1000, 2), "turns_over_1ms": slow}
 
 
 def run(root: Path, messages: int, turns: int, now_ms: int | None) -> dict[str, Any]:
-    read = [0]
-    walk_chain = HourSegment.walk_chain
-
-    def counting(segment: HourSegment, global_index: int, stop_local_index: int,
-                 max_units: int, global_indexes: array[int], tags: array[int]) -> int:
-        before = len(tags)
-        resume = walk_chain(segment, global_index, stop_local_index, max_units,
-                            global_indexes, tags)
-        read[0] += len(tags) - before
-        return resume
-    HourSegment.walk_chain = counting  # type: ignore[assignment]  # counts each walk's units
-    try:
-        with Wheel.open(root) as wheel:
-            filing = {"units": 0, "ms": 0.0, "longest_ms": 0.0, "turns_over_1ms": 0}
-            for request in range(messages // REQUEST_MSGS):
-                wheel.schedule([NewMessage(f"r{request}-{i}", "bench", BODY,
-                                           NOW_MS + AHEAD_MS + i, {})
-                                for i in range(REQUEST_MSGS)], NOW_MS)
-                turn = _turns(wheel, now_ms, 1, read)
-                filing = {"units": filing["units"] + turn["units"],
-                          "ms": round(filing["ms"] + turn["ms"], 1),
-                          "longest_ms": max(filing["longest_ms"], turn["longest_ms"]),
-                          "turns_over_1ms": filing["turns_over_1ms"] + turn["turns_over_1ms"]}
-            return {"while_filing": filing, "after": _turns(wheel, now_ms, turns, read)}
-    finally:
-        HourSegment.walk_chain = walk_chain  # type: ignore[method-assign]
+    with Wheel.open(root) as wheel:
+        filing = {"units": 0, "ms": 0.0, "longest_ms": 0.0, "turns_over_1ms": 0}
+        for request in range(messages // REQUEST_MSGS):
+            wheel.schedule([NewMessage(f"r{request}-{i}", "bench", BODY,
+                                       NOW_MS + AHEAD_MS + i, {})
+                            for i in range(REQUEST_MSGS)], NOW_MS)
+            turn = _turns(wheel, now_ms, 1)
+            filing = {"units": filing["units"] + turn["units"],
+                      "ms": round(filing["ms"] + turn["ms"], 1),
+                      "longest_ms": max(filing["longest_ms"], turn["longest_ms"]),
+                      "turns_over_1ms": filing["turns_over_1ms"] + turn["turns_over_1ms"]}
+        return {"while_filing": filing, "after": _turns(wheel, now_ms, turns)}
 
 
 def main(argv: list[str] | None = None) -> int:

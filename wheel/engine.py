@@ -274,6 +274,11 @@ class Wheel:
         self._passage.walk_ahead(self._cursor.second, max_units,
                                  None if now_ms is None else now_ms // 1000)
 
+    @property
+    def passage_units_read(self) -> int:
+        """Index units `walk_ahead` and the cursor's passage read since the wheel opened."""
+        return self._passage.units_read
+
     def count_at(self, second: int) -> int:
         """How many messages are filed under ``second`` (cancelled ones included)."""
         return self._hours.count_at(second)

@@ -54,6 +54,8 @@ class CursorPassage:
     def __init__(self, hours: HourSet) -> None:
         self._hours = hours
         self._passing: dict[int, _SecondUnits] = {}
+        self.units_read = 0
+        """Index units read from the chains since the wheel opened (what read-ahead costs)."""
 
     def forget_before(self, second: int) -> None:
         """The cursor has left every second before ``second``."""
@@ -130,6 +132,7 @@ class CursorPassage:
             newer_globals, newer_tags = array("I"), array("H")
             segment.walk_chain(segment.heads[second_of_hour << 1], len(units.tags), count,
                                newer_globals, newer_tags)
+            self.units_read += len(newer_tags)
             newer_globals.reverse()
             newer_tags.reverse()
             units.global_indexes += newer_globals
@@ -150,6 +153,7 @@ class CursorPassage:
                  else units.resume)
         read = len(units.tags)
         resume = segment.walk_chain(start, 0, max_units, units.global_indexes, units.tags)
+        self.units_read += len(units.tags) - read
         units.counts.update(units.tags[read:])
         if resume < 0:
             units.global_indexes.reverse()
