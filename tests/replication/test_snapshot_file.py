@@ -66,7 +66,7 @@ def test_a_snapshot_of_the_previous_build_without_a_check_still_reads(tmp_path: 
 def test_the_previous_build_reads_this_builds_snapshot(tmp_path: Path) -> None:
     """A rolling upgrade: a new leader sends its snapshot to a follower not yet upgraded."""
     previous = tmp_path / "previous"
-    with zipfile.ZipFile(FIXTURE / "tickwheel-a782c5f.whl") as wheel:
+    with zipfile.ZipFile(FIXTURE / "tickwheel-0.0.4-c5effa3.whl") as wheel:
         wheel.extractall(previous)
     path = tmp_path / "snapshot"
     write_snapshot(str(path), MANIFEST, RAFT_TAIL, fsync=False)
