@@ -57,7 +57,7 @@ def test_cluster_up_runs_a_secured_cluster_until_ctrl_c(tmp_path: Path) -> None:
         assert f"127.0.0.1:{base_port}" in printed and "(leader)" in printed
         assert "TICKWHEEL_CA_FILE=" in printed and "TICKWHEEL_TOKEN_FILE=" in printed  # secured
         up.send_signal(signal.SIGINT)
-        assert up.wait(timeout=30) == 0
+        assert up.wait(timeout=60) == 0
     finally:
         if up.poll() is None:
             up.kill()
@@ -76,7 +76,7 @@ def test_sigterm_stops_cluster_up_and_its_nodes_and_rocketmq_listeners_start_on_
         assert rocketmq in printed
         socket.create_connection(("127.0.0.1", base_port + 300), timeout=5).close()
         up.send_signal(signal.SIGTERM)
-        assert up.wait(timeout=30) == 0
+        assert up.wait(timeout=60) == 0
         for port in (base_port, base_port + 100, base_port + 300):
             wait_for(lambda port=port: port_is_free(port), 10, f"port {port} to be freed")
     finally:
@@ -103,7 +103,7 @@ def test_cluster_up_with_console_prints_its_address_and_stops_it(tmp_path: Path)
         ca = ssl.create_default_context(cafile=str(tmp_path / "cluster" / "security" / "ca.pem"))
         assert httpx.get(url + "login", verify=ca).status_code == 200
         up.send_signal(signal.SIGTERM)
-        assert up.wait(timeout=30) == 0
+        assert up.wait(timeout=60) == 0
         wait_for(lambda: port_is_free(base_port + 400), 10, "the console's port to be freed")
     finally:
         if up.poll() is None:
