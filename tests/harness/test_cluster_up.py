@@ -11,6 +11,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -23,18 +24,22 @@ pytestmark = pytest.mark.cluster
 TICKWHEEL = Path(sys.executable).with_name("tickwheel")
 
 
-def start_cluster_up(tmp_path: Path, base_port: int, *flags: str
-                     ) -> tuple[subprocess.Popen[str], str]:
-    """``tickwheel cluster up`` with one node, and what it printed until it was ready."""
+def start_cluster_up(tmp_path: Path, base_port: int, *flags: str,
+                     until: str = "tickwheel status") -> tuple[subprocess.Popen[str], str]:
+    """``tickwheel cluster up`` with one node, and what it printed until a line with
+    ``until`` (its ready table's last)."""
     up = subprocess.Popen([str(TICKWHEEL), "cluster", "up", "--nodes", "1", "--data",
                            str(tmp_path / "cluster"), "--base-port", str(base_port), *flags],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env={**os.environ, "COLUMNS": "300"})
     lines: list[str] = []
     assert up.stdout is not None
-    wait_for(lambda: bool(lines.append(up.stdout.readline()) or "tickwheel status"
-                          in lines[-1] or up.poll() is not None), 60, "the cluster's table")
-    return up, "".join(lines)
+    wait_for(lambda: bool(lines.append(up.stdout.readline()) or until in lines[-1]
+                          or up.poll() is not None), 60, f"a line with {until!r}")
+    printed = "".join(lines)
+    # read on what it prints: a pipe nobody reads fills, and then its writes block it
+    threading.Thread(target=lambda: lines.extend(up.stdout or ()), daemon=True).start()
+    return up, printed
 
 
 def port_is_free(port: int) -> bool:
@@ -93,12 +98,11 @@ def test_the_node_module_alone_has_no_cluster_command() -> None:
 
 def test_cluster_up_with_console_prints_its_address_and_stops_it(tmp_path: Path) -> None:
     base_port = random.randrange(30_000, 38_000, 10)
-    up, printed = start_cluster_up(tmp_path, base_port, "--console")
+    up, printed = start_cluster_up(tmp_path, base_port, "--console", until="console: ")
     try:
-        assert up.stdout is not None
-        line = up.stdout.readline()
+        line = printed.splitlines()[-1]
         url = f"https://127.0.0.1:{base_port + 400}/"
-        assert line.startswith(f"console: {url}"), printed + line
+        assert "tickwheel status" in printed and line.startswith(f"console: {url}"), printed
         assert str(tmp_path / "cluster" / "security" / "tokens" / "admin.token") in line
         ca = ssl.create_default_context(cafile=str(tmp_path / "cluster" / "security" / "ca.pem"))
         assert httpx.get(url + "login", verify=ca).status_code == 200
