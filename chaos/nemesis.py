@@ -49,7 +49,8 @@ from tickwheel.chaos.events import EventLog, FaultEvent
 from tickwheel.chaos.proxy import PARTITION_MODES
 from tickwheel.chaos.workload import now_ms
 from tickwheel.common.exits import EXIT_SNAPSHOT_UNREADABLE
-from tickwheel.harness.local_cluster import LocalNode, wait_for
+from tickwheel.harness.local_cluster import LocalNode
+from tickwheel.harness.processes import wait_for
 from tickwheel.node import DEFAULT_RESERVE_BYTES
 
 log = logging.getLogger("tickwheel.chaos")

@@ -50,7 +50,7 @@ from tickwheel.chaos.workload import (
     Producer,
     now_ms,
 )
-from tickwheel.harness.local_cluster import wait_for
+from tickwheel.harness.processes import wait_for
 
 log = logging.getLogger("tickwheel.chaos")
 

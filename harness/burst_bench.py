@@ -65,7 +65,8 @@ from tickwheel.harness.bench_clients import (
     subscribed,
 )
 from tickwheel.harness.bench_figures import cpu_s, percentiles
-from tickwheel.harness.local_cluster import LocalCluster, wait_for
+from tickwheel.harness.local_cluster import LocalCluster
+from tickwheel.harness.processes import wait_for
 
 ALLOWED_EARLY_MS = 2
 """As the chaos audit: the consumers and the nodes read the same clock in whole ms."""

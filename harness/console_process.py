@@ -19,6 +19,7 @@ from typing import Self
 
 from tickwheel.harness.local_cluster import LocalCluster
 from tickwheel.harness.ports import free_ports
+from tickwheel.harness.processes import stop_process
 
 STARTING_TIMEOUT_S = 30.0
 
@@ -73,12 +74,7 @@ class ConsoleProcess:
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
-        process.terminate()
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout_s)
 
     def __enter__(self) -> Self:
         return self.start()

@@ -19,16 +19,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 import grpc
 
 from tickwheel.client import Client, Credentials
 from tickwheel.client.credentials import open_channel
 from tickwheel.harness.ports import free_ports
+from tickwheel.harness.processes import stop_process, wait_for
 from tickwheel.node import (
     ADMIN_GRANTS,
     CLOCK_OFFSET_FILE,
@@ -43,22 +44,6 @@ from tickwheel.node import (
 )
 from tickwheel.v1 import tickwheel_pb2 as pb
 from tickwheel.v1 import tickwheel_pb2_grpc as pb_grpc
-
-Found = TypeVar("Found")
-
-
-def wait_for(condition: Callable[[], Found | None], timeout_s: float, what: str,
-             poll_s: float = 0.02) -> Found:
-    """Poll ``condition`` until it returns something truthy, and return that; raise
-    TimeoutError naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(poll_s)
 
 
 def ensure_secret(path: Path) -> Path:
@@ -372,13 +357,7 @@ class LocalCluster:
         if not node.alive():
             return
         os.kill(node.pid, signal.SIGCONT)
-        process = node.started
-        process.terminate()
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(node.started, timeout_s)
 
     def stop_all(self) -> None:
         for node in self.nodes:

@@ -78,7 +78,8 @@ from tickwheel.harness.bench_clients import (
     subscribed,
 )
 from tickwheel.harness.bench_figures import CPU_FIGURES, cpu_figures, cpu_s, percentiles
-from tickwheel.harness.local_cluster import LocalCluster, wait_for
+from tickwheel.harness.local_cluster import LocalCluster
+from tickwheel.harness.processes import wait_for
 
 HOUR_MS = 3_600_000
 LEAD_S = 2.0

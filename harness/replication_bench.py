@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tickwheel.harness.acking_consumer import AckingConsumer
-from tickwheel.harness.local_cluster import LocalCluster, LocalNode, wait_for
+from tickwheel.harness.local_cluster import LocalCluster, LocalNode
+from tickwheel.harness.processes import wait_for
 from tickwheel.v1 import tickwheel_pb2 as pb
 
 BODY = b"x" * 100

@@ -21,8 +21,8 @@ from typing import Self
 
 import pyspark
 
-from tickwheel.harness.local_cluster import wait_for
 from tickwheel.harness.ports import free_ports
+from tickwheel.harness.processes import wait_for
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
