@@ -46,7 +46,7 @@ from tickwheel.replication.group import (
     Lease,
     PlainGroup,
 )
-from tickwheel.wheel.window import GLOBAL_INDEX_BITS
+from tickwheel.wheel.chains import GLOBAL_INDEX_BITS
 
 log = logging.getLogger("tickwheel.replication.groups")
 

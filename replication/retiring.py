@@ -23,9 +23,9 @@ from tickwheel.replication.ledger import LedgerRows
 from tickwheel.replication.outcomes import Moved, MoveOutcome, Rejected
 from tickwheel.replication.stores import Stores
 from tickwheel.wheel import CancelResult, Cursor, DueMessage
+from tickwheel.wheel.chains import GLOBAL_INDEX_BITS
 from tickwheel.wheel.format import SECONDS_PER_HOUR, encode_record
 from tickwheel.wheel.mending import Unmended
-from tickwheel.wheel.window import GLOBAL_INDEX_BITS
 
 PASSED_HOURS = 2
 """How many hours behind the cursor a rescheduled message's handles are remembered."""

@@ -12,10 +12,11 @@ import logging
 from collections.abc import Iterator, Sequence
 
 from tickwheel.common.errors import invariant
+from tickwheel.wheel.chains import GLOBAL_INDEX_BITS
 from tickwheel.wheel.format import MS_PER_SECOND, SECONDS_PER_HOUR
 from tickwheel.wheel.hours import HourSet
 from tickwheel.wheel.types import Cursor
-from tickwheel.wheel.window import GLOBAL_INDEX_BITS, DueWindow
+from tickwheel.wheel.window import DueWindow
 
 log = logging.getLogger("tickwheel.wheel")
 

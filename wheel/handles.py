@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tickwheel.common.errors import UnknownHandle
+from tickwheel.wheel.chains import GLOBAL_INDEX_BITS, GLOBAL_INDEX_MASK
 from tickwheel.wheel.format import SECONDS_PER_HOUR, TOMBSTONE
 from tickwheel.wheel.hours import HourSet
 from tickwheel.wheel.segment import HourSegment
 from tickwheel.wheel.types import CancelResult, Cursor, DueMessage
-from tickwheel.wheel.window import GLOBAL_INDEX_BITS, GLOBAL_INDEX_MASK
 
 
 class Handles:

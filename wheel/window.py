@@ -32,7 +32,13 @@ from collections.abc import Callable, Sequence
 
 from tickwheel.common.runheap import RunHeap
 from tickwheel.wheel import chains
-from tickwheel.wheel.chains import ALL_TAGS, Walk, WindowEntry
+from tickwheel.wheel.chains import (
+    ALL_TAGS,
+    GLOBAL_INDEX_BITS,
+    GLOBAL_INDEX_MASK,
+    Walk,
+    WindowEntry,
+)
 from tickwheel.wheel.format import MS_PER_SECOND, SECONDS_PER_HOUR
 from tickwheel.wheel.hours import HourSet
 from tickwheel.wheel.mending import Unmended
@@ -41,9 +47,6 @@ from tickwheel.wheel.shares import Shares
 from tickwheel.wheel.types import Cursor, DueMessage, WheelConfig
 
 log = logging.getLogger("tickwheel.wheel")
-
-GLOBAL_INDEX_BITS, GLOBAL_INDEX_MASK = chains.GLOBAL_INDEX_BITS, chains.GLOBAL_INDEX_MASK
-"""A handle is ``hour << GLOBAL_INDEX_BITS | global_index`` (an entry's, `chains`)."""
 
 _new = tuple.__new__
 """A namedtuple's own constructor is a Python call per message."""
