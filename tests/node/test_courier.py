@@ -9,6 +9,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+from nodetests import RecordingReplica
 
 from tickwheel.common.errors import ConsumerStalled, NotLeader, Overloaded
 from tickwheel.node.delivery.courier import Courier, CourierConfig
@@ -73,43 +74,6 @@ def test_a_consumer_whose_group_commits_as_leadership_ends_is_sent_to_the_next_l
 
     asyncio.run(subscribe())
     assert replica.joined == []
-
-
-class RecordingReplica:
-    """Leads, commits every group at once, and records what the courier asks of it."""
-
-    shard = 0
-
-    def __init__(self) -> None:
-        self.retried: list[object] = []
-        self.left: list[int] = []
-
-    def is_leader(self) -> bool:
-        return True
-
-    def leader_hint(self) -> str | None:
-        return None
-
-    def ensure_group(self, topic: str, name: str) -> Future:
-        committed: Future = Future()
-        committed.set_result(True)
-        return committed
-
-    def join(self, slot: object) -> None:
-        pass
-
-    def may_deliver(self) -> bool:
-        return True
-
-    def sent(self, key: int, leases: list[LeaseRef], sent_ms: int) -> None:
-        pass
-
-    def retry(self, copies: list[object]) -> Future:
-        self.retried += copies
-        return Future()  # not committed within the test
-
-    def leave(self, key: int) -> None:
-        self.left.append(key)
 
 
 def test_a_stream_that_was_never_written_its_messages_is_closed_and_nothing_is_retried(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from nodetests import now_ms, topic
+from nodetests import RecordingReplica, now_ms, topic
 
 from tickwheel.client import Message, Received, TickwheelClientError
 from tickwheel.common.errors import ConsumerNotAcking
@@ -26,36 +26,13 @@ from tickwheel.replication import Delivery, Expired, LeaseRef
 from tickwheel.wheel import Cursor, DueMessage
 
 
-class StandIn:
-    """Leads, commits every group at once, knows no group by id (a receipt no longer sent to
-    the stream is decoded and goes on), and records what the courier asks of it."""
-
-    shard = 0
+class StandIn(RecordingReplica):
+    """A `RecordingReplica` that knows no group by id (a receipt no longer sent to the stream
+    is decoded and goes on) and records acks too."""
 
     def __init__(self) -> None:
-        self.retried: list[tuple[LeaseRef, object]] = []
+        super().__init__()
         self.acked: list[LeaseRef] = []
-        self.left: list[int] = []
-
-    def is_leader(self) -> bool:
-        return True
-
-    def leader_hint(self) -> str | None:
-        return None
-
-    def ensure_group(self, topic: str, name: str) -> Future:
-        committed: Future = Future()
-        committed.set_result(True)
-        return committed
-
-    def join(self, slot: object) -> None:
-        pass
-
-    def may_deliver(self) -> bool:
-        return True
-
-    def sent(self, key: int, leases: list[LeaseRef], sent_ms: int) -> None:
-        pass
 
     def groups(self) -> StandIn:
         return self
@@ -66,13 +43,6 @@ class StandIn:
     def ack(self, leases: list[LeaseRef], wake: bool) -> Future:
         self.acked += leases
         return Future()  # not committed within the test
-
-    def retry(self, copies: list[tuple[LeaseRef, object]]) -> Future:
-        self.retried += copies
-        return Future()
-
-    def leave(self, key: int) -> None:
-        self.left.append(key)
 
     def give_back(self, leases: list[LeaseRef]) -> None:
         pass
