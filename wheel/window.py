@@ -139,9 +139,10 @@ class DueWindow:
         When they would fill the queue past ``max_window_msgs``, the window forgets what it
         loaded of the seconds from theirs on (none of them taken yet) and scans them again,
         chain by chain: a burst filed a few seconds before it is due is not held whole."""
-        late = [slot for slot in slots if slot < self.scan_second]
-        if len(self.queue) + len(late) > self._config.max_window_msgs:
-            self._forget_from(max(min(late), self._now_ms // MS_PER_SECOND + 1))
+        if len(self.queue) + len(slots) > self._config.max_window_msgs:  # else all fit
+            late = [slot for slot in slots if slot < self.scan_second]
+            if len(self.queue) + len(late) > self._config.max_window_msgs:
+                self._forget_from(max(min(late), self._now_ms // MS_PER_SECOND + 1))
         scan_second, push = self.scan_second, self.queue.push
         for i, (slot, due_ms, record) in enumerate(zip(slots, deliver_at_ms, records,
                                                        strict=True)):
