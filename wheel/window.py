@@ -66,7 +66,8 @@ class DueWindow:
         self._budget = 0
         """Units the current take may still read from chains."""
         self._walked = 0
-        """Units the current take's walks put onto the queue (and the backlogs held)."""
+        """Units the current take's walks put onto the queue (a take without shares counts
+        the backlogs it puts back in order too)."""
         self._walked_own = 0
         """Of them, what walks of one tag put there."""
         self._now_ms = 0
