@@ -14,7 +14,13 @@ audit (a chaos run is a production audit plus the runner's logs) and
 above ``node`` and below ``harness``.
 """
 
-from tickwheel.audit.command import add_arguments, build_session, main, run
+from tickwheel.audit.command import (
+    add_arguments,
+    build_session,
+    jvm_output_to_stderr,
+    main,
+    run,
+)
 from tickwheel.audit.layout import LEDGER_SCHEMA, Gap, Segments, find_gaps, read_ledger
 from tickwheel.audit.summary import (
     AuditOptions,
@@ -25,5 +31,6 @@ from tickwheel.audit.summary import (
 )
 
 __all__ = ["LEDGER_SCHEMA", "AuditOptions", "Gap", "Segments", "add_arguments",
-           "audit_ledgers", "audit_segments", "build_session", "find_gaps", "main",
+           "audit_ledgers", "audit_segments", "build_session", "find_gaps",
+           "jvm_output_to_stderr", "main",
            "read_ledger", "run", "summarize", "verdict"]

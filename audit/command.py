@@ -4,18 +4,24 @@ table or as JSON, its report written, exit 1 when the verdict is dirty (2: the a
 
 `add_arguments` declares the flags once for both entry points (`tickwheel.cli.audit` adds
 the subcommand); `run` starts Spark (local mode unless ``--master``), audits, writes the
-report (`tickwheel.audit.report`) and stops Spark. Times given to ``--since`` and
-``--until`` are Unix milliseconds, ISO 8601 (``2024-05-01T10:00:00Z``) or an age back from
-now (``2h``, ``90m``, ``30s``, ``1d``).
+report (`tickwheel.audit.report`) and stops Spark. Spark's JVM inherits this process's
+stdout and writes to it (HotSpot's warnings, a full code cache among them), so while a
+command runs `jvm_output_to_stderr` points file descriptor 1 at stderr and what the command
+prints goes to the stdout it saved: ``--json`` output is the JSON alone. Times given to
+``--since`` and ``--until`` are Unix milliseconds, ISO 8601 (``2024-05-01T10:00:00Z``) or an
+age back from now (``2h``, ``90m``, ``30s``, ``1d``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -47,6 +53,24 @@ def build_session(master: str | None = None, app: str = "tickwheel-audit",
     if master is not None:
         builder = builder.master(master)
     return builder.getOrCreate()
+
+
+@contextmanager
+def jvm_output_to_stderr() -> Iterator[None]:
+    """Meanwhile, processes started from here (Spark's JVM) write their stdout to stderr, and
+    ``sys.stdout`` still reaches this process's stdout; both restored after."""
+    sys.stdout.flush()
+    ours = os.dup(1)
+    os.dup2(2, 1)
+    previous = sys.stdout
+    sys.stdout = open(ours, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout = previous
+        os.dup2(ours, 1)
+        os.close(ours)
 
 
 def parse_time_ms(text: str, now_ms: int | None = None) -> int:
@@ -86,6 +110,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Audit as ``args`` say; 0 when clean, 1 when dirty."""
+    with jvm_output_to_stderr():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     options = AuditOptions(grace_ms=args.grace_ms, allowed_early_ms=args.allowed_early_ms,
                            since_ms=args.since, until_ms=args.until, max_ids=args.max_ids,
                            receipts=args.receipts)

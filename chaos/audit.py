@@ -117,7 +117,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from tickwheel.audit import build_session
+from tickwheel.audit import build_session, jvm_output_to_stderr
 from tickwheel.chaos import deliveries, report
 from tickwheel.chaos.aggregates import only_row, percentile, spread
 from tickwheel.chaos.burst_audit import burst_figures
@@ -411,18 +411,19 @@ def main(argv: list[str] | None = None) -> int:
         run = read_run(args.out_dir, args.grace_ms, args.allowed_early_ms)
     except (OSError, ValueError) as error:
         parser.error(str(error))
-    spark = build_session(args.master, app="tickwheel-chaos-audit")
-    try:
-        logs = load_logs(spark, args.out_dir, run)
-        summary = summarize(logs) | {"ledgers": ledger_audit(spark, args.out_dir, run)}
-        points = lateness_points(logs)
-    finally:
-        spark.stop()
-    report.write_report(args.out_dir / "audit", summary, points)
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        report.print_summary(summary)
+    with jvm_output_to_stderr():
+        spark = build_session(args.master, app="tickwheel-chaos-audit")
+        try:
+            logs = load_logs(spark, args.out_dir, run)
+            summary = summarize(logs) | {"ledgers": ledger_audit(spark, args.out_dir, run)}
+            points = lateness_points(logs)
+        finally:
+            spark.stop()
+        report.write_report(args.out_dir / "audit", summary, points)
+        if args.json:
+            print(json.dumps(summary, indent=2))
+        else:
+            report.print_summary(summary)
     return 0 if summary["verdict"] == "clean" else 1
 
 

@@ -15,8 +15,8 @@ QUICK_JVM = ("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCache
              "-Xlog:disable -Xlog:all=warning:stderr")
 """Spark's JVMs here live seconds on tiny logs: the quick JIT tier alone halves their CPU.
 With it the chaos audit (which runs the production audit too) filled the JVM's code cache,
-and the JVM's warning about it went to stdout, before the audit's JSON: a larger cache, and
-the JVM's own log on stderr."""
+and the JVM's warning about it went to stdout, before the audit's JSON (the commands now
+point their JVM's stdout at stderr): a larger cache, and the JVM's own log on stderr."""
 
 
 def spark_session(in_background: Callable[..., Any]) -> Iterator[SparkSession]:

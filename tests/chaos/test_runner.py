@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sparktests import QUICK_JVM
 
 from tickwheel.chaos import proxy
 from tickwheel.chaos.cluster import ChaosCluster
@@ -168,9 +169,6 @@ def test_a_fault_list_outside_the_known_nemeses_is_refused(tmp_path: Path) -> No
     assert run.returncode == 2 and "flood" in run.stderr
 
 
-QUICK_JVM = {"SPARK_SUBMIT_OPTS": "-XX:TieredStopAtLevel=1"}
-"""The audit's JVM with the quick JIT tier alone, as in test_audit.py: on a run of this
-scenario, 70 s of CPU instead of 89 (three runs each), in about the same time."""
 STORAGE_FAULTS = ("bitrot", "truncate", "snapshot-rot", "power-cut",
                   *(("disk-full",) if os.geteuid() == 0 else ()))
 """disk-full mounts a tmpfs per node, which needs root (CI runs as root); power-cut runs the
@@ -195,7 +193,8 @@ def test_failovers_and_storage_faults_lose_nothing_and_flag_every_duplicate(
     assert all("event=node_started" in log.read_text() for log in logs)
     # the audit counts no seconds: its JVM in the background
     audit = in_background(subprocess.run, [sys.executable, "-m", "tickwheel.chaos.audit",
-                                           str(out), "--json"], env={**os.environ, **QUICK_JVM},
+                                           str(out), "--json"],
+                          env={**os.environ, QUICK_JVM[0]: QUICK_JVM[1]},
                           capture_output=True, text=True, timeout=300, check=False)
     summary = json.loads(audit.stdout)
     assert summary["messages"]["acked"] > 5_000
@@ -239,7 +238,8 @@ def test_two_shards_under_faults_in_turn_and_at_once_lose_nothing(
     assert {log.name for log in (out / "logs").glob("*.log")} == {
         f"{prefix}node{i}.log" for prefix in ("", "shard1-") for i in range(3)}
     audit = in_background(subprocess.run, [sys.executable, "-m", "tickwheel.chaos.audit",
-                                           str(out), "--json"], env={**os.environ, **QUICK_JVM},
+                                           str(out), "--json"],
+                          env={**os.environ, QUICK_JVM[0]: QUICK_JVM[1]},
                           capture_output=True, text=True, timeout=300, check=False)
     summary = json.loads(audit.stdout)
     assert audit.returncode == 0, audit.stderr[-4_000:]
