@@ -12,6 +12,10 @@ memory if it is open, else its heads file (28.8 KiB) and the units its tombstone
 the cost is one dictionary look-up per hour holding messages after the cursor, plus 3,600
 additions for each hour cut, whatever the number of messages.
 
+With a tag (the histogram of one topic), whole hours come from `TagHours` (that tag's live
+messages per hour, kept as the wheel changes) and an hour cut by an edge from its units
+(`tag_seconds_live`: 40 bytes read a message of that hour, whatever its tag).
+
 Exact for every message filed at or after the cursor's second and not cancelled, with one
 exception: a message the leader has handed to its groups is counted until the cursor passes
 its second (within about a second of being handed out). A message rescheduled is counted at
@@ -42,6 +46,7 @@ from tickwheel.wheel.format import (
     unpack_tombstones,
 )
 from tickwheel.wheel.hours import HourSet
+from tickwheel.wheel.tag_hours import tag_seconds_live
 
 _SECOND_FIELD = 6
 """The unit's ``second_of_hour`` (`tickwheel.wheel.format.UNIT`)."""
@@ -66,15 +71,15 @@ class DueHistogram:
 
 
 def due_histogram(hours: HourSet, cursor_second: int, start_second: int, bucket_seconds: int,
-                  buckets: int) -> DueHistogram:
+                  buckets: int, tag: int | None = None) -> DueHistogram:
     """Count the live messages filed from ``cursor_second`` on into ``buckets`` buckets of
     ``bucket_seconds`` from ``start_second`` (and those before and after them); a bucket
-    before the cursor counts nothing."""
+    before the cursor counts nothing. With ``tag``, only the messages of that tag."""
     # the regions' edges: [cursor, start) overdue, the buckets, [end, ...) beyond
     edges = [cursor_second, *(max(cursor_second, start_second + i * bucket_seconds)
                               for i in range(buckets + 1)), 1 << 62]
     listed = list(hours.hours)
-    live_of = _HourCounts(hours)
+    live_of = _HourCounts(hours) if tag is None else _TagHourCounts(hours, tag)
     counts = []
     for low, high in itertools.pairwise(edges):
         if low >= high:
@@ -120,6 +125,29 @@ class _HourCounts:
         live = self._seconds.get(hour)
         if live is None:
             live = self._seconds[hour] = _seconds_live(self._hours, hour)
+        base = hour * SECONDS_PER_HOUR
+        return sum(live[low - base:high - base])
+
+
+class _TagHourCounts(_HourCounts):
+    """`_HourCounts` of one tag's messages: whole hours from `TagHours`, an hour cut by an
+    edge from its units (`tag_seconds_live`)."""
+
+    def __init__(self, hours: HourSet, tag: int) -> None:
+        super().__init__(hours)
+        self._tag = tag
+
+    def hour(self, hour: int) -> int:
+        return self._hours.tag_hours.live(hour, self._tag)
+
+    def seconds(self, low: int, high: int) -> int:
+        hour = low // SECONDS_PER_HOUR
+        if hour not in self._known or not self.hour(hour):
+            return 0
+        live = self._seconds.get(hour)
+        if live is None:
+            live = self._seconds[hour] = tag_seconds_live(
+                self._hours.open_segment(hour), _hour_path(self._hours, hour), hour, self._tag)
         base = hour * SECONDS_PER_HOUR
         return sum(live[low - base:high - base])
 

@@ -8,6 +8,7 @@ to: `HourSet` (the hours on disk and the open segments), `DueWindow` (the preloa
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -74,6 +75,8 @@ class Wheel:
         config = config or WheelConfig()
         hours = HourSet.open(root, config.max_open_hours, Mender(root, copies, mend_counts))
         meta, cursor, stamp_ms = MetaFile.open(root)
+        hours.tag_hours.rebuild(hours.dir, hours.hours[bisect.bisect_left(
+            hours.hours, cursor.second // SECONDS_PER_HOUR):])
         wheel = cls(config, meta, cursor, stamp_ms, hours)
         log.info("event=wheel_opened root=%s hours=%d cursor_second=%d cursor_local_index=%d",
                  root, len(hours.hours), cursor.second, cursor.local_index)
@@ -231,6 +234,7 @@ class Wheel:
         cursor_hour = cursor.second // SECONDS_PER_HOUR
         self._hours.flush_through(cursor_hour)
         self._write_meta()
+        self._hours.tag_hours.forget_before(cursor_hour)
 
     def rewind(self) -> None:
         """Start a new dispatch pass from the cursor (after a restart or a leader change)."""
@@ -240,6 +244,12 @@ class Wheel:
 
     def reset_to(self, cursor: Cursor, stamp_ms: int) -> None:
         """Set cursor and stamp as a restored snapshot has them (the only way back)."""
+        cursor_hour = cursor.second // SECONDS_PER_HOUR
+        if cursor_hour < self._cursor.second // SECONDS_PER_HOUR:  # hours not counted yet
+            self._hours.flush()
+            self._hours.tag_hours.rebuild(self._hours.dir, self._hours.hours[bisect.bisect_left(
+                self._hours.hours, cursor_hour):])
+        self._hours.tag_hours.forget_before(cursor_hour)
         self._cursor = Cursor(*cursor)
         self._stamp_ms = stamp_ms
         self._passage.clear()  # read from files the snapshot replaced
@@ -259,12 +269,13 @@ class Wheel:
         unit read per message passed, mostly ahead of time by `walk_ahead`)."""
         return self._passage.live_tags_between(self._cursor, cursor)
 
-    def due_histogram(self, start_second: int, bucket_seconds: int, buckets: int
-                      ) -> DueHistogram:
+    def due_histogram(self, start_second: int, bucket_seconds: int, buckets: int,
+                      tag: int | None = None) -> DueHistogram:
         """Live messages from the cursor on, in ``buckets`` buckets of ``bucket_seconds`` from
-        ``start_second`` (`tickwheel.wheel.due`: from counts, no chain read; any thread)."""
+        ``start_second`` (`tickwheel.wheel.due`: from counts, no chain read; any thread);
+        with ``tag``, that tag's alone (`tickwheel.wheel.tag_hours`)."""
         return due_histogram(self._hours, self._cursor.second, start_second, bucket_seconds,
-                             buckets)
+                             buckets, tag)
 
     def walk_ahead(self, max_units: int, now_ms: int | None = None) -> None:
         """Read up to ``max_units`` index units of the seconds the cursor will pass next, so

@@ -43,6 +43,7 @@ def file_records(hours: HourSet, window: DueWindow, cursor: Cursor, stamp_ms: in
             records[start:end], deliver_at_ms[start:end],
             [slot - hour_second for slot in run_slots], tags[start:end])
         hours.written(hour, segment.log_size_bytes - first_offset)
+        hours.tag_hours.filed(hour, tags[start:end])
         first_handle = hour << GLOBAL_INDEX_BITS | first_global_index
         handles.extend(range(first_handle, first_handle + end - start))
         if at_cursor:

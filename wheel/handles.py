@@ -50,6 +50,7 @@ class Handles:
             return CancelResult.NOT_PENDING, 0
         segment.add_tombstone(global_index, fields[6])
         self._hours.written(hour, TOMBSTONE.size)
+        self._hours.tag_hours.cancelled(hour, fields[7])
         return CancelResult.CANCELLED, fields[7]
 
     def read(self, handle: int) -> tuple[DueMessage, bool]:
@@ -89,6 +90,7 @@ class Handles:
         if global_index not in segment.tombstones:
             segment.add_tombstone(global_index, fields[6])
             self._hours.written(handle >> GLOBAL_INDEX_BITS, TOMBSTONE.size)
+            self._hours.tag_hours.cancelled(handle >> GLOBAL_INDEX_BITS, fields[7])
         return int(fields[7])
 
     def is_behind(self, handle: int) -> bool:

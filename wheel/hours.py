@@ -24,6 +24,7 @@ from tickwheel.wheel.fileio import FDS_PER_HOUR
 from tickwheel.wheel.format import SECONDS_PER_HOUR
 from tickwheel.wheel.mending import Mender
 from tickwheel.wheel.segment import HourSegment, remove_segment, segment_files
+from tickwheel.wheel.tag_hours import TagHours
 
 log = logging.getLogger("tickwheel.wheel")
 
@@ -50,6 +51,8 @@ class HourSet:
         self._closed_live: dict[int, int] = {}
         """Live messages (units less tombstones) of closed hours, noted as they close or
         first read from their files; an hour's entry goes when it opens."""
+        self.tag_hours = TagHours()
+        """Live messages per tag per hour (`tickwheel.wheel.tag_hours`), kept by the owner."""
         self._opens = 0
         self._noting = threading.Lock()
         """Between the owner opening an hour and another thread noting a count it read."""
@@ -78,6 +81,8 @@ class HourSet:
             self._closed_live.pop(hour, None)
             self._opens += 1
         segment = HourSegment.open(self.dir, hour, self.mender)
+        if segment.repaired:
+            self.tag_hours.recount(segment)
         self._open[hour] = segment
         return segment
 

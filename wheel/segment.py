@@ -78,6 +78,10 @@ class HourSegment:
         self._unflushed_tombstones = bytearray()
         self._heads_dirty = False
         self._files = SegmentFiles(path)
+        self._flushes = 0
+        """Odd while a flush moves units from the buffer to the file (`units_and_tombstones`)."""
+        self.repaired = False
+        """Whether opening it repaired its files (what a crash tore is gone)."""
 
     # -- opening and repair ---------------------------------------------------------------
 
@@ -90,6 +94,7 @@ class HourSegment:
         segment = cls(path, hour, opened.heads, opened.units, opened.log_size, opened.tombstones,
                       mender)
         if opened.repaired:
+            segment.repaired = True
             segment._heads_dirty = True
             segment.flush()
         for global_index in segment.tombstones:
@@ -152,6 +157,13 @@ class HourSegment:
 
     def flush(self) -> None:
         """Write what is buffered: log, index, tombstones, then the heads checkpoint."""
+        self._flushes += 1
+        try:
+            self._flush()
+        finally:
+            self._flushes += 1
+
+    def _flush(self) -> None:
         if self._unflushed_log:
             write_all(self._files.write_fd(LOG), self._unflushed_log)
             self._unflushed_log = bytearray()
@@ -170,6 +182,21 @@ class HourSegment:
             self._heads_dirty = False
 
     # -- reading ----------------------------------------------------------------------------
+
+    def units_and_tombstones(self) -> tuple[bytes, set[int]]:
+        """Every unit of the hour (its bytes, flushed and buffered) and its tombstones, as one
+        moment holds them (any thread: a flush meanwhile makes it read again; a unit appended
+        meanwhile may be cut short, and the caller drops a partial unit)."""
+        while True:
+            flushes = self._flushes
+            flushed_units = self._flushed_units
+            buffered = bytes(self._unflushed_index)
+            tombstones = self.tombstones.copy()
+            if flushes == self._flushes and not flushes & 1:
+                break
+        if not flushed_units:
+            return buffered, tombstones
+        return pread_file(self.path / INDEX, flushed_units * UNIT_SIZE, 0) + buffered, tombstones
 
     def map_for_reading(self) -> None:
         """Map log and index read-only, for the hours the dispatcher is walking; the maps follow
