@@ -70,16 +70,18 @@ class DueHistogram:
     """Filed at or after the end of the last bucket."""
 
 
-def due_histogram(hours: HourSet, cursor_second: int, start_second: int, bucket_seconds: int,
-                  buckets: int, tag: int | None = None) -> DueHistogram:
-    """Count the live messages filed from ``cursor_second`` on into ``buckets`` buckets of
-    ``bucket_seconds`` from ``start_second`` (and those before and after them); a bucket
-    before the cursor counts nothing. With ``tag``, only the messages of that tag."""
+def due_histogram(hours: HourSet, cursor: tuple[int, int], start_second: int,
+                  bucket_seconds: int, buckets: int, tag: int | None = None) -> DueHistogram:
+    """Count the live messages filed from the ``cursor``'s second on into ``buckets`` buckets
+    of ``bucket_seconds`` from ``start_second`` (and those before and after them); a bucket
+    before the cursor counts nothing. With ``tag``, only the messages of that tag, and not
+    those the cursor has passed in its own second."""
+    cursor_second = cursor[0]
     # the regions' edges: [cursor, start) overdue, the buckets, [end, ...) beyond
     edges = [cursor_second, *(max(cursor_second, start_second + i * bucket_seconds)
                               for i in range(buckets + 1)), 1 << 62]
     listed = list(hours.hours)
-    live_of = _HourCounts(hours) if tag is None else _TagHourCounts(hours, tag)
+    live_of = _HourCounts(hours) if tag is None else _TagHourCounts(hours, tag, cursor)
     counts = []
     for low, high in itertools.pairwise(edges):
         if low >= high:
@@ -133,21 +135,25 @@ class _TagHourCounts(_HourCounts):
     """`_HourCounts` of one tag's messages: whole hours from `TagHours`, an hour cut by an
     edge from its units (`tag_seconds_live`)."""
 
-    def __init__(self, hours: HourSet, tag: int) -> None:
+    def __init__(self, hours: HourSet, tag: int, cursor: tuple[int, int]) -> None:
         super().__init__(hours)
         self._tag = tag
+        self._cursor = cursor
 
     def hour(self, hour: int) -> int:
+        if hour == self._cursor[0] // SECONDS_PER_HOUR:  # less what the cursor passed
+            return self.seconds(hour * SECONDS_PER_HOUR, (hour + 1) * SECONDS_PER_HOUR)
         return self._hours.tag_hours.live(hour, self._tag)
 
     def seconds(self, low: int, high: int) -> int:
         hour = low // SECONDS_PER_HOUR
-        if hour not in self._known or not self.hour(hour):
+        if hour not in self._known or not self._hours.tag_hours.live(hour, self._tag):
             return 0
         live = self._seconds.get(hour)
         if live is None:
             live = self._seconds[hour] = tag_seconds_live(
-                self._hours.open_segment(hour), _hour_path(self._hours, hour), hour, self._tag)
+                self._hours.open_segment(hour), _hour_path(self._hours, hour), hour, self._tag,
+                self._cursor)
         base = hour * SECONDS_PER_HOUR
         return sum(live[low - base:high - base])
 

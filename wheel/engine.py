@@ -274,8 +274,8 @@ class Wheel:
         """Live messages from the cursor on, in ``buckets`` buckets of ``bucket_seconds`` from
         ``start_second`` (`tickwheel.wheel.due`: from counts, no chain read; any thread);
         with ``tag``, that tag's alone (`tickwheel.wheel.tag_hours`)."""
-        return due_histogram(self._hours, self._cursor.second, start_second, bucket_seconds,
-                             buckets, tag)
+        return due_histogram(self._hours, self._cursor, start_second, bucket_seconds, buckets,
+                             tag)
 
     def walk_ahead(self, max_units: int, now_ms: int | None = None) -> None:
         """Read up to ``max_units`` index units of the seconds the cursor will pass next, so

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 SECOND_AND_TAG: Final = struct.Struct("<32xHH4x")
 """A unit's ``second_of_hour`` and ``tag``, the rest skipped (`tickwheel.wheel.format.UNIT`
 and its CRC)."""
+_LOCAL_INDEX: Final = struct.Struct("<12xI")
+"""A unit's ``local_index``."""
 
 
 class TagHours:
@@ -97,10 +99,11 @@ class TagHours:
         self._hours[segment.hour] = _tag_counts(units, tombstones)
 
 
-def tag_seconds_live(segment: HourSegment | None, path: Path, hour: int, tag: int
-                     ) -> list[int]:
-    """Per second of ``hour``, its messages of ``tag`` less the cancelled ones: from
-    ``segment`` if it is open, else from the files under ``path``."""
+def tag_seconds_live(segment: HourSegment | None, path: Path, hour: int, tag: int,
+                     cursor: tuple[int, int] = (0, 0)) -> list[int]:
+    """Per second of ``hour``, its messages of ``tag`` less the cancelled ones and those the
+    ``cursor`` (second, local index) has passed in its own second: from ``segment`` if it is
+    open, else from the files under ``path``."""
     if segment is not None:
         units, tombstones = segment.units_and_tombstones()
     else:
@@ -112,8 +115,16 @@ def tag_seconds_live(segment: HourSegment | None, path: Path, hour: int, tag: in
         if unit_tag == tag:
             live[second] += 1
     count = len(units) // UNIT_SIZE
+    passed = set()
+    cursor_second, cursor_local_index = cursor
+    if cursor_local_index and cursor_second // SECONDS_PER_HOUR == hour:
+        in_second = cursor_second % SECONDS_PER_HOUR
+        passed = {i for i in range(count) if SECOND_AND_TAG.unpack_from(
+            units, i * UNIT_SIZE) == (in_second, tag) and _LOCAL_INDEX.unpack_from(
+                units, i * UNIT_SIZE)[0] < cursor_local_index}
+        live[in_second] -= len(passed)
     for global_index in tombstones:
-        if global_index < count:
+        if global_index < count and global_index not in passed:
             second, unit_tag = SECOND_AND_TAG.unpack_from(units, global_index * UNIT_SIZE)
             if unit_tag == tag:
                 live[second] -= 1

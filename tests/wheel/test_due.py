@@ -162,3 +162,19 @@ def test_a_cancelled_message_leaves_its_tag_alone(tmp_path: Path) -> None:
     assert [wheel.due_histogram(NOW_MS // 1_000, 3_600, 24, tag).counts[0]
             for tag in (1, 2, 3)] == [1, 1, 0]
     wheel.close()
+
+
+def test_one_tag_leaves_out_what_the_cursor_passed_in_its_second(tmp_path: Path) -> None:
+    """Every topic together counts the cursor's whole second; one tag's, only what the
+    cursor has not passed in it."""
+    wheel = Wheel.open(tmp_path)
+    second = NOW_MS // 1_000 + 5
+    messages = [NewMessage(f"{i}", "t", b"x", deliver_at_ms=second * 1_000) for i in range(4)]
+    wheel.schedule_records([encode_record(*m) for m in messages], [second * 1_000] * 4, NOW_MS,
+                           [1, 1, 2, 1])
+    wheel.advance_cursor(Cursor(second, 3))  # passed: two of tag 1, the one of tag 2
+    for start, bucket_s, buckets in ((second, 1, 60), (NOW_MS // 1_000, 3_600, 24)):
+        assert wheel.due_histogram(start, bucket_s, buckets).counts[0] == 4
+        assert [wheel.due_histogram(start, bucket_s, buckets, tag).counts[0]
+                for tag in (1, 2)] == [1, 0]
+    wheel.close()
