@@ -158,10 +158,11 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
     async def cluster_info(self) -> ClusterInfo:
         return cluster_info(await self._call(CLUSTER_INFO, pb.ClusterInfoRequest()))
 
-    async def due_histogram(self, span: str = "minute", shard: int = 0) -> DueHistogram:
+    async def due_histogram(self, span: str = "minute", shard: int = 0, topic: str = ""
+                            ) -> DueHistogram:
         """See `tickwheel.client.Client.due_histogram`."""
-        return due_histogram(await self._call(DUE_HISTOGRAM, histogram_request(span),
-                                              shard=shard))
+        return due_histogram(await self._call(DUE_HISTOGRAM, histogram_request(span, topic),
+                                              shard=shard), topic)
 
     async def shards(self) -> ShardRouters:
         """See `tickwheel.client.Client.shards`."""

@@ -1,7 +1,8 @@
 """What ``DueHistogram`` answers, as the library's own type: how many pending messages are due
-in each bucket of a span ahead (docs/console.md), every topic together, with the per-topic
-pending totals the caller may see. `Client.due_histogram` and `AsyncClient.due_histogram`
-make the request (`histogram_request`) and read the answer (`due_histogram`)."""
+in each bucket of a span ahead (docs/console.md), every topic together or one topic's, with
+the per-topic pending totals the caller may see. `Client.due_histogram` and
+`AsyncClient.due_histogram` make the request (`histogram_request`) and read the answer
+(`due_histogram`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Final
 
 import grpc
 
-from tickwheel.client.errors import InvalidArgument
+from tickwheel.client.errors import InvalidArgument, TickwheelClientError
 from tickwheel.client.info import TopicPending
 from tickwheel.v1 import tickwheel_pb2 as pb
 
@@ -38,20 +39,29 @@ class DueHistogram:
     cursor_second: int
     pending: tuple[TopicPending, ...]
     pending_untracked: int
+    topic: str = ""
+    """The topic whose messages the buckets count; "" for every topic."""
 
 
-def histogram_request(span: str) -> pb.DueHistogramRequest:
-    """The request for ``span`` ("minute", "hour", "day" or "year")."""
+def histogram_request(span: str, topic: str = "") -> pb.DueHistogramRequest:
+    """The request for ``span`` ("minute", "hour", "day" or "year"), of ``topic``'s messages
+    alone if given."""
     if span not in SPANS:
         raise InvalidArgument(grpc.StatusCode.INVALID_ARGUMENT,
                               f"span: {span!r} is not one of {', '.join(SPANS)}")
-    return pb.DueHistogramRequest(span=SPANS[span])
+    return pb.DueHistogramRequest(span=SPANS[span], topic=topic)
 
 
-def due_histogram(response: pb.DueHistogramResponse) -> DueHistogram:
+def due_histogram(response: pb.DueHistogramResponse, topic: str = "") -> DueHistogram:
+    """The answer to a request for ``topic``; a node of a release before the topic was a
+    field ignores it, and its every-topic counts are refused (``UNIMPLEMENTED``)."""
+    if response.topic != topic:
+        raise TickwheelClientError(grpc.StatusCode.UNIMPLEMENTED, "topic: the node answered "
+                                   "the histogram of every topic (an older release): ask a "
+                                   "node of this release for one topic's")
     return DueHistogram(
         now_ms=response.now_ms, start_ms=response.start_ms, bucket_ms=response.bucket_ms,
         counts=tuple(response.counts), overdue=response.overdue, beyond=response.beyond,
         cursor_second=response.cursor_second,
         pending=tuple(TopicPending(p.topic, p.pending) for p in response.pending),
-        pending_untracked=response.pending_untracked)
+        pending_untracked=response.pending_untracked, topic=response.topic)

@@ -180,11 +180,14 @@ class Client(ClientBase[grpc.Channel]):
         except grpc.RpcError as error:
             raise translate(error) from None
 
-    def due_histogram(self, span: str = "minute", shard: int = 0) -> DueHistogram:
+    def due_histogram(self, span: str = "minute", shard: int = 0, topic: str = ""
+                      ) -> DueHistogram:
         """How many pending messages of ``shard`` are due in each bucket of ``span`` ("minute",
-        "hour", "day" or "year"), every topic together, as a node of it counts them; with
-        each topic's pending total the caller has a grant on (docs/console.md)."""
-        return due_histogram(self._call(DUE_HISTOGRAM, histogram_request(span), shard=shard))
+        "hour", "day" or "year"), every topic together or ``topic``'s alone, as a node of it
+        counts them; with each topic's pending total the caller has a grant on
+        (docs/console.md)."""
+        return due_histogram(self._call(DUE_HISTOGRAM, histogram_request(span, topic),
+                                        shard=shard), topic)
 
     def shards(self) -> ShardRouters:
         """The cluster's shards, read from the first node that answers (once)."""

@@ -173,9 +173,9 @@ class Replica:
         found = self._state.dedupe.remembered_any(keys)
         return {index: found[key] for index, key in enumerate(keys) if key in found}
 
-    def due_histogram(self, start_second: int, bucket_s: int, buckets: int) -> DueHistogram:
-        """`Wheel.due_histogram` of this replica's wheel (any thread: it reads counts)."""
-        return self._state.wheel.due_histogram(start_second, bucket_s, buckets)
+    def due_histogram(self, start_second: int, bucket_s: int, buckets: int,
+                      topic: str | None = None) -> DueHistogram:  # any thread: reads counts
+        return self._state.due_histogram(start_second, bucket_s, buckets, topic)
 
     def retry(self, retries: Sequence[tuple[LeaseRef, NewMessage]]) -> Applied:
         """For each ``(lease, copy)``: resolve the leased message and file ``copy`` (same id,

@@ -42,7 +42,7 @@ from tickwheel.replication.state_files import (
     restore_files,
 )
 from tickwheel.replication.stores import Stores
-from tickwheel.wheel import Cursor, Wheel
+from tickwheel.wheel import Cursor, DueHistogram, Wheel
 from tickwheel.wheel.format import SECONDS_PER_HOUR
 from tickwheel.wheel.mending import CopySource, MendCounts
 from tickwheel.wheel.types import WheelConfig
@@ -125,6 +125,19 @@ class StateMachine:
     @property
     def pending(self) -> PendingCounts:
         return self._s.pending
+
+    def due_histogram(self, start_second: int, bucket_s: int, buckets: int,
+                      topic: str | None = None) -> DueHistogram:
+        """`Wheel.due_histogram` (any thread); with ``topic``, the messages tracked under its
+        tag alone: none if it has no tag (no pending message of it is tracked by name)."""
+        if topic is None:
+            return self.wheel.due_histogram(start_second, bucket_s, buckets)
+        pending = self._s.pending
+        while (tag := pending.tag_of(topic)) is not None:
+            counted = self.wheel.due_histogram(start_second, bucket_s, buckets, tag)
+            if pending.tag_of(topic) == tag:  # not freed and given to another meanwhile
+                return counted
+        return DueHistogram(start_second, bucket_s, (0,) * buckets, 0, 0)
 
     @property
     def groups(self) -> Groups:

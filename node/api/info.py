@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from tickwheel.common.errors import PermissionDenied
 from tickwheel.common.versions import CURRENT
 from tickwheel.node.api.context import NodeContext
+from tickwheel.node.api.validation import check_topic
 from tickwheel.node.security.access import ANYONE, Principal
 from tickwheel.replication import ReplicaStatus
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -57,16 +59,23 @@ _SPANS: dict[int, tuple[int, int, bool]] = {
 hour but the current one is cut by a bucket's edge) rather than the current second."""
 
 
-def due_histogram(node: NodeContext, span: int, principal: Principal = ANYONE
+def due_histogram(node: NodeContext, span: int, principal: Principal = ANYONE, topic: str = ""
                   ) -> pb.DueHistogramResponse:
-    """The due-time histogram of ``span`` from this node's replica, with the pending totals of
-    the topics ``principal`` has some grant on. An unknown span is the minute's."""
+    """The due-time histogram of ``span`` from this node's replica (of ``topic``'s messages
+    alone, if given), with the pending totals of the topics ``principal`` has some grant on.
+    An unknown span is the minute's. A topic that is not a topic's name is refused naming
+    ``topic`` (`InvalidMessage`), one the principal has no grant on too (`PermissionDenied`)."""
+    if topic:
+        check_topic(topic, "topic", dead_letter=True)
+        if not principal.sees(topic):
+            raise PermissionDenied("topic", f"principal {principal.name!r} has no grant on "
+                                   f"topic {topic!r}")
     bucket_s, buckets, by_hour = _SPANS.get(span, _SPANS[pb.SPAN_MINUTE])
     now_ms = node.clock.now_ms()
     start_second = now_ms // 1_000
     if by_hour:
         start_second -= start_second % 3_600
-    counted = node.replica.due_histogram(start_second, bucket_s, buckets)
+    counted = node.replica.due_histogram(start_second, bucket_s, buckets, topic or None)
     status = node.replica.status()
     return pb.DueHistogramResponse(
         now_ms=now_ms, start_ms=start_second * 1_000, bucket_ms=bucket_s * 1_000,
@@ -74,7 +83,7 @@ def due_histogram(node: NodeContext, span: int, principal: Principal = ANYONE
         cursor_second=status.cursor.second,
         pending=[pb.TopicPending(topic=topic, pending=count)
                  for topic, count in sorted(status.pending.items()) if principal.sees(topic)],
-        pending_untracked=status.pending_untracked)
+        pending_untracked=status.pending_untracked, topic=topic)
 
 
 def _clocks_and_disks(node: NodeContext, members: list[pb.Member]) -> None:

@@ -162,19 +162,20 @@ class TickwheelService(pb_grpc.TickwheelServicer):
             pb.FinalizeUpgradeRequest, pb.FinalizeUpgradeResponse]) -> pb.FinalizeUpgradeResponse:
         return await self._unary(context, "FinalizeUpgrade", request, pb.FinalizeUpgradeResponse)
 
-    async def ClusterInfo(self, request: pb.ClusterInfoRequest,
-                          context: _Context[pb.ClusterInfoRequest, pb.ClusterInfoResponse]
-                          ) -> pb.ClusterInfoResponse:
+    async def ClusterInfo(self, request: pb.ClusterInfoRequest, context: _Context[
+            pb.ClusterInfoRequest, pb.ClusterInfoResponse]) -> pb.ClusterInfoResponse:
         info = cluster_info(self._node, await self._principal(context))
         context.set_trailing_metadata(((LEADER_KEY, info.leader_grpc),))
         return info
 
-    async def DueHistogram(self, request: pb.DueHistogramRequest,
-                           context: _Context[pb.DueHistogramRequest, pb.DueHistogramResponse]
-                           ) -> pb.DueHistogramResponse:
-        answer = due_histogram(self._node, request.span, await self._principal(context))
-        leader = self._node.leader_grpc(self._node.replica.leader_hint()) or ""
-        context.set_trailing_metadata(((LEADER_KEY, leader),))
+    async def DueHistogram(self, request: pb.DueHistogramRequest, context: _Context[
+            pb.DueHistogramRequest, pb.DueHistogramResponse]) -> pb.DueHistogramResponse:
+        try:
+            answer = due_histogram(self._node, request.span, await self._principal(context),
+                                   request.topic)
+        except TickwheelError as error:
+            await self._abort(context, error)
+        self._set_leader(context)
         return answer
 
     async def Receive(self, request_iterator: AsyncIterator[pb.ReceiveRequest],
