@@ -40,10 +40,12 @@ typecheck: $(STAMP)
 # The tests start hundreds of Python processes (nodes, the CLI, the chaos runner), and where
 # PYTHONDONTWRITEBYTECODE is set each would compile tickwheel's 120-odd modules again: a node
 # then takes 1.1 s of CPU to start instead of 0.7 s. Their bytecode is cached in build/pycache
-# instead, out of the source folders, whatever that variable says.
+# instead, out of the source folders, whatever that variable says. The slowest tests are
+# listed at the end (--durations), to see where the suite's minutes go.
 WORKERS ?= 3
 PYCACHE := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache
-PYTEST  := $(PYCACHE) $(PY) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST  := $(PYCACHE) $(PY) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder \
+	--durations=15
 
 test: lint promtool chromium
 	$(PYTEST)
