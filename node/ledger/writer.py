@@ -9,8 +9,8 @@ metadata records (`tickwheel.node.ledger.schema.Gap`): delivery never waits on t
 on Parquet encoding.
 
 The writer thread takes everything buffered every ``flush_ms`` (at once when `FLUSH_ROWS` are
-waiting), joins the columns into one Arrow table (a ``pa.array`` per column, never a dict per
-row) and writes it as one row group (zstd, with page checksums) of the open segment. A segment
+waiting), joins the columns into one Arrow table (`tickwheel.node.ledger.columns`)
+and writes it as one row group (zstd, with page checksums) of the open segment. A segment
 is closed when it reaches ``max_segment_bytes`` or is ``max_segment_age_ms`` old: its footer
 gets the manifest's key-value metadata, a sidecar manifest gets its size and SHA-256, its index
 is written (`tickwheel.node.ledger.index`), and only then does it take its final name, so a
@@ -31,16 +31,16 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tickwheel.node.ledger import retention as kept
+from tickwheel.node.ledger.columns import ledger_table
 from tickwheel.node.ledger.index import INDEX_SUFFIX, index_path, segment_of_index, write_index
 from tickwheel.node.ledger.metrics import LedgerMetrics
 from tickwheel.node.ledger.schema import (
-    COLUMNS,
     FORMAT_VERSION,
     SCHEMA,
     Gap,
@@ -50,16 +50,12 @@ from tickwheel.node.ledger.schema import (
     sequence_of,
 )
 from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES, free_bytes
-from tickwheel.replication import LedgerRows, record_columns
+from tickwheel.replication import LedgerRows
 
 log = logging.getLogger("tickwheel.node.ledger")
 
 FLUSH_ROWS: Final = 65_536
 """Buffered rows that wake the writer before its ``flush_ms``: a row group's size."""
-DEAD_LETTER_PREFIX: Final = "%DLQ%"
-"""A retry copy filed in a topic named so is ``dead_lettered``, not ``nacked``
-(`tickwheel.node.delivery.levels`)."""
-_NAMES: Final = tuple(name for name, _, _ in COLUMNS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +194,7 @@ class Ledger:
             self._cond.notify_all()
 
     def _write(self, taken: list[tuple[int, LedgerRows]]) -> None:
-        table = self._table(taken)
+        table = ledger_table(taken, self._node)
         first_ms, last_ms = taken[0][0], taken[-1][0]
         if self._segment is None and not self._open():
             self._lose("disk_low", table.num_rows, first_ms, last_ms)
@@ -222,29 +218,6 @@ class Ledger:
         self._metrics.rows.inc(table.num_rows)
         if segment.sink.tell() >= self._config.max_segment_bytes:
             self._close_segment()
-
-    def _table(self, taken: list[tuple[int, LedgerRows]]) -> pa.Table:
-        """One table of every row taken: each column joined as a Python list, then one
-        ``pa.array`` of it."""
-        joined: dict[str, list[Any]] = {name: [] for name in _NAMES}
-        for stamp_ms, rows in taken:
-            count = rows.size
-            columns = dict(rows.columns)
-            if rows.records is not None:
-                ids, topics, attempts = record_columns(rows.records)
-                columns.update(id=ids, topic=topics, attempt=attempts)
-            events: list[str] = [rows.event] * count
-            if rows.event == "nacked":
-                events = ["dead_lettered" if topic.startswith(DEAD_LETTER_PREFIX) else "nacked"
-                          for topic in columns["topic"]]
-            columns.update(event=events, node_ms=[stamp_ms] * count)
-            columns.setdefault("time_ms", [rows.time_ms] * count)
-            for name, values in joined.items():
-                values.extend(columns.get(name) or [None] * count)
-        total = len(joined["event"])
-        joined["node"] = [self._node] * total
-        return pa.Table.from_arrays([pa.array(joined[name], kind) for name, kind, _ in COLUMNS],
-                                    schema=SCHEMA)
 
     def _open(self) -> bool:
         """Begin the next segment; False (none begun) while the disk has no room for it."""
