@@ -22,8 +22,9 @@ import grpc
 
 from tickwheel.client._core import CHANNEL_OPTIONS
 from tickwheel.client.credentials import Credentials, open_channel
-from tickwheel.client.errors import TickwheelClientError, translate
+from tickwheel.client.errors import InvalidArgument, TickwheelClientError, translate
 from tickwheel.client.rpcs import RequestT, ResponseT
+from tickwheel.client.shards import handle_shard
 from tickwheel.client.sync import Client
 from tickwheel.v1 import ledger_pb2 as pb
 from tickwheel.v1 import ledger_pb2_grpc as pb_grpc
@@ -169,7 +170,28 @@ class LedgerClient:
         """``message_id``'s life from every node's ledger (``close_open``: each node closes
         its open segment first, so that its last rows are searched too)."""
         nodes = self.nodes() if nodes is None else nodes
-        request = pb.TraceMessageRequest(id=message_id, close_open=close_open)
+        return self._trace(pb.TraceMessageRequest(id=message_id, close_open=close_open),
+                           nodes, message_id)
+
+    def trace_handle(self, handle: int, *, close_open: bool = False,
+                     nodes: list[Node] | None = None) -> Trace:
+        """The life of the message ``handle`` names (a handle ``schedule`` returned), from
+        the ledgers of its shard's nodes: the rows of the id the rows naming it carry.
+        `InvalidArgument` (``handle``) for a number that is no handle."""
+        if not 0 <= handle < 1 << 63:
+            raise InvalidArgument(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"handle: {handle} is no handle (0 to 2^63 - 1)")
+        shard = handle_shard(handle)
+        nodes = [n for n in (self.nodes() if nodes is None else nodes) if n.shard == shard]
+        found = self._trace(pb.TraceMessageRequest(handle=handle, close_open=close_open),
+                            nodes, "")
+        named = next((e.id for e in found.events if e.id), "")
+        return Trace(named, found.events, found.nodes, found.missed, found.truncated)
+
+    def _trace(self, request: pb.TraceMessageRequest, nodes: list[Node], message_id: str
+               ) -> Trace:
+        """Ask ``nodes`` at once and merge their rows; a refusal of the request itself
+        (``PERMISSION_DENIED``, ``INVALID_ARGUMENT``) is raised, other failures noted."""
         with ThreadPoolExecutor(max_workers=max(1, len(nodes)),
                                 thread_name_prefix="tickwheel-trace") as pool:
             futures = [(node, pool.submit(self._unary, self._stub(node).TraceMessage,
@@ -179,7 +201,8 @@ class LedgerClient:
         for node, future in futures:
             error = future.exception()
             if isinstance(error, TickwheelClientError):
-                if error.code == grpc.StatusCode.PERMISSION_DENIED:
+                if error.code in (grpc.StatusCode.PERMISSION_DENIED,
+                                  grpc.StatusCode.INVALID_ARGUMENT):
                     raise error
                 missed.append((node, str(error)))
             elif error is not None:

@@ -1,6 +1,7 @@
 """One message's life, and the dead letters: the pages that read messages themselves.
 
-``/message?id=``: the message's life from every node's ledger (`LedgerClient.trace`, each
+``/message?id=`` (or ``?handle=``): the message's life from every node's ledger
+(`LedgerClient.trace`, or `LedgerClient.trace_handle` on the handle's shard, each
 node closing its open segment first so that the last rows are searched), and the state its
 last committed event leaves it in; the ledger calls take an admin grant on every topic, so
 another principal gets the cluster's refusal. ``/dead-letters?topic=%DLQ%...``: up to
@@ -43,20 +44,36 @@ STATES: Final = {"scheduled": "pending", "rescheduled": "pending", "cancelled": 
 """What a message's last event leaves it as."""
 
 
+def _handle(text: str) -> int:
+    """A handle typed in: the decimal number ``schedule`` answered (ValueError otherwise)."""
+    if not text.isdigit() or len(text) > 19:
+        raise ValueError(f"handle: {text[:40]!r} is not a handle (the number Schedule "
+                         "answered, up to 19 digits)")
+    return int(text)
+
+
 def routes(console: Console) -> list[Route]:
     async def message(request: Request) -> Response:
         session = console.session(request)
         if session is None:
             return RedirectResponse("/login", status_code=303)
         message_id = request.query_params.get("id", "").strip()
-        context: dict[str, Any] = {"id": message_id, "trace": None, "error": "", "state": ""}
-        if message_id:
-            try:
+        handle = request.query_params.get("handle", "").strip()
+        context: dict[str, Any] = {"id": message_id, "handle": handle, "trace": None,
+                                   "error": "", "state": ""}
+        try:
+            if handle:
+                trace = await run_in_threadpool(session.ledger.trace_handle,
+                                                _handle(handle), close_open=True)
+            elif message_id:
                 trace = await run_in_threadpool(session.ledger.trace, message_id,
                                                 close_open=True)
+            if handle or message_id:
                 context.update(trace=trace, state=_state(trace))
-            except TickwheelClientError as error:
-                context["error"] = f"Refused by the cluster: {error.code.name}: {error.details}"
+        except ValueError as malformed:
+            context["error"] = str(malformed)
+        except TickwheelClientError as error:
+            context["error"] = f"Refused by the cluster: {error.code.name}: {error.details}"
         return _render(console, request, session, "message", context)
 
     async def dead_letters(request: Request) -> Response:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import secrets
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -83,26 +84,33 @@ def fragment(console: Console, session: Session, view: str, params: dict[str, st
     """What the template of ``view``'s live part needs, read now (a worker thread)."""
     try:
         if view == "histogram":
-            return {"histogram": read_histogram(session.client, params["span"]),
-                    "span": params["span"], "spans": list(SPANS)}
+            return {"histogram": read_histogram(session.client, params["span"],
+                                                params.get("topic", "")),
+                    "span": params["span"], "spans": list(SPANS),
+                    "topic": params.get("topic", "")}
         cluster, members = read_cluster(session.client, console.seeds + tuple(session.members),
                                         session.timeline, session.rates)
         session.members |= members
         return {"cluster": cluster, "error": ""}
     except TickwheelClientError as error:
         return {"error": f"{error.code.name}: {error.details}", "cluster": None,
-                "histogram": None, "span": params.get("span", ""), "spans": list(SPANS)}
+                "histogram": None, "span": params.get("span", ""), "spans": list(SPANS),
+                "topic": params.get("topic", "")}
 
 
 def view_params(view: str, request: Request) -> dict[str, str]:
     if view != "histogram":
         return {}
     span = request.query_params.get("span", "minute")
-    return {"span": span if span in SPANS else "minute"}
+    params = {"span": span if span in SPANS else "minute"}
+    topic = request.query_params.get("topic", "").strip()
+    if topic:  # the cluster checks it (INVALID_ARGUMENT, PERMISSION_DENIED)
+        params["topic"] = topic
+    return params
 
 
 def _query(params: dict[str, str]) -> str:
-    return "".join(f"?{key}={value}" for key, value in params.items())
+    return f"?{urlencode(params)}" if params else ""
 
 
 def _login_page(console: Console, request: Request, error: str, status: int = 200) -> Response:

@@ -228,9 +228,10 @@ class HistogramView:
         return sum(self.histogram.counts)
 
 
-def read_histogram(client: Client, span: str) -> HistogramView:
-    """Every shard's histogram of ``span``, added up (`merge`)."""
-    histogram = merge([client.due_histogram(span, shard=shard)
+def read_histogram(client: Client, span: str, topic: str = "") -> HistogramView:
+    """Every shard's histogram of ``span`` (``topic``'s alone, if given), added up
+    (`merge`)."""
+    histogram = merge([client.due_histogram(span, shard=shard, topic=topic)
                        for shard in range(client.shards().count)])
     tallest = max(histogram.counts, default=0) or 1
     buckets = tuple(
@@ -264,7 +265,7 @@ def merge(histograms: list[DueHistogram]) -> DueHistogram:
     return DueHistogram(first.now_ms, first.start_ms, first.bucket_ms, tuple(counts), overdue,
                         beyond, first.cursor_second,
                         tuple(TopicPending(t, n) for t, n in sorted(pending.items())),
-                        sum(h.pending_untracked for h in histograms))
+                        sum(h.pending_untracked for h in histograms), first.topic)
 
 
 def _label(span: str, index: int, start_ms: int) -> str:

@@ -7,7 +7,9 @@ topic's ids, groups and consumers; a node answers for its own ledger alone and n
 (every replica holds the committed lifecycle, and each its own sends); a segment is named by
 its sequence number alone, the path built here from this node's ledger folder and its own
 name (`tickwheel.node.ledger.schema.segment_name`), so no caller reaches another file; and
-everything is bounded: 1,000 segments a listing, chunks of 1 MiB, 10,000 rows a trace.
+everything is bounded: 1,000 segments a listing, chunks of 1 MiB, 10,000 rows a trace. A
+trace names its message by id or by a handle of this node's shard (decoded with the shard's
+handle key; the id is the one the ledger's rows naming it carry).
 Reading files runs on threads (`asyncio.to_thread`), never on the event loop.
 
 Registered on the client listener by `tickwheel.node.listeners`; called by the client
@@ -26,8 +28,9 @@ import grpc
 from tickwheel.node.api.admission import CALLER, CallContext
 from tickwheel.node.api.context import NodeContext
 from tickwheel.node.ledger import Manifest, segments
+from tickwheel.node.ledger.by_handle import id_of_handle
 from tickwheel.node.ledger.schema import segment_name, sequence_of
-from tickwheel.node.ledger.trace import trace
+from tickwheel.node.ledger.trace import Trace, trace
 from tickwheel.node.security.access import Action
 from tickwheel.v1 import ledger_pb2 as pb
 from tickwheel.v1 import ledger_pb2_grpc as pb_grpc
@@ -82,13 +85,22 @@ class LedgerService(pb_grpc.LedgerServicer):
                            context: grpc.aio.ServicerContext[Any, Any]
                            ) -> pb.TraceMessageResponse:
         folder = await self._admitted(context)
-        if not request.id or len(request.id.encode()) > MAX_ID_BYTES:
+        wheel_handle = None
+        if request.HasField("handle"):
+            wheel_handle = self._node.replica.handle_cipher().decode([request.handle])[0]
+            if wheel_handle is None:
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"handle: "
+                             f"{request.handle} is no handle of shard {self._node.shards.shard}")
+        elif not request.id or len(request.id.encode()) > MAX_ID_BYTES:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
                          f"id: must be 1 to {MAX_ID_BYTES} bytes")
         rotate = self._node.rotate_ledger
         if request.close_open and rotate is not None:
             await asyncio.to_thread(rotate)
-        found = await asyncio.to_thread(trace, folder, request.id)
+        message_id = request.id if wheel_handle is None else await asyncio.to_thread(
+            id_of_handle, folder, wheel_handle)
+        found = await asyncio.to_thread(trace, folder, message_id) if message_id else Trace(
+            [], 0, False)
         return pb.TraceMessageResponse(
             node=self._node.replica.address, shard=self._node.shards.shard,
             rows=[_row(row) for row in found.rows], segments=found.segments,

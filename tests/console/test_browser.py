@@ -96,6 +96,24 @@ def test_the_histogram_follows_a_message_scheduled_and_cancelled(
     screenshot(page, "admin")
 
 
+def test_the_histogram_of_one_topic_grows_and_shrinks(page: Page, running: Running) -> None:
+    due_ms = (time.time_ns() // 1_000_000) + 2 * HOUR_MS
+    with running.cluster.client() as admin:
+        admin.schedule("console-one", "later", delay_ms=5 * HOUR_MS)  # listed with a pending
+        admin.schedule("console-another", "not counted", deliver_at_ms=due_ms)
+    log_in(page, running)
+    page.goto(running.console.url + "histogram?span=day")
+    page.select_option("#h-topic", "console-one")
+    page.click("#h-show")
+    expect(page.locator("#of-topic")).to_have_text("console-one")
+    assert _bucket_count(page, due_ms) == 0  # the other topic's message is not counted
+    with running.cluster.client() as admin:
+        handle = admin.schedule("console-one", "now counted", deliver_at_ms=due_ms).handle
+        _wait_for_count(page, due_ms, 1)  # live, without a reload
+        admin.cancel_outcomes([handle])
+        _wait_for_count(page, due_ms, 0)
+
+
 def test_a_read_only_principal_changes_nothing(page: Page, running: Running) -> None:
     log_in(page, running, "reader")
     page.goto(running.console.url + "admin")
@@ -135,7 +153,7 @@ def test_topics_show_what_is_pending(page: Page, running: Running) -> None:
     screenshot(page, "topics")
 
 
-def test_a_message_is_looked_up_by_id(page: Page, running: Running) -> None:
+def test_a_message_is_looked_up_by_id_and_by_handle(page: Page, running: Running) -> None:
     with running.cluster.client() as admin:
         handle = admin.schedule("console-lookup", "b", delay_ms=600_000, id="lookup-7").handle
         admin.cancel_outcomes([handle])
@@ -146,8 +164,17 @@ def test_a_message_is_looked_up_by_id(page: Page, running: Running) -> None:
     expect(page.locator("#state")).to_have_text("cancelled")
     expect(page.locator('#events tr[data-event="scheduled"]')).to_have_count(1)
     screenshot(page, "message")
+    page.goto(running.console.url + "message")
+    page.fill("#m-handle", str(handle))
+    page.click("#lookup button")
+    expect(page.locator("#found-id")).to_have_text("lookup-7")
+    expect(page.locator("#state")).to_have_text("cancelled")
+    page.goto(running.console.url + "message?handle=12ab")
+    expect(page.locator("#refused")).to_contain_text("handle: '12ab' is not a handle")
     log_in(page, running, "reader")
     page.goto(running.console.url + "message?id=lookup-7")
+    expect(page.locator("#refused")).to_contain_text("PERMISSION_DENIED")
+    page.goto(running.console.url + f"message?handle={handle}")
     expect(page.locator("#refused")).to_contain_text("PERMISSION_DENIED")
 
 
