@@ -12,7 +12,9 @@ written, and a member of the older release can no longer join.
 
 The rule that keeps it: nothing this build writes before the cluster reaches a version needs
 that version to be read; each format introduced since `BASELINE` is named with the version
-that switches it on (`SHARD_MAP_VERSION`). A cluster whose first leader runs this build (a new
+that switches it on (`SHARD_MAP_VERSION`, `PRINCIPAL_VERSION`). While `CURRENT` is still
+unreleased (`RELEASES`), a format added to this build joins it: no release wrote version 2 yet,
+so no member can hold a version 2 without it. A cluster whose first leader runs this build (a new
 cluster: its log had no handle key yet) starts at `CURRENT` at once, as Kafka formats a new
 cluster at its release's ``metadata.version``.
 
@@ -32,10 +34,16 @@ BASELINE: Final = 1
 of 0.0.4 reads a cluster held at this version."""
 CURRENT: Final = 2
 """The formats of this build: version 1's, plus the ``shard_map`` command (a shard map grown
-while the cluster runs) and the snapshot's shard map and cluster version."""
+while the cluster runs), the snapshot's shard map and cluster version, and the schedule, cancel
+and move commands that carry who asked (``schedule_by``, ``cancel_by``, ``move_by``)."""
 SHARD_MAP_VERSION: Final = 2
 """From this version on the cluster may write ``shard_map`` commands (``GrowShards``), and
 snapshots carry the shard map and the cluster version."""
+PRINCIPAL_VERSION: Final = 2
+"""From this version on schedules, cancels and moves are written as ``schedule_by``,
+``cancel_by`` and ``move_by`` commands, which carry the caller's principal for every
+replica's ledger (`tickwheel.replication.commands`); before it, as 0.0.4 writes them,
+without one."""
 RELEASES: Final = {BASELINE: "0.0.4", CURRENT: "unreleased"}
 """The release that introduced each version's formats (for messages and ``tickwheel
 status``)."""

@@ -23,6 +23,8 @@ Every write to the replicated state is one of these commands. Each carries the l
 - ``shard_map``: a new version of the cluster's shard map (shards added); from the entry on,
   the shard takes only the messages the new map gives it (`tickwheel.replication.requests`).
   Written only from cluster version 2 on (`tickwheel.common.versions`).
+- ``schedule_by``, ``cancel_by``, ``move_by``: ``schedule``, ``cancel``, ``move`` with who asked
+  (`tickwheel.replication.principals`), for the ledger. Written from cluster version 2 on.
 - ``finalize``: the cluster version from this entry on (``tickwheel upgrade finalize``); a
   release that does not know the version it names stops rather than write older formats.
 
@@ -41,6 +43,7 @@ from enum import IntEnum
 from typing import Final, NamedTuple
 
 from tickwheel.common.errors import invariant
+from tickwheel.replication.principals import Runs, read_section, section
 from tickwheel.wheel.format import encode_record
 from tickwheel.wheel.types import Cursor, NewMessage
 
@@ -84,6 +87,9 @@ class Kind(IntEnum):
     MOVE = 10
     SHARD_MAP = 11
     FINALIZE = 12
+    SCHEDULE_BY = 13
+    CANCEL_BY = 14
+    MOVE_BY = 15
 
 
 class LeaseOp(IntEnum):
@@ -108,6 +114,7 @@ _LEASE: Final = struct.Struct("<IqIQq")
 # record's size; then the record
 _LEASED_RETRY: Final = struct.Struct("<IqIQqI")
 _OP: Final = struct.Struct("<B")
+_BY: Final = {Kind.SCHEDULE: Kind.SCHEDULE_BY, Kind.CANCEL: Kind.CANCEL_BY, Kind.MOVE: Kind.MOVE_BY}
 
 
 class Ready(NamedTuple):
@@ -162,9 +169,9 @@ def encoded_message(message: NewMessage) -> bytes:
     return _MESSAGE.pack(message.deliver_at_ms, dedupe_key(message.id), len(record)) + record
 
 
-def schedule(stamp_ms: int, parts: Sequence[bytes]) -> bytes:
-    """A schedule command of the `encoded_message` parts, in order."""
-    return _framed(Kind.SCHEDULE, stamp_ms, _COUNT.pack(len(parts)) + b"".join(parts))
+def schedule(stamp_ms: int, parts: Sequence[bytes], runs: Runs | None = None) -> bytes:
+    """A schedule command of the `encoded_message` parts, in order (``runs``: a schedule_by)."""
+    return _by(Kind.SCHEDULE, stamp_ms, _COUNT.pack(len(parts)) + b"".join(parts), runs)
 
 
 def encoded_retry(replaces_handle: int, copy: NewMessage) -> bytes:
@@ -178,15 +185,15 @@ def reschedule(stamp_ms: int, parts: Sequence[bytes]) -> bytes:
     return _framed(Kind.RESCHEDULE, stamp_ms, _COUNT.pack(len(parts)) + b"".join(parts))
 
 
-def cancel(stamp_ms: int, handles: Sequence[int]) -> bytes:
+def cancel(stamp_ms: int, handles: Sequence[int], principal: str | None = None) -> bytes:
     body = _COUNT.pack(len(handles)) + b"".join(_HANDLE.pack(h) for h in handles)
-    return _framed(Kind.CANCEL, stamp_ms, body)
+    return _by(Kind.CANCEL, stamp_ms, body, [(principal, len(handles))] if principal else None)
 
 
-def move(stamp_ms: int, moves: Sequence[tuple[int, int]]) -> bytes:
-    """Pending messages to move: ``(handle, deliver_at_ms)`` each."""
+def move(stamp_ms: int, moves: Sequence[tuple[int, int]], principal: str | None = None) -> bytes:
+    """Pending messages to move: ``(handle, deliver_at_ms)`` each (``principal``: a move_by)."""
     body = _COUNT.pack(len(moves)) + b"".join(_MOVE.pack(*m) for m in moves)
-    return _framed(Kind.MOVE, stamp_ms, body)
+    return _by(Kind.MOVE, stamp_ms, body, [(principal, len(moves))] if principal else None)
 
 
 def cursor(stamp_ms: int, position: Cursor) -> bytes:
@@ -360,12 +367,13 @@ def read_header(command: bytes) -> tuple[Kind, int]:
     return Kind(kind), stamp_ms
 
 
-def read_schedule(command: bytes) -> tuple[list[int], list[bytes], list[bytes]]:
-    """The messages of a schedule command as three columns: due times, dedupe keys and wheel
-    records, in order. Columns, not a tuple per message: every replica reads every message of
-    every entry, and the state machine files them column by column."""
-    (count,) = _COUNT.unpack_from(command, _HEADER.size)
-    pos = _HEADER.size + _COUNT.size
+def read_schedule(command: bytes) -> tuple[list[int], list[bytes], list[bytes], list[str]]:
+    """A schedule's (or schedule_by's) messages as columns: due times, dedupe keys, records and
+    who asked (``""``: a plain schedule). Columns, not a tuple per message: every replica reads
+    every message of every entry, and the state machine files them column by column."""
+    principals, start = _section(command)
+    (count,) = _COUNT.unpack_from(command, start)
+    pos = start + _COUNT.size
     unpack_from, head_bytes = _MESSAGE.unpack_from, _MESSAGE.size
     due_ms: list[int] = []
     keys: list[bytes] = []
@@ -379,7 +387,8 @@ def read_schedule(command: bytes) -> tuple[list[int], list[bytes], list[bytes]]:
         add_record(command[pos:pos + size])
         pos += size
     invariant(pos == len(command), f"schedule command has {len(command) - pos} trailing bytes")
-    return due_ms, keys, records
+    invariant(principals is None or len(principals) == count, "runs do not cover the schedule")
+    return due_ms, keys, records, [""] * count if principals is None else principals
 
 
 def read_reschedule(command: bytes) -> Iterator[RetryRecord]:
@@ -394,18 +403,18 @@ def read_reschedule(command: bytes) -> Iterator[RetryRecord]:
               "bytes")
 
 
-def read_cancel(command: bytes) -> list[int]:
-    (count,) = _COUNT.unpack_from(command, _HEADER.size)
-    start = _HEADER.size + _COUNT.size
+def read_cancel(command: bytes) -> tuple[list[int], str]:
+    """A cancel's (or cancel_by's) handles, and who asked (``""``: a plain cancel)."""
+    count, start, principal = _items(command)
     invariant(start + count * _HANDLE.size == len(command), "cancel command has a bad length")
-    return [h for (h,) in _HANDLE.iter_unpack(command[start:])]
+    return [h for (h,) in _HANDLE.iter_unpack(command[start:])], principal
 
 
-def read_move(command: bytes) -> list[tuple[int, int]]:
-    (count,) = _COUNT.unpack_from(command, _HEADER.size)
-    start = _HEADER.size + _COUNT.size
+def read_move(command: bytes) -> tuple[list[tuple[int, int]], str]:
+    """A move's (or move_by's) moves, and who asked (``""``: a plain move)."""
+    count, start, principal = _items(command)
     invariant(start + count * _MOVE.size == len(command), "move command has a bad length")
-    return list(_MOVE.iter_unpack(command[start:]))
+    return list(_MOVE.iter_unpack(command[start:])), principal
 
 
 def read_cursor(command: bytes) -> Cursor:
@@ -414,6 +423,26 @@ def read_cursor(command: bytes) -> Cursor:
     start = _HEADER.size + _CURSOR.size
     invariant((len(command) - start) % _DONE_RUN_BYTES == 0, "cursor command has a bad length")
     return Cursor(*_CURSOR.unpack_from(command, _HEADER.size))
+
+
+def _by(kind: Kind, stamp_ms: int, body: bytes, runs: Runs | None) -> bytes:
+    """``kind``'s command of ``body``; with ``runs``, its ``_by`` kind's."""
+    return (_framed(kind, stamp_ms, body) if runs is None
+            else _framed(_BY[kind], stamp_ms, section(runs) + body))
+
+
+def _section(command: bytes) -> tuple[list[str] | None, int]:
+    """A ``_by`` command's principals (None: another kind), and where its plain body begins."""
+    if command[1] not in _BY.values():
+        return None, _HEADER.size
+    return read_section(command, _HEADER.size)
+
+
+def _items(command: bytes) -> tuple[int, int, str]:
+    """A cancel's or move's count of items, where they begin, and who asked for them."""
+    principals, body = _section(command)
+    (count,) = _COUNT.unpack_from(command, body)
+    return count, body + _COUNT.size, principals[0] if principals else ""
 
 
 def _framed(kind: Kind, stamp_ms: int, body: bytes) -> bytes:

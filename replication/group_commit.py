@@ -10,7 +10,9 @@ next turn comes within ``schedule_linger_ms`` anyway (`Replica._wake_for_schedul
 messages come due, the next dispatch step), which then proposes it with the step's handout.
 
 The replica keeps two committers: one for schedule commands and one for reschedule commands
-(retry copies of nacked messages); the parts differ, the packing does not.
+(retry copies of nacked messages); the parts differ, the packing does not. A schedule request
+carries its caller's principal: an entry says whose its messages are in runs, one per request
+(`Entry.runs`, `tickwheel.replication.principals`), and counts a run's bytes in its size.
 
 A request's messages may span entries; its future resolves when the last of them is applied,
 with one result per message in order. If any part fails (leadership lost), the whole request
@@ -30,6 +32,7 @@ from typing import Any
 
 from tickwheel.common.errors import MapChanged, Overloaded
 from tickwheel.replication import commands
+from tickwheel.replication.principals import SECTION_BYTES, Runs, run_bytes
 
 
 @dataclass(eq=False, slots=True)
@@ -40,6 +43,7 @@ class _Request:
     missing: int = 0
     failed: bool = False
     map_version: int = 0
+    principal: str = ""
 
 
 @dataclass(slots=True)
@@ -48,6 +52,12 @@ class Entry:
 
     parts: list[bytes]
     owners: list[tuple[_Request, int, int]]  # (request, first result index, count)
+
+    def runs(self) -> Runs | None:
+        """Whose the parts are, in order; None when no request names a principal."""
+        if not any(request.principal for request, _, _ in self.owners):
+            return None
+        return [(request.principal, count) for request, _, count in self.owners]
 
     def settle(self, results: list[object] | None, error: BaseException | None) -> None:
         """Hand each owner its slice of ``results`` (or the error)."""
@@ -70,8 +80,12 @@ class GroupCommitter:
     """Thread-safe queue of (re)schedule requests, drained into entries by the Raft thread."""
 
     def __init__(self, max_entry_bytes: int, max_queued_msgs: int,
-                 wake: Callable[[], None]) -> None:
+                 wake: Callable[[], None], principals: bool = False) -> None:
+        """``principals``: entries may carry their requests' principals (count their bytes)."""
         self._max_entry_bytes = max_entry_bytes
+        self._principals = principals
+        self._overhead_bytes = commands.SCHEDULE_OVERHEAD_BYTES + (SECTION_BYTES if principals
+                                                                   else 0)
         self._max_queued_msgs = max_queued_msgs
         self._wake = wake
         self._lock = threading.Lock()
@@ -82,16 +96,17 @@ class GroupCommitter:
     def queued_msgs(self) -> int:
         return self._queued_msgs
 
-    def submit(self, parts: list[bytes], map_version: int = 0) -> Future[Any]:
+    def submit(self, parts: list[bytes], map_version: int = 0, principal: str = "") -> Future[Any]:
         """Queue one request of `commands.encoded_message` (or `commands.encoded_retry`) parts;
         its future gets the results. ``map_version``: the shard map the messages were placed
-        by (`drain`).
+        by (`drain`); ``principal``: who asked (``""``: nobody named).
         Raises `Overloaded` when ``max_queued_msgs`` are already waiting."""
         future: Future[Any] = Future()
         if not parts:
             future.set_result([])
             return future
-        request = _Request(parts, future, [None] * len(parts), len(parts), map_version=map_version)
+        request = _Request(parts, future, [None] * len(parts), len(parts),
+                           map_version=map_version, principal=principal)
         with self._lock:
             if self._queued_msgs + len(parts) > self._max_queued_msgs and self._queue:
                 raise Overloaded("max_queued_msgs")
@@ -116,16 +131,18 @@ class GroupCommitter:
         entries: list[Entry] = []
         parts: list[bytes] = []
         owners: list[tuple[_Request, int, int]] = []
-        size = commands.SCHEDULE_OVERHEAD_BYTES
+        size = self._overhead_bytes
         for request in requests:
             start = 0
+            run = run_bytes(request.principal) if self._principals else 0
+            size += run
             for index, part in enumerate(request.parts):
                 if parts and size + len(part) > self._max_entry_bytes:
                     if index > start:
                         owners.append((request, start, index - start))
                     entries.append(Entry(parts, owners))
                     parts, owners, start = [], [], index
-                    size = commands.SCHEDULE_OVERHEAD_BYTES
+                    size = self._overhead_bytes + run
                 parts.append(part)
                 size += len(part)
             owners.append((request, start, len(request.parts) - start))

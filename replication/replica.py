@@ -142,14 +142,15 @@ class Replica:
         self._state.close()
         log.info("event=replica_stopped address=%s", self.address)
 
-    def schedule(self, messages: Sequence[NewMessage], map_version: int = 0) -> Applied:
-        """Queue ``messages`` for the next entry; the future gets one `Accepted` or `Rejected`
-        per message, in order, or fails with `MapChanged` if a shard map newer than
-        ``map_version`` (theirs) was proposed first. `NotLeader` on a follower, `Overloaded`."""
+    def schedule(self, messages: Sequence[NewMessage], map_version: int = 0,
+                 principal: str = "") -> Applied:
+        """Queue ``messages`` (``principal``'s) for the next entry; the future gets one
+        `Accepted` or `Rejected` per message, in order, or fails with `MapChanged` if a shard
+        map newer than ``map_version`` (theirs) was proposed first. `NotLeader`, `Overloaded`."""
         self._require_leader()
         self._state.wheel.check_delays([m.deliver_at_ms for m in messages], self._clock.now_ms())
         return self._requests.schedules.submit([commands.encoded_message(m) for m in messages],
-                                               map_version)
+                                               map_version, principal)
 
     def change_shard_map(self, version: int, body: bytes) -> Applied:
         """Propose shard map ``version`` (``body``); the future gets the one in force then."""
@@ -187,25 +188,24 @@ class Replica:
         return self._requests.retries.submit([commands.encoded_leased_retry(lease, copy)
                                      for lease, copy in retries])
 
-    def cancel(self, handles: Sequence[int],
-               may: Callable[[str], bool] | None = None) -> Applied:
-        """The future gets a `CancelResult` per handle, or one `Rejected` (naming
-        ``handles[i]``) when a handle was never issued, or names a message of a topic ``may``
-        refuses: then nothing was cancelled."""
+    def cancel(self, handles: Sequence[int], may: Callable[[str], bool] | None = None,
+               principal: str = "") -> Applied:
+        """A `CancelResult` per handle (cancelled for ``principal``), or, cancelling none, one
+        `Rejected` naming ``handles[i]``: never issued, or of a topic ``may`` refuses."""
         handles = list(handles)
-        return self._handle_op(lambda stamp_ms: commands.cancel(stamp_ms, handles),
-                               handles, "handles[{}]", may)
+        return self._handle_op(lambda stamp_ms, by: commands.cancel(
+            stamp_ms, handles, principal if by else None), handles, "handles[{}]", may)
 
     def reschedule(self, moves: Sequence[tuple[int, int]],
-                   may: Callable[[str], bool] | None = None) -> Applied:
-        """Move pending messages: ``(handle, deliver_at_ms)`` each. The future gets a `Moved`
-        per move, or one `Rejected` (naming ``moves[i]``; also when ``may`` refuses a
-        message's topic): then nothing moved."""
+                   may: Callable[[str], bool] | None = None, principal: str = "") -> Applied:
+        """Move pending messages: ``(handle, deliver_at_ms)`` each, for ``principal``. The
+        future gets a `Moved` per move, or one `Rejected` (naming ``moves[i]``; also when
+        ``may`` refuses a message's topic): then nothing moved."""
         moves = list(moves)
-        return self._handle_op(lambda stamp_ms: commands.move(stamp_ms, moves),
-                               [handle for handle, _ in moves], "moves[{}].handle", may)
+        return self._handle_op(lambda stamp_ms, by: commands.move(stamp_ms, moves, principal if by
+                               else None), [h for h, _ in moves], "moves[{}].handle", may)
 
-    def _handle_op(self, command: Callable[[int], bytes], handles: list[int], field: str,
+    def _handle_op(self, command: Callable[[int, bool], bytes], handles: list[int], field: str,
                    may: Callable[[str], bool] | None) -> Applied:
         """Queue a cancel or a reschedule, made into its command (given the stamp) when the Raft
         thread proposes it. With ``may``, the Raft thread first reads the topic of each handle's

@@ -5,6 +5,8 @@ reschedules are proposed one command each, in order; acks, releases, give-backs 
 changes of leases become one command per kind per turn; group creations and deletions one
 each. What the courier reports of its consumers (joins, credits, sends, leaves) goes to the
 planner, never to the log. Each queue is bounded by ``max_queued_msgs`` (`Overloaded` beyond).
+Schedules, cancels and moves are written with their callers' principals (``schedule_by`` ...)
+once the cluster's version has them (`PRINCIPAL_VERSION`), else without, as 0.0.4 writes them.
 
 Requests are queued from any thread (deques and the committers are thread-safe for one
 producer call and one consumer); everything else runs on the Raft thread.
@@ -17,7 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 from tickwheel.common.errors import Overloaded, VersionConflict
-from tickwheel.common.versions import SHARD_MAP_VERSION, require
+from tickwheel.common.versions import PRINCIPAL_VERSION, SHARD_MAP_VERSION, require
 from tickwheel.replication import commands
 from tickwheel.replication.commands import LeaseOp, LeaseRef
 from tickwheel.replication.group_commit import Entry, GroupCommitter, resolve
@@ -26,8 +28,9 @@ from tickwheel.replication.outcomes import Rejected, Retried
 from tickwheel.replication.proposals import Applied, Proposals
 from tickwheel.replication.state import StateMachine
 
-HandleCommand = Callable[[int], bytes]
-"""A cancel or a reschedule, made into its command given the stamp."""
+HandleCommand = Callable[[int, bool], bytes]
+"""A cancel or a reschedule, made into its command given the stamp and whether the cluster's
+version lets it carry its principal."""
 TopicCheck = Callable[[], Rejected | None]
 """Reads the topics of a request's handles and refuses the request, or lets it through."""
 LeaseRequest = tuple[list[LeaseRef], list[int], Applied]
@@ -40,7 +43,8 @@ class Requests:
         schedule requests (it may leave them to a turn due soon)."""
         self._max_queued = max_queued_msgs
         self._wake = wake
-        self.schedules = GroupCommitter(max_entry_bytes, max_queued_msgs, wake_for_schedules)
+        self.schedules = GroupCommitter(max_entry_bytes, max_queued_msgs, wake_for_schedules,
+                                        principals=True)
         self.retries = GroupCommitter(max_entry_bytes, max_queued_msgs, wake)
         self._handle_ops: deque[tuple[HandleCommand, Applied, TopicCheck | None]] = deque()
         self._lease_ops: dict[LeaseOp, deque[LeaseRequest]] = {op: deque() for op in LeaseOp}
@@ -121,8 +125,10 @@ class Requests:
         the schedules queued before it, and later ones placed by an older map are refused."""
         applied_map = 0 if state.shard_map is None else state.shard_map.version
         self._map_version = max(self._map_version, applied_map)
+        by = state.cluster_version >= PRINCIPAL_VERSION  # never unset once finalized
         for entry in self.schedules.drain(self._map_version):
-            proposals.propose(commands.schedule(now_ms, entry.parts), entry)
+            proposals.propose(commands.schedule(now_ms, entry.parts, entry.runs() if by else None),
+                              entry)
         while self._map_ops:
             version, body, future = self._map_ops.popleft()
             try:  # the version may have been finalized since it was queued, never unset
@@ -141,7 +147,7 @@ class Requests:
             if refused is not None:
                 resolve(future, result=[refused])
                 continue
-            proposals.propose(command(now_ms), future)
+            proposals.propose(command(now_ms, by), future)
         while self._group_ops:
             create, topic, name, future = self._group_ops.popleft()
             proposals.propose(commands.group(now_ms, create, topic, name), future)

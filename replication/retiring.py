@@ -4,7 +4,7 @@ Both are ordered in the log with the handouts: a message that no group has lease
 cancelled (or moved) for good; one that some group leased is ``HANDED_OUT`` and stays as it
 is. A reschedule retires the original as a cancel does and files a copy at the new time,
 together; the client's handle then names the copy (`Stores.moves`), so later cancels and
-reschedules follow it.
+reschedules follow it. The ledger's rows name who asked (``""``: a plain cancel or move).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ class Retiring:
         ``HANDED_OUT`` (the groups that did not lease it never will). A request naming an
         unknown handle changes nothing: one `Rejected` naming ``handles[i]``."""
         located = []
-        for i, handle in enumerate(commands.read_cancel(command)):
+        handles, principal = commands.read_cancel(command)
+        for i, handle in enumerate(handles):
             found = self._locate(handle, f"handles[{i}]")
             if isinstance(found, Rejected):
                 return [found]
@@ -56,7 +57,8 @@ class Retiring:
                     "handle": [message.handle for message in cancelled],
                     "id": [message.id for message in cancelled],
                     "topic": [message.topic for message in cancelled],
-                    "deliver_at_ms": [message.deliver_at_ms for message in cancelled]}))
+                    "deliver_at_ms": [message.deliver_at_ms for message in cancelled],
+                    "principal": [principal] * len(cancelled)}))
         return results
 
     def refused_topic(self, handles: Sequence[int], field: str,
@@ -118,7 +120,7 @@ class Retiring:
         unknown handle, a time too late, or more moved messages than ``max_moved_msgs``
         changes nothing: one `Rejected`."""
         stamp_ms = max(stamp_ms, self._s.wheel.stamp_ms)
-        moves = commands.read_move(command)
+        moves, principal = commands.read_move(command)
         latest_ms = stamp_ms + self._s.max_delay_ms
         located = []
         for i, (handle, deliver_at_ms) in enumerate(moves):
@@ -143,7 +145,8 @@ class Retiring:
                 "topic": [message.topic for message, _, _ in filed],
                 "old_deliver_at_ms": [message.deliver_at_ms for message, _, _ in filed],
                 "new_handle": [copy for _, copy, _ in filed],
-                "deliver_at_ms": [due_ms for _, _, due_ms in filed]}))
+                "deliver_at_ms": [due_ms for _, _, due_ms in filed],
+                "principal": [principal] * len(filed)}))
         return results
 
     def _move_one(self, handle: int, deliver_at_ms: int,

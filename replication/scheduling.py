@@ -3,7 +3,8 @@
 A schedule files every message whose id is new; an id the dedupe window remembers (also one
 repeated within the entry) answers its first scheduling's result, flagged ``duplicate``. A
 retry or a first-wave reschedule retires the message it copies and files the copy together,
-so a replica holds one or the other, never neither, and never both.
+so a replica holds one or the other, never neither, and never both. The ledger's ``scheduled``
+rows name who asked for each message filed (``""`` when the entry does not: a ``schedule``).
 """
 
 from __future__ import annotations
@@ -35,29 +36,31 @@ class Scheduling:
         entry) returns its first result, flagged ``duplicate``."""
         stamp_ms = max(stamp_ms, self._s.wheel.stamp_ms)
         self._s.dedupe.forget_expired(stamp_ms)
-        due_ms, keys, records = commands.read_schedule(command)
+        due_ms, keys, records, principals = commands.read_schedule(command)
         unique_keys = set(keys)
         remembered = self._s.dedupe.remembered(unique_keys)
         latest_ms = stamp_ms + self._s.max_delay_ms
         if (remembered or len(unique_keys) != len(keys)
                 or max(due_ms, default=latest_ms) > latest_ms):
-            return self.apply_schedule_mixed(due_ms, keys, records, stamp_ms, remembered)
+            return self.apply_schedule_mixed(due_ms, keys, records, stamp_ms, remembered,
+                                             principals)
         # The usual entry, every message new and in time: filed column by column.
-        handles = self._file(records, due_ms, keys, stamp_ms)
+        handles = self._file(records, due_ms, keys, stamp_ms, principals)
         # tuple.__new__: a NamedTuple's own constructor is a Python call per message
         return list(map(partial(tuple.__new__, Accepted), zip(handles, due_ms, repeat(False))))
 
     def apply_schedule_mixed(self, due_ms: list[int], keys: list[bytes],
                               records: list[bytes], stamp_ms: int,
                               remembered: dict[bytes, tuple[int, int]],
-                              ) -> list[Accepted | Rejected]:
+                              principals: list[str]) -> list[Accepted | Rejected]:
         """`apply_schedule` of an entry with retried ids or messages due too late, message by
         message."""
         results: list[Accepted | Rejected | bytes | None] = []
         first_at: dict[bytes, int] = {}
-        new_records, new_due_ms, new_keys = [], [], []
+        new_records, new_due_ms, new_keys, new_principals = [], [], [], []
         latest_ms = stamp_ms + self._s.max_delay_ms
-        for deliver_at_ms, key, record in zip(due_ms, keys, records, strict=True):
+        for deliver_at_ms, key, record, principal in zip(due_ms, keys, records, principals,
+                                                         strict=True):
             earlier = remembered.get(key)
             if earlier is not None:
                 results.append(Accepted(*self._due_now(*earlier), duplicate=True))
@@ -71,7 +74,8 @@ class Scheduling:
                 new_records.append(record)
                 new_due_ms.append(deliver_at_ms)
                 new_keys.append(key)
-        handles = self._file(new_records, new_due_ms, new_keys, stamp_ms)
+                new_principals.append(principal)
+        handles = self._file(new_records, new_due_ms, new_keys, stamp_ms, new_principals)
         for key, handle, deliver_at_ms in zip(new_keys, handles, new_due_ms, strict=True):
             results[first_at[key]] = Accepted(handle, deliver_at_ms, duplicate=False)
         return [_filled(result, results, first_at) for result in results]
@@ -88,7 +92,7 @@ class Scheduling:
             return handle, deliver_at_ms
 
     def _file(self, records: list[bytes], due_ms: list[int], keys: list[bytes],
-              stamp_ms: int) -> list[int]:
+              stamp_ms: int, principals: list[str]) -> list[int]:
         """File new messages: in the wheel under their topics' tags, counted pending, and
         remembered by id. Returns their handles."""
         tags = self._s.tags(records)
@@ -96,8 +100,8 @@ class Scheduling:
         self._s.pending.add(tags)
         self._s.dedupe.add_many(keys, handles, due_ms, stamp_ms)
         if self._s.ledger is not None and handles:
-            self._s.ledger.add(LedgerRows("scheduled", stamp_ms,
-                                          {"handle": handles, "deliver_at_ms": due_ms}, records))
+            self._s.ledger.add(LedgerRows("scheduled", stamp_ms, {
+                "handle": handles, "deliver_at_ms": due_ms, "principal": principals}, records))
         return handles
 
     def apply_reschedule(self, command: bytes, stamp_ms: int) -> list[Retried | Rejected]:

@@ -181,7 +181,7 @@ class StateMachine:
     def apply(self, command: bytes) -> object:
         """Apply one command; returns what its proposer gets back (see each ``apply_*``)."""
         kind, stamp_ms = commands.read_header(command)
-        if kind is Kind.SCHEDULE:
+        if kind is Kind.SCHEDULE or kind is Kind.SCHEDULE_BY:
             return self._scheduling.apply_schedule(command, stamp_ms)
         if kind is Kind.HANDOUT:
             return self._apply_handout(command, stamp_ms)
@@ -189,9 +189,9 @@ class StateMachine:
             return self._apply_leases(command, stamp_ms)
         if kind is Kind.RETRY:
             return self._scheduling.apply_retry(command, stamp_ms)
-        if kind is Kind.CANCEL:
+        if kind is Kind.CANCEL or kind is Kind.CANCEL_BY:
             return self._retiring.apply_cancel(command, stamp_ms)
-        if kind is Kind.MOVE:
+        if kind is Kind.MOVE or kind is Kind.MOVE_BY:
             return self._retiring.apply_move(command, stamp_ms)
         if kind is Kind.GROUP:
             return self._apply_group(command, stamp_ms)

@@ -78,7 +78,7 @@ class Upgrade:
         if held is not None:
             raise VersionConflict("cluster_version", f"cannot finalize at "
                                   f"{describe(CURRENT)}: {held}")
-        return self._requests.handle_op(lambda now_ms: commands.finalize(now_ms, CURRENT), None)
+        return self._requests.handle_op(lambda now_ms, _: commands.finalize(now_ms, CURRENT), None)
 
     def require(self, version: int, what: str) -> None:
         """Raise `VersionConflict` unless the cluster writes ``version``'s formats."""

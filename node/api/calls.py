@@ -1,7 +1,8 @@
 """What each unary call does on the leader, once its caller is known: validate the request,
 authorize it as the caller's principal, hold a schedule to the principal's quotas (on the
 leader only: a follower forwards it, and the leader counts it), and ask the replica or the
-consumer registry.
+consumer registry. Schedules, cancels and reschedules hand the replica the principal's name
+for the ledger (`ledger_name`).
 `TickwheelService.perform` runs these here, or forwards the call to the leader.
 """
 
@@ -23,7 +24,7 @@ from tickwheel.node.api.placement import refused_handle
 from tickwheel.node.api.shard_peers import ShardPeers
 from tickwheel.node.api.upgrade import finalize_upgrade
 from tickwheel.node.delivery.sent import Sent
-from tickwheel.node.security.access import Action, Principal
+from tickwheel.node.security.access import ANYONE, Action, Principal
 from tickwheel.node.security.quotas import NOTHING_HELD
 from tickwheel.replication import Accepted, HandleCipher, MoveOutcome
 from tickwheel.v1 import tickwheel_pb2 as pb
@@ -108,7 +109,8 @@ class LeaderCalls:
         held = (node.quotas.admit_schedule(principal, len(messages), request.ByteSize)
                 if principal.quota.bounds() and node.replica.is_leader() else NOTHING_HELD)
         try:
-            results = await committed(node.replica.schedule(messages, shards.version))
+            results = await committed(node.replica.schedule(messages, shards.version,
+                                                            ledger_name(principal)))
         finally:
             held.release()
         node.metrics.scheduled.inc(sum(1 for r in results if not r.duplicate))
@@ -145,7 +147,7 @@ class LeaderCalls:
                                      self._node.replica.shard)
             handles.append(handle)
         results = await committed(self._node.replica.cancel(
-            handles, may(principal, Action.CANCEL)))
+            handles, may(principal, Action.CANCEL), ledger_name(principal)))
         self._node.metrics.cancelled.inc(results.count(CancelResult.CANCELLED))
         return pb.CancelResponse(cancelled=[outcome.cancelled for outcome in results],
                                  outcomes=[_CANCEL_OUTCOMES[outcome] for outcome in results])
@@ -162,7 +164,8 @@ class LeaderCalls:
                                      node.replica.shard)
             moves.append((handle, times[index]))
         node.disk.check()  # a move files the message again
-        results = await committed(node.replica.reschedule(moves, may(principal, Action.CANCEL)))
+        results = await committed(node.replica.reschedule(moves, may(principal, Action.CANCEL),
+                                                          ledger_name(principal)))
         node.metrics.rescheduled.inc(sum(r.outcome is MoveOutcome.RESCHEDULED for r in results))
         return pb.RescheduleResponse(results=[
             pb.RescheduleResult(outcome=_MOVE_OUTCOMES[r.outcome], deliver_at_ms=r.deliver_at_ms)
@@ -193,6 +196,12 @@ class LeaderCalls:
         return pb.SettleResponse(settled=await self._node.unary.settle(
             request.topic, request.group, list(request.receipts),
             request.invisible_duration_ms))
+
+
+def ledger_name(principal: Principal) -> str:
+    """The principal as the ledger names it: as its grants do; ``""`` for `ANYONE` (a node
+    without authentication knows no one)."""
+    return "" if principal is ANYONE else principal.name
 
 
 def answer_of(method: str, response: Message, answer: type[ResponseT]) -> ResponseT:
