@@ -9,6 +9,10 @@ under the topic the message was scheduled in, found by handle). Lateness is of f
 (lease 1 of attempt 1): ``time_ms - deliver_at_ms``; p50 and p99 by ``percentile_approx``
 at `ACCURACY` (exact below that many rows an hour, else within 1/`ACCURACY` of the rank),
 and the maximum. Used by `tickwheel.audit.summary`; the report plots it.
+
+`by_principal` is the same hours per principal and topic: the messages each principal
+scheduled, cancelled and rescheduled (the ledger's ``principal``: ``""`` for nobody named,
+null for rows of segments written before the column).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from pyspark.sql import functions as F
 ACCURACY: Final = 10_000
 FIGURES: Final = ("scheduled", "sent", "acked", "retried", "dead_lettered")
 KEYS: Final = ("topic", "group", "hour")
+ASKED: Final = ("scheduled", "cancelled", "rescheduled")
+"""What a principal asks for, as the ledger's events name it."""
 
 
 def _hour() -> Any:
@@ -59,4 +65,15 @@ def hourly(events: DataFrame, known: DataFrame, groups: DataFrame, sent: DataFra
              **{name: row[name] or 0 for name in FIGURES},
              "lateness_ms": {"p50": row.p[0] if row.p else None,
                              "p99": row.p[1] if row.p else None, "max": row.max}}
+            for row in rows]
+
+
+def by_principal(events: DataFrame) -> list[dict[str, Any]]:
+    """Per principal, topic and hour, the ``ASKED`` rows (``events``: committed, each once),
+    ordered by principal (null first), topic and hour."""
+    keys = ("principal", "topic", "hour")
+    rows = (events.filter(F.col("event").isin(*ASKED)).withColumn("hour", _hour())
+            .groupBy(*keys).pivot("event", list(ASKED)).count()
+            .orderBy(*[F.col(key).asc_nulls_first() for key in keys]).collect())
+    return [{**{key: row[key] for key in keys}, **{name: row[name] or 0 for name in ASKED}}
             for row in rows]

@@ -28,9 +28,10 @@ LEDGER_SCHEMA: Final = (
     "epoch BIGINT, handle BIGINT, new_handle BIGINT, id STRING, topic STRING, "
     "group STRING, consumer STRING, lease BIGINT, possible_duplicate BOOLEAN, "
     "attempt BIGINT, deliver_at_ms BIGINT, old_deliver_at_ms BIGINT, "
-    "deadline_ms BIGINT, slot_second BIGINT, local_index BIGINT")
+    "deadline_ms BIGINT, slot_second BIGINT, local_index BIGINT, principal STRING")
 """The ledger's columns (`tickwheel.node.ledger.schema`, docs/node.md); ``node`` is the Raft
-address (behind a chaos proxy: the proxy's), so the audit names nodes by their folder."""
+address (behind a chaos proxy: the proxy's), so the audit names nodes by their folder.
+Spark reads a column a segment lacks (``principal`` before ledger format 2) as null."""
 SEGMENT: Final = re.compile(r"^ledger-[A-Za-z0-9._-]+-(?P<sequence>\d{12})\.parquet$")
 FETCHED: Final = r"/shard-(?P<shard>\d+)/(?P<node>[^/]+)/ledger-[^/]+\.parquet$"
 """A fetched segment's path: its shard, its node's folder."""

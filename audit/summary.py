@@ -4,12 +4,13 @@ promise was broken.
 
 It keeps one rule for scale: nothing per message comes back to the driver but bounded lists
 (the first `AuditOptions.max_ids` ids of each problem, sorted, beside its count); counts,
-percentiles and the per-hour table are aggregated in Spark. The definitions live with the
+percentiles and the per-hour tables are aggregated in Spark. The definitions live with the
 frames: `tickwheel.audit.lifecycle` (overdue, early, after cancel, contrary to a
 reschedule), `tickwheel.audit.leaders` (failovers, repeated hand-outs),
-`tickwheel.audit.hourly` (traffic), `tickwheel.audit.receipts` (what consumers saw),
-`tickwheel.audit.layout` (gaps). Called by the command (`tickwheel.audit.command`) and by the
-chaos audit (`tickwheel.chaos.audit`) on a run's ledgers.
+`tickwheel.audit.hourly` (traffic, and who asked for it), `tickwheel.audit.receipts` (what
+consumers saw), `tickwheel.audit.layout` (gaps). Called by the command
+(`tickwheel.audit.command`) and by the chaos audit (`tickwheel.chaos.audit`) on a run's
+ledgers.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def summarize(rows: DataFrame, gaps: list[layout.Gap], options: AuditOptions,
         "totals": _totals(shards),
         "shards": {str(shard): figures for shard, figures in sorted(shards.items())},
         "hourly": traffic.hourly(events, known, groups, sent, topics),
+        "principals": traffic.by_principal(events),
         "receipts": None if options.receipts is None else receipt_figures(
             read_receipts(spark, options.receipts), sent, judging, options.max_ids),
     }

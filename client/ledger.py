@@ -80,6 +80,9 @@ class TracedEvent:
     deadline_ms: int | None = None
     term: int | None = None
     epoch: int | None = None
+    principal: str | None = None
+    """Who scheduled, cancelled or rescheduled it (``""``: nobody named; None: another
+    event, or a ledger written before the column)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,11 +119,12 @@ def _trace(args: argparse.Namespace, credentials: Credentials) -> int:
 def _table(found: Trace) -> Table:
     table = Table(title=f"message {found.id}" + (" (some rows left out)" if found.truncated
                                                  else ""))
-    for column in ("time", "event", "nodes", "term", "group", "consumer", "lease", "flag",
+    for column in ("time", "event", "by", "nodes", "term", "group", "consumer", "lease", "flag",
                    "attempt", "due", "detail"):
         table.add_column(column)
     for event in found.events:
-        table.add_row(_iso(event.time_ms), event.event, ", ".join(event.nodes),
+        table.add_row(_iso(event.time_ms), event.event, event.principal or "",
+                      ", ".join(event.nodes),
                       _text(event.term), _group(event), event.consumer or "",
                       _text(event.lease), "possible duplicate" if event.possible_duplicate
                       else "", _text(event.attempt),

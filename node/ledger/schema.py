@@ -15,6 +15,11 @@ since the Unix epoch. This module is the one place the format is declared: the w
 (`tickwheel.node.ledger.writer`) builds its batches from `SCHEMA`, the chaos audit reads the
 segments with Spark (`tickwheel.chaos.run_logs`), and docs/node.md's "The ledger" copies
 the table below.
+
+The schema only grows, by columns added at its end, each with the `FORMAT_VERSION` that
+brought it (`ADDED`); a segment of an older version lacks them, and every reader reads them
+as null there (Spark and ``pq.read_table`` by the schema they are given, `conformed` for a
+table read as it is).
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-FORMAT_VERSION: Final = 1
-"""Of the schema and the metadata; a reader refuses a segment of a version it does not know."""
+FORMAT_VERSION: Final = 2
+"""Of the schema and the metadata (a segment's manifest says its own): 1, the first; 2 adds
+``principal``."""
 
 EVENTS: Final = ("scheduled", "cancelled", "rescheduled", "leased", "acked", "released",
                  "returned", "nacked", "dead_lettered", "sent", "dispatch_started")
@@ -69,9 +75,14 @@ COLUMNS: Final = (
                                 "the cursor's"),
     ("local_index", pa.int64(), "sent: its index in that second; dispatch_started: the "
                                 "cursor's"),
+    ("principal", pa.string(), "scheduled, cancelled, rescheduled: who asked, as the access "
+                               "file names the principal (\"\": a node without "
+                               "authentication, or an entry of cluster version 1)"),
 )
 """``(name, type, which events fill it)`` of every column, in order."""
 
+ADDED: Final = {"principal": 2}
+"""The columns added since version 1, each with the version that brought it."""
 REQUIRED: Final = frozenset({"event", "node", "node_ms", "time_ms"})
 SCHEMA: Final = pa.schema([pa.field(name, kind, nullable=name not in REQUIRED)
                            for name, kind, _ in COLUMNS])
@@ -136,6 +147,16 @@ class Manifest:
     def from_json(cls, text: str) -> Manifest:
         raw: dict[str, Any] = json.loads(text)
         return cls(**{**raw, "gaps": [Gap(**gap) for gap in raw.get("gaps", [])]})
+
+
+def conformed(table: pa.Table) -> pa.Table:
+    """``table`` (rows of a segment of any version) with `SCHEMA`'s columns, in order: a
+    column its segment's version did not have is null."""
+    for name in ADDED:
+        if name not in table.column_names:
+            table = table.append_column(SCHEMA.field(name), pa.nulls(table.num_rows,
+                                                                     SCHEMA.field(name).type))
+    return table.select(SCHEMA.names).cast(SCHEMA)
 
 
 def node_token(node: str) -> str:

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tickwheel.node.ledger.index import SegmentIndex, index_path, write_index
-from tickwheel.node.ledger.schema import SCHEMA, read_manifest, segments
+from tickwheel.node.ledger.schema import SCHEMA, conformed, read_manifest, segments
 
 MAX_TRACE_ROWS: Final = 10_000
 """Rows one trace answers at most (the oldest), however many retries a message had."""
@@ -57,7 +57,7 @@ def trace(folder: Path, message_id: str, max_rows: int = MAX_TRACE_ROWS) -> Trac
         if not groups:
             continue
         with contextlib.suppress(FileNotFoundError):  # deleted by retention meanwhile
-            table = pq.ParquetFile(path).read_row_groups(sorted(groups)).cast(SCHEMA)
+            table = conformed(pq.ParquetFile(path).read_row_groups(sorted(groups)))
             tables.append(table.filter(pc.or_(pc.is_in(table["handle"], wanted),
                                               pc.is_in(table["new_handle"], wanted))))
     rows = pa.concat_tables(tables) if tables else SCHEMA.empty_table()
