@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, settings
 from xdist.scheduler import LoadFileScheduling
 
 from tickwheel.chaos.storage import MountFailed, mount_disk, unmount_disk
+from tickwheel.client import Received
 from tickwheel.harness.acking_consumer import AckingConsumer
 from tickwheel.harness.local_cluster import LocalCluster
 from tickwheel.harness.ports import PORT_RANGE_ENV, port_range
@@ -256,12 +257,13 @@ def in_background(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]
 @pytest.fixture
 def acking_consumer() -> Iterator[Callable[..., AckingConsumer]]:
     """``acking_consumer(cluster, topic)`` starts an `AckingConsumer` of ``topic``; every one
-    is closed at teardown."""
+    is closed at teardown. ``on_message`` sees each message before it is acknowledged (in the
+    consumer's thread): what the consumer received, where a killed node's ledger cannot tell."""
     started: list[AckingConsumer] = []
 
-    def start(cluster: LocalCluster, topic: str = "orders", prefetch: int = 1_000
-              ) -> AckingConsumer:
-        started.append(AckingConsumer(cluster, topic, prefetch=prefetch))
+    def start(cluster: LocalCluster, topic: str = "orders", prefetch: int = 1_000,
+              on_message: Callable[[Received], None] | None = None) -> AckingConsumer:
+        started.append(AckingConsumer(cluster, topic, prefetch=prefetch, on_message=on_message))
         return started[-1]
 
     yield start
