@@ -163,6 +163,7 @@ def test_a_message_is_looked_up_by_id_and_by_handle(page: Page, running: Running
     page.click("#lookup button")
     expect(page.locator("#state")).to_have_text("cancelled")
     expect(page.locator('#events tr[data-event="scheduled"]')).to_have_count(1)
+    expect(page.locator('#events tr[data-event="cancelled"] td.by')).to_have_text("admin")
     screenshot(page, "message")
     page.goto(running.console.url + "message")
     page.fill("#m-handle", str(handle))
