@@ -17,8 +17,9 @@ restart): `committed` keeps one of each. ``sent`` rows are the sending leader's 
 - **overdue**: a delivery not cancelled by ``due_ms + grace_ms``, due so that
   ``due_ms + grace_ms <= horizon_ms``, and not handled by then; ``never_sent`` of those have
   no ``sent`` or ``acked`` row at all. An overdue delivery whose window ``[due_ms, due_ms +
-  grace_ms]`` meets a ledger gap of its shard (`tickwheel.audit.layout.Gap`) is *unknown*, not
-  overdue: its send may be in the rows missing.
+  grace_ms]`` meets a ledger gap of its shard (`tickwheel.audit.layout.Gap`; an edge it does
+  not know is open: a gap with no start began before anything) is *unknown*, not overdue:
+  its send may be in the rows missing.
 - **early**: ``sent`` rows with ``time_ms < deliver_at_ms - allowed_early_ms``, the cluster's
   time against the due time the send carries.
 - **after_cancel**: ``sent`` rows of a message later than its first ``cancelled`` row.
@@ -128,8 +129,9 @@ def overdue(owed: DataFrame, window: Judging, gaps: DataFrame) -> DataFrame:
                         & (F.col("cancelled_ms").isNull() | (F.col("cancelled_ms") > by_ms))
                         & (handled_ms.isNull() | (handled_ms > by_ms)))
             .withColumn("never_sent", handled_ms.isNull()))
-    meets = (late.join(F.broadcast(gaps), "shard")
-             .filter((F.col("from_ms") <= by_ms) & (F.col("to_ms") >= F.col("due_ms")))
+    begun = F.col("from_ms").isNull() | (F.col("from_ms") <= by_ms)
+    ended = F.col("to_ms").isNull() | (F.col("to_ms") >= F.col("due_ms"))
+    meets = (late.join(F.broadcast(gaps), "shard").filter(begun & ended)
              .select(*DELIVERY).distinct().withColumn("in_gap", F.lit(True)))
     return (late.join(meets, list(DELIVERY), "left")
             .withColumn("in_gap", F.coalesce("in_gap", F.lit(False))))

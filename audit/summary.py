@@ -90,8 +90,7 @@ def summarize(rows: DataFrame, gaps: list[layout.Gap], options: AuditOptions,
     acked = events.filter(F.col("event") == "acked")
     owed = lifecycle.deliveries(known, groups, sent, acked)
     gap_frame = spark.createDataFrame(
-        [(gap.shard, gap.from_ms, gap.to_ms) for gap in gaps
-         if gap.from_ms is not None and gap.to_ms is not None],
+        [(gap.shard, gap.from_ms, gap.to_ms) for gap in gaps],
         "shard INT, from_ms BIGINT, to_ms BIGINT")
     late = lifecycle.overdue(owed, judging, gap_frame).cache()
     turns = leaders.turns(rows)

@@ -14,9 +14,18 @@ and writes it as one row group (zstd, with page checksums) of the open segment. 
 is closed when it reaches ``max_segment_bytes`` or is ``max_segment_age_ms`` old: its footer
 gets the manifest's key-value metadata, a sidecar manifest gets its size and SHA-256, its index
 is written (`tickwheel.node.ledger.index`), and only then does it take its final name, so a
-closed segment is always whole. Then retention runs (`tickwheel.node.ledger.retention`). A
-crash loses the open segment (at most ``max_segment_age_ms`` of rows); the next start deletes
-it and records it as a ``torn_segment`` gap.
+closed segment is always whole; the gaps recorded until then go into its manifest. Then
+retention runs (`tickwheel.node.ledger.retention`).
+
+A node killed (SIGKILL, an OOM kill, a crash) loses every row it had not closed into a
+segment: those of its open segment and those still buffered (at most ``max_segment_age_ms``
+plus ``flush_ms``), and the gaps not yet in a manifest. Keeping them would cost every row a
+second write (docs/benchmarks.md, "The ledger's writer"), so the next start accounts for them
+instead: `RUNNING` is written when the ledger opens and deleted once `close` has recorded
+everything, so finding it (or a torn ``.open`` segment, which is deleted) means a kill, and
+the next start records one ``torn_segment`` gap from the last row of the newest closed segment
+(or, if that is older, the killed run's start) to its own start, naming the torn segment's
+sequence, in a segment of its own closed at once (so a second kill cannot lose it).
 
 Owned by `tickwheel.node.serve`, which hands it to the replica and the courier as their
 `LedgerSink`; `close` writes what is buffered and closes the segment.
@@ -25,6 +34,7 @@ Owned by `tickwheel.node.serve`, which hands it to the replica and the courier a
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import threading
@@ -46,7 +56,9 @@ from tickwheel.node.ledger.schema import (
     Gap,
     Manifest,
     manifest_path,
+    read_manifest,
     segment_name,
+    segments,
     sequence_of,
 )
 from tickwheel.node.ops.disk import DEFAULT_RESERVE_BYTES, free_bytes
@@ -54,6 +66,9 @@ from tickwheel.replication import LedgerRows
 
 log = logging.getLogger("tickwheel.node.ledger")
 
+RUNNING: Final = "running.json"
+"""In the ledger's folder while a ledger is open: ``{"started_ms": ...}``, the node's clock
+when it opened."""
 FLUSH_ROWS: Final = 65_536
 """Buffered rows that wake the writer before its ``flush_ms``: a row group's size."""
 
@@ -110,6 +125,7 @@ class Ledger:
         self._segment: _Segment | None = None
         folder.mkdir(parents=True, exist_ok=True)
         self._next_sequence = self._recover()
+        self._mark_running()
         self._thread = threading.Thread(target=self._run, name="tickwheel-ledger", daemon=True)
 
     # -- any thread -------------------------------------------------------------------------
@@ -151,6 +167,10 @@ class Ledger:
             self._thread.join()
         else:
             self._finish()
+        with self._cond:
+            recorded = not self._lost
+        if recorded:  # else the next start records a gap over what this one could not
+            (self.folder / RUNNING).unlink(missing_ok=True)
 
     # -- the writer thread ------------------------------------------------------------------
 
@@ -243,6 +263,9 @@ class Ledger:
         segment, self._segment = self._segment, None
         if segment is None:
             return
+        with self._cond:
+            segment.gaps += self._lost.values()
+            self._lost = {}
         manifest = Manifest(FORMAT_VERSION, self._node, segment.sequence, segment.rows,
                             segment.first_ms or segment.opened_ms,
                             segment.last_ms or segment.opened_ms, segment.opened_ms,
@@ -286,8 +309,8 @@ class Ledger:
         self._metrics.bytes.set(total_bytes)
 
     def _lose(self, reason: str, rows: int, first_ms: int, last_ms: int) -> None:
-        """Count rows that no segment will hold, as a gap for the next one (any thread: the
-        condition's lock is reentrant)."""
+        """Count rows that no segment will hold, as a gap for the segment being written, else
+        the next one begun (any thread: the condition's lock is reentrant)."""
         with self._cond:
             gap = self._lost.get(reason)
             self._lost[reason] = (Gap(reason, rows, first_ms, last_ms) if gap is None else
@@ -295,9 +318,10 @@ class Ledger:
         self._metrics.dropped.labels(reason).inc(rows)
 
     def _recover(self) -> int:
-        """At start: delete the segments a crash left open (torn), and stray manifests;
-        returns the next sequence number."""
+        """At start: delete the segments a crash left open (torn), and stray manifests and
+        indexes; record what a kill lost (`_record_kill`); returns the next sequence number."""
         highest = 0
+        torn: list[int] = []
         for path in list(self.folder.iterdir()):
             sequence = sequence_of(path)
             if sequence is None:
@@ -305,7 +329,7 @@ class Ledger:
             highest = max(highest, sequence)
             if path.name.endswith(".open"):
                 os.unlink(path)
-                self._lost[f"torn:{sequence}"] = Gap("torn_segment", sequence=sequence)
+                torn.append(sequence)
                 log.warning("event=ledger_segment_torn path=%s", path)
         for path in self.folder.glob("ledger-*.json"):
             if not path.with_suffix(".parquet").exists():
@@ -314,7 +338,59 @@ class Ledger:
             if not path.name.endswith(INDEX_SUFFIX) or not segment_of_index(path).exists():
                 os.unlink(path)
         self._enforce_retention()
-        return highest + 1
+        self._next_sequence = highest + 1
+        self._record_kill(sorted(torn))
+        return self._next_sequence
+
+    def _record_kill(self, torn: list[int]) -> None:
+        """If the ledger before this one was not closed (`RUNNING` is left, or a segment was
+        torn), record the ``torn_segment`` gap of the module docstring, one per torn segment
+        (one without a sequence if none was open), in a segment closed at once."""
+        started_ms = _started_ms(self.folder / RUNNING)
+        if started_ms is None and not torn:
+            return
+        kept = segments(self.folder)
+        last_ms = _last_row_ms(kept[-1]) if kept else None
+        edges = [ms for ms in (started_ms, last_ms) if ms is not None]
+        first_ms = max(edges) if edges else None
+        now_ms = self._clock_ms()
+        named: list[int | None] = [*torn] or [None]
+        for sequence in named:
+            self._lost[f"torn:{sequence}"] = Gap("torn_segment", None, first_ms, now_ms,
+                                                 sequence)
+        log.warning("event=ledger_killed from_ms=%s to_ms=%d torn=%s", first_ms, now_ms,
+                    torn or "-")
+        if self._open():
+            self._close_segment()
+
+    def _mark_running(self) -> None:
+        """Write `RUNNING` with this start's time, unless gaps are still unrecorded (the disk
+        was too low to record a kill's): the older start then stays the gap's edge."""
+        marker = self.folder / RUNNING
+        if self._lost and marker.exists():
+            return
+        _write_atomically(marker, json.dumps({"started_ms": self._clock_ms()}))
+
+
+def _started_ms(marker: Path) -> int | None:
+    """The ``started_ms`` of a `RUNNING` file; None if there is none (a clean stop). One
+    that cannot be read still means a kill: its edge is then the newest segment's."""
+    try:
+        raw = json.loads(marker.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return 0
+    started = raw.get("started_ms") if isinstance(raw, dict) else None
+    return started if isinstance(started, int) else 0
+
+
+def _last_row_ms(segment: Path) -> int | None:
+    """The ``node_ms`` of a closed segment's last row (its manifest's ``last_ms``)."""
+    try:
+        return read_manifest(segment).last_ms
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _write_index(written: Path, final: Path, sha256: str) -> None:

@@ -1,7 +1,7 @@
 """The ledger's writer on its own (no node): segments rotated by size and by age and numbered
 without a hole, rows dropped and recorded as a gap when its buffer is full or the disk is
-low, torn segments found at start, retention by age and by bytes, and every segment read
-back with pyarrow against its manifest."""
+low, torn segments found at start (a real kill: test_ledger_kill.py), retention by age and
+by bytes, and every segment read back with pyarrow against its manifest."""
 
 from __future__ import annotations
 
@@ -152,9 +152,11 @@ def test_a_segment_torn_by_a_crash_is_deleted_and_recorded_and_numbers_go_on(
     second.add(scheduled(5, 5))
     second.close()
     paths = segments(tmp_path)
-    assert [sequence_of(path) for path in paths] == [1, 3]
+    assert [sequence_of(path) for path in paths] == [1, 3, 4]  # 3: the gap, closed at start
     assert missing_sequences(tmp_path) == [2]
-    assert read_manifest(paths[1]).gaps == [Gap("torn_segment", sequence=2)]
+    last_ms = read_manifest(paths[0]).last_ms
+    assert read_manifest(paths[1]).gaps == [Gap("torn_segment", None, last_ms, clock.now_ms, 2)]
+    assert read_manifest(paths[1]).rows == 0
 
 
 def test_a_disk_below_the_reserve_gets_no_segment_and_the_rows_are_a_gap(
