@@ -87,6 +87,22 @@ REQUIRED: Final = frozenset({"event", "node", "node_ms", "time_ms"})
 SCHEMA: Final = pa.schema([pa.field(name, kind, nullable=name not in REQUIRED)
                            for name, kind, _ in COLUMNS])
 
+DICTIONARY_COLUMNS: Final = ("event", "node", "topic", "group", "consumer", "term", "epoch",
+                              "lease", "attempt")
+"""Columns of few distinct values, dictionary-encoded in the Parquet file (one small dictionary
+a row group). The others (ids, handles, times) would overflow a dictionary page, which Parquet
+then abandons after paying for it."""
+DELTA_COLUMNS: Final = ("node_ms", "time_ms", "handle", "new_handle", "deliver_at_ms",
+                        "old_deliver_at_ms", "deadline_ms", "slot_second", "local_index")
+"""``int64`` columns whose neighbouring values are close (times, handles given out in order),
+written ``DELTA_BINARY_PACKED``."""
+WRITE_OPTIONS: Final = {"compression": "zstd", "write_page_checksum": True,
+                        "use_dictionary": list(DICTIONARY_COLUMNS),
+                        "column_encoding": dict.fromkeys(DELTA_COLUMNS, "DELTA_BINARY_PACKED")}
+"""How a segment is written (`pyarrow.parquet.ParquetWriter`'s arguments): zstd, page
+checksums on, and the encodings above; every Parquet reader decodes them, so they are not part
+of `FORMAT_VERSION`."""
+
 META_PREFIX: Final = "tickwheel.ledger."
 """Key-value metadata of a segment's Parquet footer: ``tickwheel.ledger.<field>`` for every
 field of `Manifest` but ``bytes`` and ``sha256`` (which a file cannot hold of itself), each

@@ -53,6 +53,7 @@ from tickwheel.node.ledger.metrics import LedgerMetrics
 from tickwheel.node.ledger.schema import (
     FORMAT_VERSION,
     SCHEMA,
+    WRITE_OPTIONS,
     Gap,
     Manifest,
     manifest_path,
@@ -248,8 +249,7 @@ class Ledger:
         path = self.folder / (segment_name(self._node, sequence) + ".open")
         try:
             sink = pa.OSFile(str(path), "wb")
-            writer = pq.ParquetWriter(sink, SCHEMA, compression="zstd",
-                                      write_page_checksum=True)
+            writer = pq.ParquetWriter(sink, SCHEMA, **WRITE_OPTIONS)
         except (OSError, pa.ArrowException) as error:
             log.error("event=ledger_open_failed path=%s error=%r", path, error)
             return False

@@ -1,18 +1,24 @@
 """The ledger's table of the rows it took (`tickwheel.node.ledger.columns`) against a model
 that builds every row as a dict: the same values, in the order the chunks came, whatever mix
-of events, columns given, single values (kept as runs), nulls and dead letters."""
+of events, columns given, single values (kept as runs), nulls and dead letters; and the
+encodings a segment is written with (`tickwheel.node.ledger.schema.WRITE_OPTIONS`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tickwheel.node.ledger import read_table, segments
 from tickwheel.node.ledger.columns import DEAD_LETTER_PREFIX, ledger_table
-from tickwheel.node.ledger.schema import SCHEMA
+from tickwheel.node.ledger.metrics import LedgerMetrics
+from tickwheel.node.ledger.schema import DELTA_COLUMNS, DICTIONARY_COLUMNS, SCHEMA
+from tickwheel.node.ledger.writer import Ledger, LedgerConfig
 from tickwheel.replication import LedgerRows, record_columns
 from tickwheel.wheel.format import encode_record
 
@@ -112,3 +118,35 @@ def test_interleaved_events_keep_their_order_and_their_single_values() -> None:
     assert table.column("time_ms").to_pylist() == [50] * 4 + [60] * 4 + [51] * 4 + [
         61] * 4 + [52] * 4 + [62] * 4
     assert table.to_pylist() == model(taken).to_pylist()
+
+
+def test_a_segment_is_written_with_the_declared_encodings(tmp_path: Path) -> None:
+    """Times and handles delta-encoded, only the columns of few values given a dictionary
+    (an id's or a handle's overflows its page, which Parquet abandons after paying for it),
+    and every row read back as it was handed over."""
+    taken = [(1_700_000_000_000 + k, LedgerRows("sent", 1_700_000_000_000 + k, {
+        "time_ms": [1_700_000_000_000 + k] * 100, "term": [3] * 100, "epoch": [1] * 100,
+        "handle": list(range(100 * k, 100 * k + 100)),
+        "id": [f"order-{i}" for i in range(100 * k, 100 * k + 100)],
+        "topic": ["orders"] * 100, "group": [""] * 100, "consumer": ["c1"] * 100,
+        "lease": [1] * 100, "possible_duplicate": [False] * 100, "attempt": [1] * 100,
+        "deliver_at_ms": [1_700_000_000_000] * 100, "slot_second": [5] * 100,
+        "local_index": list(range(100 * k, 100 * k + 100))})) for k in range(50)]
+    ledger = Ledger(tmp_path, NODE, LedgerConfig(), lambda: 1_700_000_000_000,
+                    LedgerMetrics(), lambda _: 1 << 40)
+    ledger.start()
+    for _, rows in taken:
+        ledger.add(rows)
+    ledger.close()
+    [segment] = segments(tmp_path)
+    columns = pq.ParquetFile(segment).metadata.row_group(0)
+    encodings = {columns.column(i).path_in_schema: set(columns.column(i).encodings)
+                 for i in range(columns.num_columns)}
+    for name in DELTA_COLUMNS:
+        assert "DELTA_BINARY_PACKED" in encodings[name], name
+    for name in ("id", "handle", "local_index", "node_ms"):
+        assert not encodings[name] & {"RLE_DICTIONARY", "PLAIN_DICTIONARY"}, name
+    for name in DICTIONARY_COLUMNS:
+        assert encodings[name] & {"RLE_DICTIONARY", "PLAIN_DICTIONARY"}, name
+    assert read_table(tmp_path).drop_columns(["node_ms"]) == model(taken).drop_columns(
+        ["node_ms"])
