@@ -20,7 +20,8 @@ here, never a module inside; `tests/test_layout.py` checks it):
 - `LEDGER_FOLDER`, `ledger_segments` and `read_ledger_rows`: where a node keeps its ledger,
   its closed segments oldest first (which the chaos runner collects for the audit), and
   their rows (which the harness reads); `Ledger` and `LedgerConfig`, its writer, with which
-  the trace benchmark (`tickwheel.harness.trace_bench`) writes a node's ledger before it starts;
+  the trace benchmark (`tickwheel.harness.trace_bench`) writes a node's ledger before it starts
+  and the writer's (`tickwheel.harness.ledger_writer_bench`) measures it;
   `LEDGER_SCHEMA`, `LedgerManifest` and `ledger_node_token`: the segments' Arrow schema, their
   manifest and the node's name in their names, with which the audit's benchmark
   (`tickwheel.harness.audit_bench`) writes a synthetic ledger;
