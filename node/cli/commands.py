@@ -13,7 +13,7 @@
     tickwheel reschedule (--in DURATION | --at ISO8601) HANDLE [HANDLE ...]
     tickwheel status
     tickwheel ledger fetch --out DIR [--since 6h] [--until ISO8601]   every node's ledger
-    tickwheel trace ID [--json]                    a message's life from every node's ledger
+    tickwheel trace (ID | --handle H) [--json]     a message's life from every node's ledger
     tickwheel upgrade finalize                     this release's formats from now on: no
                                                    going back (docs/replication.md)
     tickwheel certs DIR [--host H ...]             TLS files, a token and an access file to try

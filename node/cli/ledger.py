@@ -4,13 +4,14 @@ cluster, for its admins (docs/node.md, "Reading a running cluster's ledger").
 ::
 
     tickwheel ledger fetch --out DIR [--since 6h|ISO8601] [--until ...] [--quiet]
-    tickwheel trace ID [--json] [--close-open]
+    tickwheel trace ID | --handle HANDLE [--json] [--close-open]
 
 ``ledger fetch`` copies the closed segments of every node of every shard into DIR
 (`tickwheel.client.fetch_ledger`: verified, resumable), shows its progress on stderr, and
 exits 1 if any node was missed, naming each. ``trace`` prints a message's life from every
-node's ledger as a table by time (`tickwheel.client.LedgerClient`), or JSON; 1 if no ledger holds
-the id. Wired into the command by `tickwheel.node.cli.commands`.
+node's ledger as a table by time (`tickwheel.client.LedgerClient`), or JSON, found by its id
+or by a handle ``schedule`` returned; 1 if no ledger holds it. Wired into the command by
+`tickwheel.node.cli.commands`.
 """
 
 from __future__ import annotations
@@ -68,12 +69,14 @@ def add_parsers(commands: Subcommands, connection: argparse.ArgumentParser,
     tracing = commands.add_parser(
         "trace", parents=[connection],
         help="a message's life from every node's ledger (admins)")
-    tracing.add_argument("id", help="the message's id")
+    tracing.add_argument("id", nargs="?", help="the message's id")
+    tracing.add_argument("--handle", type=_handle, metavar="HANDLE",
+                         help="find the message by a handle schedule returned, not by id")
     tracing.add_argument("--json", action="store_true", help="JSON instead of a table")
     tracing.add_argument("--close-open", action="store_true",
                          help="have each node close its open ledger segment first, so that "
                               "its last rows (up to ledger_segment_age_ms) are searched too")
-    tracing.set_defaults(handler=lambda args: _trace(args, credentials(args)))
+    tracing.set_defaults(handler=lambda args: _trace(args, credentials(args), tracing))
 
 
 def _fetch(args: argparse.Namespace, credentials: Credentials) -> int:
@@ -96,9 +99,19 @@ def _fetch(args: argparse.Namespace, credentials: Credentials) -> int:
     return 1 if report.missed else 0
 
 
-def _trace(args: argparse.Namespace, credentials: Credentials) -> int:
+def _handle(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is no handle (a number schedule returned)")
+    return int(text)
+
+
+def _trace(args: argparse.Namespace, credentials: Credentials,
+           parser: argparse.ArgumentParser) -> int:
+    if (args.id is None) == (args.handle is None):
+        parser.error("give a message's id or --handle HANDLE, one of them")
     with LedgerClient(args.target, credentials=credentials) as ledger:
-        found = ledger.trace(args.id, close_open=args.close_open)
+        found = (ledger.trace(args.id, close_open=args.close_open) if args.handle is None
+                 else ledger.trace_handle(args.handle, close_open=args.close_open))
     if args.json:
         console.print_json(json.dumps({**asdict(found), "missed": [
             {"shard": node.shard, "grpc_address": node.grpc_address, "error": error}
@@ -109,9 +122,10 @@ def _trace(args: argparse.Namespace, credentials: Credentials) -> int:
         console.print(f"[red]not reached[/red] shard {node.shard} node {node.grpc_address}: "
                       f"{error}", highlight=False)
     if not found.events:
-        console.print(f"no ledger of the {len(found.nodes)} nodes that answered holds id "
-                      f"{args.id!r} (their closed segments: add --close-open for the last "
-                      "rows)", highlight=False)
+        named = f"id {args.id!r}" if args.handle is None else f"handle {args.handle}"
+        console.print(f"no ledger of the {len(found.nodes)} nodes that answered holds {named} "
+                      "(their closed segments: add --close-open for the last rows)",
+                      highlight=False)
         return 1
     return 0
 

@@ -1,7 +1,7 @@
 """``tickwheel trace`` against 3 real nodes: a message scheduled, leased and sent, nacked,
 its retry leased, sent and acked shows every step in order, each committed step held by
-every node and each send by the leader alone, naming the consumer; an unknown id says that
-no ledger holds it."""
+every node and each send by the leader alone, naming the consumer; the command finds it by id
+or by handle; an unknown id says that no ledger holds it."""
 
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def test_the_command_prints_the_table_and_json_and_says_when_no_ledger_holds_an_
     env = cluster.security.environment()
     target = ",".join(node.grpc_address for node in cluster.nodes)
     with cluster.client(timeout_s=30) as client:
-        client.schedule_many([Message("printed", b"x", delay_ms=3_600_000, id="printed-1")])
+        [result] = client.schedule_many([Message("printed", b"x", delay_ms=3_600_000,
+                                                  id="printed-1")])
     table = tickwheel("trace", "--target", target, "printed-1", "--close-open", env=env)
     assert table.returncode == 0, table.stdout + table.stderr
     assert "scheduled" in table.stdout and "message printed-1" in table.stdout
@@ -85,6 +86,13 @@ def test_the_command_prints_the_table_and_json_and_says_when_no_ledger_holds_an_
     events = json.loads(answer.stdout)["events"]
     assert [event["event"] for event in events] == ["scheduled"]
     assert len(events[0]["nodes"]) == 3 and events[0]["id"] == "printed-1"
+    by_handle = tickwheel("trace", "--target", target, "--handle", str(result.handle),
+                          "--json", env=env)
+    assert by_handle.returncode == 0, by_handle.stdout + by_handle.stderr
+    assert [e["id"] for e in json.loads(by_handle.stdout)["events"]] == ["printed-1"]
     unknown = tickwheel("trace", "--target", target, "no-such-id", env=env)
     assert unknown.returncode == 1
     assert "no ledger of the 3 nodes that answered holds id 'no-such-id'" in unknown.stdout
+    for wrong in (("printed-1", "--handle", str(result.handle)), (), ("--handle", "abc")):
+        refused = tickwheel("trace", "--target", target, *wrong, env=env)
+        assert refused.returncode == 2 and "handle" in refused.stderr, refused.stderr
