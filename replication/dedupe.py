@@ -127,9 +127,13 @@ class DedupeWindow:
         with contextlib.suppress(ValueError):
             self._forgotten.remove(int(name))
 
-    def close(self) -> None:
+    def flush(self) -> None:
+        """Write the buckets' buffered ids to their files."""
         for number in list(self._unwritten):
             self._flush_bucket(number)
+
+    def close(self) -> None:
+        self.flush()
 
     def _path(self, number: int) -> Path:
         return self._root / f"{number:012d}"

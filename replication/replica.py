@@ -61,8 +61,8 @@ from tickwheel.wheel import DueHistogram, NewMessage
 log = logging.getLogger("tickwheel.replication")
 
 RaftFactory = Callable[..., RaftPort]
-"""``factory(address, peers, raft_dir, config, apply, (serialize, deserialize), wall_ms=)``:
-`RaftNode`, or a stand-in that drives the replica without sockets."""
+"""``factory(address, peers, raft_dir, config, apply, (serialize, deserialize), wall_ms=,
+prefetch=)``: `RaftNode`, or a stand-in that drives the replica without sockets."""
 WALK_AHEAD_UNITS = 4_000
 """Index units of the next second the cursor will pass read per Raft thread turn, ahead of
 the cursor command that needs them (~2 ms): a second of 20,000 messages is read in 5 turns
@@ -93,7 +93,7 @@ class Replica:
                                     self._config.raft, local, die)
         self._raft = raft(address, list(peers), self._data_dir / "raft", self._config.raft,
                           self._apply, (self._serialize, self._deserialize),
-                          wall_ms=local.now_ms)
+                          wall_ms=local.now_ms, prefetch=self._snapshots)
         self.clock = self._clock = ClusterClock(address, local, self._raft,
                                                 len(self._peers) + 1,
                                                 self._config.raft.election_min_ms)

@@ -2,15 +2,19 @@
 they name, and the peers' copies of those files.
 
 A snapshot holds no bodies: it names the state files' lengths (`StateMachine.manifest`), and
-a node installing a leader's snapshot fetches the bytes it lacks from its peers, leader first.
-Damaged bytes of this node's own files are mended from the peers' copies too
-(`tickwheel.wheel.mending`). On the Raft thread, but for `read_state_file`.
+a node installing a leader's snapshot fetches the bytes it lacks from its peers, leader first:
+off the Raft thread, into a folder beside its state (`Snapshots.prefetch`,
+`tickwheel.replication.staging`), which the install then switches to. Damaged bytes of this
+node's own files are mended from the peers' copies too (`tickwheel.wheel.mending`). On the
+Raft thread, but for `read_state_file` and the fetching thread.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,8 @@ from tickwheel.common.errors import (
 )
 from tickwheel.common.exits import EXIT_FATAL, EXIT_SNAPSHOT_UNREADABLE, EXIT_STATE_UNREADABLE
 from tickwheel.common.versions import SHARD_MAP_VERSION
+from tickwheel.replication import staging
+from tickwheel.replication.dedupe import DedupeWindow
 from tickwheel.replication.exits import Die
 from tickwheel.replication.raft import (
     JOURNAL_FILE,
@@ -47,7 +53,7 @@ from tickwheel.replication.raft import (
 )
 from tickwheel.replication.state import StateMachine
 from tickwheel.replication.state_files import Manifest, ShardMapRecord
-from tickwheel.wheel import Cursor
+from tickwheel.wheel import Cursor, Wheel
 
 log = logging.getLogger("tickwheel.replication")
 
@@ -68,7 +74,9 @@ can answer (they may be starting too) before it gives up and stops (exit 5,
 
 
 def starts_fresh(data_dir: Path) -> bool:
-    """Whether the node has no snapshot yet; `StorageIncomplete` if its journal needs one."""
+    """Whether the node has no snapshot yet; `StorageIncomplete` if its journal needs one.
+    First puts right what an install stopped midway left (`staging.tidy`)."""
+    staging.tidy(data_dir / "state")
     raft_dir = data_dir / "raft"
     fresh = not (raft_dir / SNAPSHOT_FILE).exists()
     first_entry = journal_first_index(raft_dir / JOURNAL_FILE)
@@ -166,6 +174,18 @@ def manifest_of(parts: tuple[Any, ...]) -> Manifest:
     return Manifest(Cursor(*cursor), stamp_ms, files, pending, *rest)
 
 
+class _Fetching:
+    """A leader's snapshot whose files the fetching thread gathers (`Snapshots.prefetch`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.over = threading.Event()
+        self.folder: Path | None = None
+        self.fetched_bytes = 0
+        self.opened: tuple[Wheel, DedupeWindow] | None = None
+        self.error: Exception | None = None
+
+
 class Snapshots:
     def __init__(self, address: str, data_dir: Path, state: StateMachine, peers: PeerFiles,
                  config: RaftConfig, clock: Clock, die: Die) -> None:
@@ -179,6 +199,10 @@ class Snapshots:
         self._sync_ledger = None if config.sync_ledger is None else SyncLedger(config.sync_ledger)
         self._synced: dict[str, int] = {}
         """With ``fsync``: each state file's length as of its last fsync (`_sync_state_files`)."""
+        self._fetching: _Fetching | None = None
+        """The leader's snapshot whose files are being gathered (`prefetch`), until installed."""
+        self._retiring: threading.Thread | None = None
+        """Deletes the state folder the last install replaced."""
 
     def take(self, path: str, raft_tail: tuple[Any, ...]) -> None:
         """Write a snapshot of the state to ``path``, with Raft's own part."""
@@ -213,19 +237,82 @@ class Snapshots:
                          self._data_dir)
             self._die(self._address, f"{reason}: {error!r}", EXIT_SNAPSHOT_UNREADABLE)
         started = self._clock.monotonic_s()
+        fetching, self._fetching = self._fetching, None
         try:
-            self._state.install(manifest, self._peers.fetch, self._peers.fetch_many)
+            if fetching is None:  # a restart's own snapshot: cut, delete, fetch here
+                self._state.install(manifest, self._peers.fetch, self._peers.fetch_many)
+            else:
+                self._switch(manifest, fetching, started)
         except Exception as error:
             log.exception("event=snapshot_install_failed")
             self._die(self._address, f"snapshot install failed: {error!r}",
                       EXIT_STATE_UNREADABLE if isinstance(error, CorruptSegment | OSError)
                       else EXIT_FATAL)
-        # a leader's snapshot: the files it names are on disk before pysyncobj clears the
-        # journal it replaces (fetched, or already here but written since this node's last
-        # sync: both are lost to a power cut, and the peers may have moved on)
-        self._synced.clear()  # files were cut and fetched: sync every one it names
-        self._sync_state_files(manifest.files)
+        if fetching is None:
+            # the files it names are on disk before pysyncobj clears the journal it replaces
+            # (fetched, or already here but written since this node's last sync: both are
+            # lost to a power cut, and the peers may have moved on)
+            self._synced.clear()  # files were cut and fetched: sync every one it names
+            self._sync_state_files(manifest.files)
+        else:
+            self._synced = dict(manifest.files)  # synced when staged (`_gather`)
         return raft_tail, self._clock.monotonic_s() - started
+
+    def prefetch(self, path: str, done: Callable[[], None]) -> None:
+        """Begin to install the leader's snapshot at ``path``, whole: flush the state (nothing
+        is applied until the install) and gather the files it names beside it, and open them,
+        on a thread of its own (`staging.stage`), which calls ``done`` when it is over,
+        fetched or not. Then pysyncobj loads the snapshot, and `install` switches to them."""
+        self._state.flush()
+        fetching = self._fetching = _Fetching(path)
+        threading.Thread(target=self._gather, args=(fetching, done), daemon=True,
+                         name="snapshot-fetch").start()
+
+    def prefetched(self) -> bool:
+        """Whether the files of the snapshot `prefetch` was given are gathered (or could not
+        be: installing it then stops the node)."""
+        return self._fetching is not None and self._fetching.over.is_set()
+
+    def _gather(self, fetching: _Fetching, done: Callable[[], None]) -> None:
+        """The fetching thread: `staging.stage` the files of the snapshot (with ``fsync``:
+        synced, with their folders) and open them, before the switch makes them the state."""
+        started = self._clock.monotonic_s()
+        try:
+            manifest = manifest_of(read_snapshot(fetching.path)[0])
+            if self._retiring is not None:
+                self._retiring.join()
+            fetching.folder, fetching.fetched_bytes = staging.stage(
+                self._data_dir / "state", manifest.files, self._peers.fetch,
+                self._peers.fetch_many)
+            if self._config.fsync:
+                fsync_files(staging.staged_paths(fetching.folder, manifest.files),
+                            self._sync_ledger)
+            fetching.opened = self._state.open_files(fetching.folder)
+            log.info("event=snapshot_fetched files=%d fetched_bytes=%d duration_ms=%.1f",
+                     len(manifest.files), fetching.fetched_bytes,
+                     (self._clock.monotonic_s() - started) * 1000)
+        except Exception as error:  # the install reports it, on the Raft thread
+            fetching.error = error
+        finally:
+            fetching.over.set()
+            done()
+
+    def _switch(self, manifest: Manifest, fetching: _Fetching, started_s: float) -> None:
+        """Make the generation gathered (and opened) the state, on the Raft thread: the files
+        before are closed first (their last flush must not land in the new ones)."""
+        folder, opened = fetching.folder, fetching.opened
+        if fetching.error is not None:
+            raise fetching.error
+        if folder is None or opened is None:
+            raise InvariantViolation("a snapshot's files gathered without a folder")
+        self._state.close()
+        before = staging.switch(self._data_dir / "state", folder)
+        if self._config.fsync:
+            fsync_files([self._data_dir], self._sync_ledger)
+        self._state.take_over(manifest, opened, fetching.fetched_bytes, started_s)
+        self._retiring = threading.Thread(target=shutil.rmtree, args=(before, True),
+                                          name="snapshot-retire", daemon=True)
+        self._retiring.start()
 
     def read_state_file(self, path: str, offset: int, size: int) -> bytes:
         """Bytes of a state file, for a peer installing a snapshot (any thread). State files

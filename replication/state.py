@@ -11,7 +11,6 @@ Single-threaded: the Raft thread owns it (applies, snapshots, installs).
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from tickwheel.replication.outcomes import Rejected
 from tickwheel.replication.pending import PendingCounts
 from tickwheel.replication.retiring import Retiring
 from tickwheel.replication.scheduling import Scheduling
+from tickwheel.replication.staging import remove_state
 from tickwheel.replication.state_files import (
     DEDUPE,
     WHEEL,
@@ -86,7 +86,7 @@ class StateMachine:
         self._copies = copies
         self.mended = MendCounts()
         """What mending did to the wheel's files since the node started (over reopens)."""
-        wheel, dedupe = self._open_files()
+        wheel, dedupe = self.open_files(root)
         self._s = Stores(wheel, dedupe, PendingCounts(config.max_tracked_topics),
                          Groups(config.max_ready_msgs, config.max_groups),
                          config.wheel.max_delay_ms, ledger=ledger)
@@ -108,9 +108,9 @@ class StateMachine:
         ``copies``: other replicas' copies of the state files (paths relative to ``root``), where
         a damaged record, index unit or tombstone of the wheel is mended from. ``ledger``: told
         what each command changed (`tickwheel.replication.ledger`)."""
-        if fresh and root.exists():
+        if fresh and (root.exists() or root.is_symlink()):
             log.info("event=state_reset root=%s reason=no_snapshot", root)
-            shutil.rmtree(root)
+            remove_state(root)
         root.mkdir(parents=True, exist_ok=True)
         return cls(root, config, copies, ledger)
 
@@ -356,10 +356,18 @@ class StateMachine:
                 fetch_many: FetchMany | None = None) -> None:
         """Make the files exactly those of ``manifest``: cut what is longer, delete what it
         does not name, fetch from a peer what is missing; then reopen."""
-        self.close()
         started_s = time.monotonic()
+        self.close()
         fetched = restore_files(self._root, manifest.files, fetch, fetch_many)
-        self._s.wheel, self._s.dedupe = self._open_files()
+        self.take_over(manifest, self.open_files(self._root), fetched, started_s)
+
+    def take_over(self, manifest: Manifest, files: tuple[Wheel, DedupeWindow],
+                  fetched_bytes: int, started_s: float) -> None:
+        """Go on from ``manifest`` with ``files`` (`open_files` of the folder that holds
+        exactly what it names: `install`, or a generation gathered beforehand,
+        `tickwheel.replication.staging`), the files before closed."""
+        self.close()
+        self._s.wheel, self._s.dedupe = files
         self._s.wheel.reset_to(manifest.cursor, manifest.stamp_ms)
         self._s.pending.restore(manifest.pending)
         self._s.groups.restore(manifest.groups)
@@ -370,17 +378,24 @@ class StateMachine:
         self.cluster_version = manifest.cluster_version
         self._last_manifest = manifest
         log.info("event=snapshot_installed files=%d fetched_bytes=%d cursor_second=%d "
-                 "cursor_local_index=%d duration_ms=%.1f", len(manifest.files), fetched,
+                 "cursor_local_index=%d duration_ms=%.1f", len(manifest.files), fetched_bytes,
                  *manifest.cursor, (time.monotonic() - started_s) * 1000)
+
+    def flush(self) -> None:
+        """Write what the wheel and the dedupe window buffer to their files."""
+        self.wheel.flush()
+        self.dedupe.flush()
 
     def close(self) -> None:
         self.wheel.close()
         self.dedupe.close()
 
-    def _open_files(self) -> tuple[Wheel, DedupeWindow]:
+    def open_files(self, root: Path) -> tuple[Wheel, DedupeWindow]:
+        """The wheel and the dedupe window on the files under ``root`` (any thread: a
+        generation a snapshot install gathers is opened before it is switched to)."""
         wheel_copies = None if self._copies is None else partial(copies_under, self._copies,
                                                                  WHEEL)
-        return (Wheel.open(self._root / WHEEL, self._config.wheel,
+        return (Wheel.open(root / WHEEL, self._config.wheel,
                            copies=wheel_copies, mend_counts=self.mended),
-                DedupeWindow.open(self._root / DEDUPE, self._config.dedupe_window_ms,
+                DedupeWindow.open(root / DEDUPE, self._config.dedupe_window_ms,
                                   self._config.max_dedupe_ids))

@@ -86,6 +86,15 @@ def restore_files(root: Path, files: dict[str, int], fetch: Fetch,
     _remove_empty_hour_dirs(root / WHEEL / "hours")
     lacking = [(path, have, size - have) for path, size in files.items()
                if (have := _cut(root / path, size)) < size]
+    return fetch_tails(root, lacking, fetch, fetch_many)
+
+
+def fetch_tails(root: Path, lacking: list[Range], fetch: Fetch,
+                fetch_many: FetchMany | None = None) -> int:
+    """Append to each file under ``root`` the bytes it lacks, ``(path, have, missing)`` each
+    (the file is ``have`` bytes long), fetched from a peer: the tails of up to
+    ``FETCH_BATCH_FILES`` files in one call with ``fetch_many``, a tail longer than
+    ``FETCH_CHUNK_BYTES`` on its own with ``fetch``. Returns the bytes fetched."""
     if not lacking:
         return 0
     small = [] if fetch_many is None else [r for r in lacking if r[2] <= FETCH_CHUNK_BYTES]

@@ -4,6 +4,7 @@
 - `node`: `RaftNode`, the port on pysyncobj, and the traps it closes;
 - `prevote`: the PreVote round pysyncobj lacks;
 - `transport`, `wire`, `link_protocol`: the Raft port on the network, members only;
+- `catch_up`: a follower installing a snapshot while its files are fetched, stepping on;
 - `config`: `RaftConfig`; `journal`: the journal (compacted atomically, allocated before it
   is written, fsynced on request); `snapshot`: the snapshot file; `durability`: fsync helpers
   and the ledger of what syncs made durable (for the chaos runner's power cut).
@@ -18,7 +19,14 @@ from tickwheel.replication.raft.journal import (
     rewind_journal,
 )
 from tickwheel.replication.raft.node import PICKLE_PROTOCOL, RaftNode
-from tickwheel.replication.raft.port import OnResult, RaftPort, RaftStatus, Role, StepSummary
+from tickwheel.replication.raft.port import (
+    OnResult,
+    Prefetch,
+    RaftPort,
+    RaftStatus,
+    Role,
+    StepSummary,
+)
 from tickwheel.replication.raft.snapshot import (
     SNAPSHOT_FILE,
     SnapshotDamaged,
@@ -27,6 +35,7 @@ from tickwheel.replication.raft.snapshot import (
 )
 
 __all__ = ["DISK_FULL", "JOURNAL_FILE", "MAX_MESSAGE_ENTRY_BYTES", "PICKLE_PROTOCOL",
-           "SNAPSHOT_FILE", "InsecureCluster", "OnResult", "RaftConfig", "RaftNode", "RaftPort",
-           "RaftStatus", "Role", "SnapshotDamaged", "StepSummary", "SyncLedger", "fsync_files",
-           "journal_first_index", "read_snapshot", "rewind_journal", "write_snapshot"]
+           "SNAPSHOT_FILE", "InsecureCluster", "OnResult", "Prefetch", "RaftConfig", "RaftNode",
+           "RaftPort", "RaftStatus", "Role", "SnapshotDamaged", "StepSummary", "SyncLedger",
+           "fsync_files", "journal_first_index", "read_snapshot", "rewind_journal",
+           "write_snapshot"]

@@ -27,6 +27,10 @@ What pysyncobj 0.3.17 does, and what this module does about it (see ``docs/repli
 - *Snapshots pickle the object.* A custom serializer writes only a `Manifest` (file lengths).
 - *A follower installs any snapshot its leader sends*, even one older than what it applied:
   `ReceivingSerializer` refuses those, and the leader is told where this node's log ends.
+- *A follower installs a snapshot inside the tick that reads its last chunk*, answering
+  nothing until every file it names is fetched: here the files are gathered off the Raft
+  thread first, the follower answering its leader meanwhile
+  (`tickwheel.replication.raft.catch_up`).
 - *It has no PreVote* (`tickwheel.replication.raft.prevote` adds it).
 - *It has no leader placement*: `tickwheel.replication.raft.handover` hands leadership to the
   group's preferred member (``preferred_leader``) with pysyncobj's ``transferLeadership``,
@@ -70,12 +74,13 @@ from pysyncobj.pipe_notifier import PipeNotifier
 
 from tickwheel.common.clock import SystemClock
 from tickwheel.replication.raft import link_protocol
+from tickwheel.replication.raft.catch_up import CatchUp
 from tickwheel.replication.raft.clocks import PeerClocks
 from tickwheel.replication.raft.config import RaftConfig
 from tickwheel.replication.raft.durability import SyncLedger
 from tickwheel.replication.raft.handover import HandOver
 from tickwheel.replication.raft.journal import JOURNAL_FILE, AtomicJournal, MsyncJournal
-from tickwheel.replication.raft.port import OnResult, PeerClock, RaftStatus, Role
+from tickwheel.replication.raft.port import OnResult, PeerClock, Prefetch, RaftStatus, Role
 from tickwheel.replication.raft.prevote import SHAPES, PreVote, well_formed
 from tickwheel.replication.raft.snapshot import (
     SNAPSHOT_FILE,
@@ -125,9 +130,17 @@ class _Core(SyncObj):
                  **kwargs: object) -> None:
         self._apply_command = apply
         self.left_over: Callable[[], None] = lambda: None
+        self.holding: Callable[[], bool] = lambda: False
+        """Applying and taking snapshots wait (a snapshot's files are gathered: `CatchUp`)."""
         super().__init__(*args, **kwargs)
 
+    def _SyncObj__tryLogCompaction(self) -> None:
+        if not self.holding():
+            super()._SyncObj__tryLogCompaction()
+
     def _SyncObj__applyLogEntries(self) -> bool:
+        if self.holding():
+            return False
         commit = self._SyncObj__raftCommitIndex
         if commit - self._SyncObj__raftLastApplied <= 1:
             return bool(super()._SyncObj__applyLogEntries())
@@ -154,11 +167,13 @@ class RaftNode:
     ``apply(command)`` runs on the Raft thread for every committed command, in log order, on
     every member; ``snapshot`` is ``(serialize(path, raft_tail), deserialize(path) ->
     raft_tail)``; ``wall_ms`` is the node's clock, which its answers carry to the leader
-    (`tickwheel.replication.raft.clocks`)."""
+    (`tickwheel.replication.raft.clocks`); with ``prefetch``, a snapshot from the leader is
+    loaded once its files are gathered (`CatchUp`), else at once."""
 
     def __init__(self, self_address: str, peers: list[str], raft_dir: Path, config: RaftConfig,
                  apply: Callable[[bytes], object], snapshot: tuple[Serializer, Deserializer],
-                 wall_ms: Callable[[], int] | None = None) -> None:
+                 wall_ms: Callable[[], int] | None = None,
+                 prefetch: Prefetch | None = None) -> None:
         self._peers = tuple(peers)
         self._tenure = TenureClock()
         self._clocks = PeerClocks(wall_ms or SystemClock().now_ms)
@@ -173,6 +188,7 @@ class RaftNode:
                         "every message and rewrite its log", len(peers),
                         config.bind_address or self_address)
         raft_dir.mkdir(parents=True, exist_ok=True)
+        self._catch_up = CatchUp(prefetch, self.wake)
         # pysyncobj has no option for its journal or its snapshot handler; its module-level
         # names are the only seam.
         ledger = None if config.sync_ledger is None else SyncLedger(config.sync_ledger)
@@ -181,7 +197,7 @@ class RaftNode:
             MsyncJournal if config.fsync else AtomicJournal, ledger=ledger)
         pysyncobj.syncobj.Serializer = functools.partial(
             DurableSerializer if config.fsync else ReceivingSerializer, ledger=ledger,
-            applied=self._last_applied)
+            applied=self._last_applied, whole=self._catch_up.begin)
         try:
             self._core = _Core(apply, self_address, list(peers), _conf(config, raft_dir,
                                                                          snapshot),
@@ -192,6 +208,8 @@ class RaftNode:
         finally:
             pysyncobj.syncobj.createJournal, pysyncobj.syncobj.Serializer = journal, serializer
         self._pre_vote = PreVote(self._core, len(peers), config.election_min_ms)
+        self._catch_up.bind(self._core)
+        self._core.holding = lambda: self._catch_up.fetching
         self._core._SyncObj__transport.setOnMessageReceivedCallback(self._on_message)
         self.steps = StepTimes()
         """How long this node's Raft thread works between waits (`raft.steps`)."""
@@ -211,7 +229,9 @@ class RaftNode:
     # -- the port -------------------------------------------------------------------------
 
     def tick(self, wait_s: float) -> None:
-        """`doTick`, with the PreVote round in front of pysyncobj's election."""
+        """`doTick`, with the PreVote round in front of pysyncobj's election (and a snapshot
+        whose files are gathered loaded first)."""
+        self._catch_up.before_tick()
         self._pre_vote.before_tick()
         self._core.doTick(wait_s)
         self._woken = False
@@ -317,6 +337,10 @@ class RaftNode:
             self._clocks.incoming(node, message)  # reads the echo the tenure clock takes off
             self._versions.incoming(node, message)
             self._tenure.incoming(node, message)
+            screened = self._catch_up.screen(kind, message)
+            if screened is None:
+                return
+            message = screened
             if kind == "append_entries" and ("prevLogIdx" not in message or (
                     self._hold_file is not None and self._hold_file.exists())):
                 leader_commit = self._hold_commit(message)
@@ -333,6 +357,7 @@ class RaftNode:
         if next_index is not None:
             sent_to = self._core._SyncObj__raftNextIndex
             sent_to[node] = max(sent_to.get(node, next_index), next_index)
+        self._catch_up.answer(node, message.get("type") if isinstance(message, dict) else None)
 
     def _next_index_before_success(self, node: object, message: object) -> int | None:
         """Where this leader sends ``node`` from, before an answer that acknowledges what

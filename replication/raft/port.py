@@ -70,6 +70,19 @@ OnResult = Callable[[object, bool], None]
 was committed (False: leadership was lost first, the command may or may not be applied)."""
 
 
+class Prefetch(Protocol):
+    """The state machine's side of a snapshot that a follower installs without stopping its
+    Raft thread: the files it names are gathered first, off that thread, and pysyncobj's
+    load of the snapshot (the deserializer) then only switches to them."""
+
+    def prefetch(self, path: str, done: Callable[[], None]) -> None:
+        """Begin to gather the files of the snapshot whole at ``path``; ``done()`` (from
+        another thread) once `prefetched`."""
+
+    def prefetched(self) -> bool:
+        """Whether they are gathered, or could not be (the load then stops the node)."""
+
+
 class RaftPort(Protocol):
     def tick(self, wait_s: float) -> None:
         """Send, receive, commit and apply; wait at most ``wait_s`` for a socket or `wake`."""

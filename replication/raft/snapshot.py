@@ -47,18 +47,24 @@ class ReceivingSerializer(Serializer):
     follower had applied, and the follower went back to it, dropping from its journal
     entries it had acknowledged. Such a snapshot is refused (``event=snapshot_refused``)
     and `refused` says so, for `RaftNode` to tell the leader where this node's log ends.
-    One that does not read is put in place: installing it stops the node, naming it."""
+    One that does not read is put in place: installing it stops the node, naming it.
+
+    With ``whole``, a snapshot received whole (and newer) is offered to it first: True when
+    it took the staged file (`tickwheel.replication.raft.catch_up`), which it puts in place
+    later (`put_in_place`), once the files the snapshot names are fetched."""
 
     sync = False
     """Whether a received snapshot reaches the disk before it replaces this node's own
     (`DurableSerializer`)."""
 
     def __init__(self, *args: Any, applied: Callable[[], int] = lambda: 0,
-                 ledger: SyncLedger | None = None) -> None:
+                 ledger: SyncLedger | None = None,
+                 whole: Callable[[Path], bool] | None = None) -> None:
         super().__init__(*args)
         self._path = Path(self._Serializer__fileName)
         self._applied = applied
         self._ledger = ledger
+        self._whole = whole
         self._incoming: BinaryIO | None = None
         self.refused = False
         """The last snapshot received was refused (`RaftNode` reads and clears it)."""
@@ -66,10 +72,7 @@ class ReceivingSerializer(Serializer):
     def setTransmissionData(self, data: tuple[bytes, bool, bool] | None) -> bool:
         """One chunk of a snapshot from the leader; True when it was the last one and the
         snapshot is in place, which voids this node's own snapshot still to be cut to."""
-        installed = self._receive(data)
-        if installed:
-            self._Serializer__pid = 0  # checkSerializing: NOT_SERIALIZING, no cut
-        return installed
+        return self._receive(data)
 
     def _receive(self, data: tuple[bytes, bool, bool] | None) -> bool:
         """Stage the chunk; True when it was the last one and the snapshot is in place (with
@@ -95,14 +98,23 @@ class ReceivingSerializer(Serializer):
             if self._older(staged):
                 staged.unlink()
                 return False
-            os.replace(staged, self._path)
-            if self.sync:
-                fsync_files([self._path.parent])
+            if self._whole is not None and self._whole(staged):
+                return False
+            self.put_in_place(staged)
         except OSError as error:  # as pysyncobj: the leader sends the snapshot again
             log.error("event=snapshot_receive_failed path=%s error=%r", staged, error)
             self._incoming = None
             return False
         return True
+
+    def put_in_place(self, staged: Path) -> None:
+        """Make the snapshot received (whole, staged) this node's snapshot file (with
+        ``sync``: its folder fsynced), voiding this node's own that it has not yet cut its
+        journal to (pysyncobj's ``checkSerializing`` then reports no snapshot under way)."""
+        os.replace(staged, self._path)
+        if self.sync:
+            fsync_files([self._path.parent])
+        self._Serializer__pid = 0
 
     def _older(self, staged: Path) -> bool:
         """Whether the staged snapshot ends at or before what this node applied (then it is

@@ -27,6 +27,7 @@ from tickwheel.replication.raft import (
     read_snapshot,
     write_snapshot,
 )
+from tickwheel.replication.raft.catch_up import CatchUp
 from tickwheel.replication.raft.clocks import PeerClocks
 from tickwheel.replication.raft.journal import AtomicJournal
 from tickwheel.replication.raft.prevote import STALL_ROUND_DELAY_S, PreVote
@@ -280,6 +281,7 @@ def test_a_snapshot_chunk_does_not_commit_the_followers_own_log() -> None:
     node._versions = MemberVersions()
     node._pre_vote = SimpleNamespace(on_message=lambda *args: False)
     node._hold_file = None
+    node._catch_up = CatchUp(None, lambda: None)
     node._core = SimpleNamespace(_SyncObj__raftCommitIndex=10, _SyncObj__leaderCommitIndex=0,
                                  _SyncObj__onMessageReceived=lambda _, m: seen.append(dict(m)),
                                  _SyncObj__serializer=SimpleNamespace(refused=False))

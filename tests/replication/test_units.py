@@ -460,7 +460,7 @@ def _alone(tmp_path: Path, world: World, sink: _Sink, wakes: list[None]
     cluster = SimCluster(world, random.Random(0))
 
     def raft(address: str, _peers: list[str], raft_dir: Path, _config: object,
-             apply: object, snapshot: tuple, wall_ms: object) -> SimRaft:
+             apply: object, snapshot: tuple, wall_ms: object, prefetch: object) -> SimRaft:
         node = cluster.nodes[address] = SimRaft(cluster, address, raft_dir, apply, snapshot)
         node.wake = lambda: wakes.append(None)
         return node
