@@ -242,7 +242,6 @@ class Ledger:
 
     def _open(self) -> bool:
         """Begin the next segment; False (none begun) while the disk has no room for it."""
-        self._enforce_retention()
         if not kept.room_for_segment(self.folder, self._retention):
             return False
         sequence = self._next_sequence
