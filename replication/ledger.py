@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
-from tickwheel.wheel.format import decode_record
+from tickwheel.wheel.format import decode_record_key
 
 
 class LedgerRows(NamedTuple):
@@ -56,13 +56,13 @@ class LedgerSink(Protocol):
 
 
 def record_columns(records: Sequence[bytes]) -> tuple[list[str], list[str], list[int]]:
-    """The ids, topics and attempts of wheel records (for the ledger's thread: each is read
-    whole, its CRC checked)."""
+    """The ids, topics and attempts of wheel records (for the ledger's thread: each record's
+    CRC checked, its properties and body not read)."""
     ids: list[str] = []
     topics: list[str] = []
     attempts: list[int] = []
     for record in records:
-        message_id, topic, _, _, _, attempt = decode_record(record)
+        message_id, topic, attempt = decode_record_key(record)
         ids.append(message_id)
         topics.append(topic)
         attempts.append(attempt)

@@ -13,6 +13,7 @@ from tickwheel.wheel.format import (
     PAYLOAD_HEADER_V1,
     RECORD_HEADER,
     decode_record,
+    decode_record_key,
     encode_record,
     pack_heads,
     pack_meta,
@@ -33,12 +34,14 @@ def test_records_round_trip(fields: tuple) -> None:
     record = encode_record(message_id, topic, body, deliver_at_ms, properties, attempt)
     assert decode_record(record) == (message_id, topic, body, properties, deliver_at_ms,
                                      attempt)
+    assert decode_record_key(record) == (message_id, topic, attempt)
 
 
 def test_a_version_1_record_without_an_attempt_reads_as_attempt_1() -> None:
     payload = PAYLOAD_HEADER_V1.pack(1, 2, 6, 0, 4, 1_800_000_000_000) + b"idorders" + b"body"
     record = RECORD_HEADER.pack(len(payload), zlib.crc32(payload)) + payload
     assert decode_record(record) == ("id", "orders", b"body", {}, 1_800_000_000_000, 1)
+    assert decode_record_key(record) == ("id", "orders", 1)
 
 
 @given(records, st.data())
@@ -50,6 +53,15 @@ def test_any_flipped_bit_in_a_record_is_caught(fields: tuple, data: st.DataObjec
     record[position] ^= 1 << data.draw(st.integers(0, 7))
     with pytest.raises(CorruptSegment):
         decode_record(bytes(record))
+    with pytest.raises(CorruptSegment):
+        decode_record_key(bytes(record))
+
+
+@given(records, st.data())
+def test_a_record_cut_short_is_caught_by_its_key_too(fields: tuple, data: st.DataObject) -> None:
+    record = encode_record(fields[0], fields[1], fields[2], fields[4], fields[3], fields[5])
+    with pytest.raises(CorruptSegment):
+        decode_record_key(record[:data.draw(st.integers(0, len(record) - 1))])
 
 
 @given(st.data())
