@@ -138,17 +138,18 @@ class LedgerClient:
                     for address in shard.grpc_addresses]
         return [Node(info.shard, member.grpc_address) for member in info.members]
 
-    def segments(self, node: Node, since_ms: int = 0, until_ms: int = 0
-                 ) -> tuple[str, list[Segment]]:
+    def segments(self, node: Node, since_ms: int = 0, until_ms: int = 0, *,
+                 close_open: bool = False) -> tuple[str, list[Segment]]:
         """``node``'s Raft address, and its closed segments overlapping ``[since_ms,
-        until_ms]`` (0: unbounded), oldest first."""
+        until_ms]`` (0: unbounded), oldest first (``close_open``: the node closes its open
+        segment first, so that its last rows are listed too)."""
         found: list[Segment] = []
         after = 0
         while True:
             answer = self._unary(self._stub(node).ListLedgerSegments,
-                                 pb.ListLedgerSegmentsRequest(since_ms=since_ms,
-                                                              until_ms=until_ms,
-                                                              after_sequence=after))
+                                 pb.ListLedgerSegmentsRequest(
+                                     since_ms=since_ms, until_ms=until_ms, after_sequence=after,
+                                     close_open=close_open and after == 0))
             found += [Segment(answer.shard, answer.node, s.sequence, s.name, s.manifest_json,
                               s.bytes, s.sha256, s.first_ms, s.last_ms, s.rows)
                       for s in answer.segments]

@@ -53,6 +53,8 @@ class FetchReport:
     fetched_at_ms: int
     since_ms: int
     until_ms: int
+    close_open: bool = False
+    """Each node was asked to close its open segment first (its last rows are fetched)."""
     nodes: list[dict[str, Any]] = field(default_factory=list)
     """Every member asked: ``shard``, ``grpc_address``, ``node`` (Raft address, "" if not
     reached) and ``reached``."""
@@ -65,16 +67,17 @@ class FetchReport:
 
 
 def fetch(ledger: LedgerClient, out: Path, since_ms: int = 0, until_ms: int = 0,
-          progress: Progress | None = None, now_ms: Callable[[], int] | None = None
-          ) -> FetchReport:
+          progress: Progress | None = None, now_ms: Callable[[], int] | None = None, *,
+          close_open: bool = False) -> FetchReport:
     """Copy the closed segments overlapping ``[since_ms, until_ms]`` (0: unbounded) of every
-    node into ``out``; write ``out/fetch.json``; return what was done."""
+    node into ``out`` (``close_open``: each node closes its open segment first, so that its
+    last rows are fetched too); write ``out/fetch.json``; return what was done."""
     clock = now_ms or (lambda: int(time.time() * 1000))
-    report = FetchReport(FETCH_VERSION, clock(), since_ms, until_ms)
+    report = FetchReport(FETCH_VERSION, clock(), since_ms, until_ms, close_open)
     listed: list[tuple[Node, list[Segment]]] = []
     for node in ledger.nodes():
         try:
-            name, segments = ledger.segments(node, since_ms, until_ms)
+            name, segments = ledger.segments(node, since_ms, until_ms, close_open=close_open)
         except TickwheelClientError as error:
             _missed(report, node, error)
             continue

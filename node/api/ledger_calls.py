@@ -9,7 +9,9 @@ its sequence number alone, the path built here from this node's ledger folder an
 name (`tickwheel.node.ledger.schema.segment_name`), so no caller reaches another file; and
 everything is bounded: 1,000 segments a listing, chunks of 1 MiB, 10,000 rows a trace. A
 trace names its message by id or by a handle of this node's shard (decoded with the shard's
-handle key; the id is the one the ledger's rows naming it carry).
+handle key; the id is the one the ledger's rows naming it carry). A listing or a trace
+asked to (``close_open``) first closes the open segment, so that the node's last rows are in
+closed segments.
 Reading files runs on threads (`asyncio.to_thread`), never on the event loop.
 
 Registered on the client listener by `tickwheel.node.listeners`; called by the client
@@ -56,6 +58,8 @@ class LedgerService(pb_grpc.LedgerServicer):
                                  context: grpc.aio.ServicerContext[Any, Any]
                                  ) -> pb.ListLedgerSegmentsResponse:
         folder = await self._admitted(context)
+        if request.close_open:
+            await self._close_open()
         listed, more = await asyncio.to_thread(
             _listing, folder, request.since_ms, request.until_ms or None,
             request.after_sequence)
@@ -94,9 +98,8 @@ class LedgerService(pb_grpc.LedgerServicer):
         elif not request.id or len(request.id.encode()) > MAX_ID_BYTES:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
                          f"id: must be 1 to {MAX_ID_BYTES} bytes")
-        rotate = self._node.rotate_ledger
-        if request.close_open and rotate is not None:
-            await asyncio.to_thread(rotate)
+        if request.close_open:
+            await self._close_open()
         message_id = request.id if wheel_handle is None else await asyncio.to_thread(
             id_of_handle, folder, wheel_handle)
         found = await asyncio.to_thread(trace, folder, message_id) if message_id else Trace(
@@ -105,6 +108,13 @@ class LedgerService(pb_grpc.LedgerServicer):
             node=self._node.replica.address, shard=self._node.shards.shard,
             rows=[_row(row) for row in found.rows], segments=found.segments,
             truncated=found.truncated)
+
+    async def _close_open(self) -> None:
+        """Write what the ledger buffers and close its open segment (a listing or a trace
+        asked for the node's last rows)."""
+        rotate = self._node.rotate_ledger
+        if rotate is not None:
+            await asyncio.to_thread(rotate)
 
     async def _admitted(self, context: CallContext) -> Path:
         """This node's ledger folder, if the caller may read it; else the call is refused."""

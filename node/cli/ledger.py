@@ -3,7 +3,7 @@ cluster, for its admins (docs/node.md, "Reading a running cluster's ledger").
 
 ::
 
-    tickwheel ledger fetch --out DIR [--since 6h|ISO8601] [--until ...] [--quiet]
+    tickwheel ledger fetch --out DIR [--since 6h|ISO8601] [--until ...] [--close-open] [--quiet]
     tickwheel trace ID | --handle HANDLE [--json] [--close-open]
 
 ``ledger fetch`` copies the closed segments of every node of every shard into DIR
@@ -63,6 +63,9 @@ def add_parsers(commands: Subcommands, connection: argparse.ArgumentParser,
                           help="segments with rows at or after this (default: the oldest)")
     fetching.add_argument("--until", type=when, default=0, metavar="6h|ISO8601",
                           help="segments with rows at or before this (default: the newest)")
+    fetching.add_argument("--close-open", action="store_true",
+                          help="have each node close its open ledger segment first, so that "
+                               "its last rows (up to ledger_segment_age_ms) are fetched too")
     fetching.add_argument("--quiet", action="store_true", help="no progress on stderr")
     fetching.set_defaults(handler=lambda args: _fetch(args, credentials(args)))
 
@@ -86,9 +89,10 @@ def _fetch(args: argparse.Namespace, credentials: Credentials) -> int:
             console=errors) as progress:
         segments = progress.add_task("", total=None)
         report = fetch_ledger(ledger, args.out, args.since, args.until,
-                       lambda done, total, done_bytes, total_bytes: progress.update(
-                           segments, completed=done_bytes, total=total_bytes,
-                           description=f"{done}/{total}"))
+                              lambda done, total, done_bytes, total_bytes: progress.update(
+                                  segments, completed=done_bytes, total=total_bytes,
+                                  description=f"{done}/{total}"),
+                              close_open=args.close_open)
     fetched = [segment for segment in report.segments if segment["fetched"]]
     console.print(f"{len(report.segments)} segments in {args.out} ({len(fetched)} fetched, "
                   f"{sum(s['bytes'] for s in fetched)} bytes; the others were there, "

@@ -1,7 +1,8 @@
 """``tickwheel ledger fetch`` against 3 real nodes after traffic: every node's closed segments
 land in DIR's layout, each matching its manifest's SHA-256; a second run fetches nothing new;
 a damaged local copy is fetched again; a principal without an admin grant on every topic is
-refused every ledger call; a node that is down is reported, and the others still fetched."""
+refused every ledger call; a node that is down is reported, and the others still fetched;
+``--close-open`` fetches the rows of the nodes' open segments too, and without it they stay."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pyarrow.parquet as pq
 import pytest
 from test_cli import tickwheel
 
@@ -129,3 +131,29 @@ def test_a_node_down_is_reported_and_the_others_fetched(cluster: LocalCluster,
     assert [missed["grpc_address"] for missed in report["missed"]] == [down.grpc_address]
     assert {segment["node"] for segment in report["segments"]} == {
         node.raft for node in cluster.nodes[:2]}
+
+
+def test_close_open_fetches_the_rows_of_the_last_seconds(tmp_path: Path) -> None:
+    """A node whose open segment would stay open ten minutes: its rows of a moment ago are
+    fetched with --close-open alone (the chaos runner's fetch at the end of a run needs
+    them)."""
+    ids = [f"recent-{i}" for i in range(5)]
+    with LocalCluster(tmp_path / "cluster", 1, ledger_segment_age_ms=600_000) as cluster:
+        with cluster.client(timeout_s=30) as client:
+            client.schedule_many([Message("orders", b"x", delay_ms=3_600_000, id=i)
+                                  for i in ids])
+        without = fetch(cluster, tmp_path / "without", "--quiet")
+        assert without.returncode == 0, without.stdout + without.stderr
+        assert fetched(tmp_path / "without")["close_open"] is False
+        assert scheduled_ids(tmp_path / "without") == set()
+        closing = fetch(cluster, tmp_path / "with", "--quiet", "--close-open")
+        assert closing.returncode == 0, closing.stdout + closing.stderr
+        assert fetched(tmp_path / "with")["close_open"] is True
+        assert scheduled_ids(tmp_path / "with") == set(ids)
+
+
+def scheduled_ids(out: Path) -> set[str]:
+    """The ids of the ``scheduled`` rows of every segment fetched into ``out``."""
+    return {row["id"] for path in out.rglob("*.parquet")
+            for row in pq.read_table(path, columns=["event", "id"]).to_pylist()
+            if row["event"] == "scheduled"}
