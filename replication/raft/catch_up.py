@@ -76,9 +76,9 @@ class CatchUp:
         pysyncobj installs it at once, as a restart does)."""
         if self._prefetch is None:
             return False
-        self._staged = staged
         self._began_s = time.monotonic()
-        self._prefetch.prefetch(str(staged), self._wake)
+        self._prefetch.prefetch(str(staged), self._wake)  # if it raises, nothing was taken
+        self._staged = staged
         return True
 
     def screen(self, kind: str | None, message: dict[str, Any]) -> dict[str, Any] | None:
