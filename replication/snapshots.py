@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -242,7 +243,7 @@ class Snapshots:
             if fetching is None:  # a restart's own snapshot: cut, delete, fetch here
                 self._state.install(manifest, self._peers.fetch, self._peers.fetch_many)
             else:
-                self._switch(manifest, fetching, started)
+                self._switch(manifest, fetching)
         except Exception as error:
             log.exception("event=snapshot_install_failed")
             self._die(self._address, f"snapshot install failed: {error!r}",
@@ -297,9 +298,10 @@ class Snapshots:
             fetching.over.set()
             done()
 
-    def _switch(self, manifest: Manifest, fetching: _Fetching, started_s: float) -> None:
+    def _switch(self, manifest: Manifest, fetching: _Fetching) -> None:
         """Make the generation gathered (and opened) the state, on the Raft thread: the files
         before are closed first (their last flush must not land in the new ones)."""
+        started_s = time.monotonic()  # as `StateMachine.install` counts
         folder, opened = fetching.folder, fetching.opened
         if fetching.error is not None:
             raise fetching.error
