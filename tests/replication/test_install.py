@@ -21,7 +21,7 @@ pytestmark = pytest.mark.cluster
 
 HOURS = 600
 """Hours the messages are spread over: about 1,200 state files (log and index an hour), which
-a follower fetched and opened in one Raft step of 0.5-0.7 s on a 2-core machine before its
+a follower fetched and opened in one Raft step of 0.8-1.4 s on a 2-core machine before its
 install moved off the Raft thread."""
 
 
