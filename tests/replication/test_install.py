@@ -1,7 +1,8 @@
 """A follower catching up by snapshot, with real nodes: its Raft thread keeps stepping while
 the snapshot's files are fetched (no step of 50 ms or more, no election), and a SIGKILL in
-the middle of that fetch leaves a node that restarts and converges (docs/replication.md,
-"A follower that falls behind")."""
+the middle of that fetch leaves a node that restarts and converges, and one rolled back to
+0.0.4 opens the state an install left (docs/replication.md, "A follower that falls
+behind")."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import hashlib
 import shutil
 import signal
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,8 @@ from tickwheel.v1 import tickwheel_pb2 as pb
 
 pytestmark = pytest.mark.cluster
 
+RELEASE_WHEEL = (Path(__file__).parent.parent / "fixtures" / "upgrade"
+                 / "tickwheel-0.0.4-c5effa3.whl")
 HOURS = 600
 """Hours the messages are spread over: about 1,200 state files (log and index an hour), which
 a follower fetched and opened in one Raft step of 0.8-1.4 s on a 2-core machine before its
@@ -120,3 +124,42 @@ def test_a_follower_killed_while_it_fetches_a_snapshot_restarts_and_converges(
         current = (follower.data / "state").resolve()
         wait_for(lambda: {p.name for p in follower.data.glob("state*")} == {
             "state", current.name}, 10, "nothing left beside the state but its generation")
+
+
+def test_a_follower_rolled_back_to_0_0_4_after_an_install_opens_its_state_through_the_link(
+        tmp_path: Path) -> None:
+    """Until an upgrade is finalized any member may go back to 0.0.4 (deploy/README.md): an
+    install leaves ``DATA/state`` a symbolic link to a generation, which 0.0.4 knows nothing
+    of and opens as the folder it points at."""
+    release = tmp_path / "release-0.0.4"
+    with zipfile.ZipFile(RELEASE_WHEEL) as wheel:
+        wheel.extractall(release)
+    cluster = LocalCluster(tmp_path / "cluster", extra_args=("--snapshot-min-entries", "20"),
+                           ledger_segment_age_ms=None)  # 0.0.4 has no ledger
+    for node in cluster.nodes:
+        node.build = release
+    with cluster:
+        cluster.leader(30)
+        for node in cluster.nodes:  # every member to this build, the cluster not finalized
+            cluster.stop(node)
+            node.build = None
+            cluster.start(node)
+            cluster.leader(30)
+        start_ms = int(time.time() * 1000) + 3_600_000
+        schedule_all(cluster, spread("order", HOURS // 3, start_ms), per_call=10)
+        leader = cluster.leader(30)
+        follower = next(n for n in cluster.nodes if n is not leader)
+        cluster.stop(follower)
+        shutil.rmtree(follower.data)
+        compact_past(cluster, leader, start_ms)
+        cluster.start(follower)
+        wait_for(lambda: caught_up(cluster.nodes), 60, "the wiped follower caught up")
+        assert (follower.data / "state").is_symlink()
+        cluster.stop(follower)
+        follower.build = release
+        cluster.start(follower)
+        cluster.schedule([pb.Message(id="after", topic="orders", body=b"a",
+                                     deliver_at_ms=start_ms)])
+        wait_for(lambda: caught_up(cluster.nodes), 60, "the follower back on 0.0.4 caught up")
+        assert follower.info() and follower.info().cluster_version == 0  # 0.0.4's answer
+        assert wheel_digests(follower) == wheel_digests(leader)
