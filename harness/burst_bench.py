@@ -31,6 +31,10 @@ burst delays everybody else. Figures:
   (readied, waiting for a lease) and leased, as the cluster answered every half second from T,
   and ``burst_dropped``: how many it dropped (past ``max_ready_msgs``).
 
+``--no-ledger`` runs the nodes without their ledger, and ``--ledger-segment-age-ms`` gives
+them another segment age than `LocalCluster`'s 250 ms (0: the node's default): what the
+ledger costs the burst, run alternately with and without it.
+
 It does not run in ``make test`` at its size; a test runs it with a few thousand messages.
 """
 
@@ -65,7 +69,7 @@ from tickwheel.harness.bench_clients import (
     subscribed,
 )
 from tickwheel.harness.bench_figures import cpu_s, percentiles
-from tickwheel.harness.local_cluster import LocalCluster
+from tickwheel.harness.local_cluster import LEDGER_SEGMENT_AGE_MS, LocalCluster
 from tickwheel.harness.processes import wait_for
 
 ALLOWED_EARLY_MS = 2
@@ -370,9 +374,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="topics the steady rate is spread over, a consumer each")
     parser.add_argument("--schedule-rate", type=int, default=SCHEDULE_RATE,
                         help="messages a second the burst is scheduled at, before it is due")
+    parser.add_argument("--no-ledger", action="store_true",
+                        help="run the nodes without their ledger, to see what it costs")
+    parser.add_argument("--ledger-segment-age-ms", type=int, default=LEDGER_SEGMENT_AGE_MS,
+                        help="the nodes' --ledger-segment-age-ms (0: the node's default, 60 s)")
     args = parser.parse_args(argv)
+    ledger_args = ("--no-ledger",) if args.no_ledger else ()
     with tempfile.TemporaryDirectory(prefix="tickwheel-burst-bench-") as root, \
-            LocalCluster(Path(root), metrics=True) as cluster:
+            LocalCluster(Path(root), ledger_args, metrics=True,
+                         ledger_segment_age_ms=args.ledger_segment_age_ms or None) as cluster:
         cluster.leader(30)
         figures = burst(cluster, args.messages, args.producers, args.threads, args.consumers,
                         args.steady_rate, args.schedule_rate, args.steady_topics)

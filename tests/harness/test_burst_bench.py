@@ -23,6 +23,26 @@ def test_a_small_burst_is_delivered_once_and_on_time(capsys: pytest.CaptureFixtu
     assert figures["raft_step_max_ms"] > 0 and figures["elections_during_burst"] >= 0
 
 
+def test_the_ledger_can_be_left_off_or_given_another_segment_age(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the ledger costs a burst is measured alternately with ``--no-ledger``."""
+    asked: list[tuple[tuple[str, ...], int | None]] = []
+
+    class Started(Exception):
+        pass
+
+    def cluster(root: object, extra_args: tuple[str, ...], *, metrics: bool,
+                ledger_segment_age_ms: int | None) -> None:
+        asked.append((extra_args, ledger_segment_age_ms))
+        raise Started
+
+    monkeypatch.setattr(burst_bench, "LocalCluster", cluster)
+    for argv in (["--no-ledger"], ["--ledger-segment-age-ms", "0"], []):
+        with pytest.raises(Started):
+            burst_bench.main(argv)
+    assert asked == [(("--no-ledger",), 250), ((), None), ((), 250)]
+
+
 def test_receipts_are_judged_in_the_order_they_arrived_whichever_consumer_had_them() -> None:
     """A message delivered to one consumer, then (flagged) to the other after a failover: the
     flagged one is the repeat, though it comes first in the list of the consumer that read
