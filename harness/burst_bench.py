@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ledger_args = ("--no-ledger",) if args.no_ledger else ()
     with tempfile.TemporaryDirectory(prefix="tickwheel-burst-bench-") as root, \
-            LocalCluster(Path(root), ledger_args, metrics=True,
+            LocalCluster(Path(root), extra_args=ledger_args, metrics=True,
                          ledger_segment_age_ms=args.ledger_segment_age_ms or None) as cluster:
         cluster.leader(30)
         figures = burst(cluster, args.messages, args.producers, args.threads, args.consumers,

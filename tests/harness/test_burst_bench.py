@@ -31,7 +31,7 @@ def test_the_ledger_can_be_left_off_or_given_another_segment_age(
     class Started(Exception):
         pass
 
-    def cluster(root: object, extra_args: tuple[str, ...], *, metrics: bool,
+    def cluster(root: object, *, extra_args: tuple[str, ...], metrics: bool,
                 ledger_segment_age_ms: int | None) -> None:
         asked.append((extra_args, ledger_segment_age_ms))
         raise Started
