@@ -88,7 +88,7 @@ SCHEMA: Final = pa.schema([pa.field(name, kind, nullable=name not in REQUIRED)
                            for name, kind, _ in COLUMNS])
 
 DICTIONARY_COLUMNS: Final = ("event", "node", "topic", "group", "consumer", "term", "epoch",
-                              "lease", "attempt")
+                              "lease", "attempt", "principal")
 """Columns of few distinct values, dictionary-encoded in the Parquet file (one small dictionary
 a row group). The others (ids, handles, times) would overflow a dictionary page, which Parquet
 then abandons after paying for it."""
