@@ -21,7 +21,14 @@ from tickwheel.audit.command import (
     main,
     run,
 )
-from tickwheel.audit.layout import LEDGER_SCHEMA, Gap, Segments, find_gaps, read_ledger
+from tickwheel.audit.layout import (
+    LEDGER_SCHEMA,
+    Gap,
+    Segments,
+    fetched_segments,
+    find_gaps,
+    read_ledger,
+)
 from tickwheel.audit.summary import (
     AuditOptions,
     audit_ledgers,
@@ -31,6 +38,6 @@ from tickwheel.audit.summary import (
 )
 
 __all__ = ["LEDGER_SCHEMA", "AuditOptions", "Gap", "Segments", "add_arguments",
-           "audit_ledgers", "audit_segments", "build_session", "find_gaps",
+           "audit_ledgers", "audit_segments", "build_session", "fetched_segments", "find_gaps",
            "jvm_output_to_stderr", "main",
            "read_ledger", "run", "summarize", "verdict"]

@@ -9,7 +9,7 @@ here in Python (`find_gaps`): their ``gaps`` and the holes between sequence numb
 *ledger gaps*, stretches of time a node's rows are missing from, never lost messages. The
 segments' format is the node's (`tickwheel.node.ledger.schema`, docs/node.md "The ledger"):
 `LEDGER_SCHEMA` names its columns for Spark. Used by `tickwheel.audit.summary` and, for a
-chaos run's ``OUT/ledger/<node>.<generation>/`` folders, by `tickwheel.chaos.run_logs`.
+chaos run's ``OUT/ledgers`` (fetched so), by `tickwheel.chaos.run_logs`.
 """
 
 from __future__ import annotations

@@ -59,13 +59,10 @@ def audit_ledgers(spark: SparkSession, folder: Path,
 
 
 def audit_segments(spark: SparkSession, found: layout.Segments, options: AuditOptions,
-                   pattern: str = layout.FETCHED,
                    fetch: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The summary of the segments ``found``, whose paths name their shard and node by
-    ``pattern`` (`tickwheel.audit.layout.read_ledger`): for ledgers laid out otherwise, as a
-    chaos run's are."""
-    rows = layout.read_ledger(spark, found, options.since_ms, options.until_ms,
-                              pattern).cache()
+    """The summary of the segments ``found`` (`tickwheel.audit.layout.fetched_segments`),
+    with ``fetch`` (``fetch.json``) copied into it."""
+    rows = layout.read_ledger(spark, found, options.since_ms, options.until_ms).cache()
     try:
         return summarize(rows, layout.find_gaps(found), options, fetch)
     finally:

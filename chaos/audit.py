@@ -2,7 +2,8 @@
 
 Reads the logs a chaos run left in ``OUT_DIR`` (``run.json``, ``scheduled.jsonl``,
 ``cancels.jsonl``, ``reschedules.jsonl``, ``received.jsonl``, ``leaders.jsonl``,
-``faults.jsonl``, and the nodes' ledgers, ``ledger/<node>.<generation>/*.parquet``) with PySpark,
+``faults.jsonl``, and the nodes' ledgers as ``tickwheel ledger fetch`` lays them out,
+``ledgers/shard-<s>/<node>/*.parquet``) with PySpark,
 writes ``OUT_DIR/audit/summary.json``, ``report.md`` and two plots (`tickwheel.chaos.report`),
 and exits 0 when the verdict is clean, 1 when it is not. Also ``spark-submit chaos/audit.py
 OUT_DIR``. Missing or empty ``.jsonl`` files are no rows; lines that are not JSON (a killed

@@ -1,8 +1,10 @@
 """What a chaos run leaves in its output folder, and how the audit reads it: ``run.json`` (the
 run's window and tolerances, `Run`), the JSON-lines logs (`Logs`), each read with an explicit
 schema, a malformed line dropped (a process killed mid-write tears its last line), and the
-nodes' ledgers, their Parquet segments read natively (``spark.read.parquet``) with the
-production audit's schema, and audited by it as production's are (`ledger_audit`).
+nodes' ledgers, ``OUT/ledgers`` as ``tickwheel ledger fetch`` writes it (the runner's copies of
+wiped generations beside them, in the same layout), read and audited by the production audit
+as production's are (`ledger_audit`); each node folder is named after its node by
+``run.json``'s ``nodes`` (``ledgers``), as the client logs name nodes.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from tickwheel.audit import LEDGER_SCHEMA, AuditOptions, Segments, audit_segments
+from tickwheel.audit import AuditOptions, audit_ledgers, fetched_segments, read_ledger
+
+LEDGERS = "ledgers"
+"""The run's ledgers, under its output folder."""
 
 SCHEDULED_SCHEMA = ("id STRING, topic STRING, deliver_at_ms BIGINT, sent_ms BIGINT, "
                     "acked BOOLEAN, acked_ms BIGINT, handle BIGINT, kind STRING, shard BIGINT")
@@ -31,14 +36,6 @@ LEADERS_SCHEMA = "at_ms BIGINT, leader STRING, term BIGINT, shard BIGINT"
 FAULTS_SCHEMA = ("fault STRING, node STRING, shard BIGINT, started_ms BIGINT, ended_ms BIGINT, "
                  "detail STRING")
 """``shard`` is null in the logs of runs before shards: shard 0, the only one."""
-LEDGER_NAME = r"([^/]+)\.\d+/ledger-[^/]+\.parquet$"
-"""``ledger/<node name>.<generation>/ledger-<node>-<sequence>.parquet``: group 1 is the node's
-name."""
-LEDGER_FOLDERS = (r"/ledger/(?P<node>(?:shard(?P<shard>\d+)-)?[^/]+)/"
-                  r"ledger-[^/]+\.parquet$")
-"""The same for the production audit: each ``<name>.<generation>`` folder is a node's ledger
-(a wiped node begins its sequence numbers again), in the shard its name begins with
-(``shard1-node2``; none: shard 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +73,9 @@ class Run:
     """The cluster's shards (Raft groups): a message is its id's shard's."""
     burst: BurstPlan | None = None
     """The run's burst, if it had one."""
+    ledger_names: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Each node folder under ``OUT/ledgers/shard-<s>/`` -> the name of its node
+    (``node1``), from ``run.json``'s ``nodes``."""
 
     @property
     def lost_cutoff_ms(self) -> int:
@@ -86,8 +86,8 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Logs:
-    """One run's logs as DataFrames (the ledger's rows gain ``node_name``, from their folder;
-    receipts without a group are the default group's)."""
+    """One run's logs as DataFrames (the ledger's rows gain ``node_name``, their folder's node
+    by `Run.ledger_names`; receipts without a group are the default group's)."""
 
     run: Run
     scheduled: DataFrame
@@ -115,7 +115,10 @@ def read_run(out_dir: Path, grace_ms: int | None = None,
                                  else allowed_early_ms),
                drained_due_ms=raw.get("drained_due_ms"), groups=raw.get("groups"),
                idle_topics=raw.get("idle_topics", []), shards=raw.get("shards", 1),
-               burst=_burst(raw.get("burst")))
+               burst=_burst(raw.get("burst")),
+               ledger_names={folder.rsplit("/", 1)[-1]: node["name"]
+                             for node in raw.get("nodes", [])
+                             for folder in node.get("ledgers", [])})
 
 
 def _burst(raw: dict[str, Any] | None) -> BurstPlan | None:
@@ -131,9 +134,12 @@ def _burst(raw: dict[str, Any] | None) -> BurstPlan | None:
 
 def load_logs(spark: SparkSession, out_dir: Path, run: Run) -> Logs:
     """The logs under ``out_dir`` as DataFrames with explicit schemas."""
-    segments = [str(path) for path in sorted((out_dir / "ledger").glob("*/ledger-*.parquet"))]
-    ledger = (spark.read.schema(LEDGER_SCHEMA).parquet(*segments) if segments
-              else spark.createDataFrame(spark.sparkContext.emptyRDD(), LEDGER_SCHEMA))
+    ledger = read_ledger(spark, fetched_segments(out_dir / LEDGERS)).drop("shard")
+    folder = F.col("node_name")
+    if run.ledger_names:
+        names = F.create_map(*(F.lit(text) for item in run.ledger_names.items()
+                               for text in item))
+        folder = F.coalesce(names[F.col("node_name")], folder)
     return Logs(
         run=run,
         scheduled=_read_jsonl(spark, [out_dir / "scheduled.jsonl"], SCHEDULED_SCHEMA),
@@ -141,23 +147,9 @@ def load_logs(spark: SparkSession, out_dir: Path, run: Run) -> Logs:
         reschedules=_read_jsonl(spark, [out_dir / "reschedules.jsonl"], RESCHEDULES_SCHEMA),
         received=_read_jsonl(spark, [out_dir / "received.jsonl"], RECEIVED_SCHEMA)
         .withColumn("group", F.coalesce("group", F.lit(""))),
-        ledger=ledger.withColumn(
-            "node_name", F.regexp_extract(F.input_file_name(), LEDGER_NAME, 1)),
+        ledger=ledger.withColumn("node_name", folder),
         leaders=_read_jsonl(spark, [out_dir / "leaders.jsonl"], LEADERS_SCHEMA),
         faults=_read_jsonl(spark, [out_dir / "faults.jsonl"], FAULTS_SCHEMA))
-
-
-def ledger_segments(out_dir: Path) -> Segments:
-    """The run's ledgers as the production audit takes them: per ``(shard, folder)``."""
-    found: Segments = {}
-    for path in sorted((out_dir / "ledger").glob("*/ledger-*.parquet")):
-        folder = path.parent.name
-        shard = folder.removeprefix("shard").split("-", 1)[0] if folder.startswith(
-            "shard") else "0"
-        found.setdefault((int(shard) if shard.isdigit() else 0, folder), []).append(path)
-    for paths in found.values():
-        paths.sort(key=lambda path: path.name)
-    return found
 
 
 def ledger_audit(spark: SparkSession, out_dir: Path, run: Run) -> dict[str, Any]:
@@ -166,7 +158,7 @@ def ledger_audit(spark: SparkSession, out_dir: Path, run: Run) -> dict[str, Any]
     the chaos audit adds to it is the runner's client logs."""
     options = AuditOptions(grace_ms=run.grace_ms, allowed_early_ms=run.allowed_early_ms,
                            until_ms=run.lost_cutoff_ms + run.grace_ms)
-    return audit_segments(spark, ledger_segments(out_dir), options, LEDGER_FOLDERS)
+    return audit_ledgers(spark, out_dir / LEDGERS, options)
 
 
 def _read_jsonl(spark: SparkSession, paths: list[Path], schema: str) -> DataFrame:

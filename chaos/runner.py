@@ -5,8 +5,10 @@ proxies, subscribes consumers,
 then produces for ``duration_s`` while the `Nemesis` inflicts faults, and, with a ``burst``,
 schedules it in the middle (`tickwheel.chaos.burst`). When production stops it
 lets delivery drain (until every accepted, uncancelled message due by then has arrived, or
-``drain_max_s``), stops everything it started, and writes ``OUT/run.json`` beside the event
-logs. Verdicts are the audit's job (``python -m tickwheel.chaos.audit OUT``).
+``drain_max_s``), fetches the nodes' ledgers into ``OUT/ledgers`` with ``tickwheel ledger
+fetch`` while they still run (`ChaosCluster.fetch_ledgers`), stops everything it started, and
+writes ``OUT/run.json`` beside the event logs. Verdicts are the audit's job (``python -m
+tickwheel.chaos.audit OUT``).
 """
 
 from __future__ import annotations
@@ -226,6 +228,8 @@ class NodeRecord(TypedDict):
     raft: str
     grpc: str
     shard: int
+    ledgers: list[str]
+    """Its folders under ``OUT/ledgers``: each wiped generation's, then the fetched one."""
 
 
 class RunRecord(TypedDict):
@@ -244,6 +248,8 @@ class RunRecord(TypedDict):
     idle_topics: list[str]
     allowed_early_ms: int
     burst: BurstRecord | None
+    ledger_fetch: int
+    """The exit status of ``tickwheel ledger fetch`` (0: every node's ledger fetched)."""
     config: dict[str, object]
     summary: Summary
 
@@ -262,13 +268,18 @@ def run(config: RunConfig, console: Console | None = None) -> RunRecord:
                      "--ledger-segment-age-ms", str(CHAOS_LEDGER_SEGMENT_AGE_MS)) + (
             () if config.snapshot_min_entries is None
             else ("--snapshot-min-entries", str(config.snapshot_min_entries)))
-        with ChaosCluster(out / "cluster", config.nodes, out / "ledger", node_args,
+        with ChaosCluster(out / "cluster", config.nodes, out / "ledgers", node_args,
                           disk_size=disk_size, power_cuts="power-cut" in config.nemesis.faults,
                           shards=config.shards) as cluster:
             ended_ms, drained_due_ms, summary, burst = _scenario(config, cluster, logs,
                                                                  expected, console)
+            ledger_fetch = cluster.fetch_ledgers()
+            if ledger_fetch != 0:
+                log.warning("event=ledger_fetch_incomplete status=%d (OUT/ledgers/fetch.json "
+                            "names the nodes missed)", ledger_fetch)
             nodes = [NodeRecord(name=cluster.name(n), raft=n.raft, grpc=n.grpc_address,
-                                shard=n.shard) for n in cluster.nodes]
+                                shard=n.shard, ledgers=cluster.ledger_folders(n))
+                     for n in cluster.nodes]
     finally:
         for event_log in logs.files().values():
             event_log.close()
@@ -280,7 +291,7 @@ def run(config: RunConfig, console: Console | None = None) -> RunRecord:
         faults=list(config.nemesis.faults),
         grace_ms=config.grace_ms, max_skew_ms=summary["max_skew_ms"],
         groups=config.groups, idle_topics=[IDLE_TOPIC], allowed_early_ms=ALLOWED_EARLY_MS,
-        burst=burst,
+        burst=burst, ledger_fetch=ledger_fetch,
         config={key: value for key, value in asdict(config).items() if key != "out"}
         | {"out": str(out)}, summary=summary)
     (out / "run.json").write_text(json.dumps(record, indent=2, default=str))

@@ -1,9 +1,10 @@
 """The production audit (ledgers alone) against the chaos audit (the runner's client logs) of
 one real run with leader kills: they agree on what is lost, unflagged, early and delivered
 after a cancel, and the repeats the ledgers show in the failovers' new leaderships cover every
-duplicate the consumers received. ``tickwheel audit`` is run as users run it, on the run's
-ledgers laid out as ``ledger fetch`` writes them, with the runner's receipts
-(``received.jsonl``: the fields the client library's receipts have)."""
+duplicate the consumers received. The runner gathered the ledgers with ``tickwheel ledger
+fetch`` (``OUT/ledgers``, its ``fetch.json``), and ``tickwheel audit`` is run on that folder as
+users run it, with the runner's receipts (``received.jsonl``: the fields the client library's
+receipts have)."""
 
 from __future__ import annotations
 
@@ -22,13 +23,6 @@ from sparktests import QUICK_JVM
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1_500)]
 
 
-def fetched(out: Path, into: Path) -> Path:
-    """The run's ``ledger/<node>.<generation>/`` folders as ``into/shard-0/<folder>/``."""
-    for folder in sorted((out / "ledger").iterdir()):
-        shutil.copytree(folder, into / "shard-0" / folder.name)
-    return into
-
-
 def test_the_ledgers_and_the_client_logs_tell_the_same_run(
         tmp_path: Path, in_background: Callable[..., Any]) -> None:
     out = tmp_path / "chaos"
@@ -38,12 +32,17 @@ def test_the_ledgers_and_the_client_logs_tell_the_same_run(
          "--duration", "40", "--rate", "100", "--seed", "23", "--faults", "kill",
          "--interval", "8"], capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-3_000:]
+    fetch = json.loads((out / "ledgers" / "fetch.json").read_text())
+    assert fetch["close_open"] is True and fetch["missed"] == [], fetch
+    assert {node["shard"] for node in fetch["nodes"]} == {0} and len(fetch["nodes"]) == 3
+    assert json.loads((out / "run.json").read_text())["ledger_fetch"] == 0
     chaos = in_background(subprocess.run, [sys.executable, "-m", "tickwheel.chaos.audit",
                                            str(out), "--json"],
                           capture_output=True, text=True, timeout=600, env=env)
     assert chaos.returncode in (0, 1), chaos.stderr[-3_000:]
     summary = json.loads(chaos.stdout)
     ledgers = summary["ledgers"]
+    assert ledgers["fetch"] == fetch
     totals = ledgers["totals"]
     assert summary["messages"]["acked"] > 1_000
     assert totals["failovers"] >= 2, ledgers["shards"]["0"]["leaders"]
@@ -61,7 +60,7 @@ def test_the_ledgers_and_the_client_logs_tell_the_same_run(
     shutil.copy(out / "received.jsonl", receipts / "received.jsonl")
     until = str(summary["run"]["ended_ms"] - summary["run"]["grace_ms"])
     command = in_background(subprocess.run, [
-        sys.executable, "-m", "tickwheel.cli", "audit", str(fetched(out, tmp_path / "fetched")),
+        sys.executable, "-m", "tickwheel.cli", "audit", str(out / "ledgers"),
         "--receipts", str(receipts), "--json", "--until", until,
         "--grace-ms", str(summary["run"]["grace_ms"]),
         "--allowed-early-ms", str(summary["run"]["allowed_early_ms"]),

@@ -139,31 +139,59 @@ def ledger_committed(raft: str, event: str, at_ms: int, id_: str = "x") -> dict[
             "topic": "orders", "handle": 1, "deliver_at_ms": t(at_ms)}
 
 
-def write_segment(folder: Path, sequence: int, rows: list[dict[str, Any]]) -> None:
-    """A closed ledger segment of ``rows``, as a node writes it (its schema, zstd)."""
+def write_segment(folder: Path, raft: str, sequence: int, rows: list[dict[str, Any]]) -> None:
+    """A closed ledger segment of ``rows``, as node ``raft`` writes it (its schema, zstd)."""
     folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA),
-                   folder / segment_name("127.0.0.1:41000", sequence), compression="zstd")
+                   folder / segment_name(raft, sequence), compression="zstd")
+
+
+def raft_of(name: str) -> str:
+    """The Raft address of node ``nodeK``."""
+    return f"127.0.0.1:{41000 + int(name.removeprefix('node'))}"
+
+
+def write_ledgers(out_dir: Path, ledgers: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Per ``ledger__node0_0`` keyword, node0's generation 0: a segment of its rows (bytes: an
+    open segment beside it), laid out as the runner leaves them: the node's newest generation
+    as ``ledger fetch`` writes it (``ledgers/shard-0/127.0.0.1_41000/``), an older one as the
+    runner copies it before a wipe (``.../127.0.0.1_41000.generation-0/``). Returns
+    ``run.json``'s ``nodes``."""
+    generations: dict[str, list[int]] = {}
+    for key in sorted(ledgers):
+        name, generation = key.removeprefix("ledger__").split("_")
+        generations.setdefault(name, []).append(int(generation))
+    nodes = []
+    for name, numbers in generations.items():
+        raft = raft_of(name)
+        fetched = "shard-0/" + raft.replace(":", "_")
+        folders = [f"{fetched}.generation-{number}" for number in numbers[:-1]] + [fetched]
+        for number, folder in zip(numbers, folders, strict=True):
+            rows = ledgers[f"ledger__{name}_{number}"]
+            write_segment(out_dir / "ledgers" / folder, raft, 1,
+                          [row for row in rows if isinstance(row, dict)])
+            for torn in (row for row in rows if isinstance(row, bytes)):
+                (out_dir / "ledgers" / folder / (segment_name(raft, 2) + ".open")
+                 ).write_bytes(torn)
+        nodes.append({"name": name, "raft": raft, "grpc": "", "shard": 0, "ledgers": folders})
+    return nodes
 
 
 def write_run(out_dir: Path, ended_ms: int, *, drained_due_ms: int | None = None,
               groups: dict[str, Any] | None = None, **lines: list[Any]) -> Path:
     """A run directory: ``run.json`` (with ``groups``' items when given) and, per keyword, a
     ``.jsonl`` file with its lines reversed (strings are written verbatim), or for
-    ``ledger__node0_0`` a node's ledger, ``ledger/node0.0/``: a segment of its rows (bytes:
-    an open segment beside it)."""
+    ``ledger__node0_0`` a node's ledger (`write_ledgers`)."""
     out_dir.mkdir(parents=True)
     drained = {} if drained_due_ms is None else {"drained_due_ms": t(drained_due_ms)}
+    nodes = write_ledgers(out_dir, {name: rows for name, rows in lines.items()
+                                    if name.startswith("ledger__")})
     (out_dir / "run.json").write_text(json.dumps({
-        "started_ms": T0_MS, "ended_ms": t(ended_ms), "seed": 7, "nodes": [],
+        "started_ms": T0_MS, "ended_ms": t(ended_ms), "seed": 7, "nodes": nodes,
         "faults": ["kill", "pause"], "grace_ms": 5_000, "max_skew_ms": 0,
         "allowed_early_ms": 5} | drained | (groups or {})))
     for name, rows in lines.items():
         if name.startswith("ledger__"):
-            folder = out_dir / "ledger" / name.removeprefix("ledger__").replace("_", ".")
-            write_segment(folder, 1, [row for row in rows if isinstance(row, dict)])
-            for torn in (row for row in rows if isinstance(row, bytes)):
-                (folder / (segment_name("127.0.0.1:41000", 2) + ".open")).write_bytes(torn)
             continue
         path = out_dir / (name.replace("__", "/").replace("_", ".") + ".jsonl")
         path.parent.mkdir(exist_ok=True)
