@@ -145,7 +145,7 @@ class ChaosCluster(LocalCluster):
         self.keep_ledger(node)
         self._generation[self.name(node)] += 1
         for entry in node.data.iterdir():
-            if entry.is_dir():
+            if entry.is_dir() and not entry.is_symlink():  # DATA/state is a link
                 shutil.rmtree(entry)
             else:
                 entry.unlink()
