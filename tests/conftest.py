@@ -117,7 +117,7 @@ def _refusing_unmarked_starts(item: pytest.Item) -> Iterator[None]:
 FIXED_PORTS_FROM = json.loads((Path(__file__).parent / "fixtures" / "upgrade" / "expected.json")
                               .read_text())["base_port"]
 """The lowest port a test binds by number: the upgrade fixture's data folder names its node's
-addresses (27400 and up); test_cluster_up picks higher ones still."""
+addresses (27400 and up); tests/node/numbered_ports.py gives higher ones still."""
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -10,7 +10,6 @@ layout it started with."""
 from __future__ import annotations
 
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -23,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numbered_ports
 import pytest
 
 from tickwheel.client import Client, Credentials, Message, Received
@@ -165,7 +165,7 @@ class Load:
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Two shards grown to four under load, then ``cluster up`` stopped: what happened."""
     data = tmp_path_factory.mktemp("grow") / "cluster"
-    base_port = random.randrange(30_000, 38_000, 10)
+    base_port = numbered_ports.base_port("cluster_grow")
     up = cluster_up(data, base_port, shards=2)
     try:
         seen: dict = {"data": data, "base_port": base_port,

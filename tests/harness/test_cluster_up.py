@@ -5,7 +5,6 @@ checks the entry point carries it, and ``python -m tickwheel.node`` does not."""
 from __future__ import annotations
 
 import os
-import random
 import signal
 import socket
 import ssl
@@ -15,6 +14,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import numbered_ports
 import pytest
 
 from tickwheel.harness.local_cluster import wait_for
@@ -55,7 +55,7 @@ def port_is_free(port: int) -> bool:
 
 
 def test_cluster_up_runs_a_secured_cluster_until_ctrl_c(tmp_path: Path) -> None:
-    base_port = random.randrange(30_000, 38_000, 10)
+    base_port = numbered_ports.base_port("cluster_up")
     up, printed = start_cluster_up(tmp_path, base_port)
     try:
         assert up.poll() is None, printed
@@ -73,7 +73,7 @@ def test_sigterm_stops_cluster_up_and_its_nodes_and_rocketmq_listeners_start_on_
         tmp_path: Path) -> None:
     """What ``docker stop``, systemd and CI send: the nodes stop with the command and free
     their ports (before, the command died and left its node running)."""
-    base_port = random.randrange(30_000, 38_000, 10)
+    base_port = numbered_ports.base_port("cluster_up_rocketmq")
     up, printed = start_cluster_up(tmp_path, base_port, "--rocketmq")
     try:
         assert up.poll() is None, printed
@@ -97,7 +97,7 @@ def test_the_node_module_alone_has_no_cluster_command() -> None:
 
 
 def test_cluster_up_with_console_prints_its_address_and_stops_it(tmp_path: Path) -> None:
-    base_port = random.randrange(30_000, 38_000, 10)
+    base_port = numbered_ports.base_port("cluster_up_console")
     up, printed = start_cluster_up(tmp_path, base_port, "--console", until="console: ")
     try:
         line = printed.splitlines()[-1]

@@ -6,12 +6,12 @@ files, the access file, the Raft secret, the peer addresses) fails it."""
 from __future__ import annotations
 
 import os
-import random
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numbered_ports
 import pytest
 
 pytestmark = pytest.mark.cluster
@@ -40,7 +40,7 @@ def _recipe(base_port: int) -> str:
 
 
 def test_the_documented_growth_by_hand_grows_two_shards_to_four(tmp_path: Path) -> None:
-    base_port = random.randrange(30_000, 38_000, 20)
+    base_port = numbered_ports.base_port("growth_by_hand")
     (tmp_path / "recipe.sh").write_text(_recipe(base_port))
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     run = subprocess.run(["bash", "-c", RUN], cwd=tmp_path, capture_output=True, text=True,
