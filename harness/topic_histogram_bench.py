@@ -25,8 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tickwheel.wheel import NewMessage, Wheel
-from tickwheel.wheel.format import encode_record
+from tickwheel.wheel import NewMessage, Wheel, encode_record
 
 BATCH_MSGS = 10_000
 BODY = bytes(range(100))

@@ -86,6 +86,7 @@ from tickwheel.common.errors import (
 )
 from tickwheel.wheel.due import DueHistogram
 from tickwheel.wheel.engine import Wheel
+from tickwheel.wheel.format import encode_record
 from tickwheel.wheel.mending import MendCounts
 from tickwheel.wheel.types import DAY_MS, CancelResult, Cursor, DueMessage, NewMessage, WheelConfig
 
@@ -107,4 +108,5 @@ __all__ = [
     "UnknownHandle",
     "Wheel",
     "WheelConfig",
+    "encode_record",
 ]
