@@ -76,21 +76,20 @@ def fetched_segments(folder: Path) -> Segments:
 
 
 def read_ledger(spark: SparkSession, found: Segments, since_ms: int | None = None,
-                until_ms: int | None = None, pattern: str = FETCHED) -> DataFrame:
+                until_ms: int | None = None) -> DataFrame:
     """Every row of the segments ``found`` with ``shard`` and ``node_name``, read from each
-    file's path by ``pattern`` (a Python regular expression with groups ``shard`` and
-    ``node``, given to Spark with Java's group syntax; a shard not matched is 0);
-    only rows whose ``time_ms`` lies in ``[since_ms, until_ms]`` when given."""
+    file's path by `FETCHED` (given to Spark with Java's group syntax; a shard not matched
+    is 0); only rows whose ``time_ms`` lies in ``[since_ms, until_ms]`` when given."""
     paths = [str(path) for paths in found.values() for path in paths]
     if not paths:
         rows = spark.createDataFrame(spark.sparkContext.emptyRDD(), LEDGER_SCHEMA)
         return rows.withColumn("shard", F.lit(0)).withColumn("node_name", F.lit(""))
     name = F.input_file_name()
-    java = pattern.replace("(?P<", "(?<")  # Java's named groups
-    shard = F.regexp_extract(name, java, _group(pattern, "shard"))
+    java = FETCHED.replace("(?P<", "(?<")  # Java's named groups
+    shard = F.regexp_extract(name, java, _group("shard"))
     rows = (spark.read.schema(LEDGER_SCHEMA).parquet(*paths)
             .withColumn("shard", F.coalesce(F.when(shard != "", shard.cast("int")), F.lit(0)))
-            .withColumn("node_name", F.regexp_extract(name, java, _group(pattern, "node"))))
+            .withColumn("node_name", F.regexp_extract(name, java, _group("node"))))
     if since_ms is not None:
         rows = rows.filter(F.col("time_ms") >= since_ms)
     if until_ms is not None:
@@ -98,9 +97,9 @@ def read_ledger(spark: SparkSession, found: Segments, since_ms: int | None = Non
     return rows
 
 
-def _group(pattern: str, name: str) -> int:
-    """The number of ``pattern``'s group ``name`` (Spark's regexp_extract takes numbers)."""
-    return re.compile(pattern).groupindex[name]
+def _group(name: str) -> int:
+    """The number of `FETCHED`'s group ``name`` (Spark's regexp_extract takes numbers)."""
+    return re.compile(FETCHED).groupindex[name]
 
 
 def find_gaps(found: Segments) -> list[Gap]:
