@@ -8,13 +8,15 @@ restart): `committed` keeps one of each. ``sent`` rows are the sending leader's 
 - **messages**: one row per ``(shard, id)`` with a ``scheduled`` row: its ``topic``, when it
   was first scheduled (``scheduled_ms``), its due time (``due_ms``: the latest
   ``rescheduled`` row's ``deliver_at_ms``, else the schedule's), and its first ``cancelled``
-  row's time (``cancelled_ms``).
+  row's time (``cancelled_ms``), and its first ``withdrawn`` row's (``withdrawn_ms``: a cancel
+  that came after some group had leased it, which withdraws it from the groups that had not).
 - **deliveries**: a message is owed to every consumer group of its topic, the groups any
   ``sent`` or ``leased`` row names for that topic (``""``: the default group); a topic no
   group ever consumed is owed to nobody. A delivery is *handled* at its first ``sent`` row or
   its first ``acked`` row (replicated, so it survives the sending leader's lost segment),
   whichever is earlier.
-- **overdue**: a delivery not cancelled by ``due_ms + grace_ms``, due so that
+- **overdue**: a delivery not cancelled by ``due_ms + grace_ms`` (nor withdrawn by then from
+  its group, which had leased it before the withdrawal: ``leased_ms``), due so that
   ``due_ms + grace_ms <= horizon_ms``, and not handled by then; ``never_sent`` of those have
   no ``sent`` or ``acked`` row at all. An overdue delivery whose window ``[due_ms, due_ms +
   grace_ms]`` meets a ledger gap of its shard (`tickwheel.audit.layout.Gap`; an edge it does
@@ -84,7 +86,7 @@ def messages(events: DataFrame) -> DataFrame:
     """One row per scheduled ``(shard, id)`` (see the module docstring)."""
     event = F.col("event")
     moved = event == "rescheduled"
-    return (events.filter(event.isin("scheduled", "rescheduled", "cancelled"))
+    return (events.filter(event.isin("scheduled", "rescheduled", "cancelled", "withdrawn"))
             .groupBy("shard", "id").agg(
                 F.first(F.when(event == "scheduled", F.col("topic")), ignorenulls=True)
                 .alias("topic"),
@@ -94,7 +96,8 @@ def messages(events: DataFrame) -> DataFrame:
                 F.max_by(F.when(moved, F.col("deliver_at_ms")), F.when(moved, F.col("time_ms")))
                 .alias("moved_to_ms"),
                 F.max(F.when(moved, F.col("time_ms"))).alias("moved_at_ms"),
-                F.min(F.when(event == "cancelled", F.col("time_ms"))).alias("cancelled_ms"))
+                F.min(F.when(event == "cancelled", F.col("time_ms"))).alias("cancelled_ms"),
+                F.min(F.when(event == "withdrawn", F.col("time_ms"))).alias("withdrawn_ms"))
             .filter(F.col("scheduled_ms").isNotNull())
             .withColumn("due_ms", F.coalesce("moved_to_ms", "first_due_ms"))
             .drop("first_due_ms"))
@@ -108,25 +111,30 @@ def topic_groups(events: DataFrame, sent: DataFrame) -> DataFrame:
 
 
 def deliveries(known: DataFrame, groups: DataFrame, sent: DataFrame,
-               acked: DataFrame) -> DataFrame:
-    """One row per delivery owed (``shard, id, group, topic, due_ms, cancelled_ms``), with
-    ``sent_ms`` and ``acked_ms``, its first ``sent`` and ``acked`` rows' times (null if
-    none)."""
+               acked: DataFrame, leased: DataFrame) -> DataFrame:
+    """One row per delivery owed (``shard, id, group, topic, due_ms, cancelled_ms,
+    withdrawn_ms``), with ``sent_ms``, ``acked_ms`` and ``leased_ms``, its first ``sent``,
+    ``acked`` and ``leased`` rows' times (null if none)."""
     first_sent = sent.groupBy(*DELIVERY).agg(F.min("time_ms").alias("sent_ms"))
-    first_ack = (acked.filter(F.col("id").isNotNull()).groupBy(*DELIVERY)
-                 .agg(F.min("time_ms").alias("acked_ms")))
+    first = [(rows.filter(F.col("id").isNotNull()).groupBy(*DELIVERY)
+              .agg(F.min("time_ms").alias(name))) for rows, name in ((acked, "acked_ms"),
+                                                                     (leased, "leased_ms"))]
     return (known.join(F.broadcast(groups), "topic")
-            .select("shard", "id", "group", "topic", "due_ms", "cancelled_ms")
+            .select("shard", "id", "group", "topic", "due_ms", "cancelled_ms", "withdrawn_ms")
             .join(first_sent, list(DELIVERY), "left")
-            .join(first_ack, list(DELIVERY), "left"))
+            .join(first[0], list(DELIVERY), "left")
+            .join(first[1], list(DELIVERY), "left"))
 
 
 def overdue(owed: DataFrame, window: Judging, gaps: DataFrame) -> DataFrame:
     """Overdue deliveries (the module docstring), with ``never_sent`` and ``in_gap``."""
     by_ms = F.col("due_ms") + window.grace_ms
     handled_ms = F.least("sent_ms", "acked_ms")
+    withdrawn = F.col("withdrawn_ms")
+    never_had_it = F.col("leased_ms").isNull() | (F.col("leased_ms") > withdrawn)
     late = (owed.filter((by_ms <= window.horizon_ms)
                         & (F.col("cancelled_ms").isNull() | (F.col("cancelled_ms") > by_ms))
+                        & ~(withdrawn.isNotNull() & (withdrawn <= by_ms) & never_had_it)
                         & (handled_ms.isNull() | (handled_ms > by_ms)))
             .withColumn("never_sent", handled_ms.isNull()))
     begun = F.col("from_ms").isNull() | (F.col("from_ms") <= by_ms)

@@ -85,7 +85,8 @@ def summarize(rows: DataFrame, gaps: list[layout.Gap], options: AuditOptions,
     known = lifecycle.messages(events).cache()
     groups = lifecycle.topic_groups(events, sent).cache()
     acked = events.filter(F.col("event") == "acked")
-    owed = lifecycle.deliveries(known, groups, sent, acked)
+    owed = lifecycle.deliveries(known, groups, sent, acked,
+                                events.filter(F.col("event") == "leased"))
     gap_frame = spark.createDataFrame(
         [(gap.shard, gap.from_ms, gap.to_ms) for gap in gaps],
         "shard INT, from_ms BIGINT, to_ms BIGINT")

@@ -38,6 +38,7 @@ LEASE_MS: Final = 120_000
 RESENT_FROM: Final = "tickwheel-resent-from"
 """The property a resent copy carries: the dead-letter topic it came from."""
 STATES: Final = {"scheduled": "pending", "rescheduled": "pending", "cancelled": "cancelled",
+                 "withdrawn": "cancelled for the groups that had not leased it",
                  "leased": "handed out", "sent": "handed out", "acked": "acknowledged",
                  "released": "ready again", "returned": "ready again", "nacked": "nacked",
                  "dead_lettered": "dead-lettered"}

@@ -50,15 +50,17 @@ class Retiring:
             located.append(found)
         results = [self._cancel_one(found) for found in located]
         if self._s.ledger is not None:
-            cancelled = [found[0] for found, result in zip(located, results, strict=True)
-                         if found is not None and result is CancelResult.CANCELLED]
-            if cancelled:
-                self._s.ledger.add(LedgerRows("cancelled", stamp_ms, {
-                    "handle": [message.handle for message in cancelled],
-                    "id": [message.id for message in cancelled],
-                    "topic": [message.topic for message in cancelled],
-                    "deliver_at_ms": [message.deliver_at_ms for message in cancelled],
-                    "principal": [principal] * len(cancelled)}))
+            for event, outcome in (("cancelled", CancelResult.CANCELLED),
+                                   ("withdrawn", CancelResult.HANDED_OUT)):
+                rows = [found[0] for found, result in zip(located, results, strict=True)
+                        if found is not None and result is outcome]
+                if rows:
+                    self._s.ledger.add(LedgerRows(event, stamp_ms, {
+                        "handle": [message.handle for message in rows],
+                        "id": [message.id for message in rows],
+                        "topic": [message.topic for message in rows],
+                        "deliver_at_ms": [message.deliver_at_ms for message in rows],
+                        "principal": [principal] * len(rows)}))
         return results
 
     def refused_topic(self, handles: Sequence[int], field: str,

@@ -36,8 +36,8 @@ FORMAT_VERSION: Final = 2
 """Of the schema and the metadata (a segment's manifest says its own): 1, the first; 2 adds
 ``principal``."""
 
-EVENTS: Final = ("scheduled", "cancelled", "rescheduled", "leased", "acked", "released",
-                 "returned", "nacked", "dead_lettered", "sent", "dispatch_started")
+EVENTS: Final = ("scheduled", "cancelled", "withdrawn", "rescheduled", "leased", "acked",
+                 "released", "returned", "nacked", "dead_lettered", "sent", "dispatch_started")
 """Every value of the ``event`` column. All but the last two are the committed lifecycle,
 recorded by every replica as it applies the Raft log; ``sent`` and ``dispatch_started`` are
 this node's own, while it leads."""

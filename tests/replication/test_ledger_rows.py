@@ -1,6 +1,7 @@
 """What the state machine tells its ledger sink, command by command: a row for each change a
 command made, none for what changed nothing (a remembered id, a stale receipt, a cancel of a
-leased message), in the order applied."""
+leased message), in the order applied; a cancel of a message some group leased withdraws it
+from the others, a row of its own."""
 
 from __future__ import annotations
 
@@ -107,3 +108,15 @@ def test_a_state_machine_without_a_sink_tells_no_one(tmp_path: Path) -> None:
         assert handout(state, [a]) == [1]
     finally:
         state.close()
+
+
+def test_a_cancel_after_a_lease_is_a_withdrawn_row(
+        state: StateMachine, recorder: Recorder) -> None:
+    """The cancel answers HANDED_OUT and changes something: groups that had not leased the
+    message never will. Without a row, the audit owed it to them (overdue, never sent)."""
+    a, b = schedule(state, "ab")
+    assert handout(state, [a]) == [1]
+    state.apply(commands.cancel(T0_MS + 5, [a, b]))
+    rows = [row for row in recorder.flat() if row["event"] in ("cancelled", "withdrawn")]
+    assert [(row["event"], row["id"], row["handle"], row["time_ms"]) for row in rows] == [
+        ("cancelled", "b", b, T0_MS + 5), ("withdrawn", "a", a, T0_MS + 5)]
