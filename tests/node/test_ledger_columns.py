@@ -89,7 +89,7 @@ def model(taken: list[tuple[int, LedgerRows]]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(chunk(), min_size=1, max_size=12))
 def test_the_table_holds_every_row_as_the_model_does_in_the_order_taken(
         taken: list[tuple[int, LedgerRows]]) -> None:
