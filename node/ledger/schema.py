@@ -114,12 +114,14 @@ SEGMENT = re.compile(r"^ledger-(?P<node>[A-Za-z0-9._-]+)-(?P<sequence>\d{12})\.p
 
 @dataclass(frozen=True, slots=True)
 class Gap:
-    """Rows that are not in any segment, recorded in the next segment written."""
+    """Rows that are not in any segment, recorded in the segment being written (else the
+    next one begun)."""
 
     reason: str
     """``buffer_full`` (the ledger's buffer was full), ``disk_low`` (the disk was below the
-    node's reserve), ``torn_segment`` (a segment being written when the node stopped
-    without closing it), ``write_failed`` (an error writing a segment)."""
+    node's reserve), ``torn_segment`` (what a node killed had not closed into a segment:
+    its open segment's rows and its buffered ones, recorded at its next start,
+    `tickwheel.node.ledger.writer`), ``write_failed`` (an error writing a segment)."""
     rows: int | None = None
     """How many rows (None for a torn segment: unknown)."""
     first_ms: int | None = None
@@ -144,7 +146,8 @@ class Manifest:
     closed_ms: int
     """When the node began and closed it, by its own clock."""
     gaps: list[Gap] = field(default_factory=list)
-    """Rows lost since the segment before it (its sequence number minus one)."""
+    """Rows lost since the segment before it (its sequence number minus one) closed, until
+    this one closed."""
     bytes: int = 0
     sha256: str = ""
     """Of the segment's file (the sidecar only)."""
