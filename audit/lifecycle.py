@@ -24,7 +24,9 @@ restart): `committed` keeps one of each. ``sent`` rows are the sending leader's 
   its send may be in the rows missing.
 - **early**: ``sent`` rows with ``time_ms < deliver_at_ms - allowed_early_ms``, the cluster's
   time against the due time the send carries.
-- **after_cancel**: ``sent`` rows of a message later than its first ``cancelled`` row.
+- **after_cancel**: ``sent`` rows of a message later than its first ``cancelled`` row, and
+  ``sent`` rows to a group later than a ``withdrawn`` row, the group not having leased it
+  before.
 - **contrary_to_reschedule**: ``sent`` rows of a rescheduled message at or after its latest
   ``rescheduled`` row and more than ``allowed_early_ms`` before the due time that row set.
 
@@ -150,12 +152,21 @@ def early(sent: DataFrame, window: Judging) -> DataFrame:
     return sent.filter(F.col("time_ms") < F.col("deliver_at_ms") - window.allowed_early_ms)
 
 
-def after_cancel(sent: DataFrame, known: DataFrame) -> DataFrame:
-    """``sent`` rows of a message later than its first ``cancelled`` row."""
+def after_cancel(sent: DataFrame, known: DataFrame, owed: DataFrame) -> DataFrame:
+    """``sent`` rows of a message later than its first ``cancelled`` row, and those to a
+    group later than the message's ``withdrawn`` row when the group had not leased it
+    before."""
     cancelled = known.filter(F.col("cancelled_ms").isNotNull()).select(
         "shard", "id", "cancelled_ms")
+    withdrawn = owed.filter(F.col("withdrawn_ms").isNotNull() & (
+        F.col("leased_ms").isNull() | (F.col("leased_ms") > F.col("withdrawn_ms")))).select(
+        *DELIVERY, "withdrawn_ms")
     return (sent.join(cancelled, ["shard", "id"])
-            .filter(F.col("time_ms") > F.col("cancelled_ms")))
+            .filter(F.col("time_ms") > F.col("cancelled_ms")).drop("cancelled_ms")
+            .unionByName(sent.join(withdrawn, list(DELIVERY))
+                         .filter(F.col("time_ms") > F.col("withdrawn_ms"))
+                         .drop("withdrawn_ms"))
+            .dropDuplicates())
 
 
 def contrary_to_reschedule(sent: DataFrame, known: DataFrame, window: Judging) -> DataFrame:

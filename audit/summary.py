@@ -96,7 +96,7 @@ def summarize(rows: DataFrame, gaps: list[layout.Gap], options: AuditOptions,
     problems = {
         "overdue": late.filter(~F.col("in_gap")),
         "early": lifecycle.early(sent, judging),
-        "after_cancel": lifecycle.after_cancel(sent, known),
+        "after_cancel": lifecycle.after_cancel(sent, known, owed),
         "contrary_to_reschedule": lifecycle.contrary_to_reschedule(sent, known, judging),
     }
     shards = _shards(rows, known, owed, sent, late, problems, repeated, turns, gaps, options)

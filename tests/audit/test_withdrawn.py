@@ -29,9 +29,10 @@ def spark(in_background: Callable[..., Any]) -> Iterator[SparkSession]:
     yield from spark_session(in_background)
 
 
-def _ledger(folder: Path, withdrawn: bool) -> Path:
+def _ledger(folder: Path, withdrawn: bool, sent_after: bool = False) -> Path:
     """m1 leased, sent and acked by shipping, then cancelled (withdrawn from billing, if
-    ``withdrawn``); m2 delivered to both groups, so that both consume ``orders``."""
+    ``withdrawn``; and sent to billing after that, if ``sent_after``); m2 delivered to both
+    groups, so that both consume ``orders``."""
     records = [encode_record(f"m{i}", "orders", b"x", DUE_MS, {}, 1) for i in (1, 2)]
     groups = ["shipping", "shipping", "billing"]
     handles = [1, 2, 2]
@@ -50,6 +51,11 @@ def _ledger(folder: Path, withdrawn: bool) -> Path:
         batches.append(LedgerRows("withdrawn", DUE_MS + 10, {
             "handle": [1], "id": ["m1"], "topic": ["orders"], "deliver_at_ms": [DUE_MS],
             "principal": ["orders-service"]}))
+    if sent_after:
+        batches.append(LedgerRows("sent", DUE_MS + 30, {
+            "handle": [1], "id": ["m1"], "topic": ["orders"], "group": ["billing"],
+            "lease": [1], "possible_duplicate": [False], "attempt": [1],
+            "deliver_at_ms": [DUE_MS], "term": [1]}))
     write_segments(folder / "shard-0" / "node0", *batches)
     return folder
 
@@ -61,3 +67,12 @@ def test_a_message_withdrawn_from_a_group_is_not_owed_to_it(
                             AuditOptions(grace_ms=5_000, until_ms=NOW_MS))
     assert summary["shards"]["0"]["overdue"]["ids"] == overdue
     assert summary["verdict"] == ("clean" if withdrawn else "dirty")
+
+
+def test_a_send_to_a_group_after_the_message_was_withdrawn_from_it_is_after_cancel(
+        spark: SparkSession, tmp_path: Path) -> None:
+    summary = audit_ledgers(spark, _ledger(tmp_path, True, sent_after=True),
+                            AuditOptions(grace_ms=5_000, until_ms=NOW_MS))
+    shard = summary["shards"]["0"]
+    assert (shard["after_cancel"]["ids"], shard["overdue"]["ids"]) == (["billing/m1"], [])
+    assert summary["verdict"] == "dirty"
