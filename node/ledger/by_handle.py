@@ -20,8 +20,8 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tickwheel.node.ledger.index import SegmentIndex, index_path, write_index
-from tickwheel.node.ledger.schema import read_manifest, segments
+from tickwheel.node.ledger.index import index_of
+from tickwheel.node.ledger.schema import segments
 
 
 def id_of_handle(folder: Path, handle: int) -> str | None:
@@ -29,7 +29,7 @@ def id_of_handle(folder: Path, handle: int) -> str | None:
     segments, or None if no row carrying an id names it."""
     for path in reversed(segments(folder)):
         with contextlib.suppress(FileNotFoundError):  # deleted by retention meanwhile
-            index = _index(path)
+            index = index_of(path)
             groups = set() if index is None else index.row_groups_of({handle})
             if not groups:
                 continue
@@ -40,14 +40,3 @@ def id_of_handle(folder: Path, handle: int) -> str | None:
             if named.num_rows:
                 return str(named["id"][0].as_py())
     return None
-
-
-def _index(segment: Path) -> SegmentIndex | None:
-    """The segment's index, built now if it has none that matches it (as a trace does)."""
-    sha256 = read_manifest(segment).sha256
-    path = index_path(segment)
-    index = SegmentIndex.open(path, sha256)
-    if index is None:
-        write_index(segment, path, sha256)
-        index = SegmentIndex.open(path, sha256)
-    return index

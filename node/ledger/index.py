@@ -21,7 +21,8 @@ when a trace first needs it.
 
 The ledger's writer builds a segment's index when it closes it, before the segment takes
 its final name (`tickwheel.node.ledger.writer`); retention deletes it with its segment;
-`tickwheel.node.ledger.trace` reads it.
+`tickwheel.node.ledger.trace` and `tickwheel.node.ledger.by_handle` read it through
+`index_of`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from tickwheel.node.ledger.schema import read_manifest
 
 INDEX_VERSION: Final = 1
 INDEX_SUFFIX: Final = ".index.arrow"
@@ -150,6 +153,21 @@ class SegmentIndex:
                 groups.add(self._groups[position].as_py())
                 position += 1
         return groups
+
+
+def index_of(segment: Path) -> SegmentIndex | None:
+    """The segment's index, built now if it has none that matches it; None if the segment
+    is gone (retention deleted it since it was listed)."""
+    try:
+        sha256 = read_manifest(segment).sha256
+        path = index_path(segment)
+        index = SegmentIndex.open(path, sha256)
+        if index is None:
+            write_index(segment, path, sha256)
+            index = SegmentIndex.open(path, sha256)
+    except FileNotFoundError:
+        return None
+    return index
 
 
 def _text(scalar: pa.Scalar) -> str:

@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tickwheel.node.ledger.index import SegmentIndex, index_path, write_index
-from tickwheel.node.ledger.schema import SCHEMA, conformed, read_manifest, segments
+from tickwheel.node.ledger.index import SegmentIndex, index_of
+from tickwheel.node.ledger.schema import SCHEMA, conformed, segments
 
 MAX_TRACE_ROWS: Final = 10_000
 """Rows one trace answers at most (the oldest), however many retries a message had."""
@@ -44,7 +44,7 @@ def trace(folder: Path, message_id: str, max_rows: int = MAX_TRACE_ROWS) -> Trac
     opened: list[tuple[Path, SegmentIndex]] = []
     handles: set[int] = set()
     for path in segments(folder):
-        index = _index(path)
+        index = index_of(path)
         if index is not None:
             opened.append((path, index))
             handles |= index.handles_of(message_id)
@@ -63,18 +63,3 @@ def trace(folder: Path, message_id: str, max_rows: int = MAX_TRACE_ROWS) -> Trac
     rows = pa.concat_tables(tables) if tables else SCHEMA.empty_table()
     rows = rows.sort_by([("time_ms", "ascending"), ("node_ms", "ascending")])
     return Trace(rows.slice(0, max_rows).to_pylist(), len(opened), rows.num_rows > max_rows)
-
-
-def _index(segment: Path) -> SegmentIndex | None:
-    """The segment's index, built now if it has none that matches it; None if the segment
-    is gone (retention deleted it since it was listed)."""
-    try:
-        sha256 = read_manifest(segment).sha256
-        path = index_path(segment)
-        index = SegmentIndex.open(path, sha256)
-        if index is None:
-            write_index(segment, path, sha256)
-            index = SegmentIndex.open(path, sha256)
-    except FileNotFoundError:
-        return None
-    return index
