@@ -46,7 +46,10 @@ def _fill(wheel: Wheel, count: int, span_ms: int, seed: int) -> list[int]:
     return handles
 
 
-def _time_spans(wheel: Wheel, rounds: int) -> dict[str, dict[str, float]]:
+def time_spans(wheel: Wheel, rounds: int, tag: int | None = None
+               ) -> dict[str, dict[str, float]]:
+    """``rounds`` calls of each span (of one ``tag``, or of every one): the first call's
+    time, the median and maximum of the others, and what they counted."""
     timed: dict[str, dict[str, float]] = {}
     for span, (bucket_s, buckets, by_hour) in SPANS.items():
         start = NOW_MS // 1_000
@@ -54,7 +57,7 @@ def _time_spans(wheel: Wheel, rounds: int) -> dict[str, dict[str, float]]:
         took_ms = []
         for _ in range(rounds):
             began = time.perf_counter()
-            counted = wheel.due_histogram(start, bucket_s, buckets)
+            counted = wheel.due_histogram(start, bucket_s, buckets, tag)
             took_ms.append((time.perf_counter() - began) * 1_000)
         timed[span] = {"first_ms": round(took_ms[0], 3),
                        "median_ms": round(statistics.median(took_ms[1:] or took_ms), 3),
@@ -73,10 +76,10 @@ def run(messages: int, rounds: int, root: Path) -> dict[str, object]:
         wheel.cancel(handle)
     filed_s = time.perf_counter() - began
     hours = len(wheel.hours)
-    filed = _time_spans(wheel, rounds)
+    filed = time_spans(wheel, rounds)
     wheel.close()
     reopened = Wheel.open(root)
-    cold = _time_spans(reopened, rounds)
+    cold = time_spans(reopened, rounds)
     busiest = max(reopened.hours[:30], key=reopened.count_at)
     began = time.perf_counter()
     scanned = sum(1 for _ in _units_of_hour(reopened, busiest))

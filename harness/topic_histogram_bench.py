@@ -19,21 +19,13 @@ import argparse
 import json
 import random
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from tickwheel.harness.histogram_bench import BATCH_MSGS, BODY, DAY_MS, NOW_MS, time_spans
 from tickwheel.wheel import NewMessage, Wheel, encode_record
-
-BATCH_MSGS = 10_000
-BODY = bytes(range(100))
-NOW_MS = 1_800_000_000_000
-DAY_MS = 86_400_000
-SPANS = {"minute": (1, 60, False), "hour": (60, 60, False), "day": (3_600, 24, True),
-         "year": (86_400, 366, True)}
-"""As `tickwheel.node.api.info` asks the wheel: bucket seconds, buckets, from the hour."""
 
 
 def _fill(wheel: Wheel, count: int, span_ms: int, topics: int, seed: int) -> list[int]:
@@ -47,23 +39,6 @@ def _fill(wheel: Wheel, count: int, span_ms: int, topics: int, seed: int) -> lis
         handles += wheel.schedule_records(records, [due[i] for i in numbers], NOW_MS,
                                           [1 + i % topics for i in numbers])
     return handles
-
-
-def _time_spans(wheel: Wheel, rounds: int, tag: int) -> dict[str, dict[str, float]]:
-    timed: dict[str, dict[str, float]] = {}
-    for span, (bucket_s, buckets, by_hour) in SPANS.items():
-        start = NOW_MS // 1_000
-        start -= start % 3_600 if by_hour else 0
-        took_ms = []
-        for _ in range(rounds):
-            began = time.perf_counter()
-            counted = wheel.due_histogram(start, bucket_s, buckets, tag)
-            took_ms.append((time.perf_counter() - began) * 1_000)
-        timed[span] = {"first_ms": round(took_ms[0], 3),
-                       "median_ms": round(statistics.median(took_ms[1:] or took_ms), 3),
-                       "max_ms": round(max(took_ms[1:] or took_ms), 3),
-                       "counted": sum(counted.counts) + counted.overdue + counted.beyond}
-    return timed
 
 
 def _adds_up(wheel: Wheel, topics: int) -> bool:
@@ -81,7 +56,7 @@ def run(messages: int, topics: int, rounds: int, root: Path) -> dict[str, object
     for handle in random.Random(3).sample(handles, k=messages // 100):
         wheel.cancel(handle)
     filed_s = time.perf_counter() - began
-    filed = _time_spans(wheel, rounds, tag=1)
+    filed = time_spans(wheel, rounds, tag=1)
     wheel.close()
     began = time.perf_counter()
     reopened = Wheel.open(root)
@@ -92,7 +67,7 @@ def run(messages: int, topics: int, rounds: int, root: Path) -> dict[str, object
     rebuild_ms = (time.perf_counter() - began) * 1_000
     arrays = hours.tag_hours._hours
     memory_bytes = sys.getsizeof(arrays) + sum(sys.getsizeof(a) for a in arrays.values())
-    cold = _time_spans(reopened, rounds, tag=1)
+    cold = time_spans(reopened, rounds, tag=1)
     adds_up = _adds_up(reopened, topics)
     reopened.close()
     return {"messages": messages, "topics": topics, "hours": len(arrays),
