@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -24,6 +24,10 @@ SHARD_HEADER = ["shard", "nodes", "scheduled", "deliveries", "overdue (never sen
 FAILOVER_HEADER = ["shard", "old -> new", "term", "no sends (ms)", "repeats f / u"]
 HOURLY_HEADER = ["topic/group", "hour", "scheduled", "sent", "acked", "retried",
                  "dead-lettered", "lateness p50 / p99 / max (ms)"]
+PRINCIPAL_HEADER = ["principal", "topic", "hour", "scheduled", "cancelled", "rescheduled"]
+NOBODY: Final = "(nobody named)"
+"""How the tables show the principal ``""`` (a node without authentication, or a cluster still
+at version 1); null (a segment written before the column) shows as ``(unknown)``."""
 
 
 def write_report(path: Path, summary: dict[str, Any]) -> list[Path]:
@@ -60,8 +64,12 @@ def tables(summary: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
                "scheduled", "sent", "acked", "retried", "dead_lettered")),
                " / ".join(_text(row["lateness_ms"][key]) for key in ("p50", "p99", "max"))]
               for row in summary["hourly"]]
+    principals = [[_principal(row["principal"]), row["topic"], row["hour"],
+                   *(str(row[name]) for name in ("scheduled", "cancelled", "rescheduled"))]
+                  for row in summary["principals"]]
     return [("Shards", SHARD_HEADER, shards), ("Failovers", FAILOVER_HEADER, failovers),
-            ("Per topic and group, per hour", HOURLY_HEADER, hourly)]
+            ("Per topic and group, per hour", HOURLY_HEADER, hourly),
+            ("Who asked: per principal, topic and hour", PRINCIPAL_HEADER, principals)]
 
 
 def render_markdown(summary: dict[str, Any], traffic_png: str, lateness_png: str) -> str:
@@ -123,6 +131,12 @@ def _plot(rows: list[dict[str, Any]], value: Any, title: str, path: Path) -> Non
     figure.autofmt_xdate()
     FigureCanvasAgg(figure)
     figure.savefig(path, dpi=110)
+
+
+def _principal(name: str | None) -> str:
+    if name is None:
+        return "(unknown)"
+    return name or NOBODY
 
 
 def _text(value: Any) -> str:
