@@ -8,7 +8,8 @@ instance and calls them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from itertools import count
 from typing import TYPE_CHECKING
 
 from tickwheel.wheel.format import SECONDS_PER_HOUR
@@ -122,6 +123,11 @@ class Passing:
         """The seconds where units were passed over and not read since."""
         return [second for _, second in (*self.parked_stretches, *self._trailing)]
 
+    def first_trailing(self) -> int | None:
+        """The first second where a following tag's units were passed over: walks of the
+        tag read them from the next take on."""
+        return min((second for _, second in self._trailing), default=None)
+
     def forget_from(self, second: int) -> None:
         """Forget where units of ``second`` and later were passed over: they are read again."""
         for passed in (self.parked_stretches, self._trailing):
@@ -156,6 +162,18 @@ class Passing:
         else:
             stretches.append([unit, -1])
 
+    def pass_over_filed(self, tag: int, second: int, first: int, end: int, below: int) -> None:
+        """Units of parked ``tag`` just filed into ``second``, a second the window has read,
+        are passed over: the chain from ``first`` down to ``end`` (exclusive; ``below`` is the
+        unit filed there before them). It extends the stretch of an earlier filing that
+        begins at ``below``; else it is a stretch of its own, put first, so that a walk's open
+        stretch (the last) goes on."""
+        stretches = self.parked_stretches.setdefault((tag, second), [])
+        if stretches and stretches[0][1] != OPEN and stretches[0][0] == below:
+            stretches[0][0] = first
+        else:
+            stretches.insert(0, [first, end])
+
     def follow(self, walks: list[Walk], backlogs: frozenset[int]) -> list[Walk]:
         """A take begins: the stretches passed over of following tags become walks of their
         tag (a stretch still open ends where the walk of its second is now: what it passes
@@ -185,6 +203,42 @@ class Passing:
         _extend(kept, passed, [key for key in passed if key[0] in resumed])
         kept.sort(key=walk_order)
         return [walk for walk in kept if not walk.done]
+
+
+def leave_filed(segment: HourSegment, passing: Passing, walks: list[Walk], first_unit: int,
+                slots: list[int], tags: Sequence[int], scan_second: int,
+                long_units: int | None) -> set[int]:
+    """Leave in ``segment`` units just filed there (``first_unit`` on, one per slot) into
+    seconds the window has read (before ``scan_second``): those of parked tags and, with
+    ``long_units``, every unit of a second that now holds more than that (a long second, whose
+    messages go in the order read, as the walk of its older units does). Per second and tag,
+    the chain from the tag's newest of them down to what was filed before them is passed over
+    (a parked tag's) or a walk of the tag, which extends a walk of the tag that was to read on
+    from there. Returns the seconds left whole."""
+    hour_second = segment.hour * SECONDS_PER_HOUR
+    heads = segment.heads
+    long = {slot for slot in set(slots) if slot < scan_second and long_units is not None
+            and heads[((slot - hour_second) << 1) + 1] > long_units}
+    newest: dict[tuple[int, int], int] = {}
+    oldest: dict[int, int] = {}
+    parked = passing.parked
+    for unit, slot, tag in zip(count(first_unit), slots, tags, strict=False):
+        if slot < scan_second and (slot in long or tag in parked):
+            newest[slot, tag] = unit
+            oldest.setdefault(slot, unit)
+    for (slot, tag), unit in newest.items():
+        below = segment.read_unit(oldest[slot])[4]
+        if tag in parked:
+            passing.pass_over_filed(tag, slot, unit, first_unit - 1, below)
+            continue
+        walk = next((w for w in walks if w.second == slot and w.tag == tag
+                     and w.next_unit == below), None)
+        if walk is None:
+            walks.append(Walk(slot, tag, unit, first_unit - 1))
+        else:
+            walk.next_unit, walk.due_ms = unit, 0
+    walks.sort(key=walk_order)
+    return long
 
 
 def _extend(walks: list[Walk], passed: Stretches, keys: Iterable[tuple[int, int]]) -> None:

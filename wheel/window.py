@@ -3,7 +3,8 @@
 The scan walks the occupied seconds ahead of the dispatch (``scan_second`` is the first it has
 not started) and pushes each unit onto a queue ordered by ``(slot_second, deliver_at_ms,
 local_index)``: dispatch order (a `RunHeap`: messages filed in due order cost it one comparison
-each). A message filed for a second the scan has passed goes straight onto the queue. Loading
+each). A message filed for a second the scan has passed goes straight onto the queue, unless
+its tag is parked or it would fill the queue past its bound (`add_filed`). Loading
 stops at ``max_window_msgs`` units, or at the preload horizon; a span that holds most of an
 hour's units is read in one index scan instead of chain by chain.
 
@@ -136,18 +137,30 @@ class DueWindow:
                   records: Sequence[bytes], local_indexes: list[int], first_handle: int,
                   offset: int, tags: Sequence[int]) -> None:
         """Put the messages just filed in one hour that are due before the scan second onto
-        the queue: the scan has passed their seconds already (a walk begins below them).
-        When they would fill the queue past ``max_window_msgs``, the window forgets what it
-        loaded of the seconds from theirs on (none of them taken yet) and scans them again,
-        chain by chain: a burst filed a few seconds before it is due is not held whole."""
-        if len(self.queue) + len(slots) > self._config.max_window_msgs:  # else all fit
+        the queue (the scan has passed their seconds), but a parked tag's: those stay in the
+        wheel, passed over (`chains.leave_filed`). Past ``max_window_msgs``, the window first
+        forgets what it loaded of the seconds after the last take's (none of them taken yet)
+        and scans them again; what would still fill it, filed into a second a take reached
+        that now holds more than ``max_load_units``, stays in the wheel as walks of its tags:
+        a burst filed under a second before it is due is not held whole either."""
+        max_msgs, parked = self._config.max_window_msgs, self.parked
+        long_units: int | None = None
+        if len(self) + len(slots) > max_msgs:  # else all fit
             late = [slot for slot in slots if slot < self.scan_second]
-            if len(self.queue) + len(late) > self._config.max_window_msgs:
+            if len(self) + len(late) > max_msgs:
                 self._forget_from(max(min(late), self._now_ms // MS_PER_SECOND + 1))
+                if len(self) + sum(s < self.scan_second for s in slots) > max_msgs:
+                    long_units = self._config.max_load_units
+        left: set[int] = set()
+        if long_units is not None or (parked and not parked.isdisjoint(tags)):
+            segment = self._hours.existing(first_handle >> GLOBAL_INDEX_BITS)
+            left = chains.leave_filed(segment, self.passing, self._walks,
+                                      first_handle & GLOBAL_INDEX_MASK, slots, tags,
+                                      self.scan_second, long_units)
         scan_second, push = self.scan_second, self.queue.push
         for i, (slot, due_ms, record) in enumerate(zip(slots, deliver_at_ms, records,
                                                        strict=True)):
-            if slot < scan_second:
+            if slot < scan_second and slot not in left and tags[i] not in parked:
                 push((slot, due_ms, local_indexes[i], first_handle + i, offset, len(record),
                       tags[i]))
             offset += len(record)
@@ -294,18 +307,15 @@ class DueWindow:
     def next_due_ms(self, cursor: Cursor) -> int | None:
         """When the next message is due (see `Wheel.next_due_ms`)."""
         self.drop_stale_top(cursor)
-        due_ms: int | None = None
-        for first in (self.queue.first(), *self.shares.firsts()):
-            if first is not None:
-                slot, deliver_at_ms = first[:2]
-                first_ms = max(deliver_at_ms, slot * MS_PER_SECOND)
-                due_ms = first_ms if due_ms is None else min(due_ms, first_ms)
+        starts = [max(first[1], first[0] * MS_PER_SECOND)
+                  for first in (self.queue.first(), *self.shares.firsts()) if first is not None]
         if self._walks:  # what a walk has not read may be due once it reads on
             walk = self._walks[0]
-            start_ms = max(walk.second * MS_PER_SECOND, walk.due_ms)
-            due_ms = start_ms if due_ms is None else min(due_ms, start_ms)
-        if due_ms is not None:
-            return due_ms
+            starts.append(max(walk.second * MS_PER_SECOND, walk.due_ms))
+        if (trailing := self.passing.first_trailing()) is not None:  # walks from the next take
+            starts.append(trailing * MS_PER_SECOND)
+        if starts:
+            return min(starts)
         second = self._hours.next_occupied_second(self.scan_second)
         return None if second is None else second * MS_PER_SECOND
 
