@@ -7,7 +7,7 @@ replica forgets the same ids at the same command) and for at most ``max_ids`` id
 Ids live in buckets of ``window_ms / 10`` of stamp time. A bucket is a dict in memory and an
 append-only file on disk (``<bucket>``: 40-byte CRC'd entries); forgetting a bucket drops the
 dict at once, while its file stays until a snapshot no longer names it (`forgotten_files`).
-Memory is about 130 bytes per remembered id.
+Memory is about 150 bytes per remembered id (`tests/replication/memory_terms_bench.py`).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class StateConfig:
     dedupe_window_ms: int = 600_000
     """How long (in leader stamp time) a scheduled id is remembered."""
     max_dedupe_ids: int = 2_000_000
-    """At most this many ids are remembered (about 130 bytes each); the oldest go first."""
+    """At most this many ids are remembered (about 150 bytes each); the oldest go first."""
     max_tracked_topics: int = 1_024
     """Topics whose pending messages are counted by name; messages of further topics are
     counted together as untracked (`tickwheel.replication.pending`)."""

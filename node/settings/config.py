@@ -139,7 +139,7 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
                      "handshake_timeout_ms", "idle_connection_ms",
                      "visibility_timeout_ms", "max_inflight_msgs", "max_inflight_bytes",
                      "max_queued_msgs", "snapshot_min_entries", "max_topic_labels",
-                     "max_ready_msgs", "max_groups", "max_moved_msgs")
+                     "max_ready_msgs", "max_groups", "max_moved_msgs", "max_dedupe_ids")
     @classmethod
     def _positive(cls, value: int) -> int:
         if value <= 0:
@@ -415,7 +415,8 @@ class NodeSettings(AddressFields, ShardFields, SecurityFields, StorageFields, Li
                                         self.max_ready_msgs)),
             state=StateConfig(wheel=WheelConfig(max_delay_ms=self.max_delay_ms),
                               max_ready_msgs=self.max_ready_msgs, max_groups=self.max_groups,
-                              max_moved_msgs=self.max_moved_msgs),
+                              max_moved_msgs=self.max_moved_msgs,
+                              max_dedupe_ids=self.max_dedupe_ids),
             max_queued_msgs=self.max_queued_msgs, schedule_linger_ms=self.schedule_linger_ms,
             shard=self.shard)
 

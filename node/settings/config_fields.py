@@ -178,6 +178,10 @@ class LimitFields(BaseModel):
     """Named consumer groups, over all topics."""
     max_moved_msgs: int = StateConfig().max_moved_msgs
     """Rescheduled messages whose handles are remembered."""
+    max_dedupe_ids: int = StateConfig().max_dedupe_ids
+    """Scheduled ids the dedupe window remembers at most (about 150 bytes each of the leader's
+    memory and every replica's), the oldest forgotten first even within the window's 10
+    minutes; the same on every member (it decides whether a retried id is filed again)."""
     max_topic_labels: int = 1_000
     """Topics with a label of their own in ``/metrics``; later ones share ``%other%``."""
     stall_health_elections: int = 10

@@ -89,3 +89,11 @@ def test_the_group_and_reschedule_bounds_reach_the_replicated_state() -> None:
     assert (state.max_ready_msgs, state.max_groups, state.max_moved_msgs) == (7, 3, 5)
     with pytest.raises(ValidationError, match="must be positive"):
         NodeSettings(max_moved_msgs=0)
+
+
+def test_the_dedupe_windows_bound_is_a_setting() -> None:
+    """The largest term of a leader's memory (docs/node.md, "Memory"): before, a constant."""
+    assert NodeSettings().replica_config().state.max_dedupe_ids == 2_000_000
+    assert NodeSettings(max_dedupe_ids=1_000).replica_config().state.max_dedupe_ids == 1_000
+    with pytest.raises(ValidationError, match="must be positive"):
+        NodeSettings(max_dedupe_ids=0)
