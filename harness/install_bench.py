@@ -15,7 +15,16 @@ catches up by installing the leader's snapshot. Figures, from its log and its ``
   install is a few seconds after the start); ``slow_steps``: how many of its steps since it
   started took 50 ms or more (the histogram);
 - ``terms``: the terms the members reported from before the restart to the end (one: no
-  election).
+  election);
+- ``fill_longest_step_ms``, ``fill_slow_steps``: while the messages were scheduled and
+  the snapshots that hold them taken (every member takes its own, of up to 1,200 files):
+  the longest step of any member (its longest within the last 5-10 s, read once the
+  leader's snapshot holds them all) and how many steps of 50 ms or more all three took;
+  ``take_steps_ms``: for each snapshot the members took, its longest part in one Raft step
+  (``event=snapshot_taken ... longest_step_ms``; a build that takes a snapshot in one step
+  logs its ``duration_ms``), longest first.
+
+``--fsync`` starts the nodes with ``--fsync`` (a snapshot then syncs what it names).
 """
 
 from __future__ import annotations
@@ -66,10 +75,21 @@ def _fill(cluster: LocalCluster, hours: int) -> LocalNode:
     raise RuntimeError("the leader took no snapshot in 200 entries")
 
 
-def run(root: Path, hours: int) -> dict[str, object]:
-    with LocalCluster(root, extra_args=("--snapshot-min-entries", "20"),
+def _slow_steps(steps: dict[str, float]) -> int:
+    return int(steps['tickwheel_raft_step_seconds_bucket{le="+Inf"}']
+               - steps['tickwheel_raft_step_seconds_bucket{le="0.05"}'])
+
+
+def run(root: Path, hours: int, fsync: bool = False) -> dict[str, object]:
+    with LocalCluster(root, extra_args=("--snapshot-min-entries", "20",
+                                        *(("--fsync",) if fsync else ())),
                       metrics=True) as cluster:
         leader = _fill(cluster, hours)
+        filled = [_metrics(node) for node in cluster.nodes]
+        takes = sorted((float(step or whole) for node in cluster.nodes
+                        for step, whole in re.findall(r"event=snapshot_taken (?:.*longest_step_"
+                                                      r"ms=([0-9.]+))?.*duration_ms=([0-9.]+)",
+                                                      _life(node))), reverse=True)
         follower = next(node for node in cluster.nodes if node is not leader)
         cluster.stop(follower)
         shutil.rmtree(follower.data)
@@ -98,9 +118,11 @@ def run(root: Path, hours: int) -> dict[str, object]:
             "install_step_ms": _logged_ms(life, "snapshot_installed"),
             "fetch_ms": _logged_ms(life, "snapshot_fetched"),
             "longest_step_ms": round(steps["tickwheel_raft_step_longest_seconds"] * 1000, 1),
-            "slow_steps": int(steps['tickwheel_raft_step_seconds_bucket{le="+Inf"}']
-                              - steps['tickwheel_raft_step_seconds_bucket{le="0.05"}']),
-            "terms": sorted(terms)}
+            "slow_steps": _slow_steps(steps),
+            "terms": sorted(terms),
+            "fill_longest_step_ms": round(max(
+                read["tickwheel_raft_step_longest_seconds"] for read in filled) * 1000, 1),
+            "fill_slow_steps": sum(map(_slow_steps, filled)), "take_steps_ms": takes}
 
 
 def _life(node: LocalNode) -> str:
@@ -111,10 +133,11 @@ def _life(node: LocalNode) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hours", type=int, default=600)
+    parser.add_argument("--fsync", action="store_true", help="start the nodes with --fsync")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="install-bench-") as folder:
-        figures = run(Path(folder), args.hours)
+        figures = run(Path(folder), args.hours, args.fsync)
     json.dump(figures, sys.stdout, indent=None if args.json else 2)
     print()
 

@@ -62,7 +62,7 @@ log = logging.getLogger("tickwheel.replication")
 
 RaftFactory = Callable[..., RaftPort]
 """``factory(address, peers, raft_dir, config, apply, (serialize, deserialize), wall_ms=,
-prefetch=)``: `RaftNode`, or a stand-in that drives the replica without sockets."""
+prefetch=, taking=)``: `RaftNode`, or a stand-in that drives the replica without sockets."""
 WALK_AHEAD_UNITS = 4_000
 """Index units of the next second the cursor will pass read per Raft thread turn, ahead of
 the cursor command that needs them (~2 ms): a second of 20,000 messages is read in 5 turns
@@ -92,8 +92,10 @@ class Replica:
         self._snapshots = Snapshots(address, self._data_dir, self._state, peer_files,
                                     self._config.raft, local, die)
         self._raft = raft(address, list(peers), self._data_dir / "raft", self._config.raft,
-                          self._apply, (self._serialize, self._deserialize),
-                          wall_ms=local.now_ms, prefetch=self._snapshots)
+                          self._apply, (self._snapshots.take, self._deserialize),
+                          wall_ms=local.now_ms, prefetch=self._snapshots,
+                          taking=self._snapshots.takes)
+        self._snapshots.takes.wake = self._raft.wake
         self.clock = self._clock = ClusterClock(address, local, self._raft,
                                                 len(self._peers) + 1,
                                                 self._config.raft.election_min_ms)
@@ -411,6 +413,7 @@ class Replica:
         self._changed = True
         self._bytes_since_snapshot += len(command)
         if self._bytes_since_snapshot >= self._config.raft.snapshot_min_bytes:
+            self._bytes_since_snapshot = 0  # counted from the snapshot asked for
             self._raft.compact()
         try:
             return self._state.apply(command)
@@ -420,10 +423,6 @@ class Replica:
                 raise  # a full disk: the loop's own word on it
             apply_failed(self._die, self.address, self._raft.status().last_applied + 1,
                          command, error, code)
-
-    def _serialize(self, path: str, raft_tail: tuple[Any, ...]) -> None:
-        self._bytes_since_snapshot = 0
-        self._snapshots.take(path, raft_tail)
 
     def _deserialize(self, path: str) -> tuple[Any, ...]:
         self._changed = True

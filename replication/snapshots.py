@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pyroaring import BitMap
 from tenacity import (
     RetryCallState,
     retry,
@@ -34,10 +33,8 @@ from tickwheel.common.errors import (
     CorruptSegment,
     InvariantViolation,
     StorageIncomplete,
-    invariant,
 )
 from tickwheel.common.exits import EXIT_FATAL, EXIT_SNAPSHOT_UNREADABLE, EXIT_STATE_UNREADABLE
-from tickwheel.common.versions import SHARD_MAP_VERSION
 from tickwheel.replication import staging
 from tickwheel.replication.dedupe import DedupeWindow
 from tickwheel.replication.exits import Die
@@ -50,11 +47,11 @@ from tickwheel.replication.raft import (
     fsync_files,
     journal_first_index,
     read_snapshot,
-    write_snapshot,
 )
 from tickwheel.replication.state import StateMachine
-from tickwheel.replication.state_files import Manifest, ShardMapRecord
-from tickwheel.wheel import Cursor, Wheel
+from tickwheel.replication.state_files import Manifest, manifest_of
+from tickwheel.replication.taking import Takes
+from tickwheel.wheel import Wheel
 
 log = logging.getLogger("tickwheel.replication")
 
@@ -145,36 +142,6 @@ class PeerFiles:
         return sorted(self._peers, key=lambda peer: peer != leader)
 
 
-def manifest_parts(manifest: Manifest) -> tuple[Any, ...]:
-    """The manifest as a snapshot pickles it: plain tuples, dicts and bytes (the readied
-    positions of a second as a tuple of ints, which 0.0.4, which kept sets, reads as it read
-    them). Below `SHARD_MAP_VERSION` the eight parts 0.0.4 reads: its ``Manifest`` takes no
-    more, and a follower of 0.0.4 is sent this file by an upgraded leader; the shard map and
-    the cluster version follow from that version on."""
-    parts = (tuple(manifest.cursor), manifest.stamp_ms, manifest.files, manifest.pending,
-             manifest.groups,
-             {second: tuple(indexes) for second, indexes in manifest.readied.items()},
-             manifest.handle_key, manifest.moves)
-    if manifest.cluster_version < SHARD_MAP_VERSION:
-        invariant(manifest.shard_map is None, "a shard map set at cluster version "
-                  f"{manifest.cluster_version}: shard_map commands are written from version "
-                  f"{SHARD_MAP_VERSION} on")
-        return parts
-    return (*parts, None if manifest.shard_map is None else tuple(manifest.shard_map),
-            manifest.cluster_version)
-
-
-def manifest_of(parts: tuple[Any, ...]) -> Manifest:
-    """`manifest_parts` read back; a snapshot of an older release has fewer parts, and its
-    readied positions as sets."""
-    cursor, stamp_ms, files, pending, *rest = parts
-    if len(rest) >= 2:
-        rest[1] = {second: BitMap(indexes) for second, indexes in rest[1].items()}
-    if len(rest) >= 5 and rest[4] is not None:
-        rest[4] = ShardMapRecord(*rest[4])
-    return Manifest(Cursor(*cursor), stamp_ms, files, pending, *rest)
-
-
 class _Fetching:
     """A leader's snapshot whose files the fetching thread gathers (`Snapshots.prefetch`)."""
 
@@ -198,24 +165,17 @@ class Snapshots:
         self._config = config
         self._clock = clock
         self._sync_ledger = None if config.sync_ledger is None else SyncLedger(config.sync_ledger)
-        self._synced: dict[str, int] = {}
-        """With ``fsync``: each state file's length as of its last fsync (`_sync_state_files`)."""
+        self.takes = Takes(state, data_dir / "state", config.fsync, self._sync_ledger)
+        """The snapshots this node takes (`tickwheel.replication.taking`)."""
         self._fetching: _Fetching | None = None
         """The leader's snapshot whose files are being gathered (`prefetch`), until installed."""
         self._retiring: threading.Thread | None = None
         """Deletes the state folder the last install replaced."""
 
     def take(self, path: str, raft_tail: tuple[Any, ...]) -> None:
-        """Write a snapshot of the state to ``path``, with Raft's own part."""
-        started = self._clock.monotonic_s()
-        manifest = self._state.manifest()
-        self._sync_state_files(manifest.files)
-        write_snapshot(path, manifest_parts(manifest), raft_tail,
-                       self._config.fsync, self._sync_ledger)
-        self._state.snapshot_written(manifest)
-        log.info("event=snapshot_taken files=%d cursor_second=%d cursor_local_index=%d "
-                 "duration_ms=%.1f", len(manifest.files), *manifest.cursor,
-                 (self._clock.monotonic_s() - started) * 1000)
+        """Write a snapshot of the state to ``path``, with Raft's own part, in this call (a
+        node that takes them off the Raft thread goes through `takes`, the `Taking` port)."""
+        self.takes.take(path, raft_tail)
 
     def install(self, path: str) -> tuple[tuple[Any, ...], float]:
         """Install a snapshot: this node's own at start, or one a leader sent; returns Raft's
@@ -239,6 +199,7 @@ class Snapshots:
             self._die(self._address, f"{reason}: {error!r}", EXIT_SNAPSHOT_UNREADABLE)
         started = self._clock.monotonic_s()
         fetching, self._fetching = self._fetching, None
+        self.takes.void()  # the state it named is replaced
         try:
             if fetching is None:  # a restart's own snapshot: cut, delete, fetch here
                 self._state.install(manifest, self._peers.fetch, self._peers.fetch_many)
@@ -253,10 +214,9 @@ class Snapshots:
             # the files it names are on disk before pysyncobj clears the journal it replaces
             # (fetched, or already here but written since this node's last sync: both are
             # lost to a power cut, and the peers may have moved on)
-            self._synced.clear()  # files were cut and fetched: sync every one it names
-            self._sync_state_files(manifest.files)
+            self.takes.sync_named(manifest.files, every=True)  # cut and fetched
         else:
-            self._synced = dict(manifest.files)  # synced when staged (`_gather`)
+            self.takes.synced = dict(manifest.files)  # synced when staged (`_gather`)
         return raft_tail, self._clock.monotonic_s() - started
 
     def prefetch(self, path: str, done: Callable[[], None]) -> None:
@@ -325,21 +285,3 @@ class Snapshots:
             raise ValueError(f"{path!r} is not a state file")
         with open(target, "rb") as file:
             return os.pread(file.fileno(), size, offset)
-
-    def _sync_state_files(self, files: dict[str, int]) -> None:
-        """With ``fsync``: the state files ``files`` names that grew since their last sync (or
-        are new), and the folders that hold them (a file created since the last snapshot, a
-        new hour, is lost to a power cut without its entry). The files only grow, so the rest
-        are on disk already: fsyncing every one, hundreds once a cluster holds many hours, held
-        the Raft thread for 235-346 ms, the likely (not proven) cause of a leader deposed
-        1.9 s after it won."""
-        if not self._config.fsync:
-            return
-        grown = {name for name, size in files.items() if self._synced.get(name, -1) < size}
-        state_root = self._data_dir / "state"
-        paths = [state_root / name for name in sorted(grown)]
-        folders = {folder for path in paths for folder in path.parents
-                   if folder == state_root or state_root in folder.parents}
-        fsync_files([*paths, *sorted(folders, key=lambda f: len(f.parts), reverse=True)],
-                    self._sync_ledger)
-        self._synced = dict(files)  # every file not grown was synced at its size already

@@ -327,9 +327,17 @@ class StateMachine:
     # -- snapshots --------------------------------------------------------------------------
 
     def manifest(self) -> Manifest:
-        """Flush everything and list it. Cost: one ``stat`` per file, never the data."""
+        """Flush everything and list it (`capture`, with every named byte written)."""
+        self.flush()
+        return self.capture()
+
+    def capture(self) -> Manifest:
+        """What a snapshot names now: the wheel's files at the lengths they have once their
+        buffered appends are written (read from memory: `Wheel.lengths`; the caller writes
+        them, `tickwheel.replication.taking`), the dedupe window's flushed and listed (a
+        ``stat`` a bucket, ten or so), and the rest of the state, copied."""
         files = {f"{WHEEL}/{path}": size
-                 for path, size in self.wheel.files(self.groups.oldest_hour()).items()}
+                 for path, size in self.wheel.lengths(self.groups.oldest_hour()).items()}
         files.update({f"{DEDUPE}/{path}": size for path, size in self.dedupe.files().items()})
         return Manifest(self.wheel.cursor, self.wheel.stamp_ms, files, self.pending.snapshot(),
                         self.groups.snapshot(),

@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pyroaring import BitMap
 
 from tickwheel.common.errors import invariant
-from tickwheel.common.versions import BASELINE
+from tickwheel.common.versions import BASELINE, SHARD_MAP_VERSION
 from tickwheel.replication.groups import Snapshot as GroupsSnapshot
 from tickwheel.replication.pending import Snapshot as PendingSnapshot
 from tickwheel.wheel import Cursor
@@ -72,6 +72,36 @@ class Manifest:
     cluster_version: int = BASELINE
     """The formats the cluster writes (`tickwheel.common.versions`); a snapshot of a release
     before cluster versions has none, and is of `BASELINE`."""
+
+
+def manifest_parts(manifest: Manifest) -> tuple[Any, ...]:
+    """The manifest as a snapshot pickles it: plain tuples, dicts and bytes (the readied
+    positions of a second as a tuple of ints, which 0.0.4, which kept sets, reads as it read
+    them). Below `SHARD_MAP_VERSION` the eight parts 0.0.4 reads: its ``Manifest`` takes no
+    more, and a follower of 0.0.4 is sent this file by an upgraded leader; the shard map and
+    the cluster version follow from that version on."""
+    parts = (tuple(manifest.cursor), manifest.stamp_ms, manifest.files, manifest.pending,
+             manifest.groups,
+             {second: tuple(indexes) for second, indexes in manifest.readied.items()},
+             manifest.handle_key, manifest.moves)
+    if manifest.cluster_version < SHARD_MAP_VERSION:
+        invariant(manifest.shard_map is None, "a shard map set at cluster version "
+                  f"{manifest.cluster_version}: shard_map commands are written from version "
+                  f"{SHARD_MAP_VERSION} on")
+        return parts
+    return (*parts, None if manifest.shard_map is None else tuple(manifest.shard_map),
+            manifest.cluster_version)
+
+
+def manifest_of(parts: tuple[Any, ...]) -> Manifest:
+    """`manifest_parts` read back; a snapshot of an older release has fewer parts, and its
+    readied positions as sets."""
+    cursor, stamp_ms, files, pending, *rest = parts
+    if len(rest) >= 2:
+        rest[1] = {second: BitMap(indexes) for second, indexes in rest[1].items()}
+    if len(rest) >= 5 and rest[4] is not None:
+        rest[4] = ShardMapRecord(*rest[4])
+    return Manifest(Cursor(*cursor), stamp_ms, files, pending, *rest)
 
 
 def restore_files(root: Path, files: dict[str, int], fetch: Fetch,

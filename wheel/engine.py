@@ -314,9 +314,23 @@ class Wheel:
         to the root, with their sizes. Heads and ``meta`` are not listed: heads are rebuilt
         from the index, and the cursor and stamp are properties."""
         self.flush()
+        return self.lengths(from_hour)
+
+    def lengths(self, from_hour: int | None = None) -> dict[str, int]:
+        """`files` as they will be once every buffered append is written, without writing or
+        reading anything: what a snapshot names, in memory (`unflushed_hours` and
+        `flush_hour` then write the bytes it names, a few hours at a time)."""
         first_hour = self._cursor.second // SECONDS_PER_HOUR
-        return self._hours.files(first_hour if from_hour is None else min(from_hour,
-                                                                          first_hour))
+        return self._hours.lengths(first_hour if from_hour is None else min(from_hour,
+                                                                            first_hour))
+
+    def unflushed_hours(self) -> list[int]:
+        """The hours with appends buffered, not yet written to their files."""
+        return self._hours.unflushed()
+
+    def flush_hour(self, hour: int) -> None:
+        """Write the appends buffered for ``hour``, if any (its heads checkpoint too)."""
+        self._hours.flush_hour(hour)
 
     def flush(self) -> None:
         """Write every buffered append to the segment files and the stamp to ``meta``."""

@@ -53,6 +53,9 @@ class HourSet:
         first read from their files; an hour's entry goes when it opens."""
         self.tag_hours = TagHours()
         """Live messages per tag per hour (`tickwheel.wheel.tag_hours`), kept by the owner."""
+        self._closed_sizes: dict[int, dict[str, int]] = {}
+        """The files' lengths of closed hours, noted as they close or first listed (a closed
+        hour's files do not change); an hour's entry goes when it opens."""
         self._opens = 0
         self._noting = threading.Lock()
         """Between the owner opening an hour and another thread noting a count it read."""
@@ -62,7 +65,10 @@ class HourSet:
         hours_dir = root / HOURS_DIR
         hours_dir.mkdir(parents=True, exist_ok=True)
         hours = sorted(int(name) for name in os.listdir(hours_dir) if name.isdigit())
-        return cls(hours_dir, hours, _open_hours_within_fd_limit(max_open_hours), mender)
+        opened = cls(hours_dir, hours, _open_hours_within_fd_limit(max_open_hours), mender)
+        for hour in hours:  # read here, not by the first snapshot's listing (`lengths`)
+            opened._note_sizes(hour)
+        return opened
 
     def segment(self, hour: int, *, create: bool) -> HourSegment | None:
         """The open segment of ``hour``; opened (or created, if ``create``) on demand."""
@@ -80,6 +86,7 @@ class HourSet:
         with self._noting:
             self._closed_live.pop(hour, None)
             self._opens += 1
+        self._closed_sizes.pop(hour, None)
         segment = HourSegment.open(self.dir, hour, self.mender)
         if segment.repaired:
             self.tag_hours.recount(segment)
@@ -125,6 +132,17 @@ class HourSet:
     def flush_through(self, last_hour: int) -> None:
         """Write the buffered appends of every hour up to ``last_hour``."""
         for hour in sorted(h for h in self._dirty if h <= last_hour):
+            segment = self._open[hour]
+            self._forget_buffer(hour, segment)
+            segment.flush()
+
+    def unflushed(self) -> list[int]:
+        """The hours with appends buffered, not yet written."""
+        return sorted(self._dirty)
+
+    def flush_hour(self, hour: int) -> None:
+        """Write the buffered appends of ``hour``, if it has any."""
+        if hour in self._dirty:
             segment = self._open[hour]
             self._forget_buffer(hour, segment)
             segment.flush()
@@ -177,19 +195,34 @@ class HourSet:
         self._remove(hour, cursor_second)
         self.hours.remove(hour)
 
-    def files(self, first_hour: int) -> dict[str, int]:
+    def lengths(self, first_hour: int) -> dict[str, int]:
         """The append-only files of the hours from ``first_hour`` on, by path relative to the
-        wheel's root, with their sizes (flush first)."""
+        wheel's root, with the lengths they have once every buffered append is written: read
+        from memory (an open hour's segment; a closed hour's lengths as noted), so that a
+        snapshot can name them without a flush or a ``stat`` a file. A closed hour not yet
+        noted is read from its files once."""
         listed = {}
         for hour in self.hours[bisect.bisect_left(self.hours, first_hour):]:
-            for name, size in segment_files(self.dir, hour).items():
+            segment = self._open.get(hour)
+            if segment is not None:
+                sizes = segment.sizes()
+            else:
+                sizes = self._closed_sizes.get(hour) or self._note_sizes(hour)
+            for name, size in sizes.items():
                 listed[f"{HOURS_DIR}/{hour:08d}/{name}"] = size
         return listed
+
+    def _note_sizes(self, hour: int) -> dict[str, int]:
+        """Read and note the lengths of a closed hour's files (those that are not empty)."""
+        sizes = {name: size for name, size in segment_files(self.dir, hour).items() if size}
+        self._closed_sizes[hour] = sizes
+        return sizes
 
     def close(self) -> None:
         for segment in self._open.values():
             segment.close()
         self._open.clear()
+        self._closed_sizes.clear()
 
     def _evict(self) -> None:
         """Make room for one more segment within ``max_open_hours`` by closing the least
@@ -204,6 +237,7 @@ class HourSet:
             self._forget_buffer(hour, segment)
             self._mapped.discard(hour)
             segment.close()
+            self._closed_sizes[hour] = segment.sizes()
             with self._noting:
                 self._closed_live[hour] = segment.units - len(segment.tombstones)
 
@@ -215,6 +249,7 @@ class HourSet:
 
     def _remove(self, hour: int, cursor_second: int) -> None:
         self._closed_live.pop(hour, None)
+        self._closed_sizes.pop(hour, None)
         segment = self._open.pop(hour, None)
         if segment is not None:
             self._forget_buffer(hour, segment)

@@ -23,11 +23,13 @@ from tickwheel.wheel.fileio import (
     LOG,
     TOMBSTONES,
     SegmentFiles,
+    file_size,
     overwrite,
     pread_file,
     write_all,
 )
 from tickwheel.wheel.format import (
+    TOMBSTONE,
     UNIT,
     UNIT_AND_CRC,
     UNIT_CRC,
@@ -76,6 +78,8 @@ class HourSegment:
         self._unflushed_log = bytearray()
         self._unflushed_index = bytearray()
         self._unflushed_tombstones = bytearray()
+        self.tombstones_size_bytes = file_size(path / TOMBSTONES)
+        """The tombstones file's length, with what is buffered for it (`sizes`)."""
         self._heads_dirty = False
         self._files = SegmentFiles(path)
         self._flushes = 0
@@ -149,11 +153,19 @@ class HourSegment:
         self.tombstones.add(global_index)
         self.cancelled[second_of_hour] += 1
         self._unflushed_tombstones += pack_tombstone(self.hour, global_index)
+        self.tombstones_size_bytes += TOMBSTONE.size
 
     @property
     def buffered_bytes(self) -> int:
         return (len(self._unflushed_log) + len(self._unflushed_index)
                 + len(self._unflushed_tombstones))
+
+    def sizes(self) -> dict[str, int]:
+        """The append-only files' lengths once what is buffered is written (`segment_files`
+        as a flush would leave them, read from memory), those that are not empty."""
+        sizes = {LOG: self.log_size_bytes, INDEX: self.units * UNIT_SIZE,
+                 TOMBSTONES: self.tombstones_size_bytes}
+        return {name: size for name, size in sizes.items() if size}
 
     def flush(self) -> None:
         """Write what is buffered: log, index, tombstones, then the heads checkpoint."""

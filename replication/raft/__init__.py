@@ -26,6 +26,7 @@ from tickwheel.replication.raft.port import (
     RaftStatus,
     Role,
     StepSummary,
+    Taking,
 )
 from tickwheel.replication.raft.snapshot import (
     SNAPSHOT_FILE,
@@ -37,5 +38,5 @@ from tickwheel.replication.raft.snapshot import (
 __all__ = ["DISK_FULL", "JOURNAL_FILE", "MAX_MESSAGE_ENTRY_BYTES", "PICKLE_PROTOCOL",
            "SNAPSHOT_FILE", "InsecureCluster", "OnResult", "Prefetch", "RaftConfig", "RaftNode",
            "RaftPort", "RaftStatus", "Role", "SnapshotDamaged", "StepSummary", "SyncLedger",
-           "fsync_files", "journal_first_index", "read_snapshot", "rewind_journal",
+           "Taking", "fsync_files", "journal_first_index", "read_snapshot", "rewind_journal",
            "write_snapshot"]

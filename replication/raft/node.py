@@ -80,7 +80,14 @@ from tickwheel.replication.raft.config import RaftConfig
 from tickwheel.replication.raft.durability import SyncLedger
 from tickwheel.replication.raft.handover import HandOver
 from tickwheel.replication.raft.journal import JOURNAL_FILE, AtomicJournal, MsyncJournal
-from tickwheel.replication.raft.port import OnResult, PeerClock, Prefetch, RaftStatus, Role
+from tickwheel.replication.raft.port import (
+    OnResult,
+    PeerClock,
+    Prefetch,
+    RaftStatus,
+    Role,
+    Taking,
+)
 from tickwheel.replication.raft.prevote import SHAPES, PreVote, well_formed
 from tickwheel.replication.raft.snapshot import (
     SNAPSHOT_FILE,
@@ -168,12 +175,14 @@ class RaftNode:
     every member; ``snapshot`` is ``(serialize(path, raft_tail), deserialize(path) ->
     raft_tail)``; ``wall_ms`` is the node's clock, which its answers carry to the leader
     (`tickwheel.replication.raft.clocks`); with ``prefetch``, a snapshot from the leader is
-    loaded once its files are gathered (`CatchUp`), else at once."""
+    loaded once its files are gathered (`CatchUp`), else at once; with ``taking``, this
+    node's snapshots are taken over several ticks by it (``serialize`` is then not called),
+    else each in one."""
 
     def __init__(self, self_address: str, peers: list[str], raft_dir: Path, config: RaftConfig,
                  apply: Callable[[bytes], object], snapshot: tuple[Serializer, Deserializer],
                  wall_ms: Callable[[], int] | None = None,
-                 prefetch: Prefetch | None = None) -> None:
+                 prefetch: Prefetch | None = None, taking: Taking | None = None) -> None:
         self._peers = tuple(peers)
         self._tenure = TenureClock()
         self._clocks = PeerClocks(wall_ms or SystemClock().now_ms)
@@ -197,7 +206,7 @@ class RaftNode:
             MsyncJournal if config.fsync else AtomicJournal, ledger=ledger)
         pysyncobj.syncobj.Serializer = functools.partial(
             DurableSerializer if config.fsync else ReceivingSerializer, ledger=ledger,
-            applied=self._last_applied, whole=self._catch_up.begin)
+            applied=self._last_applied, whole=self._catch_up.begin, taking=taking)
         try:
             self._core = _Core(apply, self_address, list(peers), _conf(config, raft_dir,
                                                                          snapshot),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from tickwheel.replication.raft.versions import MemberVersion
 
@@ -81,6 +81,21 @@ class Prefetch(Protocol):
 
     def prefetched(self) -> bool:
         """Whether they are gathered, or could not be (the load then stops the node)."""
+
+
+class Taking(Protocol):
+    """The state machine's side of a snapshot taken without holding the Raft thread: begun in
+    the step pysyncobj asks for it, carried a step further at each tick, and reported done
+    only once it is durable and in place: pysyncobj then cuts its journal to it."""
+
+    def begin(self, path: str, raft_tail: tuple[Any, ...]) -> None:
+        """Capture a snapshot of the state (with Raft's part), to be put at ``path``."""
+
+    def advance(self) -> bool | None:
+        """None while it is under way; True once it is in place; False if it failed."""
+
+    def void(self) -> None:
+        """Drop the snapshot under way: one received from the leader replaced it."""
 
 
 class RaftPort(Protocol):

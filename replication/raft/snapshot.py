@@ -13,12 +13,13 @@ import struct
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import Any, BinaryIO, Final, cast
 
-from pysyncobj.serializer import Serializer
+from pysyncobj.serializer import SERIALIZER_STATE, Serializer
 
 from tickwheel.replication.raft.durability import SyncLedger, fsync_files, fsync_written
 from tickwheel.replication.raft.link_protocol import safe_load
+from tickwheel.replication.raft.port import Taking
 
 log = logging.getLogger("tickwheel.replication")
 
@@ -51,7 +52,14 @@ class ReceivingSerializer(Serializer):
 
     With ``whole``, a snapshot received whole (and newer) is offered to it first: True when
     it took the staged file (`tickwheel.replication.raft.catch_up`), which it puts in place
-    later (`put_in_place`), once the files the snapshot names are fetched."""
+    later (`put_in_place`), once the files the snapshot names are fetched.
+
+    With ``taking``, this node's own snapshots are taken by it over several ticks
+    (`tickwheel.replication.taking`) rather than in the one pysyncobj asks in: pysyncobj
+    asks whether one is under way at each tick (``checkSerializing``), and cuts its journal
+    when told it succeeded, which `Taking.advance` says only once the snapshot is durable and
+    in place. pysyncobj's own path wrote the file in that tick and renamed it into place. A
+    snapshot received from the leader voids the one under way (`put_in_place`)."""
 
     sync = False
     """Whether a received snapshot reaches the disk before it replaces this node's own
@@ -59,15 +67,42 @@ class ReceivingSerializer(Serializer):
 
     def __init__(self, *args: Any, applied: Callable[[], int] = lambda: 0,
                  ledger: SyncLedger | None = None,
-                 whole: Callable[[Path], bool] | None = None) -> None:
+                 whole: Callable[[Path], bool] | None = None,
+                 taking: Taking | None = None) -> None:
         super().__init__(*args)
         self._path = Path(self._Serializer__fileName)
         self._applied = applied
         self._ledger = ledger
         self._whole = whole
+        self._taking = taking
+        self._taking_index: int | None = None
+        """The index of the snapshot `taking` is taking, while it is under way."""
         self._incoming: BinaryIO | None = None
         self.refused = False
         """The last snapshot received was refused (`RaftNode` reads and clears it)."""
+
+    def serialize(self, data: tuple[Any, ...], index: int) -> None:
+        """pysyncobj asks for a snapshot at entry ``index`` (``data``: its own part, after a
+        None where its default serializer's state would be): begun by `taking`, if given."""
+        if self._taking is None:
+            super().serialize(data, index)
+        elif self._taking_index is None:
+            self._taking.begin(str(self._path), tuple(data[1:]))
+            self._taking_index = index
+
+    def checkSerializing(self) -> tuple[int, int | None]:
+        """Where this node's snapshot is (pysyncobj asks at every tick): with `taking`, it is
+        carried a step further, and is a success only once in place."""
+        if self._taking is None:
+            return cast(tuple[int, int | None], super().checkSerializing())
+        index = self._taking_index
+        if index is None:
+            return SERIALIZER_STATE.NOT_SERIALIZING, None
+        done = self._taking.advance()
+        if done is None:
+            return SERIALIZER_STATE.SERIALIZING, index
+        self._taking_index = None
+        return (SERIALIZER_STATE.SUCCESS if done else SERIALIZER_STATE.FAILED), index
 
     def setTransmissionData(self, data: tuple[bytes, bool, bool] | None) -> bool:
         """One chunk of a snapshot from the leader; True when it was the last one and the
@@ -115,6 +150,9 @@ class ReceivingSerializer(Serializer):
         if self.sync:
             fsync_files([self._path.parent])
         self._Serializer__pid = 0
+        if self._taking is not None and self._taking_index is not None:
+            self._taking_index = None
+            self._taking.void()
 
     def _older(self, staged: Path) -> bool:
         """Whether the staged snapshot ends at or before what this node applied (then it is

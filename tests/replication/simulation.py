@@ -135,7 +135,7 @@ class Run:
     def _replica(self, address: str, data: Path) -> Replica:
         def raft(_address: str, _peers: list[str], raft_dir: Path, _config: object,
                  apply: Callable[[bytes], object], snapshot: tuple, wall_ms: object,
-                 prefetch: object) -> SimRaft:
+                 prefetch: object, taking: object) -> SimRaft:
             node = SimRaft(self.cluster, address, raft_dir, apply, snapshot)
             self.cluster.nodes[address] = node
             return node

@@ -71,7 +71,10 @@ def this_life(node: LocalNode) -> str:
 
 
 def wheel_digests(node: LocalNode) -> dict[str, str]:
-    """The wheel's append-only files by path (heads is a checkpoint rebuilt from the index)."""
+    """The wheel's append-only files by path (heads is a checkpoint rebuilt from the index), of
+    a node stopped: a running one holds appends buffered, which nodes write at different
+    times (a snapshot writes those it names over several steps)."""
+    assert not node.alive(), f"{node.data} is still running"
     hours = node.data / "state" / "wheel" / "hours"
     return {str(p.relative_to(hours)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(hours.rglob("*")) if p.is_file() and p.name != "heads"}
@@ -106,6 +109,7 @@ def test_a_wiped_follower_installs_a_snapshot_of_many_files_in_short_steps_witho
         assert "event=snapshot_fetched files=" in life
         terms = {info.term if info else None for info in [*before, *after]}
         assert len(terms) == 1, terms  # no election: every node in the term it began in
+        cluster.stop_all()
         assert wheel_digests(follower) == wheel_digests(leader)
 
 
@@ -131,10 +135,11 @@ def test_a_follower_killed_while_it_fetches_a_snapshot_restarts_and_converges(
         assert not (follower.data / "state").is_symlink()
         cluster.start(follower)
         wait_for(lambda: caught_up(cluster.nodes), 60, "the killed follower caught up")
-        assert wheel_digests(follower) == wheel_digests(leader)
         current = (follower.data / "state").resolve()
         wait_for(lambda: {p.name for p in follower.data.glob("state*")} == {
             "state", current.name}, 10, "nothing left beside the state but its generation")
+        cluster.stop_all()
+        assert wheel_digests(follower) == wheel_digests(leader)
 
 
 def test_a_follower_rolled_back_to_0_0_4_after_an_install_opens_its_state_through_the_link(
@@ -173,4 +178,5 @@ def test_a_follower_rolled_back_to_0_0_4_after_an_install_opens_its_state_throug
                                      deliver_at_ms=start_ms)])
         wait_for(lambda: caught_up(cluster.nodes), 60, "the follower back on 0.0.4 caught up")
         assert follower.info() and follower.info().cluster_version == 0  # 0.0.4's answer
+        cluster.stop_all()
         assert wheel_digests(follower) == wheel_digests(leader)

@@ -15,9 +15,10 @@ from tickwheel.common.clock import SystemClock
 from tickwheel.common.exits import EXIT_FATAL
 from tickwheel.replication import commands
 from tickwheel.replication.raft import RaftConfig, write_snapshot
-from tickwheel.replication.snapshots import PeerFiles, Snapshots, manifest_parts
+from tickwheel.replication.snapshots import PeerFiles, Snapshots
 from tickwheel.replication.staging import stage, switch, tidy
 from tickwheel.replication.state import StateConfig, StateMachine
+from tickwheel.replication.state_files import manifest_parts
 from tickwheel.wheel import NewMessage
 
 T0_MS = 1_800_000_000_000

@@ -19,7 +19,6 @@ from tickwheel.replication import (
     Replica,
     ReplicaConfig,
     commands,
-    snapshots,
     state_files,
 )
 from tickwheel.replication.dispatcher import DispatchConfig, Dispatcher
@@ -340,12 +339,12 @@ def test_readied_positions_go_through_a_snapshot_as_the_release_before_reads_the
     taken = [m for _ in range(3) for m in dispatcher.take(state.wheel, T0_MS + 999)]
     ready_all(state, [m for m in taken if m.local_index % 3 and m.local_index != 2_000])
     expected = {i for i in range(3_000) if i % 3 and i != 2_000}
-    parts = safe_loads(pickle.dumps(snapshots.manifest_parts(state.manifest())))
+    parts = safe_loads(pickle.dumps(state_files.manifest_parts(state.manifest())))
     assert isinstance(parts, tuple)
     assert {s: set(indexes) for s, indexes in parts[5].items()} == {second: expected}
-    assert snapshots.manifest_of(parts).readied == state.readied
+    assert state_files.manifest_of(parts).readied == state.readied
     older = (*parts[:5], {second: expected}, *parts[6:])
-    assert set(snapshots.manifest_of(older).readied[second]) == expected
+    assert set(state_files.manifest_of(older).readied[second]) == expected
     # the cursor forgets what it passed, and a new leader takes again exactly the gaps
     state.apply(commands.cursor(T0_MS + 999, Cursor(second, 1_000)))
     assert set(state.readied[second]) == {i for i in expected if i >= 1_000}
@@ -460,7 +459,8 @@ def _alone(tmp_path: Path, world: World, sink: _Sink, wakes: list[None]
     cluster = SimCluster(world, random.Random(0))
 
     def raft(address: str, _peers: list[str], raft_dir: Path, _config: object,
-             apply: object, snapshot: tuple, wall_ms: object, prefetch: object) -> SimRaft:
+             apply: object, snapshot: tuple, wall_ms: object, prefetch: object,
+             taking: object) -> SimRaft:
         node = cluster.nodes[address] = SimRaft(cluster, address, raft_dir, apply, snapshot)
         node.wake = lambda: wakes.append(None)
         return node
@@ -664,8 +664,8 @@ def test_a_schedule_placed_by_an_older_shard_map_is_refused_once_a_newer_is_prop
     assert record is not None and (record.version, record.body) == (2, b'{"map": 2}')
     manifest = replica._state.manifest()
     assert manifest.shard_map == record
-    pickled = pickle.loads(pickle.dumps(snapshots.manifest_parts(manifest)))
-    assert snapshots.manifest_of(pickled).shard_map == record
-    assert snapshots.manifest_of(pickled[:8]).shard_map is None  # an older release's
+    pickled = pickle.loads(pickle.dumps(state_files.manifest_parts(manifest)))
+    assert state_files.manifest_of(pickled).shard_map == record
+    assert state_files.manifest_of(pickled[:8]).shard_map is None  # an older release's
     assert sorted(replica.remembered(["c", "b", "a"])) == [0, 2]  # "b" was never scheduled
     replica.stop()

@@ -13,9 +13,8 @@ from tickwheel.common.errors import InvariantViolation
 from tickwheel.common.versions import BASELINE, CURRENT
 from tickwheel.replication import commands
 from tickwheel.replication.raft.versions import VERSION, MemberVersion, MemberVersions, older
-from tickwheel.replication.snapshots import manifest_of, manifest_parts
 from tickwheel.replication.state import StateConfig, StateMachine
-from tickwheel.replication.state_files import Manifest, ShardMapRecord
+from tickwheel.replication.state_files import Manifest, ShardMapRecord, manifest_of, manifest_parts
 from tickwheel.wheel import Cursor
 
 
