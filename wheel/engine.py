@@ -308,18 +308,14 @@ class Wheel:
                   f"deleting hour {hour}, which the cursor {tuple(self._cursor)} has not passed")
         self._hours.delete(hour, self._cursor.second)
 
-    def files(self, from_hour: int | None = None) -> dict[str, int]:
-        """Flush, then the append-only files of the hours at or after the cursor's (or
-        ``from_hour``, when earlier: messages behind the cursor still in use), by path relative
-        to the root, with their sizes. Heads and ``meta`` are not listed: heads are rebuilt
-        from the index, and the cursor and stamp are properties."""
-        self.flush()
-        return self.lengths(from_hour)
-
     def lengths(self, from_hour: int | None = None) -> dict[str, int]:
-        """`files` as they will be once every buffered append is written, without writing or
-        reading anything: what a snapshot names, in memory (`unflushed_hours` and
-        `flush_hour` then write the bytes it names, a few hours at a time)."""
+        """The append-only files of the hours at or after the cursor's (or ``from_hour``, when
+        earlier: messages behind the cursor still in use), by path relative to the root, with
+        the lengths they have once every buffered append is written; those not empty. Read
+        from memory, without writing or reading a file: what a snapshot names
+        (`unflushed_hours` and `flush_hour` then write the bytes it names, a few hours at a
+        time). Heads and ``meta`` are not listed: heads are rebuilt from the index, and the
+        cursor and stamp are properties."""
         first_hour = self._cursor.second // SECONDS_PER_HOUR
         return self._hours.lengths(first_hour if from_hour is None else min(from_hour,
                                                                             first_hour))
