@@ -336,6 +336,7 @@ class Replica:
     def _run(self) -> None:
         wait_s = 0.0
         try:
+            self._snapshots.install_own()
             while not self._stopping.is_set():
                 wait_s = self.turn(wait_s)
         except TickwheelError as error:
