@@ -40,16 +40,15 @@ _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 def build_session(master: str | None = None, app: str = "tickwheel-audit",
                   config: dict[str, str] | None = None) -> SparkSession:
-    """A quiet Spark session, with ``config`` besides. Without ``master``, spark-submit's
-    applies, else ``local[*]``."""
-    builder = SparkSession.builder
-    for key, value in (config or {}).items():
-        builder = builder.config(key, value)
-    builder = (builder.appName(app)
+    """A quiet Spark session, with ``config`` besides (over the defaults here). Without
+    ``master``, spark-submit's applies, else ``local[*]``."""
+    builder = (SparkSession.builder.appName(app)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.log.level", "WARN")
                .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS)))
+    for key, value in (config or {}).items():
+        builder = builder.config(key, value)
     if master is not None:
         builder = builder.master(master)
     return builder.getOrCreate()

@@ -14,6 +14,7 @@ chaos run's ``OUT/ledgers`` (fetched so), by `tickwheel.chaos.run_logs`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -33,8 +34,6 @@ LEDGER_SCHEMA: Final = (
 address (behind a chaos proxy: the proxy's), so the audit names nodes by their folder.
 Spark reads a column a segment lacks (``principal`` before ledger format 2) as null."""
 SEGMENT: Final = re.compile(r"^ledger-[A-Za-z0-9._-]+-(?P<sequence>\d{12})\.parquet$")
-FETCHED: Final = r"/shard-(?P<shard>\d+)/(?P<node>[^/]+)/ledger-[^/]+\.parquet$"
-"""A fetched segment's path: its shard, its node's folder."""
 FETCH_RECORD: Final = "fetch.json"
 
 
@@ -77,29 +76,23 @@ def fetched_segments(folder: Path) -> Segments:
 
 def read_ledger(spark: SparkSession, found: Segments, since_ms: int | None = None,
                 until_ms: int | None = None) -> DataFrame:
-    """Every row of the segments ``found`` with ``shard`` and ``node_name``, read from each
-    file's path by `FETCHED` (given to Spark with Java's group syntax; a shard not matched
-    is 0); only rows whose ``time_ms`` lies in ``[since_ms, until_ms]`` when given."""
-    paths = [str(path) for paths in found.values() for path in paths]
-    if not paths:
+    """Every row of the segments ``found`` with ``shard`` and ``node_name``, the key of its
+    folder in ``found``; only rows whose ``time_ms`` lies in ``[since_ms, until_ms]`` when
+    given. Each node folder is read by a scan of its own, the two columns constants of it:
+    taking them from each row's file name cost a regular expression a row, twice."""
+    scans = [spark.read.schema(LEDGER_SCHEMA).parquet(*[str(path) for path in paths])
+             .withColumn("shard", F.lit(shard).cast("int"))
+             .withColumn("node_name", F.lit(node))
+             for (shard, node), paths in sorted(found.items()) if paths]
+    if not scans:
         rows = spark.createDataFrame(spark.sparkContext.emptyRDD(), LEDGER_SCHEMA)
         return rows.withColumn("shard", F.lit(0)).withColumn("node_name", F.lit(""))
-    name = F.input_file_name()
-    java = FETCHED.replace("(?P<", "(?<")  # Java's named groups
-    shard = F.regexp_extract(name, java, _group("shard"))
-    rows = (spark.read.schema(LEDGER_SCHEMA).parquet(*paths)
-            .withColumn("shard", F.coalesce(F.when(shard != "", shard.cast("int")), F.lit(0)))
-            .withColumn("node_name", F.regexp_extract(name, java, _group("node"))))
+    rows = functools.reduce(DataFrame.unionByName, scans)
     if since_ms is not None:
         rows = rows.filter(F.col("time_ms") >= since_ms)
     if until_ms is not None:
         rows = rows.filter(F.col("time_ms") <= until_ms)
     return rows
-
-
-def _group(name: str) -> int:
-    """The number of `FETCHED`'s group ``name`` (Spark's regexp_extract takes numbers)."""
-    return re.compile(FETCHED).groupindex[name]
 
 
 def find_gaps(found: Segments) -> list[Gap]:

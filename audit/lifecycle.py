@@ -43,6 +43,10 @@ from pyspark.sql import functions as F
 OWN: tuple[str, ...] = ("sent", "dispatch_started")
 """Events a node records of itself (all others are committed, on every replica)."""
 DELIVERY = ("shard", "id", "group")
+SAME_ROW = ("shard", "handle", "event", "new_handle", "group", "lease", "time_ms")
+"""What tells one committed row from another: its copies in the replicas' ledgers agree."""
+COMMITTED = (*SAME_ROW, "id", "topic", "deliver_at_ms", "principal")
+"""The columns of committed rows the audit reads (all it carries through their shuffles)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +60,20 @@ class Judging:
 
 
 def committed(rows: DataFrame) -> DataFrame:
-    """The committed rows, each once (every replica records them)."""
-    return (rows.filter(~F.col("event").isin(*OWN))
+    """The committed rows, each once (every replica records them), in `COMMITTED`'s
+    columns, partitioned by ``(shard, handle)``: one shuffle serves both the duplicates'
+    removal and `with_ids`' join (a row's copies come from different files, so removing
+    them before the shuffle would find none)."""
+    return (rows.filter(~F.col("event").isin(*OWN)).select(*COMMITTED)
             .withColumn("group", F.coalesce("group", F.lit("")))
-            .dropDuplicates(["shard", "event", "handle", "new_handle", "group", "lease",
-                             "time_ms"]))
+            .repartition("shard", "handle")
+            .dropDuplicates(list(SAME_ROW)))
 
 
-def sends(rows: DataFrame) -> DataFrame:
-    """The ``sent`` rows (group ``""`` for the default group)."""
-    return (rows.filter(F.col("event") == "sent")
+def own(rows: DataFrame) -> DataFrame:
+    """The rows nodes record of themselves (`OWN`: ``sent`` and ``dispatch_started``), group
+    ``""`` for the default group."""
+    return (rows.filter(F.col("event").isin(*OWN))
             .withColumn("group", F.coalesce("group", F.lit(""))))
 
 
@@ -77,9 +85,10 @@ def handles(events: DataFrame) -> DataFrame:
             .dropDuplicates(["shard", "handle"]))
 
 
-def with_ids(events: DataFrame, copies: DataFrame) -> DataFrame:
-    """``events`` with the ``id`` of their handle where they carry none."""
-    named = copies.select("shard", "handle", F.col("id").alias("id_of_handle"))
+def with_ids(events: DataFrame) -> DataFrame:
+    """``events`` (`committed`) with the ``id`` of their handle (`handles`) where they carry
+    none."""
+    named = handles(events).select("shard", "handle", F.col("id").alias("id_of_handle"))
     return (events.join(named, ["shard", "handle"], "left")
             .withColumn("id", F.coalesce("id", "id_of_handle")).drop("id_of_handle"))
 
@@ -113,19 +122,20 @@ def topic_groups(events: DataFrame, sent: DataFrame) -> DataFrame:
 
 
 def deliveries(known: DataFrame, groups: DataFrame, sent: DataFrame,
-               acked: DataFrame, leased: DataFrame) -> DataFrame:
+               events: DataFrame) -> DataFrame:
     """One row per delivery owed (``shard, id, group, topic, due_ms, cancelled_ms,
     withdrawn_ms``), with ``sent_ms``, ``acked_ms`` and ``leased_ms``, its first ``sent``,
-    ``acked`` and ``leased`` rows' times (null if none)."""
-    first_sent = sent.groupBy(*DELIVERY).agg(F.min("time_ms").alias("sent_ms"))
-    first = [(rows.filter(F.col("id").isNotNull()).groupBy(*DELIVERY)
-              .agg(F.min("time_ms").alias(name))) for rows, name in ((acked, "acked_ms"),
-                                                                     (leased, "leased_ms"))]
+    ``acked`` and ``leased`` rows' times (null if none): one grouping of the three."""
+    event = F.col("event")
+    firsts = (sent.select(*DELIVERY, "time_ms", F.lit("sent").alias("event"))
+              .unionByName(events.filter(event.isin("acked", "leased") & F.col("id").isNotNull())
+                           .select(*DELIVERY, "time_ms", "event"))
+              .groupBy(*DELIVERY).agg(*[F.min(F.when(event == name, F.col("time_ms")))
+                                       .alias(f"{name}_ms")
+                                       for name in ("sent", "acked", "leased")]))
     return (known.join(F.broadcast(groups), "topic")
             .select("shard", "id", "group", "topic", "due_ms", "cancelled_ms", "withdrawn_ms")
-            .join(first_sent, list(DELIVERY), "left")
-            .join(first[0], list(DELIVERY), "left")
-            .join(first[1], list(DELIVERY), "left"))
+            .join(firsts, list(DELIVERY), "left"))
 
 
 def overdue(owed: DataFrame, window: Judging, gaps: DataFrame) -> DataFrame:
@@ -183,6 +193,24 @@ def label() -> Column:
     """A delivery's name in the summary: ``id`` in the default group, else ``group/id``."""
     return F.when(F.coalesce("group", F.lit("")) == "", F.col("id")).otherwise(
         F.concat(F.col("group"), F.lit("/"), F.col("id")))
+
+
+def counted(frame: DataFrame, names: Column, limit: int
+            ) -> tuple[dict[int, int], dict[int, list[str]]]:
+    """Per shard, ``frame``'s rows and the first ``limit`` distinct ``names`` among them,
+    sorted (as `first_per_shard`), in one job: ``frame`` is computed once for both."""
+    by_shard = Window.partitionBy("shard")
+    ranked = (frame.groupBy("shard", names.alias("name")).count()
+              .withColumn("rows", F.sum("count").over(by_shard))
+              .withColumn("rank", F.row_number().over(by_shard.orderBy("name"))))
+    counts: dict[int, int] = {}
+    lists: dict[int, list[str]] = {}
+    for row in (ranked.filter(F.col("rank") <= max(limit, 1)).orderBy("shard", "name")
+                .collect()):
+        counts[row.shard] = row.rows
+        if row["rank"] <= limit:
+            lists.setdefault(row.shard, []).append(row.name)
+    return counts, lists
 
 
 def first_per_shard(frame: DataFrame, names: Column, limit: int) -> dict[int, list[str]]:

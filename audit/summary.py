@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from tickwheel.audit import hourly as traffic
 from tickwheel.audit import layout, leaders, lifecycle
-from tickwheel.audit.lifecycle import Judging, first_per_shard, label
+from tickwheel.audit.lifecycle import Judging, counted, first_per_shard, label
 from tickwheel.audit.receipts import read_receipts, receipt_figures
 
 PROBLEMS = ("overdue", "early", "after_cancel", "contrary_to_reschedule")
@@ -62,52 +63,82 @@ def audit_segments(spark: SparkSession, found: layout.Segments, options: AuditOp
                    fetch: dict[str, Any] | None = None) -> dict[str, Any]:
     """The summary of the segments ``found`` (`tickwheel.audit.layout.fetched_segments`),
     with ``fetch`` (``fetch.json``) copied into it."""
-    rows = layout.read_ledger(spark, found, options.since_ms, options.until_ms).cache()
-    try:
-        return summarize(rows, layout.find_gaps(found), options, fetch)
-    finally:
-        rows.unpersist()
+    rows = layout.read_ledger(spark, found, options.since_ms, options.until_ms)
+    return summarize(rows, layout.find_gaps(found), options, fetch)
 
 
 def summarize(rows: DataFrame, gaps: list[layout.Gap], options: AuditOptions,
               fetch: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every figure of the summary, from the ledgers' rows (with ``shard`` and
-    ``node_name``) and their gaps."""
+    ``node_name``) and their gaps.
+
+    ``rows`` is read three times, each time only the columns wanted: what each shard holds;
+    its committed rows, each once, with their ids; the nodes' own. What the figures read more
+    than once is persisted once (`_Kept`) and released at the end."""
+    kept = _Kept()
+    try:
+        return _summarize(rows, gaps, options, fetch, kept)
+    finally:
+        kept.release()
+
+
+class _Kept:
+    """The frames persisted for one summary (memory, else the local disk)."""
+
+    def __init__(self) -> None:
+        self.frames: list[DataFrame] = []
+
+    def __call__(self, frame: DataFrame) -> DataFrame:
+        self.frames.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
+        return frame
+
+    def release(self) -> None:
+        for frame in self.frames:
+            frame.unpersist()
+        self.frames.clear()
+
+
+def _summarize(rows: DataFrame, gaps: list[layout.Gap], options: AuditOptions,
+               fetch: dict[str, Any] | None, keep: _Kept) -> dict[str, Any]:
     spark = rows.sparkSession
-    totals = rows.agg(F.count("*").alias("rows"), F.max("time_ms").alias("last_ms"),
-                      F.min("time_ms").alias("first_ms")).first()
-    horizon_ms = options.until_ms if options.until_ms is not None else (
-        totals["last_ms"] if totals and totals["last_ms"] is not None else 0)
+    held = {row.shard: row for row in rows.groupBy("shard").agg(
+        F.count("*").alias("rows"), F.max("time_ms").alias("last_ms"),
+        F.min("time_ms").alias("first_ms"),
+        F.collect_set("node_name").alias("nodes")).collect()}
+    last = [row.last_ms for row in held.values() if row.last_ms is not None]
+    first = [row.first_ms for row in held.values() if row.first_ms is not None]
+    horizon_ms = options.until_ms if options.until_ms is not None else max(last, default=0)
     judging = Judging(horizon_ms, options.grace_ms, options.allowed_early_ms)
-    copies = lifecycle.handles(lifecycle.committed(rows))
-    events = lifecycle.with_ids(lifecycle.committed(rows), copies).cache()
-    sent = lifecycle.sends(rows).cache()
-    known = lifecycle.messages(events).cache()
-    groups = lifecycle.topic_groups(events, sent).cache()
-    acked = events.filter(F.col("event") == "acked")
-    owed = lifecycle.deliveries(known, groups, sent, acked,
-                                events.filter(F.col("event") == "leased"))
+    unique = lifecycle.committed(rows).persist(StorageLevel.MEMORY_AND_DISK)
+    events = keep(lifecycle.with_ids(unique))
+    events.count()  # computed now, so that what it was computed from can go
+    unique.unpersist()
+    own = keep(lifecycle.own(rows))
+    sent = own.filter(F.col("event") == "sent")
+    known = keep(lifecycle.messages(events))
+    groups = keep(lifecycle.topic_groups(events, sent))
+    owed = keep(lifecycle.deliveries(known, groups, sent, events))
     gap_frame = spark.createDataFrame(
         [(gap.shard, gap.from_ms, gap.to_ms) for gap in gaps],
         "shard INT, from_ms BIGINT, to_ms BIGINT")
-    late = lifecycle.overdue(owed, judging, gap_frame).cache()
-    turns = leaders.turns(rows)
-    repeated = leaders.repeats(sent)
+    late = keep(lifecycle.overdue(owed, judging, gap_frame))
+    turns = leaders.turns(own)
+    repeated = keep(leaders.repeats(sent))
     problems = {
         "overdue": late.filter(~F.col("in_gap")),
         "early": lifecycle.early(sent, judging),
         "after_cancel": lifecycle.after_cancel(sent, known, owed),
         "contrary_to_reschedule": lifecycle.contrary_to_reschedule(sent, known, judging),
     }
-    shards = _shards(rows, known, owed, sent, late, problems, repeated, turns, gaps, options)
+    shards = _shards(held, known, owed, sent, late, problems, repeated, turns, gaps, options)
     topics = known.select("shard", "id", F.col("topic").alias("first_topic"))
     summary: dict[str, Any] = {
         "window": {"since_ms": options.since_ms, "until_ms": options.until_ms,
-                   "first_ms": totals["first_ms"] if totals else None,
+                   "first_ms": min(first, default=None),
                    "horizon_ms": horizon_ms, "grace_ms": options.grace_ms,
                    "allowed_early_ms": options.allowed_early_ms},
         "fetch": fetch,
-        "rows": totals["rows"] if totals else 0,
+        "rows": sum(row.rows for row in held.values()),
         "totals": _totals(shards),
         "shards": {str(shard): figures for shard, figures in sorted(shards.items())},
         "hourly": traffic.hourly(events, known, groups, sent, topics),
@@ -115,8 +146,6 @@ def summarize(rows: DataFrame, gaps: list[layout.Gap], options: AuditOptions,
         "receipts": None if options.receipts is None else receipt_figures(
             read_receipts(spark, options.receipts), sent, judging, options.max_ids),
     }
-    for frame in (events, sent, known, groups, late):
-        frame.unpersist()
     return {"verdict": verdict(summary), **summary}
 
 
@@ -133,44 +162,35 @@ def verdict(summary: dict[str, Any]) -> str:
     return "dirty" if any(broken) else "clean"
 
 
-def _shards(rows: DataFrame, known: DataFrame, owed: DataFrame, sent: DataFrame,
+def _shards(held: dict[int, Row], known: DataFrame, owed: DataFrame, sent: DataFrame,
             late: DataFrame, problems: dict[str, DataFrame], repeated: DataFrame,
             turns: list[leaders.Turn], gaps: list[layout.Gap],
             options: AuditOptions) -> dict[int, dict[str, Any]]:
-    """Every shard's figures, each computed for all shards at once."""
-    count_of = _counts_by_shard
-    nodes = {row.shard: sorted(row.nodes) for row in rows.groupBy("shard").agg(
-        F.collect_set("node_name").alias("nodes")).collect()}
-    messages = {
-        "scheduled": count_of(known),
-        "cancelled": count_of(known.filter(F.col("cancelled_ms").isNotNull())),
-        "rescheduled": count_of(known.filter(F.col("moved_at_ms").isNotNull())),
-        "deliveries": count_of(owed),
-        "sent": count_of(sent),
-        "handled": count_of(owed.filter(F.col("sent_ms").isNotNull()
-                                        | F.col("acked_ms").isNotNull())),
-    }
+    """Every shard's figures, each computed for all shards at once. ``held``: per shard,
+    its rows' ``nodes``."""
+    messages = _by_shard(known, scheduled=F.count("*"), cancelled=F.count("cancelled_ms"),
+                         rescheduled=F.count("moved_at_ms"))
+    messages |= _by_shard(owed, deliveries=F.count("*"), handled=F.count_if(
+        F.col("sent_ms").isNotNull() | F.col("acked_ms").isNotNull()))
+    messages |= _by_shard(sent, sent=F.count("*"))
     counts = leaders.repeat_counts(repeated, turns)
     failovers = leaders.failovers(turns, counts)
     led = leaders.leaders(turns)
-    lists = {name: (count_of(frame), first_per_shard(frame, label(), options.max_ids))
-             for name, frame in problems.items()}
-    never = count_of(late.filter(~F.col("in_gap") & F.col("never_sent")))
-    unknown = late.filter("in_gap")
-    unknown_lists = (count_of(unknown), first_per_shard(unknown, label(), options.max_ids))
-    unflagged = repeated.filter(~F.col("flagged"))
-    unflagged_ids = first_per_shard(unflagged, label(), options.max_ids)
-    numbers = sorted(set(nodes) | {gap.shard for gap in gaps})
+    lists = {name: counted(frame, label(), options.max_ids) for name, frame in problems.items()}
+    never = _counts_by_shard(late.filter(~F.col("in_gap") & F.col("never_sent")))
+    unknown = counted(late.filter("in_gap"), label(), options.max_ids)
+    unflagged_ids = first_per_shard(repeated.filter(~F.col("flagged")), label(),
+                                    options.max_ids)
+    numbers = sorted(set(held) | {gap.shard for gap in gaps})
     figures: dict[int, dict[str, Any]] = {}
     for shard in numbers:
         mine = [value for (number, _), value in counts.items() if number == shard]
         figures[shard] = {
-            "nodes": nodes.get(shard, []),
+            "nodes": sorted(held[shard].nodes) if shard in held else [],
             "messages": {name: values.get(shard, 0) for name, values in messages.items()},
             **{name: {"count": values[0].get(shard, 0), "ids": values[1].get(shard, [])}
                for name, values in lists.items()},
-            "unknown": {"count": unknown_lists[0].get(shard, 0),
-                        "ids": unknown_lists[1].get(shard, [])},
+            "unknown": {"count": unknown[0].get(shard, 0), "ids": unknown[1].get(shard, [])},
             "leaders": led.get(shard, []),
             "failovers": failovers.get(shard, []),
             "repeated": {"flagged": sum(value["flagged"] for value in mine),
@@ -180,6 +200,16 @@ def _shards(rows: DataFrame, known: DataFrame, owed: DataFrame, sent: DataFrame,
         }
         figures[shard]["overdue"]["never_sent"] = never.get(shard, 0)
     return figures
+
+
+def _by_shard(frame: DataFrame, **figures: Column) -> dict[str, dict[int, int]]:
+    """Per figure, its value per shard: one job for all of them."""
+    rows = frame.groupBy("shard").agg(*[value.alias(name) for name, value in figures.items()])
+    found: dict[str, dict[int, int]] = {name: {} for name in figures}
+    for row in rows.collect():
+        for name in figures:
+            found[name][row.shard] = row[name]
+    return found
 
 
 def _counts_by_shard(frame: DataFrame) -> dict[int, int]:

@@ -177,13 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="local,standalone",
                         help="local (local[*]) and/or standalone (a master, two workers)")
     parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the audit's session (repeatable)")
     parser.add_argument("--root", type=Path, help="where the ledger goes (default: a temp dir)")
     parser.add_argument("--ledger", type=Path, help=argparse.SUPPRESS)  # one mode's process
     args = parser.parse_args(argv)
     if args.ledger is not None:
         rows = sum(pq.ParquetFile(path).metadata.num_rows
                    for path in args.ledger.glob("shard-*/*/ledger-*.parquet"))
-        print(json.dumps(_run_mode(args.modes, args.ledger, rows, args.driver_memory)))
+        print(json.dumps(_run_mode(args.modes, args.ledger, rows, args.driver_memory,
+                                   args.conf)))
         return 0
     with tempfile.TemporaryDirectory(dir=args.root) as temp:
         root = Path(temp)
@@ -194,30 +197,33 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes.split(","):  # each in a process of its own: its own JVM
             run = subprocess.run(
                 [sys.executable, "-m", "tickwheel.harness.audit_bench", "--modes", mode,
-                 "--driver-memory", args.driver_memory, "--ledger", str(root / "ledger")],
+                 "--driver-memory", args.driver_memory, "--ledger", str(root / "ledger"),
+                 *[f"--conf={setting}" for setting in args.conf]],
                 capture_output=True, text=True, check=True)
             result[mode] = json.loads(run.stdout.strip().splitlines()[-1])
     print(json.dumps(result, indent=2))
     return 0
 
 
-def _run_mode(mode: str, ledger: Path, rows: int, driver_memory: str) -> dict[str, Any]:
+def _run_mode(mode: str, ledger: Path, rows: int, driver_memory: str,
+              settings: list[str]) -> dict[str, Any]:
+    config = dict(setting.split("=", 1) for setting in settings)
     if mode == "local":
-        spark = _session("local[*]", driver_memory)
+        spark = _session("local[*]", driver_memory, config)
         try:
             return measure(spark, ledger, rows)
         finally:
             spark.stop()
     with StandaloneSpark(ledger.parent / "spark") as cluster:
-        spark = _session(cluster.url, driver_memory)
+        spark = _session(cluster.url, driver_memory, config)
         try:
             return measure(spark, ledger, rows) | {"workers": 2}
         finally:
             spark.stop()
 
 
-def _session(master: str, driver_memory: str) -> SparkSession:
-    return build_session(master, config={"spark.driver.memory": driver_memory})
+def _session(master: str, driver_memory: str, config: dict[str, str]) -> SparkSession:
+    return build_session(master, config={"spark.driver.memory": driver_memory, **config})
 
 
 if __name__ == "__main__":
