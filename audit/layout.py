@@ -45,8 +45,10 @@ class Gap:
     node: str
     reason: str
     """A manifest's gap reason (``buffer_full``, ``disk_low``, ``write_failed``,
-    ``torn_segment``), or ``missing_segment``: a sequence number between two segments that
-    neither a segment nor a gap accounts for (deleted, or not fetched)."""
+    ``torn_segment``), ``missing_segment``: a sequence number between two segments that
+    neither a segment nor a gap accounts for (deleted, or not fetched), or ``not_fetched``:
+    a node's rows after its newest segment fetched, while no other node is seen leading
+    (`tickwheel.audit.leaders.unfetched`)."""
     rows: int | None
     from_ms: int | None
     to_ms: int | None
@@ -106,6 +108,18 @@ def find_gaps(found: Segments) -> list[Gap]:
                                                                     strict=True), strict=False):
             gaps += _gaps_before(shard, node, _sequence(path), before, manifest)
     return gaps
+
+
+def newest_rows(found: Segments) -> dict[tuple[int, str], int | None]:
+    """Per ``(shard, node folder)``, where what was fetched of the node ends: its newest
+    segment's ``complete_ms`` (every row the node stamped before it is in the segments or a
+    gap), else, in a manifest written before that was kept, its ``last_ms``; None without a
+    manifest."""
+    ends = {}
+    for key, paths in found.items():
+        manifest = _manifest(paths[-1])
+        ends[key] = manifest.get("complete_ms") or manifest.get("last_ms")
+    return ends
 
 
 def _gaps_before(shard: int, node: str, sequence: int, before: dict[str, Any] | None,

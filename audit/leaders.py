@@ -26,6 +26,7 @@ from typing import Any
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from tickwheel.audit.layout import Gap
 from tickwheel.audit.lifecycle import DELIVERY
 
 
@@ -135,3 +136,31 @@ def leaders(all_turns: list[Turn]) -> dict[int, list[dict[str, Any]]]:
         del plain["shard"]
         found.setdefault(turn.shard, []).append(plain)
     return found
+
+
+def unfetched(newest: dict[tuple[int, str], int | None], turns: list[Turn]) -> list[Gap]:
+    """The stretches after each node's newest segment fetched (``newest``: `tickwheel.audit
+    .layout.newest_rows`) in which the node's own missing rows could hold sends: from its last
+    row until another node of its shard is seen leading (its first ``dispatch_started`` or
+    ``sent`` row after it), or open when none is. A running node's open segment is never
+    fetched (``ledger fetch`` without ``--close-open``), and a node down when its ledger was
+    fetched has its last rows nowhere; the leader's are sends. A follower's tail ends where
+    the leader's rows go on, and so adds nothing."""
+    found = []
+    for (shard, node), last_ms in sorted(newest.items()):
+        if last_ms is None:
+            continue
+        after = [max(last_ms, _start(turn)) for turn in turns
+                 if turn.shard == shard and turn.node != node and _end(turn) > last_ms]
+        end = min(after, default=None)
+        if end is None or end > last_ms:
+            found.append(Gap(shard, node, "not_fetched", None, last_ms, end, []))
+    return found
+
+
+def _start(turn: Turn) -> int:
+    return min(time for time in (turn.takeover_ms, turn.first_sent_ms) if time is not None)
+
+
+def _end(turn: Turn) -> int:
+    return max(time for time in (turn.takeover_ms, turn.last_sent_ms) if time is not None)

@@ -64,20 +64,23 @@ def audit_segments(spark: SparkSession, found: layout.Segments, options: AuditOp
     """The summary of the segments ``found`` (`tickwheel.audit.layout.fetched_segments`),
     with ``fetch`` (``fetch.json``) copied into it."""
     rows = layout.read_ledger(spark, found, options.since_ms, options.until_ms)
-    return summarize(rows, layout.find_gaps(found), options, fetch)
+    return summarize(rows, layout.find_gaps(found), options, fetch, layout.newest_rows(found))
 
 
 def summarize(rows: DataFrame, gaps: list[layout.Gap], options: AuditOptions,
-              fetch: dict[str, Any] | None = None) -> dict[str, Any]:
+              fetch: dict[str, Any] | None = None,
+              newest: dict[tuple[int, str], int | None] | None = None) -> dict[str, Any]:
     """Every figure of the summary, from the ledgers' rows (with ``shard`` and
-    ``node_name``) and their gaps.
+    ``node_name``), their gaps, and where each node's fetched rows end (``newest``:
+    `tickwheel.audit.layout.newest_rows`; a tail no other node's rows cover is judged as a
+    gap, `tickwheel.audit.leaders.unfetched`).
 
     ``rows`` is read three times, each time only the columns wanted: what each shard holds;
     its committed rows, each once, with their ids; the nodes' own. What the figures read more
     than once is persisted once (`_Kept`) and released at the end."""
     kept = _Kept()
     try:
-        return _summarize(rows, gaps, options, fetch, kept)
+        return _summarize(rows, gaps, newest or {}, options, fetch, kept)
     finally:
         kept.release()
 
@@ -98,7 +101,8 @@ class _Kept:
         self.frames.clear()
 
 
-def _summarize(rows: DataFrame, gaps: list[layout.Gap], options: AuditOptions,
+def _summarize(rows: DataFrame, gaps: list[layout.Gap],
+               newest: dict[tuple[int, str], int | None], options: AuditOptions,
                fetch: dict[str, Any] | None, keep: _Kept) -> dict[str, Any]:
     spark = rows.sparkSession
     held = {row.shard: row for row in rows.groupBy("shard").agg(
@@ -118,11 +122,12 @@ def _summarize(rows: DataFrame, gaps: list[layout.Gap], options: AuditOptions,
     known = keep(lifecycle.messages(events))
     groups = keep(lifecycle.topic_groups(events, sent))
     owed = keep(lifecycle.deliveries(known, groups, sent, events))
+    turns = leaders.turns(own)
+    tails = leaders.unfetched(newest, turns)
     gap_frame = spark.createDataFrame(
-        [(gap.shard, gap.from_ms, gap.to_ms) for gap in gaps],
+        [(gap.shard, gap.from_ms, gap.to_ms) for gap in (*gaps, *tails)],
         "shard INT, from_ms BIGINT, to_ms BIGINT")
     late = keep(lifecycle.overdue(owed, judging, gap_frame))
-    turns = leaders.turns(own)
     repeated = keep(leaders.repeats(sent))
     problems = {
         "overdue": late.filter(~F.col("in_gap")),
@@ -130,7 +135,8 @@ def _summarize(rows: DataFrame, gaps: list[layout.Gap], options: AuditOptions,
         "after_cancel": lifecycle.after_cancel(sent, known, owed),
         "contrary_to_reschedule": lifecycle.contrary_to_reschedule(sent, known, judging),
     }
-    shards = _shards(held, known, owed, sent, late, problems, repeated, turns, gaps, options)
+    shards = _shards(held, known, owed, sent, late, problems, repeated, turns, gaps, tails,
+                     options)
     topics = known.select("shard", "id", F.col("topic").alias("first_topic"))
     summary: dict[str, Any] = {
         "window": {"since_ms": options.since_ms, "until_ms": options.until_ms,
@@ -164,7 +170,7 @@ def verdict(summary: dict[str, Any]) -> str:
 
 def _shards(held: dict[int, Row], known: DataFrame, owed: DataFrame, sent: DataFrame,
             late: DataFrame, problems: dict[str, DataFrame], repeated: DataFrame,
-            turns: list[leaders.Turn], gaps: list[layout.Gap],
+            turns: list[leaders.Turn], gaps: list[layout.Gap], tails: list[layout.Gap],
             options: AuditOptions) -> dict[int, dict[str, Any]]:
     """Every shard's figures, each computed for all shards at once. ``held``: per shard,
     its rows' ``nodes``."""
@@ -197,6 +203,8 @@ def _shards(held: dict[int, Row], known: DataFrame, owed: DataFrame, sent: DataF
                          "unflagged": sum(value["unflagged"] for value in mine),
                          "unflagged_ids": unflagged_ids.get(shard, [])},
             "gaps": [dataclasses.asdict(gap) for gap in gaps if gap.shard == shard],
+            "unfetched": [{"node": tail.node, "from_ms": tail.from_ms, "to_ms": tail.to_ms}
+                          for tail in tails if tail.shard == shard],
         }
         figures[shard]["overdue"]["never_sent"] = never.get(shard, 0)
     return figures

@@ -151,6 +151,10 @@ class Manifest:
     bytes: int = 0
     sha256: str = ""
     """Of the segment's file (the sidecar only)."""
+    complete_ms: int | None = None
+    """Every row the node stamped before it (its clock) is in this segment, an earlier one or
+    a gap: when the writer took the last rows it wrote here. None in manifests written before
+    it was kept."""
 
     def metadata(self) -> dict[str, str]:
         """The Parquet key-value metadata."""

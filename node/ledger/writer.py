@@ -100,6 +100,9 @@ class _Segment:
     rows: int = 0
     first_ms: int = 0
     last_ms: int = 0
+    cut_ms: int = 0
+    """When the writer took the last rows written to it: every row stamped before is in it, an
+    earlier segment or a gap (`add` stamps under the lock the take holds)."""
 
 
 class Ledger:
@@ -118,6 +121,9 @@ class Ledger:
         self._cond = threading.Condition()
         self._queue: list[tuple[int, LedgerRows]] = []
         self._buffered = 0
+        self._wrote = False
+        """Rows were written since the start: a stop then closes a segment even if none is
+        open, so that its manifest says the node recorded everything until it stopped."""
         self._lost: dict[str, Gap] = {}
         """Gaps not yet in a segment, by reason (torn and failed segments by sequence)."""
         self._stopping = False
@@ -139,8 +145,8 @@ class Ledger:
         count = rows.size
         if not count:
             return
-        stamp_ms = self._clock_ms()
         with self._cond:
+            stamp_ms = self._clock_ms()
             if self._stopping or self._buffered + count > self._config.max_buffer_rows:
                 self._lose("buffer_full", count, stamp_ms, stamp_ms)
                 return
@@ -181,9 +187,9 @@ class Ledger:
                 if not self._stopping and self._rotate_asked == self._rotations:
                     self._cond.wait(self._wait_s())
                 taken, self._queue, self._buffered = self._queue, [], 0
+                cut_ms = self._clock_ms()
                 stopping, asked = self._stopping, self._rotate_asked
-            if taken:
-                self._write(taken)
+            self._took(taken, cut_ms)
             if stopping:
                 self._finish()
                 return
@@ -205,16 +211,26 @@ class Ledger:
     def _finish(self) -> None:
         with self._cond:
             taken, self._queue, self._buffered = self._queue, [], 0
-        if taken:
-            self._write(taken)
-        if self._segment is None and self._lost:
-            self._open()  # an empty segment, to record the gaps
+            cut_ms = self._clock_ms()
+        self._took(taken, cut_ms)
+        if self._segment is None and (self._lost or self._wrote):
+            self._open()  # an empty segment: the gaps, and until when all was written
+        if self._segment is not None:
+            self._segment.cut_ms = cut_ms  # all before it written, or in its gaps
         self._close_segment()
         with self._cond:
             self._rotations = self._rotate_asked
             self._cond.notify_all()
 
-    def _write(self, taken: list[tuple[int, LedgerRows]]) -> None:
+    def _took(self, taken: list[tuple[int, LedgerRows]], cut_ms: int) -> None:
+        """Write what was taken at ``cut_ms``; taking nothing says the open segment holds
+        every row stamped before it too."""
+        if taken:
+            self._write(taken, cut_ms)
+        elif self._segment is not None:
+            self._segment.cut_ms = cut_ms
+
+    def _write(self, taken: list[tuple[int, LedgerRows]], cut_ms: int) -> None:
         table = ledger_table(taken, self._node)
         first_ms, last_ms = taken[0][0], taken[-1][0]
         if self._segment is None and not self._open():
@@ -235,6 +251,8 @@ class Ledger:
             return
         segment.first_ms = segment.first_ms or first_ms
         segment.last_ms = last_ms
+        segment.cut_ms = cut_ms
+        self._wrote = True
         segment.rows += table.num_rows
         self._metrics.rows.inc(table.num_rows)
         if segment.sink.tell() >= self._config.max_segment_bytes:
@@ -268,7 +286,8 @@ class Ledger:
         manifest = Manifest(FORMAT_VERSION, self._node, segment.sequence, segment.rows,
                             segment.first_ms or segment.opened_ms,
                             segment.last_ms or segment.opened_ms, segment.opened_ms,
-                            self._clock_ms(), segment.gaps)
+                            self._clock_ms(), segment.gaps,
+                            complete_ms=segment.cut_ms or segment.last_ms or segment.opened_ms)
         final = segment.path.with_name(segment.path.name.removesuffix(".open"))
         try:
             segment.writer.add_key_value_metadata(manifest.metadata())

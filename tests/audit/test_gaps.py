@@ -11,18 +11,20 @@ import pytest
 
 from tickwheel.audit import Gap, find_gaps
 from tickwheel.audit.command import parse_time_ms
-from tickwheel.audit.layout import fetched_segments
+from tickwheel.audit.layout import fetched_segments, newest_rows
+from tickwheel.audit.leaders import Turn, unfetched
 
 
 def segment(folder: Path, sequence: int, first_ms: int, last_ms: int,
-            gaps: list[dict[str, object]] | None = None, manifest: bool = True) -> None:
+            gaps: list[dict[str, object]] | None = None, manifest: bool = True,
+            complete_ms: int | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     name = f"ledger-127.0.0.1_7500-{sequence:012d}"
     (folder / f"{name}.parquet").write_bytes(b"")
     if manifest:
         (folder / f"{name}.json").write_text(json.dumps(
             {"sequence": sequence, "first_ms": first_ms, "last_ms": last_ms,
-             "gaps": gaps or []}))
+             "gaps": gaps or [], "complete_ms": complete_ms}))
 
 
 def test_holes_and_named_gaps_are_found_per_node(tmp_path: Path) -> None:
@@ -47,6 +49,23 @@ def test_a_segment_without_manifest_still_shows_the_hole(tmp_path: Path) -> None
     segment(node, 3, 30, 40, manifest=False)
     assert find_gaps(fetched_segments(tmp_path)) == [
         Gap(0, "node0", "missing_segment", None, 10, None, [2])]
+
+
+def test_a_nodes_rows_after_its_newest_segment_are_a_gap_while_nobody_else_leads(
+        tmp_path: Path) -> None:
+    segment(tmp_path / "shard-0" / "node0", 1, 0, 4_000)   # the leader of term 2
+    segment(tmp_path / "shard-0" / "node1", 1, 0, 3_000)   # a follower
+    segment(tmp_path / "shard-0" / "node2", 4, 0, 800)     # term 1's leader, killed
+    segment(tmp_path / "shard-1" / "node3", 2, 0, 50, manifest=False)
+    segment(tmp_path / "shard-1" / "node4", 2, 0, 50, complete_ms=90)  # idle after 50
+    newest = newest_rows(fetched_segments(tmp_path))
+    assert newest == {(0, "node0"): 4_000, (0, "node1"): 3_000, (0, "node2"): 800,
+                      (1, "node3"): None, (1, "node4"): 90}
+    turns = [Turn(0, 1, "node2", 0, 10, 900, 50), Turn(0, 2, "node0", 1_000, 1_010, 5_000, 9)]
+    assert unfetched(newest, turns) == [
+        Gap(0, "node0", "not_fetched", None, 4_000, None, []),
+        Gap(0, "node2", "not_fetched", None, 800, 1_000, []),
+        Gap(1, "node4", "not_fetched", None, 90, None, [])]
 
 
 @pytest.mark.parametrize(("text", "expected"), [

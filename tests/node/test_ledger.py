@@ -104,6 +104,31 @@ def test_a_segment_closes_at_its_age(tmp_path: Path, clock: Clock,
     assert read_manifest(segments(tmp_path)[0]).rows == 10
 
 
+def test_a_manifest_says_until_when_the_node_recorded_everything(
+        tmp_path: Path, clock: Clock, metrics: LedgerMetrics) -> None:
+    """``complete_ms``: the audit judges a node's sends up to it (rows after it are in the
+    open segment, not fetched); idle time after the last row counts as recorded."""
+    ledger = open_ledger(tmp_path, clock, metrics, max_segment_age_ms=60_000, flush_ms=5)
+    started_ms = clock.now_ms
+    ledger.start()
+    try:
+        ledger.add(scheduled(0, 10))
+        wait_for(lambda: metrics.rows._value.get() == 10, 5, "the first rows written")
+        clock.now_ms += 30_000
+        ledger.add(scheduled(10, 10))
+        wait_for(lambda: metrics.rows._value.get() == 20, 5, "the rows written")
+        clock.now_ms += 30_000
+        wait_for(lambda: segments(tmp_path), 5, "the segment closed at its age")
+        ledger.add(scheduled(20, 5))
+    finally:
+        clock.now_ms += 1_000
+        ledger.close()
+    first, second = (read_manifest(path) for path in segments(tmp_path))
+    assert (first.first_ms, first.last_ms) == (started_ms, started_ms + 30_000)
+    assert first.complete_ms == started_ms + 60_000
+    assert (second.last_ms, second.complete_ms) == (started_ms + 60_000, started_ms + 61_000)
+
+
 def test_a_full_buffer_drops_rows_without_waiting_and_the_next_segment_records_the_gap(
         tmp_path: Path, clock: Clock, metrics: LedgerMetrics) -> None:
     ledger = open_ledger(tmp_path, clock, metrics, max_buffer_rows=100)
@@ -226,8 +251,8 @@ def test_retention_keeps_the_segments_within_max_bytes(
     paths = segments(tmp_path)
     kept_bytes = sum(path.stat().st_size + index_path(path).stat().st_size for path in paths)
     assert kept_bytes <= 20_000 and len(paths) >= 2
-    assert sequence_of(paths[-1]) == 20
-    assert metrics.deleted.labels("bytes")._value.get() == 20 - len(paths)
+    assert sequence_of(paths[-1]) == 21  # the stop's, empty: until when all was written
+    assert metrics.deleted.labels("bytes")._value.get() == 21 - len(paths)
     assert metrics.bytes._value.get() == kept_bytes
 
 
