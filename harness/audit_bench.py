@@ -16,7 +16,9 @@ Figures: ``audit_events_per_s`` (rows / seconds of `tickwheel.audit.audit_ledger
 session already up), ``seconds``, and per mode the driver's peak memory:
 ``driver_python_peak_mib`` (this process) and ``driver_jvm_peak_mib`` (the driver's JVM, its
 VmHWM; in local mode the executors' too, being the same JVM). Run it for a figure under
-``flock /tmp/tickwheel-measure.lock``.
+``flock /tmp/tickwheel-measure.lock``; ``--modes local`` (or ``standalone``) runs one mode, so
+that a long run of each holds the lock alone, and ``--conf KEY=VALUE`` gives the audit's
+session a Spark setting (``spark.sql.shuffle.partitions=32``).
 """
 
 from __future__ import annotations
