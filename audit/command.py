@@ -34,6 +34,7 @@ DEFAULTS = AuditOptions()
 SHUFFLE_PARTITIONS = 8
 """Spark's default of 200 partitions only adds overhead on one machine's ledgers; a cluster
 run can raise it with ``--conf spark.sql.shuffle.partitions=...`` (spark-submit)."""
+PARTITIONS_KEY = "spark.sql.shuffle.partitions"
 _AGE = re.compile(r"^(\d+)([smhd])$")
 _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -41,17 +42,21 @@ _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 def build_session(master: str | None = None, app: str = "tickwheel-audit",
                   config: dict[str, str] | None = None) -> SparkSession:
     """A quiet Spark session, with ``config`` besides (over the defaults here). Without
-    ``master``, spark-submit's applies, else ``local[*]``."""
+    ``master``, spark-submit's applies, else ``local[*]``. The shuffle's partitions are
+    `SHUFFLE_PARTITIONS` unless ``config`` or spark-submit's ``--conf`` says otherwise (a
+    builder's setting would override ``--conf``, so it is set on the session after)."""
     builder = (SparkSession.builder.appName(app)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.log.level", "WARN")
-               .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS)))
+               .config("spark.log.level", "WARN"))
     for key, value in (config or {}).items():
         builder = builder.config(key, value)
     if master is not None:
         builder = builder.master(master)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    if not session.sparkContext.getConf().contains(PARTITIONS_KEY):
+        session.conf.set(PARTITIONS_KEY, str(SHUFFLE_PARTITIONS))
+    return session
 
 
 @contextmanager
