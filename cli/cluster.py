@@ -78,7 +78,8 @@ def _cluster_up(args: argparse.Namespace) -> int:
     """Run the cluster until Ctrl-C or SIGTERM (both raise `KeyboardInterrupt` here), or until
     a node exits; the nodes are stopped by PID on the way out, whichever it was, those a
     growth started too. Between its checks of the nodes it answers ``cluster grow``."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    for signum in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a parent may ignore it
+        signal.signal(signum, signal.default_int_handler)
     data: Path = args.data.resolve()
     recorded = read_state(data)
     if recorded is not None and answering(Path(recorded.control)):
