@@ -132,9 +132,7 @@ class HourSet:
     def flush_through(self, last_hour: int) -> None:
         """Write the buffered appends of every hour up to ``last_hour``."""
         for hour in sorted(h for h in self._dirty if h <= last_hour):
-            segment = self._open[hour]
-            self._forget_buffer(hour, segment)
-            segment.flush()
+            self.flush_hour(hour)
 
     def unflushed(self) -> list[int]:
         """The hours with appends buffered, not yet written."""
