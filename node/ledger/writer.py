@@ -186,8 +186,7 @@ class Ledger:
             with self._cond:
                 if not self._stopping and self._rotate_asked == self._rotations:
                     self._cond.wait(self._wait_s())
-                taken, self._queue, self._buffered = self._queue, [], 0
-                cut_ms = self._clock_ms()
+                taken, cut_ms = self._take_queue()
                 stopping, asked = self._stopping, self._rotate_asked
             self._took(taken, cut_ms)
             if stopping:
@@ -210,8 +209,7 @@ class Ledger:
 
     def _finish(self) -> None:
         with self._cond:
-            taken, self._queue, self._buffered = self._queue, [], 0
-            cut_ms = self._clock_ms()
+            taken, cut_ms = self._take_queue()
         self._took(taken, cut_ms)
         if self._segment is None and (self._lost or self._wrote):
             self._open()  # an empty segment: the gaps, and until when all was written
@@ -221,6 +219,12 @@ class Ledger:
         with self._cond:
             self._rotations = self._rotate_asked
             self._cond.notify_all()
+
+    def _take_queue(self) -> tuple[list[tuple[int, LedgerRows]], int]:
+        """What is buffered, and the time taken (with the lock held): every row stamped
+        before it is in what was taken or earlier, as `add` stamps under the lock."""
+        taken, self._queue, self._buffered = self._queue, [], 0
+        return taken, self._clock_ms()
 
     def _took(self, taken: list[tuple[int, LedgerRows]], cut_ms: int) -> None:
         """Write what was taken at ``cut_ms``; taking nothing says the open segment holds
