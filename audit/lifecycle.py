@@ -215,11 +215,5 @@ def counted(frame: DataFrame, names: Column, limit: int
 
 def first_per_shard(frame: DataFrame, names: Column, limit: int) -> dict[int, list[str]]:
     """Per shard, the first ``limit`` distinct ``names`` of ``frame``'s rows, sorted: the
-    only per-message values the audit brings back to the driver."""
-    named = frame.select("shard", names.alias("name")).distinct()
-    ranked = named.withColumn(
-        "rank", F.row_number().over(Window.partitionBy("shard").orderBy("name")))
-    lists: dict[int, list[str]] = {}
-    for row in ranked.filter(F.col("rank") <= limit).orderBy("shard", "name").collect():
-        lists.setdefault(row.shard, []).append(row.name)
-    return lists
+    only per-message values the audit brings back to the driver (`counted`'s lists)."""
+    return counted(frame, names, limit)[1]
